@@ -1,0 +1,5 @@
+import sys
+
+from glassgpt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,66 @@
+"""The ``glassgpt`` command: wiring only.
+
+Each stage's ``commands`` module adds its subcommand to the parser (importing nothing heavy)
+and points it at a handler in that stage; this module parses, dispatches and turns a
+:class:`~glassgpt.errors.GlassError` into one line on stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from glassgpt import __version__
+from glassgpt.errors import GlassError
+
+COMMAND_MODULES = (
+    "glassgpt.tokenizer.commands",
+    "glassgpt.model.commands",
+    "glassgpt.data.commands",
+    "glassgpt.train.commands",
+    "glassgpt.sample.commands",
+    "glassgpt.inspect.commands",
+    "glassgpt.scaling.commands",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="glassgpt",
+        description="The decoder-only GPT, exactly as its mathematics.",
+    )
+    parser.add_argument("--version", action="version", version=f"glassgpt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:  # a stage not built yet
+            if e.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None and not argv else 2
+    try:
+        return int(args.func(args) or 0)
+    except GlassError as e:
+        print(f"glassgpt: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("glassgpt: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `glassgpt tokenizer encode | head`
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

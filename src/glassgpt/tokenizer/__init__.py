@@ -1,0 +1,1 @@
+"""glassgpt.tokenizer"""

@@ -12,7 +12,7 @@ Variants, each one field on one code path:
 - ``norm``: ``layernorm`` (N(x) = (x − μ)/√(σ² + ε) ⊙ w + b) or ``rmsnorm`` (x/√(mean(x²) + ε) ⊙ w).
 - ``norm_placement``: ``pre`` (x + f(N(x)), with a final N before W_U) or ``post`` (N(x + f(x))).
 - ``mlp``: ``relu``/``gelu``/``gelu_tanh`` (σ(x W_in + b_in) W_out + b_out) or ``gated``
-  ((σ(x W_in + b_in) ⊙ σ'(x W_gate + b_gate)) W_out + b_out, σ = ``mlp_gate``,
+  ((σ(x W_gate + b_gate) ⊙ σ'(x W_in + b_in)) W_out + b_out, σ = ``mlp_gate``,
   σ' = ``mlp_value``); ``swiglu`` (σ = silu, σ' = identity) and ``geglu`` (σ = gelu,
   σ' = identity) are the named cases.
 - ``tie_embeddings``: W_U = W_Eᵀ. ``bias``: every b_* present or absent.
@@ -66,8 +66,8 @@ class GPTConfig:
     norm_placement: Placement = "pre"
     norm_eps: float = 1e-5
     mlp: MLPKind = "gelu_tanh"
-    mlp_gate: Activation = "sigmoid"  # σ of the gated MLP (mlp = "gated")
-    mlp_value: Activation = "sigmoid"  # σ' of the gated MLP (mlp = "gated")
+    mlp_gate: Activation = "sigmoid"  # σ on the gate arm x W_gate + b_gate (mlp = "gated")
+    mlp_value: Activation = "sigmoid"  # σ' on the value arm x W_in + b_in (mlp = "gated")
     tie_embeddings: bool = True
     bias: bool = True
     dropout: float = 0.0
@@ -132,7 +132,7 @@ class GPTConfig:
 
     @property
     def mlp_activations(self) -> tuple[str, str | None]:
-        """(σ, σ'): the activation, and for gated MLPs the activation of the gate's second arm.
+        """(σ, σ'): the activation (of the gate arm, if gated) and, for gated MLPs, of the value arm.
 
         >>> GPTConfig(mlp="swiglu").mlp_activations
         ('silu', 'identity')

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
+from typing import Any
 
 from glassgpt.errors import GlassError
 
 __all__ = ["hf_byte_order", "train_merges"]
 
-_SHIFT = 32  # pair key = (x << _SHIFT) | y; ids stay below 2**32
+_MAX_ID = 0x10FFFF  # ids are stored as str characters
 
 
 def hf_byte_order() -> list[int]:
@@ -72,66 +73,66 @@ def train_merges(
     Returns the merges in order, each as the pair of token byte strings it joins; merge i
     makes the token ``x + y`` (ids are the caller's: bytes 0..255, merge i → 256 + i).
 
-    The Wikipedia example: in "aaabdaaabac" the pair "aa" is most frequent, then "ab"
-    (tied with "aaab"... by count, smaller ids first), then "aab"+"Z"-style merges follow.
+    Wikipedia's example: in "aaabdaaabac", "aa" is the most frequent pair; then "aa"+"a"
+    and "a"+"b" tie at 2 and the smaller ids win ("a" < "aa"); then "aa"+"ab".
 
     >>> train_merges({b"aaabdaaabac": 1}, 3)
-    [(b'a', b'a'), (b'aa', b'a'), (b'aaa', b'b')]
+    [(b'a', b'a'), (b'a', b'b'), (b'aa', b'ab')]
     >>> train_merges({b"ab": 3, b"b": 9}, 5)  # stops early: no pair is left
     [(b'a', b'b')]
     """
     _check_input(chunk_counts, n_merges)
+    if n_merges > _MAX_ID - 256:
+        raise GlassError(f"n_merges must be at most {_MAX_ID - 256}, got {n_merges}")
+    # A chunk is a str whose characters are token ids (chr(id)): a pair is a 2-character
+    # str, whose order is the lexicographic order of (id(x), id(y)) the tie rule needs, and
+    # str.find / str.replace do the left-to-right merge in C.
     order = hf_byte_order()
     to_internal = bytes(order.index(b) for b in range(256))  # byte → internal id
     tokens: list[bytes] = [bytes([b]) for b in order]  # internal id → token bytes
     known: set[bytes] = set(tokens)
 
-    words: list[list[int]] = []
+    words: list[str] = []
     counts: list[int] = []
     for chunk, count in chunk_counts.items():
         if len(chunk) > 1 and count > 0:
-            words.append(list(chunk.translate(to_internal)))
+            words.append(chunk.translate(to_internal).decode("latin-1"))
             counts.append(count)
 
-    # freq[key] = Σ n(w) · occurrences; where[key] = chunks that may contain the pair.
-    freq: dict[int, int] = {}
-    where: dict[int, list[int]] = {}
+    # freq[xy] = Σ n(w) · occurrences of xy in w; where[xy] = chunks that may contain xy.
+    freq: dict[str, int] = {}
+    where: dict[str, list[int]] = {}
     for i, (word, count) in enumerate(zip(words, counts)):
-        for x, y in zip(word, word[1:]):
-            key = (x << _SHIFT) | y
-            freq[key] = freq.get(key, 0) + count
-            chunks = where.get(key)
+        for k in range(len(word) - 1):
+            pair = word[k : k + 2]
+            freq[pair] = freq.get(pair, 0) + count
+            chunks = where.get(pair)
             if chunks is None:
-                where[key] = [i]
+                where[pair] = [i]
             elif chunks[-1] != i:
                 chunks.append(i)
-    heap = [(-c, key) for key, c in freq.items()]
+    heap = [(-c, pair) for pair, c in freq.items()]
     heapq.heapify(heap)
 
     merges: list[tuple[bytes, bytes]] = []
     bar = _progress_bar(n_merges) if progress else None
-    mask = (1 << _SHIFT) - 1
     while len(merges) < n_merges and heap:
-        neg, key = heapq.heappop(heap)
-        current = freq.get(key, 0)
+        neg, pair = heapq.heappop(heap)
+        current = freq.get(pair, 0)
         if current != -neg:  # stale entry: the pair lost occurrences since it was pushed
             if current > 0:
-                heapq.heappush(heap, (-current, key))
+                heapq.heappush(heap, (-current, pair))
             continue
-        x, y = key >> _SHIFT, key & mask
-        joined = tokens[x] + tokens[y]
-        del freq[key]
-        if joined in known:  # a second way to spell an existing token: skip (see above)
+        x, y = tokens[ord(pair[0])], tokens[ord(pair[1])]
+        del freq[pair]
+        if x + y in known:  # a second way to spell an existing token: skip (see above)
             continue
-        new = len(tokens)
-        tokens.append(joined)
-        known.add(joined)
-        merges.append((tokens[x], tokens[y]))
-        gained = _apply_merge(words, counts, where.pop(key), x, y, new, freq, where)
-        for k in gained:
-            c = freq[k]
-            if c > 0:
-                heapq.heappush(heap, (-c, k))
+        new = chr(len(tokens))
+        tokens.append(x + y)
+        known.add(x + y)
+        merges.append((x, y))
+        for gained in _apply_merge(words, counts, where.pop(pair), pair, new, freq, where):
+            heapq.heappush(heap, (-freq[gained], gained))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -140,78 +141,65 @@ def train_merges(
 
 
 def _apply_merge(
-    words: list[list[int]],
+    words: list[str],
     counts: list[int],
     chunk_ids: list[int],
-    x: int,
-    y: int,
-    new: int,
-    freq: dict[int, int],
-    where: dict[int, list[int]],
-) -> set[int]:
-    """Replace x y by ``new`` in the listed chunks; update freq and where; return new pairs.
+    pair: str,
+    new: str,
+    freq: dict[str, int],
+    where: dict[str, list[int]],
+) -> set[str]:
+    """Replace ``pair`` by ``new`` in the listed chunks; update freq and where; return new pairs.
 
-    Left to right within a chunk, as ``str.replace`` would: in x x x merging (x, x) gives
-    (xx) x. Each occurrence removes (p, x) and (y, q) and adds (p, new) and (new, q), where p
-    is the symbol now before it (possibly ``new`` itself) and q the one after it.
+    Left to right within a chunk, as ``str.replace`` does: merging (x, x) in x x x gives
+    (xx) x. Each occurrence x y removes (p, x) and (y, q) and adds (p, new) and (new, q), where
+    p is the symbol now before it (``new`` itself when the previous occurrence touches it)
+    and q the one after it.
     """
-    gained: set[int] = set()
-    shift = _SHIFT
+    gained: set[str] = set()
     for i in chunk_ids:
         word = words[i]
-        if x not in word:
+        k = word.find(pair)
+        if k < 0:
             continue
-        n = len(word)
         c = counts[i]
-        out: list[int] = []
-        j = 0  # next unread position
-        while True:
-            try:
-                k = word.index(x, j)
-            except ValueError:
-                break
-            if k + 1 >= n:
-                break
-            if word[k + 1] != y:
-                out.extend(word[j : k + 1])
-                j = k + 1
-                continue
-            out.extend(word[j:k])
-            if out:
-                p = out[-1]
-                key = (p << shift) | x
-                freq[key] -= c
-                key = (p << shift) | new
-                freq[key] = freq.get(key, 0) + c
-                gained.add(key)
-                _index(where, key, i)
-            if k + 2 < n:
-                q = word[k + 2]
-                key = (y << shift) | q
-                if key in freq:  # absent only when it is the pair being merged (x == y)
-                    freq[key] -= c
-                key = (new << shift) | q
-                freq[key] = freq.get(key, 0) + c
-                gained.add(key)
-                _index(where, key, i)
-            out.append(new)
-            j = k + 2
-        if j == 0:
-            continue
-        out.extend(word[j:])
-        words[i] = out
+        end = len(word) - 2
+        last = -1  # where the previous occurrence ended
+        while k >= 0:
+            if k > 0:
+                if k == last:  # (new, x): added by the previous occurrence as its right pair
+                    freq[new + pair[0]] -= c
+                    left = new + new
+                else:
+                    freq[word[k - 1 : k + 1]] -= c
+                    left = word[k - 1] + new
+                freq[left] = freq.get(left, 0) + c
+                gained.add(left)
+                chunks = where.get(left)
+                if chunks is None:
+                    where[left] = [i]
+                elif chunks[-1] != i:
+                    chunks.append(i)
+            if k < end:
+                right = word[k + 1 : k + 3]
+                if right != pair:  # the merged pair itself is no longer counted
+                    freq[right] -= c
+                right = new + word[k + 2]
+                freq[right] = freq.get(right, 0) + c
+                gained.add(right)
+                chunks = where.get(right)
+                if chunks is None:
+                    where[right] = [i]
+                elif chunks[-1] != i:
+                    chunks.append(i)
+            last = k + 2
+            k = word.find(pair, last)
+        words[i] = word.replace(pair, new)
+    gained.difference_update([p for p in gained if freq[p] <= 0])
     return gained
 
 
-def _index(where: dict[int, list[int]], key: int, i: int) -> None:
-    chunks = where.get(key)
-    if chunks is None:
-        where[key] = [i]
-    elif chunks[-1] != i:
-        chunks.append(i)
-
-
-def _progress_bar(total: int):  # noqa: ANN202 - tqdm is imported lazily
+def _progress_bar(total: int) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="BPE merges", unit="merge")

@@ -241,6 +241,7 @@ def char_tokenizer(files: Sequence[str | Path]) -> Any:
 
     The newline is added so that it can always separate documents.
     """
+    alphabet = "".join(sorted(char_set(files) | {"\n"}))
     from glassgpt.tokenizer import CharTokenizer
 
-    return CharTokenizer.train(["".join(sorted(char_set(files) | {"\n"}))])
+    return CharTokenizer.train([alphabet])

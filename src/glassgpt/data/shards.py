@@ -179,21 +179,20 @@ class ShardWriter:
         start = 0
         while start < len(ids):
             if self._file is None or self.shards[-1][1] == self.shard_tokens:
-                self._open_next()
+                self._file = self._open_next()
             name, n = self.shards[-1]
             take = min(self.shard_tokens - n, len(ids) - start)
-            assert self._file is not None
             self._file.write(ids[start : start + take].tobytes())
             self.shards[-1] = (name, n + take)
             start += take
 
-    def _open_next(self) -> None:
+    def _open_next(self) -> BinaryIO:
         self.close()
         name = f"{self.split}_{len(self.shards):03d}.bin"
         path = self.folder / name
         self.written.append(path)
-        self._file = path.open("wb")
         self.shards.append((name, 0))
+        return path.open("wb")
 
     def close(self) -> None:
         if self._file is not None:

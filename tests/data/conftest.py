@@ -45,6 +45,6 @@ class OffsetCharTokenizer:
         Path(path).write_text(json.dumps(doc, indent=2))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def char_tok():
     return OffsetCharTokenizer

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from glassgpt.data.prepare import prepare
 from glassgpt.data.shards import DataDir, fingerprint_json
@@ -129,3 +131,34 @@ def test_failure_leaves_no_partial_data(tmp_path: Path, char_tok) -> None:
         prepare(_write(tmp_path, ["", ""]), out, char_tok("a"))
     with pytest.raises(GlassError, match="val_fraction"):
         prepare(paths[:1], out, char_tok("abc\n"), val_fraction=1.0)
+
+
+@settings(max_examples=40)
+@given(
+    docs=st.lists(st.text(st.characters(codec="utf-8"), max_size=80), min_size=1, max_size=5),
+    piece_bytes=st.integers(4, 64),
+    shard_tokens=st.integers(1, 50),
+    val_fraction=st.sampled_from([0.0, 0.01, 0.3, 0.9]),
+)
+def test_round_trip_property(
+    tmp_path_factory, char_tok, docs, piece_bytes, shard_tokens, val_fraction
+) -> None:
+    total = sum(len(d.encode()) for d in docs)
+    assume(total > 0)
+    tmp = tmp_path_factory.mktemp("rt")
+    tok = char_tok("".join(docs) + "\n")
+    data = prepare(
+        _write(tmp, docs),
+        tmp / "out",
+        tok,
+        val_fraction=val_fraction,
+        shard_tokens=shard_tokens,
+        piece_bytes=piece_bytes,
+        batch_bytes=32,
+    )
+    train, val = _all_tokens(data, "train"), _all_tokens(data, "val")
+    assert tok.decode(np.concatenate([train, val])) == "".join(d + "\n" for d in docs if d)
+    s = data.meta.splits
+    assert s["train"].bytes + s["val"].bytes == total + sum(1 for d in docs if d)
+    assert (s["val"].tokens > 0) == (val_fraction > 0) or total < 2
+    assert s["train"].tokens > 0 or len("".join(docs)) == 1

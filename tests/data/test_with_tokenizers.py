@@ -152,3 +152,16 @@ def test_cli_train_tokenizer(tmp_path: Path, capsys) -> None:
     assert sum(n for _, n in m.sources) <= 150_000
     assert main(argv) == 2  # the folder now holds data
     assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpt2_stdlib_shards_equal_tiktoken_ids(tmp_path: Path, gpt2_files, tiktoken_gpt2) -> None:
+    """Code, cut into 16 KiB pieces: the ids are tiktoken's of each whole file, then EOT."""
+    tok = Tokenizer.from_gpt2(*gpt2_files)
+    files = default_corpus_files(1_500_000)
+    data = prepare(files, tmp_path / "d", tok, piece_bytes=1 << 14)
+    ids = np.concatenate([_tokens(data, "train"), _tokens(data, "val")])
+    texts = [p.read_bytes().decode("utf-8") for p in files]
+    assert max(map(len, texts)) > 1 << 15  # some files are cut into pieces
+    expected = [i for t in texts for i in [*tiktoken_gpt2.encode_ordinary(t), 50256]]
+    assert ids.tolist() == expected

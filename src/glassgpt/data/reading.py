@@ -126,7 +126,7 @@ class Piece:
 
 
 def iter_pieces(path: Path, piece_bytes: int = PIECE_BYTES) -> Iterator[Piece]:
-    """Read one file as pieces of at most about ``piece_bytes`` bytes, cut at safe newlines.
+    """Read one file as pieces of at most about ``piece_bytes`` bytes, cut at safe points.
 
     An empty file yields nothing. Memory stays within a few ``piece_bytes``.
     """

@@ -171,8 +171,10 @@ def prepare(
                 if start < cut_at < start + piece.n_bytes:
                     data = piece.text.encode("utf-8")
                     local = safe_cut(data, cut_at - start - CUT_WINDOW, cut_at - start)
-                    if local == 0:  # the cut fell inside the first character: keep it in train
-                        local = len(piece.text[0].encode("utf-8")) % piece.n_bytes
+                    if local == 0:  # the cut fell inside the first character: train takes it,
+                        local = len(piece.text[0].encode("utf-8"))  # unless nothing follows
+                        if local == piece.n_bytes and start + local >= total:
+                            local = 0
                     parts = [
                         (data[:local].decode("utf-8"), local, False, "train"),
                         (data[local:].decode("utf-8"), piece.n_bytes - local, piece.last, "val"),

@@ -25,7 +25,7 @@ from typing import Any
 from glassgpt.errors import GlassError
 from glassgpt.tokenizer import files
 from glassgpt.tokenizer.corpus import TextOrPath, count_chunks, fix_surrogates
-from glassgpt.tokenizer.merge import HEAP_MIN_LEN, bpe, bpe_heap, check_merge_order
+from glassgpt.tokenizer.merge import HEAP_MIN_LEN, bpe, bpe_heap, check_merge_order, pack
 from glassgpt.tokenizer.pretokenize import SAFE_SPACE, WHITESPACE, resolve_pattern, splitter
 from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve, split_special
 
@@ -116,7 +116,7 @@ class Tokenizer:
         byte_ids = [ids[bytes([b])] for b in range(256)]
         self._byte_table = bytes(byte_ids) if max(byte_ids) < 256 else None
         self._byte_ids = byte_ids
-        self._ranks = {pair: (rank, c) for rank, (pair, c) in enumerate(self.merges.items())}
+        self._ranks = {pair: pack(rank, c) for rank, (pair, c) in enumerate(self.merges.items())}
         # ids 0..n_vocab-1, then n_vocab Nones, where a negative id lands (-> TypeError)
         self._decode_table: list[bytes | None] = [
             *self.vocab,

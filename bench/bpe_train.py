@@ -123,7 +123,9 @@ def main() -> None:
     if args.corpus in ("stdlib", "both"):
         bench("Python stdlib", stdlib_texts(args.mb), args.vocab, args.repeats)
     if args.corpus in ("shakespeare", "both") and SHAKESPEARE.is_file():
-        bench("tinyshakespeare", [SHAKESPEARE.read_text(encoding="utf-8")], args.vocab, args.repeats)
+        bench(
+            "tinyshakespeare", [SHAKESPEARE.read_text(encoding="utf-8")], args.vocab, args.repeats
+        )
 
 
 if __name__ == "__main__":

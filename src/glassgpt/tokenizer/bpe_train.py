@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from glassgpt.errors import GlassError
+from glassgpt.tokenizer.files import bytes_to_unicode
 
 __all__ = ["hf_byte_order", "train_merges"]
 
@@ -44,15 +45,14 @@ _MAX_ID = 0x10FFFF  # ids are stored as str characters
 
 
 def hf_byte_order() -> list[int]:
-    """The 256 bytes in the order ``BpeTrainer`` numbers them (code points of GPT-2's stand-ins).
+    """The 256 bytes in the order ``BpeTrainer`` numbers them: by GPT-2 stand-in code point.
 
     >>> order = hf_byte_order()
-    >>> order[:3], order[93], order[94], order[-1]
-    ([33, 34, 35], 126, 161, 173)
+    >>> order[:3], order[93], order[94], order[187], order[188], order[-1]
+    ([33, 34, 35], 126, 161, 255, 0, 173)
     """
-    printable = set(range(ord("!"), ord("~") + 1))
-    printable |= set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
-    return sorted(range(256), key=lambda b: (b not in printable, b))
+    stand_in = bytes_to_unicode()
+    return sorted(range(256), key=lambda b: ord(stand_in[b]))
 
 
 def _check_input(chunk_counts: Mapping[bytes, int], n_merges: int) -> None:

@@ -164,37 +164,30 @@ def _apply_merge(
             continue
         c = counts[i]
         end = len(word) - 2
+        made: list[str] = []  # the pairs (p, new) and (new, q), one per occurrence side
         last = -1  # where the previous occurrence ended
         while k >= 0:
-            if k > 0:
-                if k == last:  # (new, x): added by the previous occurrence as its right pair
-                    freq[new + pair[0]] -= c
-                    left = new + new
-                else:
-                    freq[word[k - 1 : k + 1]] -= c
-                    left = word[k - 1] + new
-                freq[left] = freq.get(left, 0) + c
-                gained.add(left)
-                chunks = where.get(left)
-                if chunks is None:
-                    where[left] = [i]
-                elif chunks[-1] != i:
-                    chunks.append(i)
+            if k == last:  # p is the previous occurrence: its (new, x) becomes (new, new)
+                made[-1] = new + new
+            elif k > 0:
+                freq[word[k - 1 : k + 1]] -= c
+                made.append(word[k - 1] + new)
             if k < end:
                 right = word[k + 1 : k + 3]
                 if right != pair:  # the merged pair itself is no longer counted
                     freq[right] -= c
-                right = new + word[k + 2]
-                freq[right] = freq.get(right, 0) + c
-                gained.add(right)
-                chunks = where.get(right)
-                if chunks is None:
-                    where[right] = [i]
-                elif chunks[-1] != i:
-                    chunks.append(i)
+                made.append(new + word[k + 2])
             last = k + 2
             k = word.find(pair, last)
         words[i] = word.replace(pair, new)
+        for key in made:
+            freq[key] = freq.get(key, 0) + c
+            chunks = where.get(key)
+            if chunks is None:
+                where[key] = [i]
+            elif chunks[-1] != i:
+                chunks.append(i)
+        gained.update(made)
     gained.difference_update([p for p in gained if freq[p] <= 0])
     return gained
 

@@ -103,14 +103,7 @@ def train_merges(
     freq: dict[str, int] = {}
     where: dict[str, list[int]] = {}
     for i, (word, count) in enumerate(zip(words, counts)):
-        for k in range(len(word) - 1):
-            pair = word[k : k + 2]
-            freq[pair] = freq.get(pair, 0) + count
-            chunks = where.get(pair)
-            if chunks is None:
-                where[pair] = [i]
-            elif chunks[-1] != i:
-                chunks.append(i)
+        _add_pairs(freq, where, [word[k : k + 2] for k in range(len(word) - 1)], i, count)
     heap = [(-c, pair) for pair, c in freq.items()]
     heapq.heapify(heap)
 
@@ -180,16 +173,23 @@ def _apply_merge(
             last = k + 2
             k = word.find(pair, last)
         words[i] = word.replace(pair, new)
-        for key in made:
-            freq[key] = freq.get(key, 0) + c
-            chunks = where.get(key)
-            if chunks is None:
-                where[key] = [i]
-            elif chunks[-1] != i:
-                chunks.append(i)
+        _add_pairs(freq, where, made, i, c)
         gained.update(made)
     gained.difference_update([p for p in gained if freq[p] <= 0])
     return gained
+
+
+def _add_pairs(
+    freq: dict[str, int], where: dict[str, list[int]], pairs: list[str], i: int, count: int
+) -> None:
+    """Count ``pairs``, found in chunk ``i`` (which occurs ``count`` times), and index them."""
+    for pair in pairs:
+        freq[pair] = freq.get(pair, 0) + count
+        chunks = where.get(pair)
+        if chunks is None:
+            where[pair] = [i]
+        elif chunks[-1] != i:  # a chunk's pairs are added together: no repeats
+            chunks.append(i)
 
 
 def _progress_bar(total: int) -> Any:

@@ -135,16 +135,31 @@ def test_load_tiktoken_gives_back_the_tokenizer(trained: Tokenizer, tmp_path: Pa
     assert back.special_tokens == trained.special_tokens and back.pattern == trained.pattern
 
 
-def test_gpt2_vocabulary_round_trips_through_tiktoken(
-    gpt2_files: tuple[Path, Path], tmp_path: Path
-) -> None:
-    gpt2 = Tokenizer.from_gpt2(*gpt2_files)
+@pytest.fixture(scope="module")
+def gpt2(gpt2_files: tuple[Path, Path]) -> Tokenizer:
+    return Tokenizer.from_gpt2(*gpt2_files)
+
+
+def test_gpt2_vocabulary_round_trips_through_tiktoken(gpt2: Tokenizer, tmp_path: Path) -> None:
     assert tiktoken_mismatches(gpt2) == []
-    save_tiktoken(gpt2, tmp_path / "gpt2.tiktoken")
+    save_tiktoken(gpt2, tmp_path / "gpt2.tiktoken", check=False)  # just checked
     back = load_tiktoken(
         tmp_path / "gpt2.tiktoken", pattern="gpt2", special_tokens=gpt2.special_tokens
     )
     assert list(back.merges.items()) == list(gpt2.merges.items())
+
+
+def test_gpt2_vocabulary_in_hf(gpt2: Tokenizer, shakespeare_text: str, tmp_path: Path) -> None:
+    save_tokenizer_json(gpt2, tmp_path / "tokenizer.json")
+    hf = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    text = shakespeare_text[:100_000] + f" naïve café 日本語 🙂{END}  12345\r\n"
+    same_ids(gpt2, text, hf, hf=True)
+    back = load_tokenizer_json(tmp_path / "tokenizer.json")
+    assert (back.vocab, back.merges, back.special_tokens) == (
+        gpt2.vocab,
+        gpt2.merges,
+        gpt2.special_tokens,
+    )
 
 
 # --- the pair-merge vs rank-of-concatenation check ------------------------------------------

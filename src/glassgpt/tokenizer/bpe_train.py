@@ -117,9 +117,9 @@ def train_merges(
                 heapq.heappush(heap, (-current, pair))
             continue
         x, y = tokens[ord(pair[0])], tokens[ord(pair[1])]
+        if x + y in known:  # spells an existing token: drop it (see the module docstring);
+            continue  # it is not pushed again, as only pairs with a new token are pushed
         del freq[pair]
-        if x + y in known:  # a second way to spell an existing token: skip (see above)
-            continue
         new = chr(len(tokens))
         tokens.append(x + y)
         known.add(x + y)

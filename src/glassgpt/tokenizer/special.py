@@ -66,9 +66,9 @@ def check_disallowed(text: str, disallowed: frozenset[str]) -> None:
     m = special_regex(disallowed).search(text)
     if m is not None:
         raise SpecialTokenError(
-            f"text contains the special token {m.group()!r} at character {m.start()}; "
-            "pass allowed_special to encode it as a special token, "
-            "or disallowed_special=() to encode it as ordinary text"
+            f"text contains the special token {m.group()!r} at character {m.start()}, which is "
+            "not allowed (allow it with allowed_special or --specials allow, or read it as "
+            "text with disallowed_special=() or --specials text)"
         )
 
 

@@ -24,65 +24,34 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from glassgpt.errors import GlassError, InputFileError
+from glassgpt.errors import GlassError
+from glassgpt.tokenizer.files import read_json, str_to_token, token_to_str, write_json
 
 if TYPE_CHECKING:
     from glassgpt.tokenizer import Tokenizer
 
 __all__ = [
-    "bytes_to_unicode",
     "load_tokenizer_json",
+    "onig_pattern",
     "save_tokenizer_json",
     "to_tokenizer_json",
-    "token_to_unicode",
     "unicode_to_bytes",
 ]
 
 
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's map u: byte → printable character (see the module docstring).
-
-    >>> u = bytes_to_unicode()
-    >>> u[ord("A")], u[ord(" ")], u[0], u[0xAD], len(set(u.values()))
-    ('A', 'Ġ', 'Ā', 'Ń', 256)
-    """
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    others = [b for b in range(256) if b not in printable]
-    table = {b: chr(b) for b in printable}
-    table.update({b: chr(256 + n) for n, b in enumerate(others)})
-    return table
-
-
-@lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
-    return {c: b for b, c in bytes_to_unicode().items()}
-
-
-def token_to_unicode(token: bytes) -> str:
-    """A token's bytes in GPT-2's alphabet.
-
-    >>> token_to_unicode(" héllo".encode())
-    'ĠhÃ©llo'
-    """
-    table = bytes_to_unicode()
-    return "".join(table[b] for b in token)
-
-
 def unicode_to_bytes(text: str) -> bytes:
-    """The inverse of :func:`token_to_unicode`; a character outside the alphabet is an error.
+    """A token in GPT-2's alphabet → its bytes; a character outside the alphabet is an error.
 
     >>> unicode_to_bytes("ĠhÃ©llo").decode()
     ' héllo'
     """
-    table = _unicode_to_byte()
     try:
-        return bytes(table[c] for c in text)
+        return str_to_token(text)
     except KeyError as err:
         raise GlassError(
             f"token {text!r} has the character {err.args[0]!r}, outside the ByteLevel alphabet"
@@ -93,7 +62,61 @@ def unicode_to_bytes(text: str) -> bytes:
 
 
 def _byte_level(*, use_regex: bool) -> dict[str, Any]:
-    return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
+    return {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": use_regex,
+    }
+
+
+_QUANTIFIER = re.compile(r"\{\d+(,\d*)?\}\+")
+
+
+def onig_pattern(pattern: str) -> str:
+    r"""``pattern`` rewritten for HF's regex engine (Oniguruma, Ruby syntax).
+
+    Ruby syntax reads ``X{1,3}+`` as ``(X{1,3})+``, not as a possessive ``X{1,3}``, so each
+    possessive interval becomes an atomic group, which means the same. (``?+ *+ ++`` are
+    possessive in Oniguruma too and stay as they are.)
+
+    >>> onig_pattern(r"'s|\p{N}{1,3}+|[a-z]{2}+| ?(ab){1,}+|x{2}")
+    "'s|(?>\\p{N}{1,3})|(?>[a-z]{2})| ?(?>(ab){1,})|x{2}"
+    """
+    out: list[str] = []
+    groups: list[int] = []  # where in ``out`` each open group starts
+    atom = 0  # where in ``out`` the last complete atom starts
+    i = 0
+    while i < len(pattern):
+        quantifier = _QUANTIFIER.match(pattern, i)
+        if quantifier and out:
+            body = "".join(out[atom:])
+            del out[atom:]
+            out.append(f"(?>{body}{quantifier.group()[:-1]})")
+            i = quantifier.end()
+            continue
+        start, c = len(out), pattern[i]
+        if c == "\\":
+            end = i + 2
+            if pattern[i + 1 : i + 2] in ("p", "P", "x") and pattern[end : end + 1] == "{":
+                end = pattern.index("}", end) + 1
+        elif c == "[":
+            end = i + 1
+            end += pattern[end : end + 1] == "^"
+            end += pattern[end : end + 1] == "]"
+            while pattern[end] != "]":
+                end += 2 if pattern[end] == "\\" else 1
+            end += 1
+        else:
+            end = i + 1
+        out.append(pattern[i:end])
+        if c == "(":
+            groups.append(start)
+        elif c == ")" and groups:
+            start = groups.pop()
+        atom = start
+        i = end
+    return "".join(out)
 
 
 def _pre_tokenizer(tok: Tokenizer) -> dict[str, Any]:
@@ -101,7 +124,8 @@ def _pre_tokenizer(tok: Tokenizer) -> dict[str, Any]:
         return _byte_level(use_regex=True)
     if tok.pattern is None:
         return _byte_level(use_regex=False)
-    split = {"type": "Split", "pattern": {"Regex": tok.pattern}, "behavior": "Isolated", "invert": False}
+    regex = {"Regex": onig_pattern(tok.pattern)}
+    split = {"type": "Split", "pattern": regex, "behavior": "Isolated", "invert": False}
     return {"type": "Sequence", "pretokenizers": [split, _byte_level(use_regex=False)]}
 
 
@@ -119,7 +143,7 @@ def to_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
         }
         for s, i in sorted(tok.special_tokens.items(), key=lambda item: item[1])
     ]
-    text = [token_to_unicode(t) for t in tok.vocab]
+    text = [token_to_str(t) for t in tok.vocab]
     return {
         "version": "1.0",
         "truncation": None,
@@ -146,32 +170,10 @@ def to_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
 
 def save_tokenizer_json(tok: Tokenizer, path: str | os.PathLike[str]) -> None:
     """Write ``tok`` as an HF ``tokenizer.json`` (``tokenizers.Tokenizer.from_file`` reads it)."""
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(to_tokenizer_json(tok), f, ensure_ascii=False, indent=1)
-    except OSError as err:
-        raise InputFileError(f"{Path(path)}: cannot write ({err.strerror or err})") from None
+    write_json(path, to_tokenizer_json(tok))
 
 
 # ---- import ----------------------------------------------------------------------------------
-
-
-def _read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
-    name = Path(path)
-    try:
-        with open(name, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise InputFileError(f"{name}: no such file") from None
-    except UnicodeDecodeError as err:
-        raise InputFileError(f"{name}: not UTF-8 (byte offset {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise InputFileError(f"{name}: not JSON ({err.msg} at line {err.lineno})") from None
-    except OSError as err:
-        raise InputFileError(f"{name}: cannot read ({err.strerror or err})") from None
-    if not isinstance(data, dict):
-        raise GlassError(f"{name}: not a tokenizer.json (the top level is not an object)")
-    return data
 
 
 def _unsupported(what: str) -> GlassError:
@@ -206,8 +208,18 @@ def _pattern(pre: Any) -> str | None:
             and byte_level.get("type") == "ByteLevel"
             and not _byte_level_regex(byte_level)
         ):
-            return regex
+            return _named(regex)
     raise _unsupported(f"pre_tokenizer {json.dumps(pre)[:120]}")
+
+
+def _named(regex: str) -> str:
+    """A pattern we wrote for Oniguruma, named back ("gpt4"), or ``regex`` itself."""
+    from glassgpt.tokenizer.pretokenize import PATTERNS
+
+    for name, pattern in PATTERNS.items():
+        if regex in (pattern, onig_pattern(pattern)):
+            return name
+    return regex
 
 
 def _check_supported(data: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -221,7 +233,9 @@ def _check_supported(data: Mapping[str, Any]) -> Mapping[str, Any]:
     if data.get("normalizer") is not None:
         raise _unsupported(f"normalizer {data['normalizer'].get('type')!r}")
     decoder = data.get("decoder")
-    if decoder is not None and (not isinstance(decoder, Mapping) or decoder.get("type") != "ByteLevel"):
+    if decoder is not None and (
+        not isinstance(decoder, Mapping) or decoder.get("type") != "ByteLevel"
+    ):
         raise _unsupported(f"decoder {decoder!r:.80}")
     return model
 
@@ -234,7 +248,9 @@ def load_tokenizer_json(path: str | os.PathLike[str]) -> Tokenizer:
     from glassgpt.tokenizer import Tokenizer
 
     name = Path(path)
-    data = _read_json(name)
+    data = read_json(name)
+    if not isinstance(data, dict):
+        raise GlassError(f"{name}: not a tokenizer.json (the top level is not an object)")
     try:
         model = _check_supported(data)
         pattern = _pattern(data.get("pre_tokenizer"))
@@ -252,7 +268,9 @@ def load_tokenizer_json(path: str | os.PathLike[str]) -> Tokenizer:
     except GlassError as err:
         raise GlassError(f"{name}: {err}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise GlassError(f"{name}: malformed tokenizer.json ({type(err).__name__}: {err})") from None
+        raise GlassError(
+            f"{name}: malformed tokenizer.json ({type(err).__name__}: {err})"
+        ) from None
 
 
 def _vocab_by_id(ordinary: Mapping[str, int]) -> list[bytes]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.tokenizer.files import read_text
 
 if TYPE_CHECKING:
     from glassgpt.tokenizer import Tokenizer
@@ -43,6 +44,7 @@ __all__ = [
     "load_tiktoken",
     "merges_from_ranks",
     "rank_bpe",
+    "read_ranks",
     "save_tiktoken",
     "tiktoken_mismatches",
     "to_tiktoken_encoding",
@@ -151,24 +153,19 @@ def save_tiktoken(tok: Tokenizer, path: str | os.PathLike[str], *, check: bool =
                 TiktokenMismatchWarning,
                 stacklevel=2,
             )
-    lines = [f"{base64.b64encode(token).decode('ascii')} {i}\n" for i, token in enumerate(tok.vocab)]
+    lines = [
+        f"{base64.b64encode(token).decode('ascii')} {i}\n" for i, token in enumerate(tok.vocab)
+    ]
     try:
         Path(path).write_text("".join(lines), encoding="ascii")
     except OSError as err:
-        raise InputFileError(f"{Path(path)}: cannot write ({err.strerror or err})") from None
+        raise GlassError(f"cannot write {Path(path)}: {err.strerror or err}") from None
 
 
 def read_ranks(path: str | os.PathLike[str]) -> list[bytes]:
     """The tokens of a ``.tiktoken`` file in rank order; ranks must be 0..n-1."""
     name = Path(path)
-    try:
-        text = name.read_text(encoding="ascii")
-    except FileNotFoundError:
-        raise InputFileError(f"{name}: no such file") from None
-    except UnicodeDecodeError as err:
-        raise InputFileError(f"{name}: not a .tiktoken file (non-ASCII byte at {err.start})") from None
-    except OSError as err:
-        raise InputFileError(f"{name}: cannot read ({err.strerror or err})") from None
+    text = read_text(name)
     by_rank: dict[int, bytes] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -177,7 +174,9 @@ def read_ranks(path: str | os.PathLike[str]) -> list[bytes]:
             encoded, rank_text = line.split()
             token, rank = base64.b64decode(encoded, validate=True), int(rank_text)
         except (ValueError, binascii.Error):
-            raise GlassError(f"{name}:{lineno}: expected 'base64 rank', got {line[:60]!r}") from None
+            raise GlassError(
+                f"{name}:{lineno}: expected 'base64 rank', got {line[:60]!r}"
+            ) from None
         if rank in by_rank:
             raise GlassError(f"{name}:{lineno}: rank {rank} appears twice")
         by_rank[rank] = token

@@ -30,23 +30,26 @@ from glassgpt.tokenizer.pretokenize import SAFE_SPACE, WHITESPACE, resolve_patte
 from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve, split_special
 
 CACHE_MAX = 1 << 17  # entries per cache before it is cleared
+CACHE_KEY_MAX = 256  # longer texts are encoded but not kept
 _BAD = object()  # a piece ending in whitespace: not followed by a chunk boundary
 
 
-class _ChunkCache(dict):  # type: ignore[type-arg]
-    """chunk → ids; a miss runs BPE on the chunk."""
+class _Cache(dict):  # type: ignore[type-arg]
+    """text → ids; a miss calls ``fill(text)`` and keeps the result."""
 
-    __slots__ = ("_bpe",)
+    __slots__ = ("_fill",)
 
-    def __init__(self, bpe_chunk: Any) -> None:
+    def __init__(self, fill: Any) -> None:
         super().__init__()
-        self._bpe = bpe_chunk
+        self._fill = fill
 
-    def __missing__(self, chunk: str) -> tuple[int, ...]:
-        ids = self._bpe(chunk)
+    def __missing__(self, text: str) -> tuple[int, ...]:
+        ids = self._fill(text)
+        if len(text) > CACHE_KEY_MAX:
+            return ids
         if len(self) >= CACHE_MAX:
             self.clear()
-        self[chunk] = ids
+        self[text] = ids
         return ids
 
 
@@ -63,6 +66,8 @@ class _PieceCache(dict):  # type: ignore[type-arg]
         if not piece or piece[-1] in WHITESPACE:
             return _BAD
         ids = self._segment(" " + piece)
+        if len(piece) > CACHE_KEY_MAX:
+            return ids
         if len(self) >= CACHE_MAX:
             self.clear()
         self[piece] = ids
@@ -125,7 +130,8 @@ class Tokenizer:
         for s, i in self.special_tokens.items():
             self._decode_table[i] = s.encode("utf-8")
         self._split = splitter(self.pattern)
-        self._chunks = _ChunkCache(self._bpe_chunk)
+        self._chunks = _Cache(self._bpe_chunk)  # chunk → ids
+        self._heads = _Cache(self._encode_segment)  # text before the first safe space → ids
         self._pieces = _PieceCache(self._encode_segment) if self.pattern_name else None
 
     def _check(self) -> None:
@@ -193,7 +199,7 @@ class Tokenizer:
         # Cut at safe spaces: every piece but the last then ends in non-whitespace.
         pieces = SAFE_SPACE.split(text)
         vals = list(map(self._pieces.__getitem__, pieces))
-        vals[0] = self._encode_segment(pieces[0])
+        vals[0] = self._heads[pieces[0]]
         if vals[-1] is _BAD:
             vals[-1] = self._encode_segment(" " + pieces[-1])
         return list(chain.from_iterable(vals))

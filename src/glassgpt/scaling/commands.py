@@ -1,0 +1,116 @@
+"""``glassgpt sweep`` and ``glassgpt scaling fit | predict``: argument parsing only."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sweep",
+        help="train a grid of runs (sizes × token budgets × any config field × seeds)",
+        description="Train every run of a TOML grid; finished runs are skipped when restarted.",
+    )
+    p.add_argument("--grid", required=True, metavar="FILE", help="the grid TOML file")
+    p.add_argument("--output", required=True, metavar="DIR", help="the sweep folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_sweep)
+
+    s = subparsers.add_parser("scaling", help="fit L(N, D) to a sweep and predict loss")
+    sub = s.add_subparsers(dest="scaling_command", metavar="COMMAND", required=True)
+    f = sub.add_parser("fit", help="fit L(N, D) = E + A/N^alpha + B/D^beta to a sweep's runs")
+    f.add_argument("sweep", metavar="DIR", help="a sweep folder (from glassgpt sweep)")
+    f.add_argument(
+        "--holdout",
+        type=int,
+        default=0,
+        metavar="K",
+        help="leave out the runs of the K largest model sizes and predict them",
+    )
+    f.add_argument(
+        "--bootstrap",
+        type=int,
+        default=200,
+        metavar="B",
+        help="bootstrap resamples for confidence intervals (default 200)",
+    )
+    f.add_argument(
+        "--n-kind",
+        choices=("non_embedding", "total"),
+        default="non_embedding",
+        help="which parameter count is N (default: non_embedding, as Kaplan et al.)",
+    )
+    f.add_argument("--seed", type=int, default=0)
+    f.set_defaults(func=_fit)
+
+    q = sub.add_parser("predict", help="predict a run's loss before training it")
+    q.add_argument("--law", required=True, metavar="PATH", help="law.json or its sweep folder")
+    src = q.add_mutually_exclusive_group()
+    src.add_argument("--preset", metavar="NAME", help="a run preset")
+    src.add_argument("--config", metavar="FILE", help="a TOML run config")
+    q.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides",
+    )
+    q.add_argument(
+        "--tokens",
+        type=float,
+        metavar="D",
+        help="training tokens (default: max_steps × batch_size × seq_len)",
+    )
+    q.add_argument(
+        "--flops",
+        type=float,
+        metavar="C",
+        help="also print the compute-optimal N and D for this FLOP budget",
+    )
+    q.set_defaults(func=_predict)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from glassgpt.scaling.grid import Grid
+    from glassgpt.scaling.sweep import run_sweep
+
+    results = run_sweep(Grid.load(args.grid), args.output, progress=not args.no_progress)
+    print(f"{len(results)} runs finished; table in {args.output}/results.md")
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from glassgpt.scaling.study import fit_results, plot_report, save_report
+    from glassgpt.scaling.sweep import load_results
+
+    report = fit_results(
+        load_results(args.sweep),
+        n_kind=args.n_kind,
+        holdout=args.holdout,
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+    )
+    print(report.summary())
+    path = save_report(report, args.sweep)
+    plots = plot_report(report, args.sweep)
+    print(f"law in {path}; plots: {', '.join(p.name for p in plots)}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from glassgpt.scaling.study import predict_for_config
+
+    print(
+        predict_for_config(
+            args.law,
+            preset=args.preset,
+            config_file=args.config,
+            overrides=args.overrides,
+            tokens=args.tokens,
+            flops=args.flops,
+        )
+    )
+    return 0

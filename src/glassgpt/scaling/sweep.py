@@ -1,0 +1,196 @@
+"""Sweeps: train every run of a grid, one ``glassgpt train`` process per run, and tabulate.
+
+Each run trains in ``OUT/runs/<name>/`` as its own process (so one failure or crash cannot
+take the sweep down, and runs can go in parallel), then its result is written to
+``result.json`` there; a run with a ``result.json`` is finished and is skipped when the sweep
+is started again, and a run with a checkpoint but no result is resumed from it. The table
+``OUT/results.jsonl`` (and ``results.md``) has, per run: final and best validation loss, bits
+per byte, N (total and non-embedding), D (training tokens), FLOPs ≈ 6 N D and wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from glassgpt.config import load_toml
+from glassgpt.errors import GlassError, InputFileError
+from glassgpt.scaling.grid import Grid, RunSpec
+
+RESULT = "result.json"
+COLUMNS = (
+    "name",
+    "val_loss",
+    "best_val_loss",
+    "val_bpb",
+    "n_params",
+    "n_params_non_embedding",
+    "tokens",
+    "flops",
+    "wall_s",
+)
+
+
+def validate(grid: Grid) -> list[RunSpec]:
+    """Every run of the grid, each checked as a full training config before anything starts."""
+    from glassgpt.train.config import build_run_config, raw_run_config
+
+    runs = list(grid.runs())
+    for run in runs:
+        raw = raw_run_config(
+            preset=grid.preset,
+            config_file=grid.config,
+            data_paths=list(grid.data) or None,
+            overrides=run.set_args,
+        )
+        build_run_config(raw)
+    return runs
+
+
+def train_command(grid: Grid, run: RunSpec, run_dir: Path, threads: int) -> list[str]:
+    """The ``glassgpt train`` command line for one run (a resume if it has a checkpoint)."""
+    cmd = [sys.executable, "-m", "glassgpt", "train"]
+    if (run_dir / "ckpt").is_dir():
+        return [*cmd, "--resume", str(run_dir)]
+    if grid.preset:
+        cmd += ["--preset", grid.preset]
+    if grid.config:
+        cmd += ["--config", grid.config]
+    if grid.data:
+        cmd += ["--data", *grid.data]
+    sets = [*run.set_args, f"train.threads={threads}", "train.progress=false"]
+    return [*cmd, "--out", str(run_dir), "--set", *sets]
+
+
+def collect(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
+    """The result of a finished run, from its ``config.toml`` and ``metrics.jsonl``."""
+    from glassgpt.model import GPTConfig
+    from glassgpt.model.accounting import count_parameters
+    from glassgpt.train.metrics import read_metrics
+
+    config_path = run_dir / "config.toml"
+    if not config_path.is_file():
+        raise InputFileError(f"{run_dir}: not a training run (no config.toml)")
+    config = load_toml(config_path)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    evals = [r for r in records if r.get("val_loss") is not None]
+    if not evals:
+        raise InputFileError(f"{run_dir}: the run has no evaluation in metrics.jsonl")
+    model = GPTConfig.from_dict(config["model"], prefix="model.")
+    n_total = count_parameters(model)
+    n_non_emb = count_parameters(model, non_embedding=True)
+    tokens = int(max(r.get("tokens", 0) for r in records))
+    last = evals[-1]
+    return {
+        "name": run_dir.name,
+        "val_loss": float(last["val_loss"]),
+        "best_val_loss": float(min(r["val_loss"] for r in evals)),
+        "val_bpb": last.get("val_bpb"),
+        "step": int(last["step"]),
+        "n_params": n_total,
+        "n_params_non_embedding": n_non_emb,
+        "tokens": tokens,
+        "flops": 6.0 * n_total * tokens,
+        "wall_s": wall_s if wall_s is not None else records[-1].get("elapsed_s"),
+        "config": config,
+    }
+
+
+def run_sweep(
+    grid: Grid,
+    out: str | Path,
+    *,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Train every unfinished run of ``grid`` in ``out``; return all results (finished ones too)."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    runs = validate(grid)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "grid.json").write_text(json.dumps([r.overrides for r in runs], indent=1), "utf-8")
+    threads = max(1, (os.cpu_count() or 1) // grid.parallel)
+    todo = [r for r in runs if not (out / "runs" / r.name / RESULT).is_file()]
+    if len(todo) < len(runs):
+        log(f"sweep: {len(runs) - len(todo)} of {len(runs)} runs already finished, skipped")
+    failures: list[str] = []
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress, unit="run")
+
+    def one(run: RunSpec) -> str | None:
+        run_dir = out / "runs" / run.name
+        if run_dir.exists() and not (run_dir / "ckpt").is_dir():
+            shutil.rmtree(run_dir)  # killed before its first checkpoint: start it again
+        start = time.perf_counter()
+        cmd = train_command(grid, run, run_dir, threads)
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "sweep.log").write_text(proc.stdout + proc.stderr, "utf-8")
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            return f"{run.name}: exit {proc.returncode}: {tail}"
+        result = collect(run_dir, wall_s=time.perf_counter() - start)
+        result["overrides"] = run.overrides
+        tmp = run_dir / (RESULT + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1), "utf-8")
+        os.replace(tmp, run_dir / RESULT)
+        return None
+
+    with ThreadPoolExecutor(max_workers=grid.parallel) as pool:
+        futures = {pool.submit(one, r): r for r in todo}
+        for fut in as_completed(futures):
+            err = fut.result()
+            if err:
+                failures.append(err)
+                log(f"sweep: failed {err}")
+            bar.update(1)
+    bar.close()
+    results = load_results(out)
+    write_table(results, out)
+    if failures:
+        raise GlassError(
+            f"{len(failures)} of {len(runs)} runs failed (logs in {out}/runs/*/sweep.log); "
+            f"first: {failures[0]}"
+        )
+    return results
+
+
+def load_results(out: str | Path) -> list[dict[str, Any]]:
+    """Every finished run's result in a sweep folder, sorted by name."""
+    out = Path(out)
+    if not out.is_dir():
+        raise InputFileError(f"sweep folder not found: {out}")
+    results = []
+    for path in sorted((out / "runs").glob(f"*/{RESULT}")):
+        try:
+            results.append(json.loads(path.read_text("utf-8")))
+        except (OSError, json.JSONDecodeError) as e:
+            raise InputFileError(f"{path}: unreadable result ({e})") from None
+    if not results:
+        raise InputFileError(f"{out}: no finished runs (no runs/*/{RESULT})")
+    return results
+
+
+def write_table(results: Sequence[dict[str, Any]], out: str | Path) -> None:
+    """``results.jsonl`` (one run a line, without the config) and a markdown ``results.md``."""
+    out = Path(out)
+    rows = [{k: r.get(k) for k in (*COLUMNS, "overrides")} for r in results]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(r[c]) for c in COLUMNS) + " |")
+    (out / "results.md").write_text("\n".join(lines) + "\n", "utf-8")
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)

@@ -13,7 +13,7 @@ describe is
 
 >>> cfg = load_run_config(preset="cpu-tiny", overrides=["train.lr=3e-3", "seed=7"])
 >>> (cfg.seed, cfg.train.lr, cfg.model.n_layers)
-(7, 0.003, 4)
+(7, 0.003, 2)
 """
 
 from __future__ import annotations

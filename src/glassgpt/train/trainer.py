@@ -225,15 +225,17 @@ class Trainer:
     # -- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean val loss over ``eval_data`` (shared across ranks), perplexity, bits per byte."""
+        """Mean val loss over ``eval_data``, perplexity, bits per byte.
+
+        Under DDP, ``eval_data`` yields this rank's share; the token-weighted mean is taken
+        over all ranks' shares.
+        """
         if self.eval_data is None:
             return {}
         model = self.model
         model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
-        for i, (x, y) in enumerate(self.eval_data()):
-            if i % self.ctx.world_size != self.ctx.rank:
-                continue
+        for x, y in self.eval_data():
             x, y = x.to(self.ctx.device), y.to(self.ctx.device)
             with self._autocast():
                 _, loss = model(x, y)
@@ -399,7 +401,11 @@ class Trainer:
                     state={"val_loss": val},
                 )
         if self.on_eval is not None and self.ctx.is_main:
-            sample = self.on_eval(self.model, self.step)
+            self.model.eval()  # no dropout, so no draw from the training RNG streams
+            try:
+                sample = self.on_eval(self.model, self.step)
+            finally:
+                self.model.train()
             if sample:
                 write(sample)
                 out["sample"] = sample

@@ -250,49 +250,72 @@ def weight_bytes(config: GPTConfig, dtype: Any = "float32") -> int:
     return count_parameters(config) * itemsize(dtype)
 
 
+_SAVES_INPUT = ("gelu", "gelu_tanh", "silu")  # the others' backward needs only their output
+
+
 def activation_bytes(
     config: GPTConfig,
     batch_size: int,
     seq_len: int,
     dtype: Any = "float32",
     *,
+    param_dtype: Any = "float32",
     attn_impl: str = "sdpa",
 ) -> int:
     """Bytes autograd keeps from the forward pass for the backward, at batch B × T.
 
-    Per token and block (s = itemsize of the compute dtype, e = elements):
-    the two norm inputs and outputs (4·d e) and their statistics (2 float32 per norm);
-    q, k, v and z (4·H·d_head e) and the log-sum-exp of the fused attention (H float32);
-    the MLP's pre- and post-activation (2·d_mlp e; gated: the two arm pre-activations, σ of the
-    gate, the product, and σ' of the value arm when it is not the identity); with dropout > 0,
-    a one-byte mask for each residual branch (2·d bytes) and for the embedding (d bytes).
-    The explicit attention path (or dropout on the pattern, where kernels fall back to it)
-    also keeps the pattern: H·T elements per token (plus its one-byte mask with dropout).
-    After the blocks: the final norm's input and output (2·d e), the logits (n_vocab e) and
-    the float32 log-probabilities of the cross-entropy (4·n_vocab bytes). Residual additions
-    and matmul outputs consumed by a norm save nothing extra. An estimate (a kernel may keep
-    more or less); ``tests/model/test_accounting.py`` compares it with what autograd saves.
+    r = itemsize of the weights (and so of the residual stream), s = of the compute dtype
+    (s < r under autocast). Per token and block:
+
+    - each norm: its input (r·d), its output as the next matmul's input (s·d), float32
+      statistics; RMSNorm (a composite kernel) also keeps x/rms (r·d);
+    - attention, fused kernel: the q|k|v buffer and z (s·4·H·d_head), a float32 log-sum-exp
+      per head, and with RoPE the rotated q and k (s·2·H·d_head); the explicit path keeps
+      q, k, v, z and the pattern (s·H·T), with dropout also its mask and the dropped
+      pattern (s·2·H·T); dropout on the pattern sends the fused kernel to its float32
+      fallback, which keeps q, k, v, the pattern, its mask and the dropped pattern (4 bytes);
+    - MLP: the matmul input of W_out and each activation's input (GELU, SiLU) or output
+      (ReLU, sigmoid, tanh): s·2·d_mlp (ReLU s·d_mlp); gated: σ(gate), σ'(value) and
+      their product, plus each arm's pre-activation where its σ keeps its input; under
+      autocast the two arms cast their input separately (s·d);
+    - dropout > 0: a mask like each residual branch (s·d each) and like x₀ (r·d).
+
+    Then the post-norm model's x₀ (s·d), the final norm (pre-norm), the logits (s·n_vocab,
+    held by the caller), the cross-entropy's float32 log-probabilities and the int64
+    tokens and targets. Once per step: the fused [W_Q | W_K | W_V] built by the forward pass
+    (s·3·d·H·d_head per block) and, under autocast, the s-byte copy of every other matmul
+    weight. ``tests/model/test_accounting.py`` checks this against what autograd saves.
     """
     c = config
-    s = itemsize(dtype)
+    s, r = itemsize(dtype), itemsize(param_dtype)
     for field, value in (("batch_size", batch_size), ("seq_len", seq_len)):
         if not (isinstance(value, int) and value >= 1):
             raise ConfigError(field, f"must be a positive integer, got {value!r}")
     if attn_impl not in ("sdpa", "explicit"):
         raise ConfigError("attn_impl", f"must be 'sdpa' or 'explicit', got {attn_impl!r}")
-    d, H, dh, dm, T = c.d_model, c.n_heads, _int(c.d_head), _int(c.d_mlp), seq_len
-    dropout = c.dropout > 0.0
-    mlp_elems = 4 * dm + (dm if c.mlp_activations[1] != "identity" else 0) if c.gated else 2 * dm
-    per_block = s * (4 * d + 4 * H * dh + mlp_elems) + 4 * (2 * 2 + H)
-    if dropout:
-        per_block += 2 * d
-    if attn_impl == "explicit" or dropout:
-        per_block += s * H * T + (H * T if dropout else 0)
-    per_token = c.n_layers * per_block
-    per_token += s * (2 * d + c.n_vocab) + 4 * c.n_vocab + 4 * 2
-    if dropout:
-        per_token += d
-    return batch_size * seq_len * per_token
+    d, H, dh, dm, T, V = c.d_model, c.n_heads, _int(c.d_head), _int(c.d_mlp), seq_len, c.n_vocab
+    dropout, autocast = c.dropout > 0.0, s < r
+    norm = r * d + s * d + (8 if c.norm == "layernorm" else 4 + r * d)
+    if attn_impl == "explicit":
+        attn = s * (4 * H * dh + H * T * (3 if dropout else 1))
+    elif dropout:  # the fused kernel falls back to float32 math: q, k, v, pattern, mask, dropped
+        attn = 4 * (3 * H * dh + 3 * H * T) + s * H * dh
+    else:
+        attn = s * (4 * H * dh + (2 * H * dh if c.positional == "rope" else 0)) + 4 * H
+    gate, value = c.mlp_activations
+    if value is None:
+        mlp = s * dm * (2 if gate in _SAVES_INPUT else 1)
+    else:
+        kept_inputs = (gate in _SAVES_INPUT) + (value in _SAVES_INPUT)
+        mlp = s * dm * (3 + kept_inputs) + (s * d if autocast else 0)
+    per_block = 2 * norm + attn + mlp + (2 * s * d if dropout else 0)
+    per_token = c.n_layers * per_block + s * V + 4 * V + 2 * 8
+    per_token += norm if c.final_norm else s * d
+    per_token += r * d if dropout else 0
+    weights = s * c.n_layers * 3 * d * H * dh
+    if autocast:  # a low-precision copy of each matmul weight, kept for the backward
+        weights += s * (c.n_layers * (H * dh * d + (3 if c.gated else 2) * d * dm) + d * V)
+    return batch_size * seq_len * per_token + weights
 
 
 @dataclass(frozen=True)
@@ -327,7 +350,7 @@ def estimate_training_memory(
 
     >>> m = estimate_training_memory(GPTConfig.preset("gpt2"), 8, 1024, "bfloat16")
     >>> m.optimizer == 2 * m.weights, format_bytes(m.weights), format_bytes(m.activations)
-    (True, '475 MiB', '4.58 GiB')
+    (True, '475 MiB', '5.10 GiB')
     """
     n = count_parameters(config)
     p = itemsize(param_dtype)
@@ -336,7 +359,9 @@ def estimate_training_memory(
         weights=n * p,
         gradients=n * p,
         optimizer=8 * n + master,
-        activations=activation_bytes(config, batch_size, seq_len, dtype, attn_impl=attn_impl),
+        activations=activation_bytes(
+            config, batch_size, seq_len, dtype, param_dtype=param_dtype, attn_impl=attn_impl
+        ),
     )
 
 

@@ -186,7 +186,9 @@ def _train(
     if ctx.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         say(f"glassgpt {__version__}: preparing data in {out_dir}", flush=True)
-        run_data = resolve_data(pre.data, out_dir, tokenizer_json=tok_json, progress=True)
+        run_data = resolve_data(
+            pre.data, out_dir, tokenizer_json=tok_json, progress=pre.train.progress
+        )
     D.barrier(ctx)
     if not ctx.is_main:
         run_data = resolve_data(pre.data, out_dir, tokenizer_json=tok_json, prepare=False)

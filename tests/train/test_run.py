@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,20 @@ def test_a_batch_too_large_for_memory_is_refused_before_the_run(tmp_path: Path, 
     line = one_line_error(capsys)
     assert "train.batch_size=8192" in line and "free" in line
     assert not (out / "ckpt").exists()
+
+
+@pytest.mark.slow
+def test_training_on_tinyshakespeare_lowers_the_val_loss(
+    tmp_path: Path, shakespeare_path: Path
+) -> None:
+    out = tmp_path / "run"
+    sets = [*TINY, "train.max_steps=120", "train.eval_every=40", "train.batch_size=8"]
+    assert train("--data", str(shakespeare_path), "--out", str(out), "--set", *sets) == 0
+    val = [r["val_loss"] for r in read_metrics(out / "metrics.jsonl") if "val_loss" in r]
+    assert len(val) == 3
+    assert val[0] > val[1] > val[2]
+    # below the entropy of the character frequencies: the model predicts from context
+    text = shakespeare_path.read_text(encoding="utf-8")
+    counts = Counter(text)
+    unigram = -sum(n / len(text) * math.log(n / len(text)) for n in counts.values())
+    assert val[2] < unigram < math.log(len(counts))

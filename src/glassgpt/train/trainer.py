@@ -198,7 +198,9 @@ class Trainer:
         if cfg.grad_clip > 0:
             if self.scaler:
                 self.scaler.unscale_(opt)
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), cfg.grad_clip, foreach=True
+            )
             grad_norm = float(norm)
         if self.scaler:
             self.scaler.step(opt)

@@ -309,10 +309,8 @@ class Tokenizer:
                 "vocab_size",
                 f"must be at least 256 + {len(special_tokens)} special tokens, got {vocab_size!r}",
             )
-        resolve_pattern(pattern)  # a bad pattern fails before reading anything
-        counts = count_chunks(
-            texts_or_paths, resolve_pattern(pattern)[0], special_tokens, progress=progress
-        )
+        source, _ = resolve_pattern(pattern)  # a bad pattern fails before reading anything
+        counts = count_chunks(texts_or_paths, source, special_tokens, progress=progress)
         if not counts:
             raise GlassError("empty corpus: the inputs hold no text to train on")
         merges = train_merges(counts, n_merges, progress=progress)

@@ -10,7 +10,7 @@ With GPT-2's files the ids are tiktoken's ``gpt2`` ids.
 What the code adds is speed without changing a single id: a cache chunk → ids (most
 chunks repeat), and for the named patterns a second cache over whole space-separated
 pieces, cut at *safe spaces* (:func:`~glassgpt.tokenizer.pretokenize.space_segments`), so
-that prose costs one ``str.split`` and one dict lookup per word. Both caches are bounded.
+that prose costs one ``re.split`` and one dict lookup per word. The caches are bounded.
 """
 
 from __future__ import annotations

@@ -89,7 +89,9 @@ class Tokenizer:
         self._split = splitter(self.pattern)
         self._chunks = Cache(self._bpe_chunk)  # chunk → ids
         self._heads = Cache(self._encode_segment)  # text before the first safe space → ids
-        self._pieces = PieceCache(self._encode_segment) if self.pattern_name else None
+        self._tails = Cache(self._encode_spaced)  # a last piece ending in whitespace → ids
+        self._special_names = frozenset(self.special_tokens)
+        self._pieces = PieceCache(self._encode_spaced) if self.pattern_name else None
 
     def _check(self) -> None:
         n = len(self.vocab)
@@ -145,6 +147,9 @@ class Tokenizer:
             bpe_heap(ids, self._ranks) if len(ids) > HEAP_MIN_LEN else bpe(ids, self._ranks)
         )
 
+    def _encode_spaced(self, piece: str) -> tuple[int, ...]:
+        return self._encode_segment(" " + piece)
+
     def _encode_segment(self, text: str) -> tuple[int, ...]:
         return tuple(chain.from_iterable(map(self._chunks.__getitem__, self._split(text))))
 
@@ -158,7 +163,7 @@ class Tokenizer:
         vals = list(map(self._pieces.__getitem__, pieces))
         vals[0] = self._heads[pieces[0]]
         if vals[-1] is BAD:
-            vals[-1] = self._encode_segment(" " + pieces[-1])
+            vals[-1] = self._tails[pieces[-1]]
         return list(chain.from_iterable(vals))
 
     def encode_ordinary(self, text: str) -> list[int]:
@@ -184,8 +189,9 @@ class Tokenizer:
         By default a text containing a special token's string raises
         :class:`~glassgpt.tokenizer.special.SpecialTokenError`.
         """
-        allowed, disallowed = resolve(self.special_tokens, allowed_special, disallowed_special)
-        check_disallowed(text, disallowed)
+        allowed, disallowed = resolve(self._special_names, allowed_special, disallowed_special)
+        if disallowed:
+            check_disallowed(text, disallowed)
         if not allowed:
             return self.encode_ordinary(text)
         parts = split_special(text, allowed)

@@ -45,16 +45,16 @@ class Cache(dict):  # type: ignore[type-arg]
 class PieceCache(dict):  # type: ignore[type-arg]
     """piece → ids of ``" " + piece``; ``BAD`` (not cached) for a piece ending in whitespace."""
 
-    __slots__ = ("_segment",)
+    __slots__ = ("_spaced",)
 
-    def __init__(self, segment: Any) -> None:
+    def __init__(self, spaced: Any) -> None:
         super().__init__()
-        self._segment = segment
+        self._spaced = spaced
 
     def __missing__(self, piece: str) -> Any:
         if not piece or piece[-1] in WHITESPACE:
             return BAD
-        ids = self._segment(" " + piece)
+        ids = self._spaced(piece)
         if len(piece) > CACHE_KEY_MAX:
             return ids
         if len(self) >= CACHE_MAX:

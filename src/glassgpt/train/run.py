@@ -245,6 +245,7 @@ def _train(
         seed=cfg.seed,
         rank=ctx.rank,
         world_size=ctx.world_size,
+        device=ctx.device if ctx.device.type == "cuda" else None,  # pinned, asynchronous copies
     )
 
     def eval_data() -> Any:

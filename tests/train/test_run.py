@@ -94,8 +94,12 @@ def test_resume_continues_and_refuses_another_config(tmp_path: Path, capsys) -> 
     assert main(["train", "--resume", str(out), "--set", "model.d_model=64"]) == 2
     line = one_line_error(capsys)
     assert "cannot resume" in line and "model.d_model" in line
-    assert main(["train", "--resume", str(out), "--set", "train.max_steps=6"]) == 0
+    assert main(["train", "--resume", str(out), "--set", "train.max_steps=5"]) == 0
     assert "resumed from" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    # the same preset, data and overrides as the original command are the same config
+    again = [*sets, "train.max_steps=6"]
+    assert train("--resume", str(out), "--data", str(data), "--set", *again) == 0
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
 
 

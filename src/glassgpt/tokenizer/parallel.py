@@ -83,20 +83,23 @@ def plan(lengths: Sequence[int], n_shares: int, cut: bool, texts: Sequence[str])
     return [s for s in shares if s]
 
 
-def encode_texts(
-    tok: Tokenizer, texts: Sequence[str], allowed: frozenset[str]
-) -> tuple[np.ndarray, np.ndarray]:
-    """The ids of ``texts`` (specials outside ``allowed`` read as text), flat, and their lengths."""
+def encode_texts(tok: Tokenizer, texts: Sequence[str], allowed: frozenset[str]) -> list[list[int]]:
+    """The ids of each text; specials outside ``allowed`` are read as text."""
     if allowed:
-        ids = [tok.encode(t, allowed_special=allowed, disallowed_special=()) for t in texts]
-    else:
-        ids = [tok.encode_ordinary(t) for t in texts]
+        return [tok.encode(t, allowed_special=allowed, disallowed_special=()) for t in texts]
+    return [tok.encode_ordinary(t) for t in texts]
+
+
+def _work(key: int, texts: list[str], allowed: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
+    """In a worker: the ids of ``texts`` as one flat int32 array and the lengths."""
+    ids = encode_texts(_tokenizers[key], texts, allowed)
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths
 
 
-def _work(key: int, texts: list[str], allowed: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
-    return encode_texts(_tokenizers[key], texts, allowed)
+def _unpack(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    ids, ends = flat.tolist(), np.cumsum(lengths).tolist()
+    return [ids[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
 def _pool(tok: Tokenizer, n: int) -> ProcessPoolExecutor:
@@ -155,14 +158,12 @@ def encode_batch(
     try:
         pool = _pool(tok, len(shares) - 1)
         futures = [pool.submit(_work, id(tok), p, allowed) for p in parts[1:]]
-        results = [encode_texts(tok, parts[0], allowed)] + [f.result() for f in futures]
+        results = [encode_texts(tok, parts[0], allowed)] + [_unpack(*f.result()) for f in futures]
     except BrokenProcessPool:  # a worker died (e.g. killed): do it here instead
         close_workers(tok)
         results = [encode_texts(tok, p, allowed) for p in parts]
     out: list[list[int]] = [[] for _ in texts]
-    for jobs, (flat, lens) in zip(shares, results):
-        ids = flat.tolist()
-        offsets = np.concatenate([[0], np.cumsum(lens)]).tolist()
-        for k, (i, _, _) in enumerate(jobs):
-            out[i] += ids[offsets[k] : offsets[k + 1]]
+    for jobs, ids in zip(shares, results):
+        for (i, _, _), part in zip(jobs, ids):
+            out[i] += part
     return out

@@ -87,7 +87,7 @@ def encode_texts(tok: Tokenizer, texts: Sequence[str], allowed: frozenset[str]) 
     """The ids of each text; specials outside ``allowed`` are read as text."""
     if allowed:
         return [tok.encode(t, allowed_special=allowed, disallowed_special=()) for t in texts]
-    return [tok.encode_ordinary(t) for t in texts]
+    return tok.encode_ordinary_many(texts)
 
 
 def _work(key: int, texts: list[str], allowed: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:

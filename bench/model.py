@@ -41,7 +41,9 @@ def build_pair(preset: str, device: str) -> tuple[GPT, torch.nn.Module]:
     ours = GPT(config)
     hf_config = transformers.GPT2Config(**config_to_hf(config))
     theirs = transformers.GPT2LMHeadModel(hf_config)
-    theirs.load_state_dict(state_dict_to_hf(ours), strict=False)  # lm_head tied to wte
+    result = theirs.load_state_dict(state_dict_to_hf(ours), strict=False)
+    if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:  # tied head
+        raise RuntimeError(f"weights do not match: {result}")
     return ours.to(device), theirs.to(device)
 
 
@@ -74,6 +76,7 @@ def time_pair(
     device: str,
     repeats: int,
     warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[float, float]:
     """Median seconds per step of each of two steps, interleaved (order alternating)."""
     times: tuple[list[float], list[float]] = ([], [])
@@ -88,10 +91,10 @@ def time_pair(
         for j in order:
             with ctx():
                 sync()
-                t0 = time.perf_counter()
+                t0 = clock()
                 steps[j]()
                 sync()
-                elapsed = time.perf_counter() - t0
+                elapsed = clock() - t0
             if i >= warmup:
                 times[j].append(elapsed)
     return statistics.median(times[0]), statistics.median(times[1])
@@ -107,6 +110,13 @@ def main() -> None:
     p.add_argument("--dtypes", nargs="+", default=["float32", "bf16"], choices=["float32", "bf16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall: elapsed seconds; cpu: this process's CPU seconds (all threads), steadier "
+        "on a machine shared with other jobs; figures are then per CPU-second",
+    )
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -118,7 +128,11 @@ def main() -> None:
         f"{args.threads} threads, device {args.device}; load average "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores"
     )
-    print(f"cpu capability: {torch.backends.cpu.get_cpu_capability()}; medians of {args.repeats}")
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    print(
+        f"cpu capability: {torch.backends.cpu.get_cpu_capability()}; medians of {args.repeats}; "
+        f"{args.clock} clock"
+    )
     header = (
         f"{'preset':<17}{'B×T':>9} {'dtype':<8}{'pass':<9}{'glassgpt tok/s':>15}"
         f"{'HF tok/s':>11}{'ratio':>7}{'glassgpt GFLOP/s':>18}{'HF GFLOP/s':>12}"
@@ -135,7 +149,8 @@ def main() -> None:
         ours.eval(), theirs.eval()
         with torch.no_grad():
             diff = float((ours(x) - theirs(x).logits).abs().max())
-        print(f"{preset}: max |logits(glassgpt) - logits(HF)| = {diff:.2e} (float32)")
+        impl = theirs.config._attn_implementation
+        print(f"{preset}: max |logits(glassgpt) - logits(HF)| = {diff:.2e} (float32); HF {impl}")
         flops = flops_per_token(ours.config, T)
         for dtype in args.dtypes:
             autocast = dtype == "bf16"
@@ -148,7 +163,9 @@ def main() -> None:
                     ours.train(), theirs.train()
                     pair = (train_step(ours, False, x, y), train_step(theirs, True, x, y))
                     per_token = flops.training
-                t_ours, t_hf = time_pair(pair, autocast, args.device, args.repeats, args.warmup)
+                t_ours, t_hf = time_pair(
+                    pair, autocast, args.device, args.repeats, args.warmup, clock
+                )
                 tokens = B * T
                 print(
                     f"{preset:<17}{f'{B}×{T}':>9} {dtype:<8}{name:<9}"

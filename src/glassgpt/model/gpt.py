@@ -220,7 +220,8 @@ class GPT(nn.Module):
         B, T = tokens.shape
         if self.config.n_ctx < T:
             raise TokenError(f"{what}: sequence length {T} exceeds n_ctx={self.config.n_ctx}")
-        if tokens.numel():
+        # A data-dependent check would split a compiled graph: compiled callers skip it.
+        if tokens.numel() and not torch.compiler.is_compiling():
             lo, hi = torch.aminmax(tokens)
             lo_i, hi_i = int(lo), int(hi)
             if lo_i < low or hi_i >= self.config.n_vocab:

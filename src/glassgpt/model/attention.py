@@ -89,6 +89,9 @@ class Attention(nn.Module):
         self.hook_scores, self.hook_pattern = f"{name}.attn_scores", f"{name}.pattern"
         self.hook_z, self.hook_result = f"{name}.z", f"{name}.result"
 
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, d_head={self.d_head}, impl={self.impl}"
+
     def fused_qkv(self) -> tuple[Tensor, Tensor | None]:
         """[W_Q | W_K | W_V] as one [d_model, 3·n_heads·d_head] matrix (columns: q|k|v, head,
         d_head) and the matching bias, in the autocast dtype when autocast is on.

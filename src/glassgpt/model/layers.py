@@ -38,6 +38,32 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+class Embed(nn.Module):
+    """The token embedding W_E [n_vocab, d_model]: X W_E selects row x_t for token t."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(config.n_vocab, config.d_model))
+
+    def forward(self, tokens: Tensor) -> Tensor:  # [B, T] int -> [B, T, d_model]
+        return F.embedding(tokens, self.W_E)
+
+
+class Unembed(nn.Module):
+    """logits = x W_U + b_U, with W_U [d_model, n_vocab], or W_U = W_Eᵀ when tied (no W_U here)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        d, v = config.d_model, config.n_vocab
+        self.W_U = None if config.tie_embeddings else nn.Parameter(torch.empty(d, v))
+        self.b_U = nn.Parameter(torch.zeros(v)) if config.bias else None
+
+    def forward(self, x: Tensor, W_E: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, n_vocab]
+        if self.W_U is None:
+            return F.linear(x, W_E, self.b_U)  # x W_Eᵀ + b_U
+        return F.linear(x, self.W_U.T, self.b_U)
+
+
 class Norm(nn.Module):
     """LayerNorm or RMSNorm over d_model, with weight ``w`` (and ``b`` for a biased LayerNorm).
 
@@ -56,6 +82,9 @@ class Norm(nn.Module):
         )
         self.hooks = hooks
         self.hook_scale = f"{name}.scale"
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, d={self.w.shape[0]}, eps={self.eps}"
 
     def forward(self, x: Tensor) -> Tensor:  # [..., d_model] -> [..., d_model]
         if self.kind == "layernorm":
@@ -104,6 +133,11 @@ class MLP(nn.Module):
         self.hooks = hooks
         self.hook_pre, self.hook_post = f"{name}.pre", f"{name}.post"
         self.hook_pre_gate = f"{name}.pre_gate"
+        self.kind = config.mlp
+
+    def extra_repr(self) -> str:
+        d, m = self.W_in.shape
+        return f"{self.kind}, {d} → {m} → {d}"
 
     def forward(self, x: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, d_model]
         hooks = self.hooks

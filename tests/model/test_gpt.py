@@ -41,11 +41,14 @@ def test_causality(positional: str, placement: str, t: int, seed: int) -> None:
         {},
         {"positional": "rope", "norm": "rmsnorm", "mlp": "swiglu", "tie_embeddings": False},
         {"norm_placement": "post", "mlp": "gelu", "bias": False, "positional": "sinusoidal"},
+        {"mlp": "gated", "mlp_gate": "tanh", "mlp_value": "sigmoid", "attn_impl": "explicit"},
     ],
 )
 def test_gradcheck(overrides: dict) -> None:
+    attn_impl = overrides.pop("attn_impl", "auto")
     cfg = tiny_config(n_vocab=7, d_model=4, n_heads=2, d_mlp=6, n_layers=1, **overrides)
     model = random_model(cfg, seed=1)
+    model.attn_impl = attn_impl
     tokens = random_tokens(cfg, batch=1, length=4)
     targets = random_tokens(cfg, batch=1, length=4, seed=2)
     names = [n for n, _ in model.named_parameters()]

@@ -110,7 +110,7 @@ class Attention(nn.Module):
             dtype = torch.get_autocast_dtype(device)
         tracked = torch.is_grad_enabled() and any(p.requires_grad for p in params)
         key = None
-        if not tracked:
+        if not tracked and not torch.compiler.is_compiling():  # a compiled graph stacks
             inference = torch.is_inference_mode_enabled()
             key = (dtype, inference, *((p.data_ptr(), p._version) for p in params))
             if self._qkv_cache is not None and self._qkv_cache[0] == key:

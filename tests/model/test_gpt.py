@@ -45,6 +45,7 @@ def test_causality(positional: str, placement: str, t: int, seed: int) -> None:
     ],
 )
 def test_gradcheck(overrides: dict) -> None:
+    overrides = dict(overrides)
     attn_impl = overrides.pop("attn_impl", "auto")
     cfg = tiny_config(n_vocab=7, d_model=4, n_heads=2, d_mlp=6, n_layers=1, **overrides)
     model = random_model(cfg, seed=1)

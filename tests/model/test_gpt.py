@@ -263,3 +263,20 @@ def test_fused_qkv_cache_follows_weight_changes() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert model(tokens).dtype == torch.bfloat16
         assert torch.equal(model(tokens), fresh())
+
+
+@pytest.mark.parametrize("mlp", ["gelu_tanh", "swiglu"])
+def test_whole_model_pickles_and_copies(mlp: str) -> None:
+    import copy
+    import pickle
+
+    model = random_model(tiny_config(mlp=mlp, positional="rope"))
+    tokens = random_tokens(model.config, batch=1, length=5)
+    with torch.no_grad():
+        expected = model(tokens)
+        for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+            assert torch.equal(clone(tokens), expected)
+            seen: list[str] = []
+            with clone.hooks({"embed": lambda t, n, seen=seen: seen.append(n)}):
+                clone(tokens)
+            assert seen == ["embed"] and not model._hook_fns  # hooks stay per model

@@ -27,14 +27,25 @@ from torch import Tensor, nn
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import Hooks, run_hook
 
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GPT-2's GELU: ½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))."""
+    return F.gelu(x, approximate="tanh")
+
+
+def identity(x: Tensor) -> Tensor:
+    return x
+
+
+# Module-level functions (no lambdas), so that a whole model can be pickled.
 ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "sigmoid": torch.sigmoid,
     "relu": F.relu,
-    "gelu": F.gelu,  # exact: x Φ(x) with the erf
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,  # exact: x Φ(x) = ½ x (1 + erf(x/√2))
+    "gelu_tanh": gelu_tanh,
     "silu": F.silu,
     "tanh": torch.tanh,
-    "identity": lambda x: x,
+    "identity": identity,
 }
 
 

@@ -74,6 +74,10 @@ class Attention(nn.Module):
         self.W_K = nn.Parameter(torch.empty(H, D, dh))
         self.W_V = nn.Parameter(torch.empty(H, D, dh))
         self.W_O = nn.Parameter(torch.empty(H, dh, D))  # [n_heads, d_head, d_model]
+        self.b_Q: nn.Parameter | None
+        self.b_K: nn.Parameter | None
+        self.b_V: nn.Parameter | None
+        self.b_O: nn.Parameter | None
         if config.bias:
             self.b_Q = nn.Parameter(torch.zeros(H, dh))  # [n_heads, d_head]
             self.b_K = nn.Parameter(torch.zeros(H, dh))
@@ -101,9 +105,9 @@ class Attention(nn.Module):
         ``torch.no_grad()`` or an optimizer, not through ``p.data``, which autograd and this
         cache cannot see.
         """
-        params = [self.W_Q, self.W_K, self.W_V]
-        if self.b_Q is not None:
-            params += [self.b_Q, self.b_K, self.b_V]  # type: ignore[list-item]
+        params: list[Tensor] = [self.W_Q, self.W_K, self.W_V]
+        if self.b_Q is not None and self.b_K is not None and self.b_V is not None:
+            params += [self.b_Q, self.b_K, self.b_V]
         device = self.W_Q.device.type
         dtype = self.W_Q.dtype
         if torch.is_autocast_enabled(device) and dtype != torch.float64:  # autocast skips float64

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -141,14 +142,18 @@ class GPT(nn.Module):
     @property
     def attn_impl(self) -> str:
         """``auto`` (fused kernel unless scores/pattern are hooked) or ``explicit``."""
-        return self.blocks[0].attn.impl if len(self.blocks) else "auto"
+        attentions = self._attentions()
+        return attentions[0].impl if attentions else "auto"
 
     @attn_impl.setter
     def attn_impl(self, value: str) -> None:
         if value not in ATTN_IMPLS:
             raise ConfigError("attn_impl", f"must be one of {', '.join(ATTN_IMPLS)}; got {value!r}")
-        for block in self.blocks:
-            block.attn.impl = value
+        for attn in self._attentions():
+            attn.impl = value
+
+    def _attentions(self) -> list[Attention]:
+        return [cast(Block, block).attn for block in self.blocks]
 
     # -- hooks ----------------------------------------------------------------------------
     def hook_names(self) -> list[str]:

@@ -212,7 +212,7 @@ class _Table(nn.Module):
         for key, table in self._tables().items():
             self.register_buffer(key, table.to(device=device, dtype=dtype), persistent=False)
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def, override]
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> _Table:
         super()._apply(fn, recurse)
         ref = next(iter(self.buffers()))
         self._build(ref.device, ref.dtype)
@@ -221,6 +221,8 @@ class _Table(nn.Module):
 
 class SinusoidalPE(_Table):
     """The fixed table PE [n_ctx, d_model] (buffer ``PE``, not in the state dict)."""
+
+    PE: Tensor
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -247,6 +249,9 @@ class LearnedPE(nn.Module):
 
 class Rotary(_Table):
     """The RoPE tables cos, sin [n_ctx, d_head/2] (buffers, not in the state dict)."""
+
+    cos: Tensor
+    sin: Tensor
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()

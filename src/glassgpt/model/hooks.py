@@ -53,6 +53,7 @@ BLOCK_SITES = (
     "mlp_out",
     "resid_post",
 )
+MLP_SITES = frozenset({"ln2.scale", "mlp.pre", "mlp.pre_gate", "mlp.post", "mlp_out"})
 
 
 def hook_names(config: GPTConfig) -> list[str]:
@@ -70,6 +71,8 @@ def hook_names(config: GPTConfig) -> list[str]:
     for layer in range(config.n_layers):
         for site in BLOCK_SITES:
             if site == "mlp.pre_gate" and not config.gated:
+                continue
+            if config.attn_only and site in MLP_SITES:
                 continue
             names.append(f"blocks.{layer}.{site}")
     if config.final_norm:

@@ -48,3 +48,21 @@ def random_tokens(config: GPTConfig, batch: int, length: int, seed: int = 1) -> 
 def tiny() -> SimpleNamespace:
     """``tiny.config(**overrides)``, ``tiny.model(config, seed, dtype)``, ``tiny.tokens(config, B, T)``."""
     return SimpleNamespace(config=tiny_config, model=random_model, tokens=random_tokens)
+
+
+PROMPT = "the cat <sat> & the cat sat\non the mat"
+
+
+@pytest.fixture(scope="session")
+def report_html() -> SimpleNamespace:
+    """One report of a small random model (built once: rendering figures takes seconds)."""
+    from glassgpt.inspect.report import build_report
+    from glassgpt.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.train([PROMPT + "xyz"])
+    cfg = GPTConfig(n_vocab=tok.n_vocab, n_ctx=48, d_model=16, n_layers=2, n_heads=2)
+    model = random_model(cfg, seed=0, dtype=torch.float32)
+    html = build_report(model, tok, PROMPT, names=["blocks.0.attn.z", "ln_final.scale"])
+    return SimpleNamespace(
+        html=html, model=model, tokenizer=tok, prompt=PROMPT, n_figures=html.count("<img ")
+    )

@@ -182,5 +182,8 @@ def per_token_loss(model: GPT, tokens: Tensor | Sequence[int]) -> Tensor:
     with evaluating(model), torch.no_grad():
         logits = model(batch)
     assert isinstance(logits, Tensor)
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logits = logits[:, :-1]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
     return -logp.gather(-1, batch[:, 1:, None])[..., 0]

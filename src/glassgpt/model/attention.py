@@ -83,18 +83,43 @@ class Attention(nn.Module):
             self.b_Q = self.b_K = self.b_V = self.b_O = None
         self.dropout = config.dropout
         self.impl = "auto"
+        self._qkv_cache: tuple[tuple, Tensor, Tensor | None] | None = None
         self.hooks = hooks
         self.hook_q, self.hook_k, self.hook_v = (f"{name}.{s}" for s in "qkv")
         self.hook_scores, self.hook_pattern = f"{name}.attn_scores", f"{name}.pattern"
         self.hook_z, self.hook_result = f"{name}.z", f"{name}.result"
 
     def fused_qkv(self) -> tuple[Tensor, Tensor | None]:
-        """[W_Q | W_K | W_V] as one [d_model, 3·n_heads·d_head] matrix (columns: q|k|v, head, d_head)."""
-        W = torch.stack([W.permute(1, 0, 2) for W in (self.W_Q, self.W_K, self.W_V)], dim=1)
-        b = None
+        """[W_Q | W_K | W_V] as one [d_model, 3·n_heads·d_head] matrix (columns: q|k|v, head,
+        d_head) and the matching bias, in the autocast dtype when autocast is on.
+
+        Without autograd (``torch.no_grad``/inference) the result is cached until a weight
+        changes (its version counter or storage); change weights through ``p.copy_`` under
+        ``torch.no_grad()`` or an optimizer, not through ``p.data``, which autograd and this
+        cache cannot see.
+        """
+        params = [self.W_Q, self.W_K, self.W_V]
         if self.b_Q is not None:
-            b = torch.stack([self.b_Q, self.b_K, self.b_V]).flatten()  # type: ignore[list-item]
-        return W.flatten(1), b
+            params += [self.b_Q, self.b_K, self.b_V]  # type: ignore[list-item]
+        device = self.W_Q.device.type
+        dtype = self.W_Q.dtype
+        if torch.is_autocast_enabled(device) and dtype != torch.float64:  # autocast skips float64
+            dtype = torch.get_autocast_dtype(device)
+        tracked = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        key = None
+        if not tracked:
+            inference = torch.is_inference_mode_enabled()
+            key = (dtype, inference, *((p.data_ptr(), p._version) for p in params))
+            if self._qkv_cache is not None and self._qkv_cache[0] == key:
+                return self._qkv_cache[1], self._qkv_cache[2]
+        self._qkv_cache = None
+        # Cast each weight first (autocast would cast the stacked matrix anyway), then stack:
+        # [d_model, 3, H, d_head] is contiguous, so the flatten is a view.
+        W = torch.stack([W.permute(1, 0, 2).to(dtype) for W in params[:3]], dim=1).flatten(1)
+        b = torch.stack(params[3:]).flatten().to(dtype) if len(params) > 3 else None
+        if key is not None:
+            self._qkv_cache = (key, W, b)
+        return W, b
 
     def forward(
         self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, offset: int = 0

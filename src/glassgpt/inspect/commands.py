@@ -65,6 +65,8 @@ def load_model(path: str) -> tuple[Any, Any]:
         if e.name and e.name.startswith("glassgpt"):
             raise GlassError(f"cannot load {path}: this build has no checkpoint loader") from None
         raise
+    if tokenizer is None:
+        raise GlassError(f"{path}: has no tokenizer, so a text prompt cannot be encoded")
     return model, tokenizer
 
 

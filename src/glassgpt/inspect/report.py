@@ -255,9 +255,11 @@ def _composition(model: GPT) -> str:
     parts = []
     for kind in ("q", "k", "v"):
         s = composition_scores(model, kind).flatten(0, 1).flatten(1, 2)  # [L·H, L·H]
-        title = f"{kind.upper()}-composition (row: writing head, column: reading head)"
-        png = fig.heatmap_figure(s, title, labels, labels, diverging=False)
-        parts.append(P.figure(png, title))
+        title = f"{kind.upper()}-composition"
+        png = fig.heatmap_figure(
+            s, title, labels, labels, xlabel="reading head", ylabel="writing head", diverging=False
+        )
+        parts.append(P.figure(png, f"{title} (row: writing head, column: reading head)"))
     return P.section("Composition scores", *parts, anchor="composition")
 
 

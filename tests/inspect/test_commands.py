@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -150,3 +153,16 @@ def test_end_to_end_from_a_training_checkpoint(
     )
     assert (code, err) == (0, "")
     assert out_file.read_text(encoding="utf-8").count("<img ") >= 10
+
+
+def test_the_command_module_and_package_load_without_torch_until_used() -> None:
+    code = (
+        "import sys, glassgpt.inspect, glassgpt.inspect.commands\n"
+        "assert 'torch' not in sys.modules\n"
+        "from glassgpt.inspect import __all__ as names\n"
+        "import glassgpt.inspect as gi\n"
+        "assert all(callable(getattr(gi, n)) for n in names)\n"
+        "assert 'torch' in sys.modules\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(commands.__file__).parents[2])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)

@@ -7,54 +7,59 @@
     head_scores(model)                                       previous-token / induction / duplicate
 
 ``glassgpt inspect --checkpoint DIR --prompt TEXT --output report.html`` puts it on one page.
-Importing this package loads torch (its modules are the numerical ones).
+The names below load (with torch) on first use, so ``glassgpt --help`` stays fast.
 """
 
 from __future__ import annotations
 
-from glassgpt.inspect.cache import (
-    ActivationCache,
-    patch_hook,
-    resolve_names,
-    run_with_cache,
-    run_with_hooks,
-)
-from glassgpt.inspect.circuits import (
-    composition_scores,
-    copying_scores,
-    ov_circuit,
-    qk_circuit,
-    unembedding,
-)
-from glassgpt.inspect.factored import FactoredMatrix, copying_score
-from glassgpt.inspect.heads import HeadScores, head_scores, repeated_random_tokens
-from glassgpt.inspect.lens import (
-    Attribution,
-    LogitLens,
-    direct_logit_attribution,
-    logit_lens,
-    per_token_loss,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "ActivationCache",
-    "Attribution",
-    "FactoredMatrix",
-    "HeadScores",
-    "LogitLens",
-    "composition_scores",
-    "copying_score",
-    "copying_scores",
-    "direct_logit_attribution",
-    "head_scores",
-    "logit_lens",
-    "ov_circuit",
-    "patch_hook",
-    "per_token_loss",
-    "qk_circuit",
-    "repeated_random_tokens",
-    "resolve_names",
-    "run_with_cache",
-    "run_with_hooks",
-    "unembedding",
-]
+if TYPE_CHECKING:
+    from glassgpt.inspect.cache import (
+        ActivationCache,
+        patch_hook,
+        resolve_names,
+        run_with_cache,
+        run_with_hooks,
+    )
+    from glassgpt.inspect.circuits import (
+        composition_scores,
+        copying_scores,
+        ov_circuit,
+        qk_circuit,
+        unembedding,
+    )
+    from glassgpt.inspect.factored import FactoredMatrix, copying_score
+    from glassgpt.inspect.heads import HeadScores, head_scores, repeated_random_tokens
+    from glassgpt.inspect.lens import (
+        Attribution,
+        LogitLens,
+        direct_logit_attribution,
+        logit_lens,
+        per_token_loss,
+    )
+
+_WHERE = {
+    "cache": ("ActivationCache", "patch_hook", "resolve_names", "run_with_cache", "run_with_hooks"),
+    "circuits": ("composition_scores", "copying_scores", "ov_circuit", "qk_circuit", "unembedding"),
+    "factored": ("FactoredMatrix", "copying_score"),
+    "heads": ("HeadScores", "head_scores", "repeated_random_tokens"),
+    "lens": (
+        "Attribution",
+        "LogitLens",
+        "direct_logit_attribution",
+        "logit_lens",
+        "per_token_loss",
+    ),
+}
+_MODULE = {name: module for module, names in _WHERE.items() for name in names}
+
+__all__ = sorted(_MODULE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'glassgpt.inspect' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"glassgpt.inspect.{module}"), name)

@@ -27,15 +27,52 @@ from torch import Tensor, nn
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import Hooks, run_hook
 
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GPT-2's GELU: ½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))."""
+    return F.gelu(x, approximate="tanh")
+
+
+def identity(x: Tensor) -> Tensor:
+    return x
+
+
+# Module-level functions (no lambdas), so that a whole model can be pickled.
 ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "sigmoid": torch.sigmoid,
     "relu": F.relu,
-    "gelu": F.gelu,  # exact: x Φ(x) with the erf
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,  # exact: x Φ(x) = ½ x (1 + erf(x/√2))
+    "gelu_tanh": gelu_tanh,
     "silu": F.silu,
     "tanh": torch.tanh,
-    "identity": lambda x: x,
+    "identity": identity,
 }
+
+
+class Embed(nn.Module):
+    """The token embedding W_E [n_vocab, d_model]: X W_E selects row x_t for token t."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(config.n_vocab, config.d_model))
+
+    def forward(self, tokens: Tensor) -> Tensor:  # [B, T] int -> [B, T, d_model]
+        return F.embedding(tokens, self.W_E)
+
+
+class Unembed(nn.Module):
+    """logits = x W_U + b_U, with W_U [d_model, n_vocab], or W_U = W_Eᵀ when tied (no W_U here)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        d, v = config.d_model, config.n_vocab
+        self.W_U = None if config.tie_embeddings else nn.Parameter(torch.empty(d, v))
+        self.b_U = nn.Parameter(torch.zeros(v)) if config.bias else None
+
+    def forward(self, x: Tensor, W_E: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, n_vocab]
+        if self.W_U is None:
+            return F.linear(x, W_E, self.b_U)  # x W_Eᵀ + b_U
+        return F.linear(x, self.W_U.T, self.b_U)
 
 
 class Norm(nn.Module):
@@ -56,6 +93,9 @@ class Norm(nn.Module):
         )
         self.hooks = hooks
         self.hook_scale = f"{name}.scale"
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, d={self.w.shape[0]}, eps={self.eps}"
 
     def forward(self, x: Tensor) -> Tensor:  # [..., d_model] -> [..., d_model]
         if self.kind == "layernorm":
@@ -104,6 +144,11 @@ class MLP(nn.Module):
         self.hooks = hooks
         self.hook_pre, self.hook_post = f"{name}.pre", f"{name}.post"
         self.hook_pre_gate = f"{name}.pre_gate"
+        self.kind = config.mlp
+
+    def extra_repr(self) -> str:
+        d, m = self.W_in.shape
+        return f"{self.kind}, {d} → {m} → {d}"
 
     def forward(self, x: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, d_model]
         hooks = self.hooks
@@ -167,7 +212,7 @@ class _Table(nn.Module):
         for key, table in self._tables().items():
             self.register_buffer(key, table.to(device=device, dtype=dtype), persistent=False)
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def, override]
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> _Table:
         super()._apply(fn, recurse)
         ref = next(iter(self.buffers()))
         self._build(ref.device, ref.dtype)
@@ -176,6 +221,8 @@ class _Table(nn.Module):
 
 class SinusoidalPE(_Table):
     """The fixed table PE [n_ctx, d_model] (buffer ``PE``, not in the state dict)."""
+
+    PE: Tensor
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -202,6 +249,9 @@ class LearnedPE(nn.Module):
 
 class Rotary(_Table):
     """The RoPE tables cos, sin [n_ctx, d_head/2] (buffers, not in the state dict)."""
+
+    cos: Tensor
+    sin: Tensor
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()

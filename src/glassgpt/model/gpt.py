@@ -50,9 +50,8 @@ class Block(nn.Module):
         p = f"blocks.{layer}."
         self.ln1 = Norm(config, hooks, p + "ln1")
         self.attn = Attention(config, hooks, p + "attn")
-        self.attn_only = config.attn_only
-        self.ln2 = None if config.attn_only else Norm(config, hooks, p + "ln2")
-        self.mlp = None if config.attn_only else MLP(config, hooks, p + "mlp")
+        self.ln2: Norm | None = None if config.attn_only else Norm(config, hooks, p + "ln2")
+        self.mlp: MLP | None = None if config.attn_only else MLP(config, hooks, p + "mlp")
         self.pre_norm = config.norm_placement == "pre"
         self.dropout = config.dropout
         self.hooks = hooks
@@ -70,7 +69,7 @@ class Block(nn.Module):
         x = x + self._drop(a) if self.pre_norm else self.ln1(x + self._drop(a))
         if hooks:
             x = run_hook(hooks, self.hook_resid_mid, x)
-        if self.attn_only:
+        if self.mlp is None or self.ln2 is None:  # attention-only: x_out = x_mid
             return run_hook(hooks, self.hook_resid_post, x) if hooks else x
         m = self.mlp(self.ln2(x) if self.pre_norm else x)  # [B, T, d_model]
         if hooks:

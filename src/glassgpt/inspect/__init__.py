@@ -55,7 +55,28 @@ _WHERE = {
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}
 
-__all__ = sorted(_MODULE)
+__all__ = [
+    "ActivationCache",
+    "Attribution",
+    "FactoredMatrix",
+    "HeadScores",
+    "LogitLens",
+    "composition_scores",
+    "copying_score",
+    "copying_scores",
+    "direct_logit_attribution",
+    "head_scores",
+    "logit_lens",
+    "ov_circuit",
+    "patch_hook",
+    "per_token_loss",
+    "qk_circuit",
+    "repeated_random_tokens",
+    "resolve_names",
+    "run_with_cache",
+    "run_with_hooks",
+    "unembedding",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,7 @@ reading matrix carrying its norm's linear part:
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ from torch import Tensor
 from glassgpt.errors import GlassError
 from glassgpt.inspect.factored import FactoredMatrix, copying_score
 from glassgpt.model import GPT
+from glassgpt.model.gpt import Block
 from glassgpt.model.layers import apply_rope
 
 Inputs = Literal["token", "position"]
@@ -49,6 +50,12 @@ def check_layer_head(model: GPT, layer: int, head: int | None = None) -> None:
         raise GlassError(f"layer {layer} is out of range: the model has {L} layers (0..{L - 1})")
     if head is not None and (not isinstance(head, int) or not 0 <= head < H):
         raise GlassError(f"head {head} is out of range: each layer has {H} heads (0..{H - 1})")
+
+
+def block(model: GPT, layer: int) -> Block:
+    """Block ``layer`` of ``model`` (checked)."""
+    check_layer_head(model, layer)
+    return cast(Block, model.blocks[layer])
 
 
 def inputs(model: GPT, kind: Inputs = "token") -> Tensor:
@@ -70,7 +77,7 @@ def read_inputs(model: GPT, layer: int, kind: Inputs = "token") -> Tensor:
     E = inputs(model, kind)
     if model.config.norm_placement == "pre":
         with torch.no_grad():
-            return model.blocks[layer].ln1(E)
+            return cast(Tensor, block(model, layer).ln1(E))
     return E
 
 
@@ -87,9 +94,8 @@ def unembedding(model: GPT, fold_final_norm: bool = True) -> Tensor:
     return U - U.mean(0, keepdim=True) if ln.kind == "layernorm" else U
 
 
-def _heads(t: Tensor | None, head: int | None) -> Tensor | None:
-    if t is None:
-        return None
+def _heads(t: Tensor, head: int | None) -> Tensor:
+    """All heads of a per-head weight [H, ...], or one head's [...] (detached)."""
     return t.detach() if head is None else t.detach()[head]
 
 
@@ -114,13 +120,13 @@ def qk_circuit(
     ((10, 10), (2, 10, 10))
     """
     check_layer_head(model, layer, head)
-    attn = model.blocks[layer].attn
+    attn = block(model, layer).attn
     with torch.no_grad():
         q = read_inputs(model, layer, query) @ _heads(attn.W_Q, head)  # [(H,) n_q, d_head]
         k = read_inputs(model, layer, key) @ _heads(attn.W_K, head)  # [(H,) n_k, d_head]
-        if bias and attn.b_Q is not None:
-            q = q + _heads(attn.b_Q, head)[..., None, :]  # type: ignore[index]
-            k = k + _heads(attn.b_K, head)[..., None, :]  # type: ignore[index]
+        if bias and attn.b_Q is not None and attn.b_K is not None:
+            q = q + _heads(attn.b_Q, head)[..., None, :]
+            k = k + _heads(attn.b_K, head)[..., None, :]
         if model.rotary is not None:
             q = _rotate(model, q, distance)
     return FactoredMatrix(q / math.sqrt(attn.d_head), k.transpose(-1, -2))
@@ -151,11 +157,11 @@ def ov_circuit(
     docstring for U). ``bias``: include b_V (the same shift on every row).
     """
     check_layer_head(model, layer, head)
-    attn = model.blocks[layer].attn
+    attn = block(model, layer).attn
     with torch.no_grad():
         v = read_inputs(model, layer, source) @ _heads(attn.W_V, head)  # [(H,) n_src, d_head]
         if bias and attn.b_V is not None:
-            v = v + _heads(attn.b_V, head)[..., None, :]  # type: ignore[index]
+            v = v + _heads(attn.b_V, head)[..., None, :]
         out = _heads(attn.W_O, head) @ unembedding(model, fold_final_norm)  # [(H,) d_head, V]
     return FactoredMatrix(v, out)
 
@@ -169,14 +175,13 @@ def copying_scores(model: GPT) -> Tensor:
 
 def folded_weights(model: GPT, layer: int) -> dict[str, Tensor]:
     """W_Q, W_K, W_V [n_heads, d_model, d_head] with N₁'s linear part folded in, and W_O."""
-    check_layer_head(model, layer)
-    block = model.blocks[layer]
-    out = {"W_O": block.attn.W_O.detach()}
+    blk = block(model, layer)
+    out = {"W_O": blk.attn.W_O.detach()}
     for name in ("W_Q", "W_K", "W_V"):
-        W = getattr(block.attn, name).detach()
+        W = getattr(blk.attn, name).detach()
         if model.config.norm_placement == "pre":
-            W = block.ln1.w.detach()[None, :, None] * W
-            if block.ln1.kind == "layernorm":
+            W = blk.ln1.w.detach()[None, :, None] * W
+            if blk.ln1.kind == "layernorm":
                 W = W - W.mean(1, keepdim=True)  # (I − 11ᵀ/d) on the input side
         out[name] = W
     return out

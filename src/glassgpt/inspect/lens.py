@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ from torch import Tensor
 from glassgpt.errors import GlassError
 from glassgpt.inspect.cache import as_batch, evaluating, run_with_cache
 from glassgpt.model import GPT
+from glassgpt.model.gpt import Block
 
 
 @dataclass(frozen=True)
@@ -139,14 +141,15 @@ def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attr
         _, cache = run_with_cache(model, tokens, wanted)
     with torch.no_grad():
         parts = [cache[n] for n in names]
-        for layer, block in enumerate(model.blocks):
+        for layer in range(cfg.n_layers):
+            block = cast(Block, model.blocks[layer])
             result = cache["result", layer]  # [B, T, H, d_model]
             parts += result.unbind(2)
             names += [f"blocks.{layer}.attn.h{h}" for h in range(cfg.n_heads)]
             if block.attn.b_O is not None:
                 parts.append(block.attn.b_O.detach().expand_as(parts[0]))
                 names.append(f"blocks.{layer}.attn.b_O")
-            if not cfg.attn_only:
+            if block.mlp is not None:
                 b_out = block.mlp.b_out
                 mlp = cache["mlp_out", layer]
                 parts.append(mlp if b_out is None else mlp - b_out.detach())

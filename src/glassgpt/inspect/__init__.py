@@ -1,1 +1,86 @@
-"""glassgpt.inspect"""
+"""glassgpt.inspect: the transformer-circuits framework, executable on the model that trains.
+
+    logits, cache = run_with_cache(model, tokens, names)     named activations; hooks patch them
+    qk_circuit(model, l, h), ov_circuit(model, l, h)        a head's circuits from its weights
+    logit_lens(model, tokens)                                the residual unembedded per layer
+    direct_logit_attribution(model, tokens)                  logits = Σ parts, exactly
+    head_scores(model)                                       previous-token / induction / duplicate
+
+``glassgpt inspect --checkpoint DIR --prompt TEXT --output report.html`` puts it on one page.
+The names below load (with torch) on first use, so ``glassgpt --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from glassgpt.inspect.cache import (
+        ActivationCache,
+        patch_hook,
+        resolve_names,
+        run_with_cache,
+        run_with_hooks,
+    )
+    from glassgpt.inspect.circuits import (
+        composition_scores,
+        copying_scores,
+        ov_circuit,
+        qk_circuit,
+        unembedding,
+    )
+    from glassgpt.inspect.factored import FactoredMatrix, copying_score
+    from glassgpt.inspect.heads import HeadScores, head_scores, repeated_random_tokens
+    from glassgpt.inspect.lens import (
+        Attribution,
+        LogitLens,
+        direct_logit_attribution,
+        logit_lens,
+        per_token_loss,
+    )
+
+_WHERE = {
+    "cache": ("ActivationCache", "patch_hook", "resolve_names", "run_with_cache", "run_with_hooks"),
+    "circuits": ("composition_scores", "copying_scores", "ov_circuit", "qk_circuit", "unembedding"),
+    "factored": ("FactoredMatrix", "copying_score"),
+    "heads": ("HeadScores", "head_scores", "repeated_random_tokens"),
+    "lens": (
+        "Attribution",
+        "LogitLens",
+        "direct_logit_attribution",
+        "logit_lens",
+        "per_token_loss",
+    ),
+}
+_MODULE = {name: module for module, names in _WHERE.items() for name in names}
+
+__all__ = [
+    "ActivationCache",
+    "Attribution",
+    "FactoredMatrix",
+    "HeadScores",
+    "LogitLens",
+    "composition_scores",
+    "copying_score",
+    "copying_scores",
+    "direct_logit_attribution",
+    "head_scores",
+    "logit_lens",
+    "ov_circuit",
+    "patch_hook",
+    "per_token_loss",
+    "qk_circuit",
+    "repeated_random_tokens",
+    "resolve_names",
+    "run_with_cache",
+    "run_with_hooks",
+    "unembedding",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'glassgpt.inspect' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"glassgpt.inspect.{module}"), name)

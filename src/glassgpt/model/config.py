@@ -16,6 +16,8 @@ Variants, each one field on one code path:
   σ' = ``mlp_value``); ``swiglu`` (σ = silu, σ' = identity) and ``geglu`` (σ = gelu,
   σ' = identity) are the named cases.
 - ``tie_embeddings``: W_U = W_Eᵀ. ``bias``: every b_* present or absent.
+- ``attn_only``: blocks without the MLP sublayer (x_out = x_mid; no ln2, no mlp weights), the
+  attention-only models of the circuits literature.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class GPTConfig:
     mlp_value: Activation = "sigmoid"  # σ' on the value arm x W_in + b_in (mlp = "gated")
     tie_embeddings: bool = True
     bias: bool = True
+    attn_only: bool = False  # no MLP sublayer in any block
     dropout: float = 0.0
     init_std: float = 0.02
 

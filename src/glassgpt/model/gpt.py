@@ -50,8 +50,8 @@ class Block(nn.Module):
         p = f"blocks.{layer}."
         self.ln1 = Norm(config, hooks, p + "ln1")
         self.attn = Attention(config, hooks, p + "attn")
-        self.ln2 = Norm(config, hooks, p + "ln2")
-        self.mlp = MLP(config, hooks, p + "mlp")
+        self.ln2: Norm | None = None if config.attn_only else Norm(config, hooks, p + "ln2")
+        self.mlp: MLP | None = None if config.attn_only else MLP(config, hooks, p + "mlp")
         self.pre_norm = config.norm_placement == "pre"
         self.dropout = config.dropout
         self.hooks = hooks
@@ -69,6 +69,8 @@ class Block(nn.Module):
         x = x + self._drop(a) if self.pre_norm else self.ln1(x + self._drop(a))
         if hooks:
             x = run_hook(hooks, self.hook_resid_mid, x)
+        if self.mlp is None or self.ln2 is None:  # attention-only: x_out = x_mid
+            return run_hook(hooks, self.hook_resid_post, x) if hooks else x
         m = self.mlp(self.ln2(x) if self.pre_norm else x)  # [B, T, d_model]
         if hooks:
             m = run_hook(hooks, self.hook_mlp_out, m)

@@ -53,6 +53,7 @@ BLOCK_SITES = (
     "mlp_out",
     "resid_post",
 )
+MLP_SITES = frozenset({"ln2.scale", "mlp.pre", "mlp.pre_gate", "mlp.post", "mlp_out"})
 
 
 def hook_names(config: GPTConfig) -> list[str]:
@@ -68,8 +69,12 @@ def hook_names(config: GPTConfig) -> list[str]:
     if config.positional in ("learned", "sinusoidal"):
         names.append("pos_embed")
     sites = [s for s in BLOCK_SITES if config.gated or s != "mlp.pre_gate"]
+    if config.attn_only:
+        sites = [s for s in sites if s not in MLP_SITES]
     if config.norm_placement == "post":  # N₁ follows the attention residual, N₂ the MLP's
         for norm, after in (("ln1.scale", "attn_out"), ("ln2.scale", "mlp_out")):
+            if norm not in sites:
+                continue
             sites.remove(norm)
             sites.insert(sites.index(after) + 1, norm)
     for layer in range(config.n_layers):

@@ -5,6 +5,7 @@
     Attn(x) = Σ_h A_h v_h W_O[h] + b_O
     pre-norm:  x ← x + Attn(N₁(x)),  x ← x + MLP(N₂(x));   logits = N_f(x) W_U + b_U
     post-norm: x ← N₁(x + Attn(x)),  x ← N₂(x + MLP(x));   logits = x W_U + b_U
+    (attention-only models skip the MLP step and its norm N₂)
 
 Slow on purpose: loops over heads, the mask as a matrix, norms and activations from their
 formulas (the exact GELU through ``math.erf``). It imports neither torch nor any glassgpt
@@ -142,10 +143,12 @@ def forward(cfg: Any, weights: Mapping[str, Any], tokens: Any) -> Array:
         p = f"blocks.{layer}"
         if cfg.norm_placement == "pre":
             x = x + attention(cfg, w, f"{p}.attn", norm(cfg, w, f"{p}.ln1", x))
-            x = x + mlp(cfg, w, f"{p}.mlp", norm(cfg, w, f"{p}.ln2", x))
+            if not cfg.attn_only:
+                x = x + mlp(cfg, w, f"{p}.mlp", norm(cfg, w, f"{p}.ln2", x))
         else:
             x = norm(cfg, w, f"{p}.ln1", x + attention(cfg, w, f"{p}.attn", x))
-            x = norm(cfg, w, f"{p}.ln2", x + mlp(cfg, w, f"{p}.mlp", x))
+            if not cfg.attn_only:
+                x = norm(cfg, w, f"{p}.ln2", x + mlp(cfg, w, f"{p}.mlp", x))
     if cfg.norm_placement == "pre":
         x = norm(cfg, w, "ln_final", x)
     W_U = w["embed.W_E"].T if cfg.tie_embeddings else w["unembed.W_U"]

@@ -1,0 +1,192 @@
+"""Reading the residual stream in the vocabulary: logit lens, direct logit attribution, loss.
+
+Logit lens: the residual stream after each layer, unembedded as if it were the last,
+
+    lens_l = N_f(x_l) W_U + b_U          (x_0 = the embeddings; x_L gives the model's logits)
+
+(N_f with its own scale for x_l; post-norm models have no N_f and unembed x_l directly).
+
+Direct logit attribution (pre-norm): the final residual is a sum of parts,
+
+    x_L = X W_E + P + Σ_l (Σ_h z_{l,h} W_O[l,h] + b_O[l] + MLP_l(·) − b_out[l] + b_out[l])
+
+and with the final norm's scale s (one number per position, from the actual forward) frozen,
+N_f(x) = (x − μ(x)) s ⊙ w + b is affine in x, so
+
+    logits = Σ_parts ((part − μ(part)) s ⊙ w) W_U + b W_U + b_U                (layernorm)
+    logits = Σ_parts (part s ⊙ w) W_U + b_U                                     (rmsnorm)
+
+exactly (up to float rounding). Post-norm models end in a norm whose scale multiplies the
+whole sum after the last MLP; they are refused with a clear error.
+
+Per-token loss: loss_t = −log softmax(logits_t)[token_{t+1}].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from glassgpt.errors import GlassError
+from glassgpt.inspect.cache import as_batch, evaluating, run_with_cache
+from glassgpt.model import GPT
+from glassgpt.model.gpt import Block
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """``names[i]`` is the residual read at row i of ``logits`` [n_layers + 1, B, T, n_vocab]."""
+
+    names: list[str]
+    logits: Tensor
+
+    def probs(self) -> Tensor:
+        """softmax over the vocabulary, same shape as ``logits``."""
+        return torch.softmax(self.logits.float(), dim=-1)
+
+    def top(self, k: int = 1) -> tuple[Tensor, Tensor]:
+        """(probabilities, ids) of the k most likely tokens: each [n_layers + 1, B, T, k]."""
+        return torch.topk(self.probs(), k, dim=-1)
+
+
+def logit_lens(model: GPT, tokens: Tensor | Sequence[int]) -> LogitLens:
+    """Unembed the residual stream before the first block and after every block.
+
+    >>> from glassgpt.model import GPTConfig
+    >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=2, n_heads=2))
+    >>> lens = logit_lens(model, [1, 2, 3])
+    >>> lens.names, lens.logits.shape
+    (['blocks.0.resid_pre', 'blocks.0.resid_post', 'blocks.1.resid_post'], torch.Size([3, 1, 3, 10]))
+    """
+    L = model.config.n_layers
+    names = ["blocks.0.resid_pre"] + [f"blocks.{layer}.resid_post" for layer in range(L)]
+    with evaluating(model):
+        _, cache = run_with_cache(model, tokens, names)
+        with torch.no_grad():
+            resid = torch.stack([cache[n] for n in names])  # [L + 1, B, T, d_model]
+            if model.ln_final is not None:
+                resid = model.ln_final(resid)
+            logits = F.linear(resid, model.W_U.T, model.unembed.b_U)
+    return LogitLens(names, logits)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The final logits split into parts: ``logits()`` [n_parts, B, T, ·] sums to the model's.
+
+    ``names``: ``embed``, ``pos_embed``, ``blocks.{l}.attn.h{h}`` (each head), ``blocks.{l}.attn.b_O``,
+    ``blocks.{l}.mlp`` (without its output bias), ``blocks.{l}.mlp.b_out``, ``ln_final.b``,
+    ``unembed.b_U`` (only those the model has). ``resid`` [n_parts − 1, B, T, d_model] holds
+    each part after the frozen final norm (the last part, b_U, lives in logit space).
+    """
+
+    names: list[str]
+    resid: Tensor
+    W_U: Tensor
+    b_U: Tensor | None
+
+    def logits(self, ids: Tensor | None = None) -> Tensor:
+        """Each part's logits: [n_parts, B, T, n_vocab], or only ``ids`` ([B, T] or [B, T, k]).
+
+        With every id ([n_vocab] per position) the memory is n_parts · B · T · n_vocab.
+        """
+        if ids is None:
+            out = self.resid @ self.W_U  # [P, B, T, V]
+            b_U = torch.zeros_like(out[0]) if self.b_U is None else self.b_U.expand_as(out[0])
+        else:
+            squeeze = ids.ndim == 2
+            ids_k = ids[..., None] if squeeze else ids  # [B, T, k]
+            cols = self.W_U.T[ids_k]  # [B, T, k, d_model]
+            out = torch.einsum("pbtd,btkd->pbtk", self.resid, cols)
+            b_U = torch.zeros_like(out[0]) if self.b_U is None else self.b_U[ids_k]
+            if squeeze:
+                out, b_U = out[..., 0], b_U[..., 0]
+        if self.b_U is None:
+            return out
+        return torch.cat([out, b_U[None]])
+
+    def total(self, ids: Tensor | None = None) -> Tensor:
+        """The sum of the parts (the model's logits, or those of ``ids``)."""
+        return self.logits(ids).sum(0)
+
+
+def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attribution:
+    """Decompose the final logits into embedding, positions, heads, MLPs and biases.
+
+    >>> from glassgpt.model import GPTConfig
+    >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=1, n_heads=2))
+    >>> dla = direct_logit_attribution(model, [1, 2, 3])
+    >>> dla.names
+    ['embed', 'pos_embed', 'blocks.0.attn.h0', 'blocks.0.attn.h1', 'blocks.0.attn.b_O', 'blocks.0.mlp', 'blocks.0.mlp.b_out', 'ln_final.b', 'unembed.b_U']
+    >>> bool(torch.allclose(dla.total(), model(torch.tensor([[1, 2, 3]])), atol=1e-5))
+    True
+    """
+    cfg = model.config
+    ln = model.ln_final
+    if ln is None:
+        raise GlassError(
+            "direct logit attribution needs a pre-norm model: in a post-norm model the last "
+            "norm's scale multiplies the whole residual, so its parts do not add up"
+        )
+    names = ["embed"] + (["pos_embed"] if model.pos_embed is not None else [])
+    wanted = [*names, "result", "mlp_out", "ln_final.scale"]
+    if cfg.attn_only:
+        wanted.remove("mlp_out")
+    with evaluating(model):
+        _, cache = run_with_cache(model, tokens, wanted)
+    with torch.no_grad():
+        parts = [cache[n] for n in names]
+        for layer in range(cfg.n_layers):
+            block = cast(Block, model.blocks[layer])
+            result = cache["result", layer]  # [B, T, H, d_model]
+            parts += result.unbind(2)
+            names += [f"blocks.{layer}.attn.h{h}" for h in range(cfg.n_heads)]
+            if block.attn.b_O is not None:
+                parts.append(block.attn.b_O.detach().expand_as(parts[0]))
+                names.append(f"blocks.{layer}.attn.b_O")
+            if block.mlp is not None:
+                b_out = block.mlp.b_out
+                mlp = cache["mlp_out", layer]
+                parts.append(mlp if b_out is None else mlp - b_out.detach())
+                names.append(f"blocks.{layer}.mlp")
+                if b_out is not None:
+                    parts.append(b_out.detach().expand_as(parts[0]))
+                    names.append(f"blocks.{layer}.mlp.b_out")
+        stacked = torch.stack(parts)  # [P, B, T, d_model]
+        if ln.kind == "layernorm":
+            stacked = stacked - stacked.mean(-1, keepdim=True)
+        scale = cache["ln_final.scale"].to(stacked.dtype)  # [B, T, 1], frozen
+        stacked = stacked * scale * ln.w.detach()
+        if ln.b is not None:
+            stacked = torch.cat([stacked, ln.b.detach().expand_as(stacked[0])[None]])
+            names.append("ln_final.b")
+        b_U = model.unembed.b_U
+        if b_U is not None:
+            names.append("unembed.b_U")
+    return Attribution(names, stacked, model.W_U.detach(), None if b_U is None else b_U.detach())
+
+
+def per_token_loss(model: GPT, tokens: Tensor | Sequence[int]) -> Tensor:
+    """[B, T − 1]: −log p(token_{t+1} | tokens_≤t) at each position t.
+
+    >>> from glassgpt.model import GPTConfig
+    >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=1, n_heads=2))
+    >>> per_token_loss(model, [1, 2, 3]).shape
+    torch.Size([1, 2])
+    """
+    batch = as_batch(model, tokens)
+    if batch.shape[1] < 2:
+        raise GlassError("per-token loss needs at least 2 tokens (one to predict the next)")
+    with evaluating(model), torch.no_grad():
+        logits = model(batch)
+    assert isinstance(logits, Tensor)
+    logits = logits[:, :-1]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    return -logp.gather(-1, batch[:, 1:, None])[..., 0]

@@ -1,1 +1,17 @@
-"""glassgpt.tokenizer"""
+"""glassgpt.tokenizer: text ↔ token ids.
+
+    ids = tok.encode(text)          text = tok.decode(ids)        decode(encode(s)) == s
+
+- :class:`Tokenizer`: byte-level BPE (train your own, or GPT-2's original files with ids
+  identical to tiktoken's ``gpt2``);
+- :class:`CharTokenizer`: one id per character, for character-level models;
+- :func:`load_tokenizer`: read either kind from its JSON file.
+"""
+
+from __future__ import annotations
+
+from glassgpt.tokenizer.bpe import Tokenizer
+from glassgpt.tokenizer.char import CharTokenizer, load_tokenizer
+from glassgpt.tokenizer.special import SpecialTokenError
+
+__all__ = ["CharTokenizer", "SpecialTokenError", "Tokenizer", "load_tokenizer"]

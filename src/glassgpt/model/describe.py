@@ -1,0 +1,448 @@
+"""describe: the function f_θ : V^n → Δ(V)^n of one GPTConfig, written out as mathematics.
+
+f = softmax ∘ U ∘ N_f ∘ B_L ∘ ⋯ ∘ B_1 ∘ E ∘ onehot, each map with its domain, codomain and
+shapes, the block equations of the configured variants, the parameter table, FLOPs per token
+and training memory (from :mod:`glassgpt.model.accounting`). The document is built once as
+equations that carry both a Unicode form and a LaTeX form, then rendered as Markdown (Unicode
+equations in text blocks, readable in a terminal) or as a standalone LaTeX document (align*).
+Pure Python: no torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from glassgpt.errors import ConfigError
+from glassgpt.model.accounting import (
+    count_parameters,
+    estimate_training_memory,
+    flops_per_token,
+    format_bytes,
+    parameter_table,
+    weight_bytes,
+)
+from glassgpt.model.config import GPTConfig
+
+Format = Literal["markdown", "latex"]
+FORMATS: tuple[str, ...] = ("markdown", "latex")
+
+
+@dataclass(frozen=True)
+class Math:
+    """One formula in two notations; ``tex`` may hold ``&`` alignment points."""
+
+    text: str
+    tex: str
+
+
+Cell = str | Math
+
+
+@dataclass
+class Section:
+    title: str
+    prose: list[Cell] = field(default_factory=list)  # a paragraph: text and inline formulas
+    equations: list[Math] = field(default_factory=list)
+    header: tuple[str, ...] = ()
+    rows: list[tuple[Cell, ...]] = field(default_factory=list)
+
+
+def _R(*dims: int | str) -> Math:
+    return Math(
+        "ℝ^{" + "×".join(map(str, dims)) + "}",
+        r"\mathbb{R}^{" + r"\times ".join(map(str, dims)) + "}",
+    )
+
+
+def _tex_num(x: float) -> str:
+    r"""A float in TeX: ``1e-05`` → ``10^{-5}``, ``2.5e-06`` → ``2.5 \cdot 10^{-6}``."""
+    mantissa, _, exponent = f"{x:g}".partition("e")
+    if not exponent:
+        return mantissa
+    power = f"10^{{{int(exponent)}}}"
+    return power if mantissa == "1" else rf"{mantissa} \cdot {power}"
+
+
+def _n(x: int) -> str:
+    return f"{x:,}"
+
+
+def _si(x: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.4g} {prefix}{unit}"
+    return f"{x:.4g} {unit}"
+
+
+_ACT = {  # σ(x) for each activation name: (unicode, tex)
+    "relu": ("max(0, x)", r"\max(0, x)"),
+    "gelu": (
+        "x Φ(x) = x · ½(1 + erf(x/√2))",
+        r"x\,\Phi(x) = \frac{x}{2}\left(1 + \operatorname{erf}(x/\sqrt{2})\right)",
+    ),
+    "gelu_tanh": (
+        "½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))",
+        r"\frac{x}{2}\left(1 + \tanh\left(\sqrt{2/\pi}\,(x + 0.044715\,x^3)\right)\right)",
+    ),
+    "sigmoid": ("1 / (1 + e^{−x})", r"1 / (1 + e^{-x})"),
+    "silu": ("x / (1 + e^{−x})", r"x / (1 + e^{-x})"),
+    "tanh": ("tanh(x)", r"\tanh(x)"),
+    "identity": ("x", "x"),
+}
+
+
+def _words(text: str) -> Math:
+    return Math(text, rf"\text{{{text}}}")
+
+
+def _maps(c: GPTConfig) -> Section:
+    V, Rd, RV = c.n_vocab, _R("n", c.d_model), _R("n", c.n_vocab)
+    X01 = Math(f"{{0,1}}^{{n×{V}}}", rf"\{{0,1\}}^{{n\times {V}}}")
+    pe = {"learned": ("W_P[:n]", "W_P[{:}n]"), "sinusoidal": ("PE[:n]", "PE[{:}n]")}
+    pe_u, pe_t = (f" + {pe[c.positional][i]}" if c.positional in pe else "" for i in (0, 1))
+    wu = Math("W_Eᵀ", r"W_E^{\top}") if c.tie_embeddings else Math("W_U", "W_U")
+    bu, bo = (" + b_U", " + b_O") if c.bias else ("", "")
+    rows = [
+        (Math("onehot", r"\operatorname{onehot}"), Math("V^n", r"\mathcal{V}^n"), X01,
+         Math("X[i, t_i] = 1", r"X_{i,t_i} = 1")),
+        (Math("E", "E"), X01, Rd, Math(f"E(X) = X W_E{pe_u}", f"E(X) = X W_E{pe_t}")),
+        (Math("N", "N"), Rd, Rd, _words(f"row-wise {c.norm}")),
+        (Math("A_{ℓ,h}", r"A_{\ell,h}"), Rd, _R("n", c.d_head),
+         Math(f"one head, h = 1, …, {c.n_heads}", rf"\text{{one head, }} h = 1, \ldots, {c.n_heads}")),
+        (Math("Attn_ℓ", r"\mathrm{Attn}_\ell"), Rd, Rd,
+         Math(f"Σ_h A_{{ℓ,h}}(x) W_O[h]{bo}", rf"\sum_h A_{{\ell,h}}(x) W_O[h]{bo}")),
+        (Math("MLP_ℓ", r"\mathrm{MLP}_\ell"), Rd,
+         Math(f"{_R('n', c.d_mlp).text} → {Rd.text}", rf"{_R('n', c.d_mlp).tex} \to {Rd.tex}"),
+         _words("position-wise")),
+        (Math("B_ℓ", r"B_\ell"), Rd, Rd,
+         Math(f"ℓ = 1, …, {c.n_layers}", rf"\ell = 1, \ldots, {c.n_layers}")),
+        (Math("U", "U"), Rd, RV, Math(f"U(x) = x {wu.text}{bu}", f"U(x) = x {wu.tex}{bu}")),
+        (Math("softmax", r"\operatorname{softmax}"), RV, Math("Δ(V)^n", r"\Delta(\mathcal{V})^n"),
+         _words("row-wise")),
+    ]  # fmt: skip
+    width = max(len(name.text) for name, *_ in rows)
+    eqs = [
+        Math(
+            f"{name.text.ljust(width)} : {dom.text} → {cod.text},   {defn.text}",
+            rf"{name.tex} &: {dom.tex} \to {cod.tex}, &\quad {defn.tex}",
+        )
+        for name, dom, cod, defn in rows
+    ]
+    nf_u, nf_t = (" ∘ N_f", r" \circ N_f") if c.final_norm else ("", "")
+    L = c.n_layers
+    eqs.append(
+        Math(
+            f"f = softmax ∘ U{nf_u} ∘ B_{L} ∘ ⋯ ∘ B_1 ∘ E ∘ onehot : V^n → Δ(V)^n",
+            rf"f &= \operatorname{{softmax}} \circ U{nf_t} \circ B_{{{L}}} \circ \cdots \circ B_1"
+            r" \circ E \circ \operatorname{onehot} : \mathcal{V}^n \to \Delta(\mathcal{V})^n",
+        )
+    )
+    prose: list[Cell] = [
+        "Tokens ", Math("t ∈ V^n", r"t \in \mathcal{V}^n"), " with ",
+        Math(f"V = {{0, …, {V - 1}}}", rf"\mathcal{{V}} = \{{0, \ldots, {V - 1}\}}"), " and ",
+        Math(f"1 ≤ n ≤ n_ctx = {c.n_ctx}", rf"1 \leq n \leq n_{{ctx}} = {c.n_ctx}"),
+        "; row vectors, weights act on the right (x W).",
+    ]  # fmt: skip
+    return Section("Maps", prose=prose, equations=eqs)
+
+
+def _equations(c: GPTConfig) -> Section:
+    eqs: list[Math] = []
+    b = c.bias
+    pos = {
+        "learned": Math("x_0 = X W_E + W_P[:n]", r"x_0 &= X W_E + W_P[{:}n]"),
+        "sinusoidal": Math(
+            "x_0 = X W_E + PE[:n],  PE[p, 2i] = sin(p / 10000^{2i/d}),  PE[p, 2i+1] = cos(p / 10000^{2i/d})",
+            r"x_0 &= X W_E + PE[{:}n], \quad PE_{p,2i} = \sin(p / 10000^{2i/d}), \quad PE_{p,2i+1} = \cos(p / 10000^{2i/d})",
+        ),
+        "rope": Math(
+            "x_0 = X W_E   (positions enter by rotating q and k)",
+            r"x_0 &= X W_E \quad \text{(positions enter by rotating } q, k\text{)}",
+        ),
+        "none": Math(
+            "x_0 = X W_E   (positions enter only through the mask M)",
+            r"x_0 &= X W_E \quad \text{(positions enter only through the mask } M\text{)}",
+        ),
+    }
+    eqs.append(pos[c.positional])
+    L = c.n_layers
+    if c.norm_placement == "pre":
+        mid = Math(
+            "x_mid = x_{ℓ−1} + Attn_ℓ(N1_ℓ(x_{ℓ−1}))",
+            r"x_{mid} &= x_{\ell-1} + \mathrm{Attn}_\ell(N_{1,\ell}(x_{\ell-1}))",
+        )
+        out = Math(
+            f"x_ℓ = x_mid + MLP_ℓ(N2_ℓ(x_mid)),   ℓ = 1, …, {L}",
+            rf"x_\ell &= x_{{mid}} + \mathrm{{MLP}}_\ell(N_{{2,\ell}}(x_{{mid}})), \quad \ell = 1, \ldots, {L}",
+        )
+    else:
+        mid = Math(
+            "x_mid = N1_ℓ(x_{ℓ−1} + Attn_ℓ(x_{ℓ−1}))",
+            r"x_{mid} &= N_{1,\ell}(x_{\ell-1} + \mathrm{Attn}_\ell(x_{\ell-1}))",
+        )
+        out = Math(
+            f"x_ℓ = N2_ℓ(x_mid + MLP_ℓ(x_mid)),   ℓ = 1, …, {L}",
+            rf"x_\ell &= N_{{2,\ell}}(x_{{mid}} + \mathrm{{MLP}}_\ell(x_{{mid}})), \quad \ell = 1, \ldots, {L}",
+        )
+    eqs += [mid, out]  # fmt: skip
+    wu_u, wu_t = ("W_Eᵀ", r"W_E^{\top}") if c.tie_embeddings else ("W_U", "W_U")
+    bu = " + b_U" if b else ""
+    nf_u, nf_t = ("N_f(x_L)", "N_f(x_L)") if c.final_norm else ("x_L", "x_L")
+    eqs.append(
+        Math(
+            f"logits = {nf_u} {wu_u}{bu},   p = softmax(logits) row-wise",
+            rf"\mathrm{{logits}} &= {nf_t}\, {wu_t}{bu}, \quad p = \operatorname{{softmax}}(\mathrm{{logits}})",
+        )
+    )
+    nb_u, nb_t = (" + b", " + b") if b else ("", "")
+    if c.norm == "layernorm":
+        eqs.append(
+            Math(
+                f"N(x) = (x − μ(x)) / √(σ²(x) + ε) ⊙ w{nb_u},   μ, σ² over the d = {c.d_model} features, ε = {c.norm_eps:g}",
+                rf"N(x) &= \frac{{x - \mu(x)}}{{\sqrt{{\sigma^2(x) + \epsilon}}}} \odot w{nb_t}, \quad \epsilon = {_tex_num(c.norm_eps)}",
+            )
+        )
+    else:
+        eqs.append(
+            Math(
+                f"N(x) = x / √(mean(x²) + ε) ⊙ w,   ε = {c.norm_eps:g}",
+                rf"N(x) &= \frac{{x}}{{\sqrt{{\overline{{x^2}} + \epsilon}}}} \odot w, \quad \epsilon = {_tex_num(c.norm_eps)}",
+            )
+        )
+    for m in "qkv":
+        bm = f" + b_{m.upper()}[h]" if b else ""
+        eqs.append(Math(f"{m}_h = x W_{m.upper()}[h]{bm}", rf"{m}_h &= x W_{m.upper()}[h]{bm}"))
+    if c.positional == "rope":
+        eqs.append(
+            Math(
+                f"(q_h[p,2i], q_h[p,2i+1]) ← rotation by p θ_i, θ_i = {c.rope_base:g}^{{−2i/d_head}}  (the same for k_h)",
+                rf"(q_{{p,2i}}, q_{{p,2i+1}}) &\leftarrow R(p\,\theta_i)\,(q_{{p,2i}}, q_{{p,2i+1}}), \quad \theta_i = {c.rope_base:g}^{{-2i/d_{{head}}}} \quad \text{{(and }}k\text{{)}}",
+            )
+        )
+    bo = " + b_O" if b else ""
+    eqs += [
+        Math(
+            "scores_h = q_h k_hᵀ / √d_head + M,   M[i, j] = 0 if j ≤ i else −∞",
+            r"\mathrm{scores}_h &= \frac{q_h k_h^{\top}}{\sqrt{d_{head}}} + M, \quad M_{ij} = 0 \text{ if } j \leq i \text{, else } -\infty",
+        ),
+        Math(
+            "pattern_h = softmax(scores_h) row-wise,   z_h = pattern_h v_h",
+            r"\mathrm{pattern}_h &= \operatorname{softmax}(\mathrm{scores}_h), \quad z_h = \mathrm{pattern}_h\, v_h",
+        ),
+        Math(f"Attn(x) = Σ_h z_h W_O[h]{bo}", rf"\mathrm{{Attn}}(x) &= \sum_h z_h W_O[h]{bo}"),
+    ]
+    gate, value = c.mlp_activations
+    bi, bg, bout = (" + b_in", " + b_gate", " + b_out") if b else ("", "", "")
+    sig = Math(
+        f"σ(x) = {_ACT[gate][0]}   ({gate})",
+        rf"\sigma(x) &= {_ACT[gate][1]} \quad \text{{({gate.replace('_', ' ')})}}",
+    )
+    if value is None:
+        eqs += [
+            Math(
+                f"MLP(x) = σ(x W_in{bi}) W_out{bout}",
+                rf"\mathrm{{MLP}}(x) &= \sigma(x W_{{in}}{bi}) W_{{out}}{bout}",
+            ),
+            sig,
+        ]
+    else:
+        eqs += [
+            Math(
+                f"MLP(x) = (σ(x W_gate{bg}) ⊙ σ'(x W_in{bi})) W_out{bout}",
+                rf"\mathrm{{MLP}}(x) &= \left(\sigma(x W_{{gate}}{bg}) \odot \sigma'(x W_{{in}}{bi})\right) W_{{out}}{bout}",
+            ),
+            sig,
+            Math(
+                f"σ'(x) = {_ACT[value][0]}   ({value})",
+                rf"\sigma'(x) &= {_ACT[value][1]} \quad \text{{({value.replace('_', ' ')})}}",
+            ),
+        ]
+    prose: list[Cell] = [
+        f"Variant: {c.positional} positions, {c.norm}, {c.norm_placement}-norm, MLP {c.mlp}, "
+        f"{'tied' if c.tie_embeddings else 'untied'} embeddings, {'with' if b else 'no'} biases; "
+        "in the attention and MLP lines x is the norm's output (pre-norm) or the block's input (post-norm).",
+    ]
+    if c.dropout > 0:
+        prose.append(
+            f" In training, dropout (p = {c.dropout:g}) acts on x_0, the attention pattern and each residual branch."
+        )
+    return Section("Block equations", prose=prose, equations=eqs)
+
+
+def _parameters(c: GPTConfig) -> Section:
+    rows: list[tuple[Cell, ...]] = [
+        (r.name, "×".join(map(str, r.shape)), _n(r.numel), str(r.copies), _n(r.total))
+        for r in parameter_table(c)
+    ]
+    n, ne = count_parameters(c), count_parameters(c, non_embedding=True)
+    rows.append(("total N", "", "", "", _n(n)))
+    rows.append(("non-embedding N (no W_E, W_P, W_U, b_U)", "", "", "", _n(ne)))
+    return Section(
+        "Parameters",
+        prose=[f"N = {_n(n)} parameters (≈ {_si(n, '')})."],
+        header=("parameter", "shape", "numel", "copies", "total"),
+        rows=rows,
+    )
+
+
+def _flops(c: GPTConfig, seq_len: int) -> Section:
+    f = flops_per_token(c, seq_len)
+    formulas = {
+        "attn_qkv": Math("L·2·d·3·H·d_head", r"L \cdot 2 d \cdot 3 H d_{head}"),
+        "attn_scores": Math("L·2·H·d_head·T", r"L \cdot 2 H d_{head} T"),
+        "attn_mix": Math("L·2·H·d_head·T", r"L \cdot 2 H d_{head} T"),
+        "attn_out": Math("L·2·H·d_head·d", r"L \cdot 2 H d_{head} d"),
+        "mlp": Math(
+            f"L·2·{3 if c.gated else 2}·d·d_mlp",
+            rf"L \cdot 2 \cdot {3 if c.gated else 2}\, d\, d_{{mlp}}",
+        ),
+        "unembed": Math("2·d·n_vocab", r"2 d\, n_{vocab}"),
+    }
+    rows: list[tuple[Cell, ...]] = [(name, formulas[name], _n(v)) for name, v in f.terms()]
+    rows.append(("forward", Math("C_fwd", r"C_{fwd}"), _n(f.forward)))
+    rows.append(("training (forward + backward)", Math("3·C_fwd", r"3 C_{fwd}"), _n(f.training)))
+    six_n = 6 * count_parameters(c, non_embedding=True)
+    prose: list[Cell] = [
+        f"Matmul FLOPs per token (2 per multiply-add) at context T = {seq_len}, every key counted; "
+        f"forward {_si(f.forward, 'FLOP')}, training {_si(f.training, 'FLOP')} per token "
+        f"(6·N_non-embedding alone: {_si(six_n, 'FLOP')}).",
+    ]
+    return Section("FLOPs per token", prose=prose, header=("term", "formula", "FLOPs"), rows=rows)
+
+
+def _memory(c: GPTConfig, batch_size: int, seq_len: int) -> Section:
+    fp32 = estimate_training_memory(c, batch_size, seq_len, "float32")
+    bf16 = estimate_training_memory(c, batch_size, seq_len, "bfloat16")
+    rows: list[tuple[Cell, ...]] = [
+        (key, format_bytes(a), format_bytes(b))
+        for (key, a), b in zip(fp32.as_dict().items(), bf16.as_dict().values())
+    ]
+    prose: list[Cell] = [
+        f"Weights alone: {format_bytes(weight_bytes(c, 'float32'))} in float32, "
+        f"{format_bytes(weight_bytes(c, 'bfloat16'))} in bfloat16. One AdamW training step at batch "
+        f"B = {batch_size}, T = {seq_len} (float32 weights, two float32 moments; activations as saved "
+        "for the backward pass):",
+    ]
+    return Section(
+        "Memory", prose=prose, header=("component", "float32", "bf16 autocast"), rows=rows
+    )
+
+
+def build(
+    config: GPTConfig, *, seq_len: int | None = None, batch_size: int = 8, name: str = ""
+) -> list[Section]:
+    """The document's sections for ``config`` (T = seq_len, default n_ctx; memory at batch B)."""
+    T = config.n_ctx if seq_len is None else seq_len
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ConfigError("batch_size", f"must be a positive integer, got {batch_size!r}")
+    c = config
+    legend = (
+        f"d = d_model = {c.d_model}, L = n_layers = {c.n_layers}, H = n_heads = {c.n_heads}, "
+        f"d_head = {c.d_head}, d_mlp = {c.d_mlp}, n_vocab = {c.n_vocab}, n_ctx = {c.n_ctx}."
+    )
+    head = Section(
+        f"GPT function{': ' + name if name else ''}",
+        prose=[legend],
+        header=("field", "value"),
+        rows=[(k, str(v)) for k, v in c.to_dict().items()],
+    )
+    return [head, _maps(c), _equations(c), _parameters(c), _flops(c, T), _memory(c, batch_size, T)]
+
+
+def describe(
+    config: GPTConfig,
+    *,
+    fmt: str = "markdown",
+    seq_len: int | None = None,
+    batch_size: int = 8,
+    name: str = "",
+) -> str:
+    """The config's function as Markdown (default) or a standalone LaTeX document.
+
+    >>> text = describe(GPTConfig.preset("cpu-tiny"))
+    >>> text.splitlines()[0], "x_mid = x_{ℓ−1} + Attn_ℓ(N1_ℓ(x_{ℓ−1}))" in text
+    ('# GPT function', True)
+    """
+    if fmt not in FORMATS:
+        raise ConfigError("format", f"must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    sections = build(config, seq_len=seq_len, batch_size=batch_size, name=name)
+    return _markdown(sections) if fmt == "markdown" else _latex(sections)
+
+
+def _markdown(sections: list[Section]) -> str:
+    out: list[str] = []
+    for i, s in enumerate(sections):
+        out += ["#" * (1 if i == 0 else 2) + " " + s.title, ""]
+        if s.prose:
+            out += ["".join(f"`{p.text}`" if isinstance(p, Math) else p for p in s.prose), ""]
+        if s.equations:
+            out += ["```text", *(e.text for e in s.equations), "```", ""]
+        if s.header:
+            out.append("| " + " | ".join(s.header) + " |")
+            out.append("|" + "|".join(" --- " for _ in s.header) + "|")
+            for row in s.rows:
+                out.append(
+                    "| "
+                    + " | ".join(f"`{c.text}`" if isinstance(c, Math) else c for c in row)
+                    + " |"
+                )
+            out.append("")
+    return "\n".join(out)
+
+
+_TEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "_": r"\_",
+    "%": r"\%",
+    "&": r"\&",
+    "#": r"\#",
+    "{": r"\{",
+    "}": r"\}",
+    "$": r"\$",
+    "^": r"\^{}",
+    "~": r"\~{}",
+}
+
+
+_TEX_SYMBOLS = {"×": r"$\times$", "·": r"$\cdot$", "…": r"\ldots{}", "≈": r"$\approx$"}
+
+
+def tex_escape(text: str) -> str:
+    r"""Text for LaTeX's text mode.
+
+    >>> tex_escape("blocks.{l}.attn.W_Q: 10%")
+    'blocks.\\{l\\}.attn.W\\_Q: 10\\%'
+    """
+    return "".join(_TEX_ESCAPES.get(ch, _TEX_SYMBOLS.get(ch, ch)) for ch in text)
+
+
+def _latex(sections: list[Section]) -> str:
+    out = [r"\documentclass{article}", r"\usepackage{amsmath,amssymb}", r"\begin{document}", ""]
+    for i, s in enumerate(sections):
+        out += [(r"\section*{" if i == 0 else r"\subsection*{") + tex_escape(s.title) + "}", ""]
+        if s.prose:
+            out += [
+                "".join(f"${p.tex}$" if isinstance(p, Math) else tex_escape(p) for p in s.prose),
+                "",
+            ]
+        if s.equations:
+            out += [
+                r"\begin{align*}",
+                " \\\\\n".join(e.tex for e in s.equations),
+                r"\end{align*}",
+                "",
+            ]
+        if s.header:
+            out += [
+                r"\begin{tabular}{l" + "r" * (len(s.header) - 1) + "}",
+                " & ".join(tex_escape(h) for h in s.header) + r" \\ \hline",
+            ]
+            for row in s.rows:
+                out.append(
+                    " & ".join(f"${c.tex}$" if isinstance(c, Math) else tex_escape(c) for c in row)
+                    + r" \\"
+                )
+            out += [r"\end{tabular}", ""]
+    out.append(r"\end{document}")
+    return "\n".join(out) + "\n"

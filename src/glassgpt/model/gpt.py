@@ -1,0 +1,232 @@
+"""The GPT function f_θ : V^n → ℝ^{n × n_vocab}, n ≤ n_ctx (decoder-only).
+
+    x₀ = X W_E + P[:n]                     X the one-hot tokens, P = W_P, PE, or 0 (RoPE/none)
+    pre-norm block:   x_mid = x + Attn(N₁(x)),        x_out = x_mid + MLP(N₂(x_mid))
+    post-norm block:  x_mid = N₁(x + Attn(x)),        x_out = N₂(x_mid + MLP(x_mid))
+    logits = N_f(x_L) W_U + b_U            (N_f only for pre-norm; W_U = W_Eᵀ when tied)
+    loss   = mean over t with target_t ≠ −1 of −log softmax(logits_t)[target_t]
+
+Beyond the equations: dropout (train mode only) on x₀, the attention pattern and each
+residual branch output; named activations with zero-cost hooks (see ``glassgpt.model.hooks``);
+GPT-2 initialisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from glassgpt.errors import ConfigError, GlassError
+from glassgpt.model.attention import ATTN_IMPLS, Attention
+from glassgpt.model.config import GPTConfig
+from glassgpt.model.hooks import HookFn, Hooks, attach, hook_names, run_hook
+from glassgpt.model.layers import (
+    MLP,
+    LearnedPE,
+    Norm,
+    Rotary,
+    SinusoidalPE,
+    init_normal_,
+    residual_std,
+)
+
+
+class TokenError(GlassError, ValueError):
+    """Tokens (or targets) the model cannot take: wrong type or shape, too long, out of range."""
+
+
+class Block(nn.Module):
+    """One residual block: attention then MLP, each wrapped by a norm (pre or post)."""
+
+    def __init__(self, config: GPTConfig, hooks: Hooks, layer: int) -> None:
+        super().__init__()
+        p = f"blocks.{layer}."
+        self.ln1 = Norm(config, hooks, p + "ln1")
+        self.attn = Attention(config, hooks, p + "attn")
+        self.ln2 = Norm(config, hooks, p + "ln2")
+        self.mlp = MLP(config, hooks, p + "mlp")
+        self.pre_norm = config.norm_placement == "pre"
+        self.dropout = config.dropout
+        self.hooks = hooks
+        self.hook_resid_pre, self.hook_attn_out = p + "resid_pre", p + "attn_out"
+        self.hook_resid_mid, self.hook_mlp_out = p + "resid_mid", p + "mlp_out"
+        self.hook_resid_post = p + "resid_post"
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        hooks = self.hooks
+        if hooks:
+            x = run_hook(hooks, self.hook_resid_pre, x)
+        a = self.attn(self.ln1(x) if self.pre_norm else x, rope)  # [B, T, d_model]
+        if hooks:
+            a = run_hook(hooks, self.hook_attn_out, a)
+        x = x + self._drop(a) if self.pre_norm else self.ln1(x + self._drop(a))
+        if hooks:
+            x = run_hook(hooks, self.hook_resid_mid, x)
+        m = self.mlp(self.ln2(x) if self.pre_norm else x)  # [B, T, d_model]
+        if hooks:
+            m = run_hook(hooks, self.hook_mlp_out, m)
+        x = x + self._drop(m) if self.pre_norm else self.ln2(x + self._drop(m))
+        if hooks:
+            x = run_hook(hooks, self.hook_resid_post, x)
+        return x
+
+    def _drop(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.dropout, training=True) if self.dropout and self.training else x
+
+
+class GPT(nn.Module):
+    """The decoder-only GPT: ``GPT(config)(tokens [B, T]) → logits [B, T, n_vocab]``.
+
+    >>> torch.manual_seed(0) and None
+    >>> model = GPT(GPTConfig(n_vocab=11, n_ctx=8, d_model=8, n_layers=1, n_heads=2))
+    >>> tokens = torch.tensor([[1, 2, 3]])
+    >>> model(tokens).shape
+    torch.Size([1, 3, 11])
+    >>> logits, loss = model(tokens, targets=torch.tensor([[2, 3, -1]]))
+    >>> bool(loss > 0)
+    True
+    >>> seen = {}
+    >>> with model.hooks({"blocks.0.attn.pattern": lambda t, name: seen.setdefault(name, t)}):
+    ...     _ = model(tokens)
+    >>> seen["blocks.0.attn.pattern"].shape
+    torch.Size([1, 2, 3, 3])
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise ConfigError("config", f"expected a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self._hook_fns: Hooks = {}
+        self._hook_names = frozenset(hook_names(config))
+        hooks = self._hook_fns
+        D, V = config.d_model, config.n_vocab
+        self.embed = nn.Module()
+        self.embed.W_E = nn.Parameter(torch.empty(V, D))  # [n_vocab, d_model]
+        self.pos_embed: LearnedPE | SinusoidalPE | None = None
+        self.rotary: Rotary | None = None
+        if config.positional == "learned":
+            self.pos_embed = LearnedPE(config)  # W_P [n_ctx, d_model]
+        elif config.positional == "sinusoidal":
+            self.pos_embed = SinusoidalPE(config)
+        elif config.positional == "rope":
+            self.rotary = Rotary(config)
+        self.blocks = nn.ModuleList(Block(config, hooks, layer) for layer in range(config.n_layers))
+        self.ln_final = Norm(config, hooks, "ln_final") if config.final_norm else None
+        self.unembed = nn.Module()
+        if not config.tie_embeddings:
+            self.unembed.W_U = nn.Parameter(torch.empty(D, V))  # [d_model, n_vocab]
+        self.unembed.b_U = nn.Parameter(torch.zeros(V)) if config.bias else None
+        self.reset_parameters()
+
+    # -- parameters -----------------------------------------------------------------------
+    def reset_parameters(self) -> None:
+        """GPT-2 init: matrices N(0, init_std²), W_O and W_out N(0, (init_std/√(2L))²),
+        biases 0, norm weights 1."""
+        std, std_resid = self.config.init_std, residual_std(self.config)
+        for name, p in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf.startswith("W_"):
+                init_normal_(p, std_resid if leaf in ("W_O", "W_out") else std)
+            else:
+                with torch.no_grad():
+                    p.fill_(1.0 if leaf == "w" else 0.0)
+
+    @property
+    def W_U(self) -> Tensor:
+        """The unembedding [d_model, n_vocab] (a view of W_Eᵀ when tied)."""
+        return self.embed.W_E.T if self.config.tie_embeddings else self.unembed.W_U
+
+    @property
+    def attn_impl(self) -> str:
+        """``auto`` (fused kernel unless scores/pattern are hooked) or ``explicit``."""
+        return self.blocks[0].attn.impl if len(self.blocks) else "auto"
+
+    @attn_impl.setter
+    def attn_impl(self, value: str) -> None:
+        if value not in ATTN_IMPLS:
+            raise ConfigError("attn_impl", f"must be one of {', '.join(ATTN_IMPLS)}; got {value!r}")
+        for block in self.blocks:
+            block.attn.impl = value
+
+    # -- hooks ----------------------------------------------------------------------------
+    def hook_names(self) -> list[str]:
+        """The names of every activation of this config, in the order they are computed."""
+        return hook_names(self.config)
+
+    @contextmanager
+    def hooks(self, fns: Mapping[str, HookFn]) -> Iterator[GPT]:
+        """Attach ``{name: fn(tensor, name) -> tensor | None}`` for the ``with`` block."""
+        with attach(self._hook_fns, fns, self._hook_names):
+            yield self
+
+    # -- the function ---------------------------------------------------------------------
+    def forward(
+        self, tokens: Tensor, targets: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """tokens [B, T] int → logits [B, T, n_vocab], or (logits, mean cross-entropy loss)."""
+        B, T = self._check_tokens(tokens, "tokens", low=0)
+        hooks = self._hook_fns
+        x = F.embedding(tokens, self.embed.W_E)  # [B, T, d_model] = X W_E
+        if hooks:
+            x = run_hook(hooks, "embed", x)
+        if self.pos_embed is not None:
+            pos = self.pos_embed(T)  # [T, d_model]: W_P[:T] or PE[:T]
+            if hooks:
+                pos = run_hook(hooks, "pos_embed", pos.expand(B, T, -1))
+            x = x + pos
+        if self.config.dropout and self.training:
+            x = F.dropout(x, self.config.dropout, training=True)
+        rope = self.rotary(T) if self.rotary is not None else None
+        for block in self.blocks:
+            x = block(x, rope)
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+            if hooks:
+                x = run_hook(hooks, "ln_final.out", x)
+        b_U = self.unembed.b_U
+        if self.config.tie_embeddings:
+            logits = F.linear(x, self.embed.W_E, b_U)  # [B, T, n_vocab]
+        else:
+            logits = F.linear(x, self.unembed.W_U.T, b_U)
+        if targets is None:
+            return logits
+        if not isinstance(targets, Tensor) or targets.shape != tokens.shape:
+            raise TokenError(
+                f"targets must be a tensor of the tokens' shape {tuple(tokens.shape)}, "
+                f"got {getattr(targets, 'shape', type(targets).__name__)}"
+            )
+        self._check_tokens(targets, "targets", low=-1)
+        flat = logits.flatten(0, 1)  # [B·T, n_vocab]; the loss in at least float32
+        if flat.dtype in (torch.float16, torch.bfloat16):
+            flat = flat.float()
+        loss = F.cross_entropy(flat, targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    def _check_tokens(self, tokens: Tensor, what: str, low: int) -> tuple[int, int]:
+        """Raise TokenError unless ``tokens`` is an integer [B, T] tensor with ids in range."""
+        if not isinstance(tokens, Tensor):
+            raise TokenError(f"{what} must be a torch.Tensor, got {type(tokens).__name__}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TokenError(f"{what} must be integer ids, got dtype {tokens.dtype}")
+        if tokens.ndim != 2 or tokens.shape[1] == 0:
+            raise TokenError(
+                f"{what} must have shape [batch, seq] with seq ≥ 1, got {tuple(tokens.shape)}"
+            )
+        B, T = tokens.shape
+        if self.config.n_ctx < T:
+            raise TokenError(f"{what}: sequence length {T} exceeds n_ctx={self.config.n_ctx}")
+        if tokens.numel():
+            lo, hi = torch.aminmax(tokens)
+            lo_i, hi_i = int(lo), int(hi)
+            if lo_i < low or hi_i >= self.config.n_vocab:
+                bad = lo_i if lo_i < low else hi_i
+                raise TokenError(
+                    f"{what}: id {bad} is out of range [{low}, {self.config.n_vocab}) "
+                    f"for n_vocab={self.config.n_vocab}"
+                )
+        return B, T

@@ -1,0 +1,106 @@
+"""Named activations of the GPT function, and the hooks that read or replace them.
+
+Each intermediate value of f_θ has a name (``blocks.0.attn.pattern``, ``blocks.3.resid_mid``…).
+A hook is a function ``fn(tensor, name) -> tensor | None`` attached for the duration of a
+``with model.hooks({name: fn}):`` block; it sees the activation as it is computed and may
+return a replacement (None keeps it). The model checks one dict per site, so hooks cost
+nothing when none is attached, and values that the fast path never materialises (the norm
+scale, per-head results, attention scores and pattern) are computed only when hooked.
+
+A hook that returns its input (or None) never changes the computation: the logits stay
+bit-identical. A hook that returns a new tensor makes everything downstream computed from it.
+
+Shapes (B batch, T positions, H heads):
+
+    embed, pos_embed, blocks.{l}.resid_pre / attn_out / resid_mid / mlp_out / resid_post,
+    ln_final.out                                    [B, T, d_model]
+    blocks.{l}.ln1.scale / ln2.scale, ln_final.scale [B, T, 1]
+    blocks.{l}.attn.q / k / v / z                   [B, T, H, d_head]  (q, k after RoPE)
+    blocks.{l}.attn.attn_scores / pattern           [B, H, T_q, T_k]   (scores masked with −∞)
+    blocks.{l}.attn.result                          [B, T, H, d_model] (z_h W_O[h])
+    blocks.{l}.mlp.pre / pre_gate / post            [B, T, d_mlp]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+from torch import Tensor
+
+from glassgpt.errors import ConfigError
+from glassgpt.model.config import GPTConfig
+
+HookFn = Callable[[Tensor, str], "Tensor | None"]
+Hooks = dict[str, HookFn]  # one dict per model, shared by reference with every submodule
+
+BLOCK_SITES = (
+    "resid_pre",
+    "ln1.scale",
+    "attn.q",
+    "attn.k",
+    "attn.v",
+    "attn.attn_scores",
+    "attn.pattern",
+    "attn.z",
+    "attn.result",
+    "attn_out",
+    "resid_mid",
+    "ln2.scale",
+    "mlp.pre",
+    "mlp.pre_gate",
+    "mlp.post",
+    "mlp_out",
+    "resid_post",
+)
+
+
+def hook_names(config: GPTConfig) -> list[str]:
+    """Every activation name that exists for this config, in the order it is computed.
+
+    >>> names = hook_names(GPTConfig(n_layers=1, positional="rope"))
+    >>> names[:3], names[-1]
+    (['embed', 'blocks.0.resid_pre', 'blocks.0.ln1.scale'], 'ln_final.out')
+    >>> "blocks.0.mlp.pre_gate" in names
+    False
+    """
+    names = ["embed"]
+    if config.positional in ("learned", "sinusoidal"):
+        names.append("pos_embed")
+    for layer in range(config.n_layers):
+        for site in BLOCK_SITES:
+            if site == "mlp.pre_gate" and not config.gated:
+                continue
+            names.append(f"blocks.{layer}.{site}")
+    if config.final_norm:
+        names += ["ln_final.scale", "ln_final.out"]
+    return names
+
+
+def run_hook(hooks: Hooks, name: str, x: Tensor) -> Tensor:
+    """Apply the hook registered under ``name`` (if any) to ``x``; None from it keeps ``x``."""
+    fn = hooks.get(name)
+    if fn is None:
+        return x
+    out = fn(x, name)
+    return x if out is None else out
+
+
+@contextmanager
+def attach(hooks: Hooks, fns: Mapping[str, HookFn], valid: frozenset[str]) -> Iterator[None]:
+    """Attach ``fns`` to the shared ``hooks`` dict for the block; unknown names raise."""
+    for name, fn in fns.items():
+        if name not in valid:
+            raise ConfigError(
+                "hooks", f"unknown activation {name!r} for this config; see model.hook_names()"
+            )
+        if not callable(fn):
+            raise ConfigError("hooks", f"the hook for {name!r} is not callable")
+        if name in hooks:
+            raise ConfigError("hooks", f"{name!r} is already hooked")
+    hooks.update(fns)
+    try:
+        yield
+    finally:
+        for name in fns:
+            hooks.pop(name, None)

@@ -1,0 +1,412 @@
+"""Byte-level BPE: text → regex chunks → UTF-8 bytes → merges, lowest rank first.
+
+    encode(text) = bpe(utf8(c₁)) ⧺ bpe(utf8(c₂)) ⧺ ...     for  c₁ c₂ ... = split(text)
+    decode(ids)  = utf8⁻¹( vocab[i₁] ⧺ vocab[i₂] ⧺ ... )    (errors="replace")
+
+with ``split`` the pre-tokenizer (:mod:`~glassgpt.tokenizer.pretokenize`) and ``bpe`` the
+merge loop (:mod:`~glassgpt.tokenizer.merge`), so ``decode(encode(s)) == s`` for every str.
+With GPT-2's files the ids are tiktoken's ``gpt2`` ids.
+
+What the code adds is speed without changing a single id: a cache chunk → ids (most
+chunks repeat), and for the named patterns a second cache over whole space-separated
+pieces, cut at *safe spaces* (:func:`~glassgpt.tokenizer.pretokenize.space_segments`), so
+that prose costs one ``str.split`` and one dict lookup per word. Both caches are bounded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+from glassgpt.errors import GlassError
+from glassgpt.tokenizer import files
+from glassgpt.tokenizer.corpus import TextOrPath, count_chunks, fix_surrogates
+from glassgpt.tokenizer.merge import HEAP_MIN_LEN, bpe, bpe_heap, check_merge_order
+from glassgpt.tokenizer.pretokenize import SAFE_SPACE, WHITESPACE, resolve_pattern, splitter
+from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve, split_special
+
+CACHE_MAX = 1 << 17  # entries per cache before it is cleared
+_BAD = object()  # a piece ending in whitespace: not followed by a chunk boundary
+
+
+class _ChunkCache(dict):  # type: ignore[type-arg]
+    """chunk → ids; a miss runs BPE on the chunk."""
+
+    __slots__ = ("_bpe",)
+
+    def __init__(self, bpe_chunk: Any) -> None:
+        super().__init__()
+        self._bpe = bpe_chunk
+
+    def __missing__(self, chunk: str) -> tuple[int, ...]:
+        ids = self._bpe(chunk)
+        if len(self) >= CACHE_MAX:
+            self.clear()
+        self[chunk] = ids
+        return ids
+
+
+class _PieceCache(dict):  # type: ignore[type-arg]
+    """piece → ids of ``" " + piece``; ``_BAD`` (not cached) for a piece ending in whitespace."""
+
+    __slots__ = ("_segment",)
+
+    def __init__(self, segment: Any) -> None:
+        super().__init__()
+        self._segment = segment
+
+    def __missing__(self, piece: str) -> Any:
+        if not piece or piece[-1] in WHITESPACE:
+            return _BAD
+        ids = self._segment(" " + piece)
+        if len(self) >= CACHE_MAX:
+            self.clear()
+        self[piece] = ids
+        return ids
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer.
+
+    ``Tokenizer(vocab, merges, *, pattern="gpt2", special_tokens=())`` builds one from:
+
+    - ``vocab``: the bytes of each ordinary token, by id; every single byte must be one;
+    - ``merges``: ``{(a, b): c}`` in rank order (rank 0 first), with
+      ``vocab[c] == vocab[a] + vocab[b]``; each ``c`` made by one merge, after ``a`` and ``b``;
+    - ``pattern``: ``"gpt2"``, ``"gpt4"``, a regex source string, or None (no split);
+    - ``special_tokens``: ``{string: id}`` with ids from ``len(vocab)`` on, or a list of
+      strings numbered from ``len(vocab)``.
+
+    Importers of other formats (tiktoken, HF ``tokenizer.json``) build it the same way.
+    Public attributes: ``vocab``, ``merges``, ``special_tokens``, ``pattern`` (regex
+    source or None), ``pattern_name`` (``"gpt2"``, ``"gpt4"`` or None) and ``n_vocab``.
+
+    >>> vocab = [bytes([b]) for b in range(256)] + [b"ab", b"abc"]
+    >>> tok = Tokenizer(vocab, {(97, 98): 256, (256, 99): 257}, special_tokens=["<|end|>"])
+    >>> tok.encode("abcab ab")
+    [257, 256, 32, 256]
+    >>> tok.encode("ab<|end|>", allowed_special="all"), tok.n_vocab
+    ([256, 258], 259)
+    >>> tok.decode([257, 258])
+    'abc<|end|>'
+    """
+
+    def __init__(
+        self,
+        vocab: Sequence[bytes],
+        merges: Mapping[tuple[int, int], int],
+        *,
+        pattern: str | None = "gpt2",
+        special_tokens: Mapping[str, int] | Sequence[str] = (),
+    ) -> None:
+        self.vocab: list[bytes] = [bytes(t) for t in vocab]
+        self.merges: dict[tuple[int, int], int] = {
+            (int(a), int(b)): int(c) for (a, b), c in merges.items()
+        }
+        self.pattern, self.pattern_name = resolve_pattern(pattern)
+        if not isinstance(special_tokens, Mapping):
+            special_tokens = {s: len(self.vocab) + i for i, s in enumerate(special_tokens)}
+        self.special_tokens: dict[str, int] = dict(special_tokens)
+        self._check()
+        ids = {t: i for i, t in enumerate(self.vocab)}
+        byte_ids = [ids[bytes([b])] for b in range(256)]
+        self._byte_table = bytes(byte_ids) if max(byte_ids) < 256 else None
+        self._byte_ids = byte_ids
+        self._ranks = {pair: (rank, c) for rank, (pair, c) in enumerate(self.merges.items())}
+        # ids 0..n_vocab-1, then n_vocab Nones, where a negative id lands (-> TypeError)
+        self._decode_table: list[bytes | None] = [
+            *self.vocab,
+            *[None] * (2 * self.n_vocab - len(self.vocab)),
+        ]
+        for s, i in self.special_tokens.items():
+            self._decode_table[i] = s.encode("utf-8")
+        self._split = splitter(self.pattern)
+        self._chunks = _ChunkCache(self._bpe_chunk)
+        self._pieces = _PieceCache(self._encode_segment) if self.pattern_name else None
+
+    def _check(self) -> None:
+        n = len(self.vocab)
+        seen: dict[bytes, int] = {}
+        for i, t in enumerate(self.vocab):
+            if not t:
+                raise GlassError(f"vocab: token {i} is empty")
+            if t in seen:
+                raise GlassError(f"vocab: tokens {seen[t]} and {i} are both {t!r}")
+            seen[t] = i
+        missing = [b for b in range(256) if bytes([b]) not in seen]
+        if missing:
+            raise GlassError(
+                f"vocab: byte {missing[0]:#04x} is not a token ({len(missing)} bytes missing)"
+            )
+        check_merge_order(self.merges, n)
+        for rank, ((a, b), c) in enumerate(self.merges.items()):
+            if self.vocab[a] + self.vocab[b] != self.vocab[c]:
+                raise GlassError(
+                    f"merge {rank}: {self.vocab[a]!r} + {self.vocab[b]!r} is not token {c} {self.vocab[c]!r}"
+                )
+        special_ids: dict[int, str] = {}
+        for s, i in self.special_tokens.items():
+            if not isinstance(s, str) or not s:
+                raise GlassError(f"special token {s!r} must be a non-empty str")
+            if not isinstance(i, int) or i < n or i in special_ids:
+                raise GlassError(
+                    f"special token {s!r} has id {i!r}; ids must be distinct and >= {n} (after the vocab)"
+                )
+            special_ids[i] = s
+
+    @property
+    def n_vocab(self) -> int:
+        """Number of ids (ordinary + special): the largest id + 1."""
+        return max([len(self.vocab) - 1, *self.special_tokens.values()]) + 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(n_vocab={self.n_vocab}, merges={len(self.merges)}, "
+            f"pattern={self.pattern_name or ('none' if self.pattern is None else 'custom')!r}, "
+            f"special_tokens={list(self.special_tokens)})"
+        )
+
+    # ---- encoding -------------------------------------------------------------------------
+
+    def _bpe_chunk(self, chunk: str) -> tuple[int, ...]:
+        data = chunk.encode("utf-8")
+        if self._byte_table is not None:
+            ids = list(data.translate(self._byte_table))
+        else:
+            ids = [self._byte_ids[b] for b in data]
+        return tuple(
+            bpe_heap(ids, self._ranks) if len(ids) > HEAP_MIN_LEN else bpe(ids, self._ranks)
+        )
+
+    def _encode_segment(self, text: str) -> tuple[int, ...]:
+        return tuple(chain.from_iterable(map(self._chunks.__getitem__, self._split(text))))
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        if self.pattern is None:  # the whole text is one chunk: no cache
+            return list(self._bpe_chunk(text)) if text else []
+        if self._pieces is None:
+            return list(chain.from_iterable(map(self._chunks.__getitem__, self._split(text))))
+        # Cut at safe spaces: every piece but the last then ends in non-whitespace.
+        pieces = SAFE_SPACE.split(text)
+        vals = list(map(self._pieces.__getitem__, pieces))
+        vals[0] = self._encode_segment(pieces[0])
+        if vals[-1] is _BAD:
+            vals[-1] = self._encode_segment(" " + pieces[-1])
+        return list(chain.from_iterable(vals))
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode ``text`` with special-token strings read as ordinary text.
+
+        >>> Tokenizer.bytes_only().encode_ordinary("hé")
+        [104, 195, 169]
+        """
+        try:
+            return self._encode_ordinary(text)
+        except UnicodeEncodeError:  # lone surrogates: as tiktoken, they become U+FFFD
+            return self._encode_ordinary(fix_surrogates(text))
+
+    def encode(
+        self,
+        text: str,
+        *,
+        allowed_special: SpecialSet = frozenset(),
+        disallowed_special: SpecialSet = "all",
+    ) -> list[int]:
+        """Encode ``text``; special tokens follow tiktoken's policy (see :mod:`.special`).
+
+        By default a text containing a special token's string raises
+        :class:`~glassgpt.tokenizer.special.SpecialTokenError`.
+        """
+        allowed, disallowed = resolve(self.special_tokens, allowed_special, disallowed_special)
+        check_disallowed(text, disallowed)
+        if not allowed:
+            return self.encode_ordinary(text)
+        parts = split_special(text, allowed)
+        out = self.encode_ordinary(parts[0])
+        for k in range(1, len(parts), 2):
+            out.append(self.special_tokens[parts[k]])
+            out += self.encode_ordinary(parts[k + 1])
+        return out
+
+    def encode_batch(
+        self,
+        texts: Sequence[str],
+        *,
+        num_workers: int | None = None,
+        allowed_special: SpecialSet = frozenset(),
+        disallowed_special: SpecialSet = "all",
+    ) -> list[list[int]]:
+        """``[encode(t) for t in texts]``, on all cores (processes) when the input is large."""
+        from glassgpt.tokenizer.parallel import encode_batch
+
+        return encode_batch(
+            self,
+            texts,
+            num_workers=num_workers,
+            allowed_special=allowed_special,
+            disallowed_special=disallowed_special,
+        )
+
+    # ---- decoding -------------------------------------------------------------------------
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The bytes of the tokens ``ids`` (a list, array or tensor of ints), concatenated."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        elif not isinstance(ids, (list, tuple)):
+            ids = list(ids)
+        table = self._decode_table
+        try:
+            return gather_bytes(table, ids)
+        except (IndexError, TypeError):
+            n = self.n_vocab
+            bad = next(
+                i for i in ids if not (isinstance(i, int) and 0 <= i < n and table[i] is not None)
+            )
+            raise GlassError(
+                f"token id {bad!r} is not in this tokenizer (ids are 0..{n - 1})"
+            ) from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """``decode_bytes(ids)`` as text; bytes that are not UTF-8 become U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes of one token."""
+        return self.decode_bytes([i])
+
+    # ---- building -------------------------------------------------------------------------
+
+    @classmethod
+    def bytes_only(
+        cls, *, pattern: str | None = "gpt2", special_tokens: Sequence[str] = ()
+    ) -> Tokenizer:
+        """The 256 single bytes and no merges (ids = byte values)."""
+        return cls(
+            [bytes([b]) for b in range(256)], {}, pattern=pattern, special_tokens=special_tokens
+        )
+
+    @classmethod
+    def from_merges(
+        cls,
+        merges: Iterable[tuple[bytes, bytes]],
+        *,
+        pattern: str | None = "gpt2",
+        special_tokens: Sequence[str] = (),
+    ) -> Tokenizer:
+        """Ids 0..255 the bytes in byte order, merge i of ``(left bytes, right bytes)`` makes 256 + i.
+
+        >>> Tokenizer.from_merges([(b"a", b"b"), (b"ab", b"ab")]).vocab[256:]
+        [b'ab', b'abab']
+        """
+        vocab = [bytes([b]) for b in range(256)]
+        ids = {t: i for i, t in enumerate(vocab)}
+        pairs: dict[tuple[int, int], int] = {}
+        for rank, (a, b) in enumerate(merges):
+            if a not in ids or b not in ids:
+                raise GlassError(f"merge {rank} ({a!r}, {b!r}) uses a token no earlier merge made")
+            ids[a + b] = len(vocab)
+            pairs[(ids[a], ids[b])] = len(vocab)
+            vocab.append(a + b)
+        return cls(vocab, pairs, pattern=pattern, special_tokens=special_tokens)
+
+    @classmethod
+    def from_gpt2(
+        cls, encoder_json: str | os.PathLike[str], vocab_bpe: str | os.PathLike[str]
+    ) -> Tokenizer:
+        """GPT-2's original ``encoder.json`` and ``vocab.bpe``: ids equal to tiktoken's ``gpt2``."""
+        vocab, merges, specials = files.read_gpt2(encoder_json, vocab_bpe)
+        return cls(vocab, merges, pattern="gpt2", special_tokens=specials)
+
+    @classmethod
+    def train(
+        cls,
+        texts_or_paths: Iterable[TextOrPath] | TextOrPath,
+        vocab_size: int,
+        *,
+        pattern: str | None = "gpt2",
+        special_tokens: Sequence[str] = (),
+        progress: bool = False,
+    ) -> Tokenizer:
+        """Learn ``vocab_size - 256 - len(special_tokens)`` merges from texts (str) or files (paths).
+
+        Fewer merges result when the corpus runs out of pairs. See :mod:`.corpus`.
+        """
+        from glassgpt.errors import ConfigError
+        from glassgpt.tokenizer.bpe_train import train_merges
+
+        special_tokens = list(dict.fromkeys(special_tokens))
+        n_merges = vocab_size - 256 - len(special_tokens)
+        if not isinstance(vocab_size, int) or n_merges < 0:
+            raise ConfigError(
+                "vocab_size",
+                f"must be at least 256 + {len(special_tokens)} special tokens, got {vocab_size!r}",
+            )
+        resolve_pattern(pattern)  # a bad pattern fails before reading anything
+        counts = count_chunks(
+            texts_or_paths, resolve_pattern(pattern)[0], special_tokens, progress=progress
+        )
+        if not counts:
+            raise GlassError("empty corpus: the inputs hold no text to train on")
+        merges = train_merges(counts, n_merges, progress=progress)
+        return cls.from_merges(merges, pattern=pattern, special_tokens=special_tokens)
+
+    # ---- files ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document :meth:`save` writes (format described in docs/tokenizer.md)."""
+        return {
+            "format": files.FORMAT,
+            "version": files.VERSION,
+            "kind": "bpe",
+            "pattern_name": self.pattern_name,
+            "pattern": self.pattern,
+            "special_tokens": self.special_tokens,
+            "vocab": [files.token_to_str(t) for t in self.vocab],
+            "merges": [[a, b, c] for (a, b), c in self.merges.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "tokenizer") -> Tokenizer:
+        """Inverse of :meth:`to_dict`; a malformed document raises :class:`GlassError`."""
+        try:
+            vocab = [files.str_to_token(t) for t in data["vocab"]]
+            merges = {(a, b): c for a, b, c in data["merges"]}
+            pattern, specials = data["pattern"], dict(data["special_tokens"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise GlassError(
+                f"{source}: malformed bpe tokenizer ({type(e).__name__}: {e})"
+            ) from None
+        try:
+            return cls(vocab, merges, pattern=pattern, special_tokens=specials)
+        except GlassError as e:
+            raise GlassError(f"{source}: {e}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the tokenizer as versioned JSON (``{"format": "glassgpt-tokenizer", ...}``)."""
+        files.write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
+        """Read a file written by :meth:`save`."""
+        return cls.from_dict(files.read_tokenizer_json(path, "bpe"), str(Path(path)))
+
+
+def gather_bytes(table: Sequence[bytes | None], ids: Sequence[int], block: int = 4096) -> bytes:
+    """``b"".join(table[i] for i in ids)``, fast: one ``itemgetter`` and one join per block.
+
+    (A single join over a million items allocates a buffer descriptor for each; blocks keep
+    that small.) A ``None`` entry raises ``TypeError``, an index past the end ``IndexError``.
+
+    >>> gather_bytes([b"a", b"bc", None], [1, 0, 1])
+    b'bcabc'
+    """
+    out = []
+    for k in range(0, len(ids), block):
+        part = ids[k : k + block]
+        out.append(b"".join(itemgetter(*part)(table)) if len(part) > 1 else table[part[0]])
+    return b"".join(out)  # type: ignore[arg-type]

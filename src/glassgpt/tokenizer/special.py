@@ -1,0 +1,81 @@
+"""Special tokens: strings that map to one id each, never produced by merges.
+
+    encode(text) = ordinary(text₀) ⧺ [id(s₁)] ⧺ ordinary(text₁) ⧺ [id(s₂)] ⧺ ...
+
+where s₁, s₂, ... are the *allowed* special strings found in ``text``. The policy is
+tiktoken's: ``allowed_special`` (a set, or ``"all"``) says which specials are read as their
+id; ``disallowed_special`` (a set, or ``"all"`` meaning every special not allowed, the
+default) says which ones make ``encode`` raise if the text contains them. Pass
+``disallowed_special=()`` to encode special strings as ordinary text.
+
+Unlike tiktoken, a name that is not a special token of this tokenizer is an error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from functools import lru_cache
+from typing import Literal
+
+from glassgpt.errors import GlassError
+
+SpecialSet = Literal["all"] | Collection[str]
+
+
+class SpecialTokenError(GlassError, ValueError):
+    """The text holds a special token's string that the caller did not allow."""
+
+
+@lru_cache(maxsize=64)
+def special_regex(tokens: frozenset[str]) -> re.Pattern[str]:
+    """A regex capturing any of ``tokens``, longest first where one is a prefix of another."""
+    alternatives = "|".join(re.escape(t) for t in sorted(tokens, key=lambda t: (-len(t), t)))
+    return re.compile(f"({alternatives})")
+
+
+def resolve(
+    specials: Mapping[str, int], allowed: SpecialSet, disallowed: SpecialSet
+) -> tuple[frozenset[str], frozenset[str]]:
+    """``(allowed, disallowed)`` as sets of special strings, checked against ``specials``.
+
+    >>> sp = {"<|a|>": 5, "<|b|>": 6}
+    >>> resolve(sp, (), "all") == (frozenset(), frozenset(sp))
+    True
+    >>> resolve(sp, {"<|a|>"}, "all") == (frozenset({"<|a|>"}), frozenset({"<|b|>"}))
+    True
+    >>> resolve(sp, "all", ())[1]
+    frozenset()
+    """
+    allow = frozenset(specials) if allowed == "all" else frozenset(allowed)
+    disallow = frozenset(specials) - allow if disallowed == "all" else frozenset(disallowed)
+    unknown = (allow | disallow) - specials.keys()
+    if unknown:
+        names = ", ".join(sorted(map(repr, unknown)))
+        known = ", ".join(map(repr, specials)) or "none"
+        raise GlassError(
+            f"not a special token of this tokenizer: {names} (special tokens: {known})"
+        )
+    return allow, disallow
+
+
+def check_disallowed(text: str, disallowed: frozenset[str]) -> None:
+    """Raise :class:`SpecialTokenError` if ``text`` contains a disallowed special string."""
+    if not disallowed:
+        return
+    m = special_regex(disallowed).search(text)
+    if m is not None:
+        raise SpecialTokenError(
+            f"text contains the special token {m.group()!r} at character {m.start()}; "
+            "pass allowed_special to encode it as a special token, "
+            "or disallowed_special=() to encode it as ordinary text"
+        )
+
+
+def split_special(text: str, allowed: frozenset[str]) -> list[str]:
+    """``[text₀, s₁, text₁, s₂, ...]``: ordinary parts at even, allowed specials at odd indices.
+
+    >>> split_special("a<|e|>b<|e|>", frozenset({"<|e|>"}))
+    ['a', '<|e|>', 'b', '<|e|>', '']
+    """
+    return special_regex(allowed).split(text) if allowed else [text]

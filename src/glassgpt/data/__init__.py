@@ -1,1 +1,48 @@
-"""glassgpt.data"""
+"""glassgpt.data: text → token shards on disk → (x, y) batches.
+
+- :func:`prepare` encodes text files into ``train_*.bin`` / ``val_*.bin`` shards with a
+  ``meta.json`` and a copy of the tokenizer (:mod:`glassgpt.data.prepare`, layout in
+  :mod:`glassgpt.data.shards`).
+- :func:`default_corpus_files` / :func:`iter_default_corpus`: the embedded corpus, this
+  interpreter's standard library sources (:mod:`glassgpt.data.corpus`).
+- :class:`BatchSampler` and :func:`iter_eval_batches` read the shards memory-mapped
+  (:mod:`glassgpt.data.sampler`; imported on first use since it needs torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from glassgpt.data.corpus import (
+    default_corpus_files,
+    iter_default_corpus,
+    scan_default_corpus,
+    stdlib_dir,
+)
+from glassgpt.data.prepare import prepare
+from glassgpt.data.reading import resolve_inputs
+from glassgpt.data.shards import DataDir, DataMeta, TokenStream, dtype_for, tokenizer_fingerprint
+
+__all__ = [
+    "BatchSampler",
+    "DataDir",
+    "DataMeta",
+    "TokenStream",
+    "default_corpus_files",
+    "dtype_for",
+    "iter_default_corpus",
+    "iter_eval_batches",
+    "prepare",
+    "resolve_inputs",
+    "scan_default_corpus",
+    "stdlib_dir",
+    "tokenizer_fingerprint",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("BatchSampler", "iter_eval_batches", "eval_windows"):
+        from glassgpt.data import sampler
+
+        return getattr(sampler, name)
+    raise AttributeError(f"module 'glassgpt.data' has no attribute {name!r}")

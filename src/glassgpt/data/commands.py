@@ -1,0 +1,140 @@
+"""``glassgpt data``: ``prepare`` text into token shards, ``info`` on a prepared folder.
+
+    glassgpt data prepare --input PATH... | --stdlib
+                          --tokenizer TOK.json | --char | --train-tokenizer VOCAB_SIZE
+                          --output DIR [--val-fraction F] [--shard-tokens N]
+
+Wiring only; the work is in :mod:`glassgpt.data.prepare` (imported when a command runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+SEPARATOR_SPECIAL = "<|endoftext|>"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``glassgpt data`` and its subcommands."""
+    data = subparsers.add_parser("data", help="prepare token shards from text")
+    sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+
+    p = sub.add_parser("prepare", help="encode text files into train/val token shards")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", nargs="+", type=Path, metavar="PATH", help="files or folders")
+    src.add_argument(
+        "--stdlib",
+        action="store_true",
+        help="the default corpus: this interpreter's standard library sources",
+    )
+    tok = p.add_mutually_exclusive_group(required=True)
+    tok.add_argument("--tokenizer", type=Path, metavar="TOK", help="a saved tokenizer JSON")
+    tok.add_argument("--char", action="store_true", help="a character vocabulary of the input")
+    tok.add_argument(
+        "--train-tokenizer",
+        type=int,
+        metavar="VOCAB_SIZE",
+        help=f"train a byte-level BPE tokenizer (with {SEPARATOR_SPECIAL}) on the input",
+    )
+    p.add_argument("--output", type=Path, required=True, metavar="DIR", help="data folder")
+    p.add_argument(
+        "--val-fraction", type=float, default=0.1, help="last fraction of the text (0.1)"
+    )
+    p.add_argument(
+        "--shard-tokens", type=int, default=100_000_000, help="tokens per shard file (1e8)"
+    )
+    p.add_argument(
+        "--glob", default="*", metavar="PATTERN", help="files to take from folders ('*')"
+    )
+    p.add_argument("--max-bytes", type=int, default=None, help="with --stdlib: cap the corpus size")
+    p.add_argument("--overwrite", action="store_true", help="replace prepared data in DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_prepare)
+
+    i = sub.add_parser("info", help="describe a prepared data folder")
+    i.add_argument("folder", type=Path, metavar="DIR")
+    i.add_argument(
+        "--tokenizer", type=Path, metavar="TOK", help="also check that DIR was made with TOK"
+    )
+    i.set_defaults(func=_info)
+
+    data.set_defaults(func=lambda args: data.print_help() or 2)
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from glassgpt.data.prepare import input_sizes, prepare
+    from glassgpt.data.reading import resolve_inputs
+    from glassgpt.errors import ConfigError
+
+    if args.stdlib:
+        from glassgpt.data.corpus import default_corpus_files
+
+        files = default_corpus_files(args.max_bytes)
+    else:
+        if args.max_bytes is not None:
+            raise ConfigError("--max-bytes", "applies only with --stdlib")
+        files = resolve_inputs(args.input, args.glob)
+    input_sizes(files)  # empty input: fail before building a tokenizer
+    tokenizer = _tokenizer(args, files)
+    data = prepare(
+        files,
+        args.output,
+        tokenizer,
+        val_fraction=args.val_fraction,
+        shard_tokens=args.shard_tokens,
+        progress=not args.no_progress,
+        overwrite=args.overwrite,
+    )
+    print(_describe(data))
+    return 0
+
+
+def _tokenizer(args: argparse.Namespace, files: list[Path]) -> Any:
+    if args.tokenizer is not None:
+        from glassgpt.tokenizer import load_tokenizer
+
+        return load_tokenizer(args.tokenizer)
+    if args.char:
+        from glassgpt.data.prepare import char_tokenizer
+
+        return char_tokenizer(files)
+    from glassgpt.errors import ConfigError
+    from glassgpt.tokenizer import Tokenizer
+
+    if args.train_tokenizer < 257:
+        raise ConfigError("--train-tokenizer", f"must be at least 257, got {args.train_tokenizer}")
+    return Tokenizer.train(
+        files,
+        args.train_tokenizer,
+        special_tokens=(SEPARATOR_SPECIAL,),
+        progress=not args.no_progress,
+    )
+
+
+def _info(args: argparse.Namespace) -> int:
+    from glassgpt.data.shards import DataDir
+
+    tokenizer = None
+    if args.tokenizer is not None:
+        from glassgpt.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+    print(_describe(DataDir.open(args.folder, tokenizer)))
+    return 0
+
+
+def _describe(data: Any) -> str:
+    m = data.meta
+    lines = [
+        f"{data.path}: {m.tokenizer_kind} tokenizer, n_vocab={m.n_vocab}, {m.dtype}, "
+        f"{len(m.sources)} source files, separator {m.separator_text!r} ({m.separator_kind})"
+    ]
+    for name, s in m.splits.items():
+        ratio = f"{s.bytes / s.tokens:.3f} bytes/token" if s.tokens else "empty"
+        lines.append(
+            f"  {name:5s} {s.tokens:>12,d} tokens {s.bytes:>13,d} bytes "
+            f"{len(s.shards):>3d} shards  {ratio}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""Text files → token shards, streaming, with a deterministic train/val split.
+
+    stream = enc(d₁) ‖ sep ‖ enc(d₂) ‖ sep ‖ … ‖ enc(d_m) ‖ sep
+    train  = the tokens of the first (1 − f) of the text bytes,  val = the last f
+
+Documents are the input files, in the order given; ``sep`` follows every document: the
+tokenizer's ``<|endoftext|>`` id when it has that special token, else the encoding of a
+newline. Text that happens to spell a special token is encoded as ordinary text, so a corpus
+cannot forge document boundaries and decoding the shards gives back the text exactly.
+
+The split is by position, not by document: with B total input bytes, the cut sits near byte
+B − ⌈f·B⌉ (at the nearest safe newline before it, see :mod:`glassgpt.data.reading`), so a
+single file (Tiny Shakespeare) splits like nanoGPT's first 90 % / last 10 %, and val holds at
+least one byte whenever f > 0. Files larger than a piece are read in pieces and encoded in
+batches with ``encode_batch``; memory stays within a few batches whatever the input size.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from glassgpt.data.reading import PIECE_BYTES, file_size, iter_pieces, safe_cut
+from glassgpt.data.shards import (
+    META,
+    SHARD_TOKENS,
+    TOKENIZER,
+    DataDir,
+    DataMeta,
+    ShardWriter,
+    Split,
+    dtype_for,
+    saved_tokenizer,
+)
+from glassgpt.errors import ConfigError, GlassError, InputFileError
+
+BATCH_BYTES = 8 << 20  # text per encode_batch call
+EOT = "<|endoftext|>"
+CUT_WINDOW = 1 << 16  # how far before the val cut to look for a safe newline
+
+
+def separator(tokenizer: Any) -> tuple[str, str, list[int]]:
+    """(kind, text, ids) of the document separator: ``<|endoftext|>`` if the tokenizer has it.
+
+    Otherwise the tokenizer's encoding of ``"\\n"``.
+    """
+    specials = getattr(tokenizer, "special_tokens", None) or {}
+    if EOT in specials:
+        return "special", EOT, [int(specials[EOT])]
+    try:
+        ids = [int(i) for i in tokenizer.encode("\n")]
+    except (GlassError, KeyError, ValueError) as e:
+        raise GlassError(f"the tokenizer cannot encode the newline separator ({e})") from None
+    if not ids:
+        raise GlassError("the tokenizer encodes the newline separator as no tokens")
+    return "text", "\n", ids
+
+
+def ordinary_encoder(tokenizer: Any) -> Callable[[list[str]], list[Any]]:
+    """texts → ids per text, with special-token strings encoded as ordinary text."""
+    if hasattr(tokenizer, "encode_ordinary_batch"):
+        return tokenizer.encode_ordinary_batch  # type: ignore[no-any-return]
+    return lambda texts: tokenizer.encode_batch(texts, allowed_special=(), disallowed_special=())
+
+
+def _clear_output(output: Path, overwrite: bool) -> None:
+    if output.exists() and not output.is_dir():
+        raise GlassError(f"{output}: output exists and is not a folder")
+    old = [p for p in output.glob("*") if p.name in (META, TOKENIZER) or _is_shard(p.name)]
+    if old and not overwrite:
+        raise GlassError(f"{output}: already holds prepared data (pass --overwrite to replace it)")
+    for p in old:
+        p.unlink()
+
+
+def _is_shard(name: str) -> bool:
+    split, _, rest = name.partition("_")
+    return split in ("train", "val") and rest.endswith(".bin") and rest[:-4].isdigit()
+
+
+def input_sizes(files: Sequence[Path]) -> list[int]:
+    """Sizes of the input files; no files, or only empty ones, is an :class:`InputFileError`."""
+    if not files:
+        raise InputFileError("no input files given")
+    sizes = [file_size(p) for p in files]
+    if sum(sizes) == 0:
+        names = ", ".join(str(p) for p in files[:3]) + (", …" if len(files) > 3 else "")
+        raise InputFileError(f"the input is empty: {names}")
+    return sizes
+
+
+def prepare(
+    inputs: Sequence[str | Path],
+    output: str | Path,
+    tokenizer: Any,
+    *,
+    val_fraction: float = 0.1,
+    shard_tokens: int = SHARD_TOKENS,
+    piece_bytes: int = PIECE_BYTES,
+    batch_bytes: int = BATCH_BYTES,
+    progress: bool = False,
+    overwrite: bool = False,
+) -> DataDir:
+    """Encode ``inputs`` (files, in order) into a data folder at ``output``; return it opened.
+
+    On any error, the files this call wrote are removed and the folder holds no ``meta.json``.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ConfigError("val_fraction", f"must be in [0, 1), got {val_fraction}")
+    if shard_tokens < 1:
+        raise ConfigError("shard_tokens", f"must be positive, got {shard_tokens}")
+    files = [Path(p) for p in inputs]
+    sizes = input_sizes(files)
+    total = sum(sizes)
+    n_val = math.ceil(val_fraction * total) if val_fraction > 0 else 0
+    if n_val and total >= 2:
+        n_val = min(max(n_val, 1), total - 1)
+    cut_at = total - n_val  # global byte offset where val starts
+
+    n_vocab = int(tokenizer.n_vocab)
+    dtype = dtype_for(n_vocab)
+    sep_kind, sep_text, sep_ids = separator(tokenizer)
+    sep_array = np.asarray(sep_ids, dtype=np.int64)
+    sep_bytes = len(sep_text.encode("utf-8")) if sep_kind == "text" else 0
+    tok_json, tok_kind, fingerprint = saved_tokenizer(tokenizer)
+    encode = ordinary_encoder(tokenizer)
+
+    out = Path(output)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _clear_output(out, overwrite)
+    except OSError as e:
+        raise GlassError(f"{out}: cannot create the output folder ({e.strerror or e})") from None
+    writers = {s: ShardWriter(out, s, dtype, shard_tokens) for s in ("train", "val")}
+    counts = {s: {"bytes": 0, "documents": 0} for s in ("train", "val")}
+
+    def flush(batch: list[tuple[str, str, bool]]) -> None:
+        if not batch:
+            return
+        for (_, split, last), ids in zip(batch, encode([t for t, _, _ in batch])):
+            arr = np.asarray(ids, dtype=np.int64)
+            if arr.size and (arr.min() < 0 or arr.max() >= n_vocab):
+                raise GlassError(f"the tokenizer produced an id outside [0, {n_vocab})")
+            writers[split].write(arr)
+            if last:
+                writers[split].write(sep_array)
+                counts[split]["bytes"] += sep_bytes
+                counts[split]["documents"] += 1
+        batch.clear()
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
+    try:
+        batch: list[tuple[str, str, bool]] = []  # (text, split, ends its document)
+        batch_size = 0
+        base = 0  # global offset of the current file
+        for path in files:
+            read = 0
+            for piece in iter_pieces(path, piece_bytes):
+                read += piece.n_bytes
+                start = base + piece.offset
+                split = "train" if start < cut_at else "val"
+                parts = [(piece.text, piece.n_bytes, piece.last, split)]
+                if start < cut_at < start + piece.n_bytes:
+                    data = piece.text.encode("utf-8")
+                    local = safe_cut(data, cut_at - start - CUT_WINDOW, cut_at - start)
+                    if local == 0:  # the cut fell inside the first character: keep it in train
+                        local = len(piece.text[0].encode("utf-8")) % piece.n_bytes
+                    parts = [
+                        (data[:local].decode("utf-8"), local, False, "train"),
+                        (data[local:].decode("utf-8"), piece.n_bytes - local, piece.last, "val"),
+                    ]
+                for text, n_bytes, last, part_split in parts:
+                    if n_bytes or last:
+                        counts[part_split]["bytes"] += n_bytes
+                        batch.append((text, part_split, last))
+                        batch_size += n_bytes
+                if batch_size >= batch_bytes:
+                    flush(batch)
+                    batch_size = 0
+                bar.update(piece.n_bytes)
+            base += read
+        flush(batch)
+        for w in writers.values():
+            w.close()
+        meta = DataMeta(
+            dtype=str(dtype),
+            n_vocab=n_vocab,
+            tokenizer_kind=tok_kind,
+            tokenizer_fingerprint=fingerprint,
+            separator_kind=sep_kind,
+            separator_text=sep_text,
+            separator_ids=tuple(sep_ids),
+            splits={
+                s: Split(w.tokens, counts[s]["bytes"], counts[s]["documents"], tuple(w.shards))
+                for s, w in writers.items()
+            },
+            sources=tuple((str(p), n) for p, n in zip(files, sizes)),
+            shard_tokens=shard_tokens,
+            val_fraction=val_fraction,
+        )
+        (out / TOKENIZER).write_bytes(tok_json)
+        _write_json_atomic(out / META, meta.to_json())
+    except BaseException as e:
+        for w in writers.values():
+            w.close()
+            for p in w.written:
+                p.unlink(missing_ok=True)
+        (out / TOKENIZER).unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, GlassError):
+            raise GlassError(f"{out}: cannot write the data ({e.strerror or e})") from None
+        raise
+    finally:
+        bar.close()
+    return DataDir.open(out)
+
+
+def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    import json
+
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def char_set(files: Sequence[str | Path], piece_bytes: int = PIECE_BYTES) -> set[str]:
+    """The distinct characters of the files, read in pieces (strict UTF-8)."""
+    chars: set[str] = set()
+    for path in files:
+        for piece in iter_pieces(Path(path), piece_bytes):
+            chars.update(piece.text)
+    return chars
+
+
+def char_tokenizer(files: Sequence[str | Path]) -> Any:
+    """A :class:`~glassgpt.tokenizer.CharTokenizer` of the files' characters plus ``"\\n"``.
+
+    The newline is added so that it can always separate documents.
+    """
+    alphabet = "".join(sorted(char_set(files) | {"\n"}))
+    from glassgpt.tokenizer import CharTokenizer
+
+    return CharTokenizer.train([alphabet])

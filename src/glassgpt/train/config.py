@@ -1,0 +1,326 @@
+"""Run configuration: ``seed`` + ``model.*`` (GPTConfig) + ``train.*`` + ``data.*``, from TOML.
+
+Resolution order: the preset (``presets/NAME.toml``) or ``--config FILE``, then ``--data``,
+then each ``--set dotted.key=value`` override; the result is validated as typed, frozen
+dataclasses whose errors name the dotted key. The learning-rate schedule the train fields
+describe is
+
+    lr(s) = lr · (s + 1)/(warmup_steps + 1)                                  s < warmup_steps
+    lr(s) = min_lr + ½ (lr − min_lr)(1 + cos(π (s − warmup)/(decay − warmup)))  warmup ≤ s < decay
+    lr(s) = min_lr                                                            s ≥ decay
+
+(``schedule = "cosine"``; ``"linear"`` decays linearly, ``"constant"`` keeps ``lr`` after warmup).
+
+>>> cfg = load_run_config(preset="cpu-tiny", overrides=["train.lr=3e-3", "seed=7"])
+>>> (cfg.seed, cfg.train.lr, cfg.model.n_layers)
+(7, 0.003, 2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from glassgpt.config import apply_overrides, check, from_dict, load_toml, merge, to_dict
+from glassgpt.errors import ConfigError
+from glassgpt.model.config import GPTConfig
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+Schedule = Literal["cosine", "linear", "constant"]
+
+# Keys that may differ between a checkpoint's config and the config of its resumption: they
+# change how long or how visibly the run goes on, never what a step computes.
+RESUMABLE_KEYS: frozenset[str] = frozenset(
+    {
+        "train.max_steps",
+        "train.eval_every",
+        "train.eval_batches",
+        "train.checkpoint_every",
+        "train.keep_last",
+        "train.log_every",
+        "train.progress",
+        "train.sample_tokens",
+        "train.sample_prompt",
+        "train.sample_temperature",
+        "train.sample_top_k",
+        "train.compile",
+        "train.threads",
+        "train.device",
+    }
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation: AdamW on a warmup + decay schedule, evaluation, checkpoints, logging.
+
+    ``batch_size`` is the GLOBAL number of sequences per optimizer step, whatever the number
+    of processes: each of W ranks runs ``grad_accum`` micro-batches of
+    ``batch_size / (W · grad_accum)`` sequences, so a config trains the same way on 1 or N.
+    """
+
+    max_steps: int = 2000
+    batch_size: int = 12
+    grad_accum: int = 1
+    seq_len: int | None = None  # default: model.n_ctx
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    decay_steps: int | None = None  # default: max_steps
+    schedule: Schedule = "cosine"
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 turns clipping off
+    eval_every: int = 250
+    eval_batches: int | None = 20  # None: the whole validation split
+    checkpoint_every: int = 500  # 0: only at the end (and on SIGINT/SIGTERM)
+    keep_last: int = 3
+    log_every: int = 1
+    precision: Precision = "auto"
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # CPU threads per process; default cores // local processes
+    sample_tokens: int = 200  # 0: no samples at eval time
+    sample_prompt: str = "\n"
+    sample_temperature: float = 0.8
+    sample_top_k: int | None = 40
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every"):
+            _positive(f"train.{name}", getattr(self, name))
+        for name in ("warmup_steps", "checkpoint_every", "keep_last", "sample_tokens"):
+            value = getattr(self, name)
+            check(value >= 0, f"train.{name}", f"must be ≥ 0, got {value}")
+        for name in ("seq_len", "decay_steps", "eval_batches", "threads", "sample_top_k"):
+            if getattr(self, name) is not None:
+                _positive(f"train.{name}", getattr(self, name))
+        for name in ("lr", "eps"):
+            value = getattr(self, name)
+            check(value > 0 and math.isfinite(value), f"train.{name}", f"must be > 0, got {value}")
+        check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, lr], got {self.min_lr}")
+        check(self.weight_decay >= 0, "train.weight_decay", f"must be ≥ 0, got {self.weight_decay}")
+        check(self.grad_clip >= 0, "train.grad_clip", f"must be ≥ 0, got {self.grad_clip}")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            check(0 <= value < 1, f"train.{name}", f"must be in [0, 1), got {value}")
+        check(
+            self.sample_temperature > 0,
+            "train.sample_temperature",
+            f"must be > 0, got {self.sample_temperature}",
+        )
+        device = self.device
+        check(
+            device in ("auto", "cpu", "cuda")
+            or (device.startswith("cuda:") and device[5:].isdigit()),
+            "train.device",
+            f"must be auto, cpu, cuda or cuda:N, got {device!r}",
+        )
+        check(
+            self.batch_size % self.grad_accum == 0,
+            "train.grad_accum",
+            f"grad_accum={self.grad_accum} must divide batch_size={self.batch_size}",
+        )
+
+    @property
+    def total_decay_steps(self) -> int:
+        return self.decay_steps if self.decay_steps is not None else self.max_steps
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What to train on: prepared folders or text files (none: the embedded stdlib corpus)."""
+
+    paths: tuple[str, ...] = ()
+    tokenizer: str = "char"  # char | bpe | path to a saved tokenizer JSON
+    vocab_size: int = 512  # for tokenizer = "bpe"
+    val_fraction: float = 0.1
+    max_bytes: int | None = None  # cap on the text read (default corpus: its own cap)
+
+    def __post_init__(self) -> None:
+        _positive("data.vocab_size", self.vocab_size)
+        check(
+            0 < self.val_fraction < 1,
+            "data.val_fraction",
+            f"must be in (0, 1), got {self.val_fraction}",
+        )
+        if self.max_bytes is not None:
+            _positive("data.max_bytes", self.max_bytes)
+        check(bool(self.tokenizer), "data.tokenizer", "must be char, bpe or a tokenizer file")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs: ``seed``, ``model`` (GPTConfig), ``train``, ``data``."""
+
+    seed: int = 1337
+    model: GPTConfig = field(default_factory=GPTConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        check(self.seed >= 0, "seed", f"must be ≥ 0, got {self.seed}")
+        check(
+            self.seq_len <= self.model.n_ctx,
+            "train.seq_len",
+            f"seq_len={self.seq_len} exceeds the model's context model.n_ctx={self.model.n_ctx}",
+        )
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per training sequence: ``train.seq_len``, else the model's context."""
+        return self.train.seq_len if self.train.seq_len is not None else self.model.n_ctx
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def replace(self, **sections: Any) -> RunConfig:
+        return dataclasses.replace(self, **sections)
+
+
+def _positive(name: str, value: Any) -> None:
+    check(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+        name,
+        f"must be a positive integer, got {value!r}",
+    )
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def preset_names() -> list[str]:
+    """The run presets shipped in ``glassgpt/presets``."""
+    root = resources.files("glassgpt") / "presets"
+    return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    """The raw TOML table of a run preset; an unknown name lists the known ones."""
+    known = preset_names()
+    if name not in known:
+        raise ConfigError("preset", f"unknown preset {name!r}; known: {', '.join(known)}")
+    path = resources.files("glassgpt") / "presets" / f"{name}.toml"
+    with resources.as_file(path) as p:
+        return load_toml(p)
+
+
+def raw_run_config(
+    *,
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    data_paths: Sequence[str] | None = None,
+    overrides: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The raw (unvalidated) run config as a dict: preset or file, ``--data``, ``--set``."""
+    if preset is not None and config_file is not None:
+        raise ConfigError("preset", "give either --preset or --config, not both")
+    raw = load_toml(config_file) if config_file is not None else preset_dict(preset or "default")
+    raw.pop("description", None)
+    if data_paths:
+        raw = merge(raw, {"data": {"paths": [str(p) for p in data_paths]}})
+    return apply_overrides(raw, list(overrides))
+
+
+def build_run_config(raw: Mapping[str, Any], *, n_vocab: int | None = None) -> RunConfig:
+    """Validate a raw config; ``n_vocab`` (the tokenizer's) fills ``model.n_vocab`` if unset.
+
+    A ``model.n_vocab`` given explicitly may pad the vocabulary but never cut it.
+    """
+    data = dict(raw)
+    model = dict(data.get("model", {}))
+    if n_vocab is not None:
+        if "n_vocab" in model:
+            given = model["n_vocab"]
+            check(
+                isinstance(given, int) and given >= n_vocab,
+                "model.n_vocab",
+                f"{given!r} is smaller than the tokenizer's vocabulary of {n_vocab}",
+            )
+        else:
+            model["n_vocab"] = n_vocab
+    data["model"] = model
+    return from_dict(RunConfig, data)
+
+
+def load_run_config(
+    *,
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    data_paths: Sequence[str] | None = None,
+    overrides: Iterable[str] = (),
+) -> RunConfig:
+    """Resolve and validate a run config (``model.n_vocab`` as given or its default)."""
+    raw = raw_run_config(
+        preset=preset, config_file=config_file, data_paths=data_paths, overrides=overrides
+    )
+    return build_run_config(raw)
+
+
+def config_diff(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between two configs: ``{key: (old, new)}``."""
+    a, b = _flatten(old.to_dict()), _flatten(new.to_dict())
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+# -- writing TOML (the standard library reads TOML but does not write it) ------------------
+
+
+def dump_toml(data: Mapping[str, Any]) -> str:
+    """TOML text for a dict of scalars, lists and one level of tables; ``None`` is left out.
+
+    >>> print(dump_toml({"seed": 1, "train": {"lr": 0.001, "tag": "a\\"b"}, "v": [1, 2]}))
+    seed = 1
+    v = [1, 2]
+    <BLANKLINE>
+    [train]
+    lr = 0.001
+    tag = "a\\"b"
+    <BLANKLINE>
+    """
+    lines = [
+        f"{k} = {_toml_value(v)}"
+        for k, v in data.items()
+        if v is not None and not isinstance(v, Mapping)
+    ]
+    for name, table in data.items():
+        if isinstance(table, Mapping):
+            lines += ["", f"[{name}]"]
+            for k, v in table.items():
+                if isinstance(v, Mapping):
+                    raise ConfigError(f"{name}.{k}", "nested tables are not supported here")
+                if v is not None:
+                    lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        if isinstance(v, float) and not math.isfinite(v):
+            return {math.inf: "inf", -math.inf: "-inf"}.get(v, "nan")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")

@@ -1,0 +1,140 @@
+"""Data-parallel training across processes and machines (PyTorch DistributedDataParallel).
+
+With W processes each holding a replica θ and its own shard of the global batch B = ∪_r B_r
+(|B_r| = |B|/W), the gradient of the global mean loss is the mean of the per-rank gradients,
+
+    ∇ L(B) = (1/W) Σ_r ∇ L(B_r),
+
+which DDP computes by an all-reduce during the backward pass; every replica then takes the
+same AdamW step. ``torchrun`` sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
+MASTER_ADDR/PORT; this module reads them, picks the backend (NCCL on GPUs, gloo on CPUs),
+the device of each rank, and the CPU threads per rank (cores // local processes).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from glassgpt.errors import ConfigError, GlassError
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits: its rank among ``world_size`` and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 logs, writes metrics and checkpoints."""
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise GlassError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
+    """``auto`` → the local rank's GPU if CUDA is available, else the CPU."""
+    if preference == "auto":
+        preference = "cuda" if torch.cuda.is_available() else "cpu"
+    if preference.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "train.device", f"{preference!r} asked for, but no CUDA GPU is usable"
+            )
+        if preference == "cuda":
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        index = int(preference.split(":")[1])
+        if index >= torch.cuda.device_count():
+            raise ConfigError(
+                "train.device", f"{preference!r}: only {torch.cuda.device_count()} GPUs visible"
+            )
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def init_distributed(device_preference: str = "auto", threads: int | None = None) -> DistContext:
+    """Read torchrun's environment, start the process group if W > 1, set device and threads."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size if world_size > 1 else 1)
+    device = resolve_device(device_preference, local_rank)
+    if device.type == "cpu":
+        cores = os.cpu_count() or 1
+        torch.set_num_threads(threads or max(1, cores // max(1, local_world_size)))
+    else:
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"backend": backend}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(**kwargs)
+    return DistContext(rank, world_size, local_rank, local_world_size, device)
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def all_reduce_mean(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """The mean of ``t`` over ranks (``t`` itself when not distributed)."""
+    if not ctx.enabled:
+        return t
+    t = t.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t / ctx.world_size
+
+
+def any_rank(flag: bool, ctx: DistContext) -> bool:
+    """True if ``flag`` is true on any rank (every rank gets the same answer)."""
+    if not ctx.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def broadcast_object(obj: Any, ctx: DistContext) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not ctx.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not ctx.enabled:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out

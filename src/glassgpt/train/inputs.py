@@ -1,0 +1,176 @@
+"""What a run reads: its data folder and tokenizer, and whether its batch fits in memory.
+
+``data.paths`` resolves to a prepared data folder (``meta.json`` + shards + tokenizer):
+
+- empty: the embedded corpus (this interpreter's standard library sources), prepared into
+  ``OUT/data`` with a tokenizer trained on it (``data.tokenizer = "char"`` or ``"bpe"``);
+- one prepared folder: used in place, with the tokenizer saved in it;
+- text files or folders of them: prepared into ``OUT/data``.
+
+``data.tokenizer`` may also name a saved tokenizer JSON, which a prepared folder must match
+(its fingerprint). The memory check compares glassgpt's estimate of training memory, weights
++ gradients + AdamW moments + saved activations, with the memory the device has free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.train.config import DataConfig, RunConfig
+
+DATA_SUBDIR = "data"
+EOT = "<|endoftext|>"
+
+
+@dataclass
+class RunData:
+    """A prepared data folder (``glassgpt.data.DataDir``) and its tokenizer."""
+
+    data: Any  # DataDir
+    tokenizer: Any
+    tokenizer_json: bytes
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        """UTF-8 bytes per token of the validation split (for bits per byte)."""
+        val = self.data.split("val")
+        return val.bytes / val.tokens if val.tokens else None
+
+
+def is_prepared(path: str | Path) -> bool:
+    return (Path(path) / "meta.json").is_file()
+
+
+def train_tokenizer(cfg: DataConfig, files: list[Path]) -> Any:
+    """A tokenizer trained on ``files`` (char or BPE) or loaded from ``cfg.tokenizer``."""
+    from glassgpt.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+
+    if cfg.tokenizer == "char":
+        return CharTokenizer.train(files)
+    if cfg.tokenizer == "bpe":
+        return Tokenizer.train(files, cfg.vocab_size, special_tokens=[EOT])
+    path = Path(cfg.tokenizer)
+    if not path.is_file():
+        raise ConfigError("data.tokenizer", f"must be char, bpe or a tokenizer file; {path} is none")
+    return load_tokenizer(path)
+
+
+def source_files(cfg: DataConfig) -> list[Path]:
+    """The text files a run trains on: ``data.paths`` expanded, or the default corpus."""
+    from glassgpt.data import default_corpus_files, resolve_inputs
+
+    if not cfg.paths:
+        files = default_corpus_files(cfg.max_bytes)
+        if not files:
+            raise GlassError("the default corpus (the standard library sources) is empty here")
+        return files
+    return resolve_inputs(list(cfg.paths))
+
+
+def resolve_data(
+    cfg: DataConfig,
+    out_dir: Path,
+    *,
+    tokenizer_json: bytes | None = None,
+    prepare: bool = True,
+    progress: bool = False,
+) -> RunData:
+    """The data folder and tokenizer of a run (preparing ``OUT/data`` where needed).
+
+    ``tokenizer_json`` (a checkpoint's tokenizer) pins the tokenizer: a folder made with
+    another one is refused. With ``prepare=False`` (ranks other than 0) nothing is written:
+    the folder rank 0 prepared is opened.
+    """
+    from glassgpt.data import DataDir
+    from glassgpt.data import prepare as prepare_data
+
+    pinned = None
+    if tokenizer_json is not None:
+        pinned = _tokenizer_from_bytes(tokenizer_json)
+    elif cfg.tokenizer not in ("char", "bpe"):
+        pinned = train_tokenizer(cfg, [])
+    if len(cfg.paths) == 1 and is_prepared(cfg.paths[0]):
+        data = DataDir.open(cfg.paths[0], tokenizer=pinned)
+    else:
+        for p in cfg.paths:
+            if is_prepared(p):
+                raise InputFileError(f"{p}: a prepared data folder must be the only --data path")
+        target = out_dir / DATA_SUBDIR
+        if not prepare:
+            data = DataDir.open(target, tokenizer=pinned)
+        elif pinned is not None and is_prepared(target) and _matches(target, pinned):
+            data = DataDir.open(target, tokenizer=pinned)  # a resumed run's own data
+        else:
+            files = source_files(cfg)
+            tok = pinned if pinned is not None else train_tokenizer(cfg, files)
+            data = prepare_data(
+                files, target, tok, val_fraction=cfg.val_fraction, progress=progress, overwrite=True
+            )
+    tokenizer = pinned if pinned is not None else data.load_tokenizer()
+    saved = tokenizer_json or (data.path / "tokenizer.json").read_bytes()
+    return RunData(data, tokenizer, saved)
+
+
+def _matches(folder: Path, tokenizer: Any) -> bool:
+    from glassgpt.data import DataDir
+
+    try:
+        DataDir.open(folder, tokenizer=tokenizer)
+    except GlassError:
+        return False
+    return True
+
+
+def _tokenizer_from_bytes(data: bytes) -> Any:
+    import tempfile
+
+    from glassgpt.tokenizer import load_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokenizer.json"
+        path.write_bytes(data)
+        return load_tokenizer(path)
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+def available_memory(device: Any) -> int | None:
+    """Bytes the device can still give: free GPU memory, or the CPU's MemAvailable."""
+    import torch
+
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_memory(cfg: RunConfig, micro_batch: int, dtype: Any, device: Any, ranks: int) -> None:
+    """Refuse, before the run starts, a batch or context that does not fit in memory."""
+    from glassgpt.model.accounting import estimate_training_memory
+
+    estimate = estimate_training_memory(cfg.model, micro_batch, cfg.seq_len, dtype)
+    parts = dict(estimate) if isinstance(estimate, dict) else {"total": int(estimate)}
+    total = int(parts.get("total", sum(v for v in parts.values() if isinstance(v, int))))
+    available = available_memory(device)
+    if available is None:
+        return
+    if device.type == "cpu":
+        total *= ranks  # local ranks share the machine's memory
+    if total > available:
+        raise GlassError(
+            f"train.batch_size={cfg.train.batch_size} × seq_len={cfg.seq_len} needs about "
+            f"{total / 2**30:.1f} GiB to train ({micro_batch} sequences per micro-step on "
+            f"{device}) but only {available / 2**30:.1f} GiB is free; lower train.batch_size, "
+            "raise train.grad_accum, or shorten train.seq_len"
+        )

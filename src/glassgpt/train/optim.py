@@ -1,0 +1,99 @@
+"""AdamW with decay on matrices only, and the warmup + decay learning-rate schedule.
+
+AdamW (Loshchilov & Hutter), for each parameter θ with gradient g at step t:
+
+    m ← β₁ m + (1 − β₁) g,   v ← β₂ v + (1 − β₂) g²
+    θ ← θ − η_t (m̂ / (√v̂ + ε) + λ θ)      m̂ = m / (1 − β₁ᵗ), v̂ = v / (1 − β₂ᵗ)
+
+with λ = ``weight_decay`` for matrices (every parameter of dimension ≥ 2: W_E, W_Q, W_O,
+W_in, …) and λ = 0 for vectors (biases, norm weights), and η_t = :func:`lr_at`. PyTorch's
+fused kernel is used where the parameters' device supports it, else the foreach one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from glassgpt.train.config import TrainConfig
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then decay.
+
+    >>> cfg = TrainConfig(max_steps=100, lr=1.0, min_lr=0.0, warmup_steps=9)
+    >>> [round(lr_at(s, cfg), 3) for s in (0, 8, 9, 50, 99, 100, 500)]
+    [0.1, 0.9, 1.0, 0.577, 0.0, 0.0, 0.0]
+    """
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.schedule == "constant":
+        return cfg.lr
+    decay = cfg.total_decay_steps
+    if step >= decay:
+        return cfg.min_lr
+    span = max(1, decay - cfg.warmup_steps)
+    progress = (step - cfg.warmup_steps) / span  # in [0, 1)
+    if cfg.schedule == "linear":
+        coeff = 1.0 - progress
+    else:
+        coeff = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr + coeff * (cfg.lr - cfg.min_lr)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: matrices (decayed) and vectors/scalars (not), in a fixed order.
+
+    Each group also carries the parameters' names (``"names"``) so that optimizer state can
+    be saved by name.
+    """
+    decay: list[tuple[str, nn.Parameter]] = []
+    no_decay: list[tuple[str, nn.Parameter]] = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append((name, p))
+    return [
+        {
+            "params": [p for _, p in decay],
+            "names": [n for n, _ in decay],
+            "weight_decay": weight_decay,
+        },
+        {
+            "params": [p for _, p in no_decay],
+            "names": [n for n, _ in no_decay],
+            "weight_decay": 0.0,
+        },
+    ]
+
+
+def fused_available(device: torch.device) -> bool:
+    """Whether PyTorch's fused AdamW kernel runs on ``device`` (CUDA, and CPU since 2.4)."""
+    try:
+        probe = nn.Parameter(torch.zeros(1, device=device))
+        torch.optim.AdamW([probe], fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups` with ``cfg``'s betas, eps and weight decay.
+
+    >>> m = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
+    >>> opt = build_optimizer(m, TrainConfig(weight_decay=0.1))
+    >>> [(g["names"], g["weight_decay"]) for g in opt.param_groups]
+    [(['0.weight'], 0.1), (['0.bias', '1.weight', '1.bias'], 0.0)]
+    """
+    groups = param_groups(model, cfg.weight_decay)
+    device = next(model.parameters()).device
+    kind = {"fused": True} if fused_available(device) else {"foreach": True}
+    return torch.optim.AdamW(
+        groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kind
+    )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

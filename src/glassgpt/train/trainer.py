@@ -1,0 +1,412 @@
+"""The training loop for any ``model(x, y) -> (logits, loss)``: minimise E[loss] by AdamW.
+
+One optimizer step s, on each of W ranks with A micro-batches (x_a, y_a) of the rank's share:
+
+    g = ∇_θ (1/A) Σ_a loss(θ; x_a, y_a)          (averaged over ranks by DDP's all-reduce)
+    g ← g · min(1, c / ‖g‖₂)                       (clipping at c = grad_clip)
+    θ ← AdamW(θ, g, η = lr_at(s))
+
+under autocast (bf16 on CPU and GPU; fp16 with a GradScaler on GPUs without bf16). Around
+it: evaluation every k steps (val loss, perplexity, bits per byte), JSONL metrics, a
+progress bar, checkpoints (every k steps, at the end, on SIGINT/SIGTERM; ``best`` on a new
+lowest val loss), a stop with a clear message on a NaN or infinite loss, and exact resume.
+The trainer knows nothing about GPT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from glassgpt.errors import ConfigError, GlassError
+from glassgpt.train import checkpoint as ckpt
+from glassgpt.train import rng
+from glassgpt.train.config import TrainConfig
+from glassgpt.train.distributed import DistContext, all_reduce_mean, any_rank, gather_objects
+from glassgpt.train.metrics import MetricsLog, truncate_after
+from glassgpt.train.optim import build_optimizer, lr_at, set_lr
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class BatchSource(Protocol):
+    """Training batches with a restorable position (e.g. glassgpt.data's BatchSampler)."""
+
+    def __next__(self) -> Batch: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class TrainingDiverged(GlassError):
+    """The loss became NaN or infinite."""
+
+
+def resolve_precision(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
+    """(autocast dtype or None for float32, whether a GradScaler is needed).
+
+    ``auto``: bf16 on GPUs that have it, fp16 + GradScaler on older GPUs, fp32 on CPUs.
+
+    >>> resolve_precision("bf16", torch.device("cpu"))
+    (torch.bfloat16, False)
+    """
+    cuda = device.type == "cuda"
+    if precision == "auto":
+        if not cuda:
+            return None, False
+        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if precision == "fp32":
+        return None, False
+    if precision == "bf16":
+        if cuda and not torch.cuda.is_bf16_supported():
+            raise ConfigError("train.precision", "this GPU has no bf16; use fp16 or fp32")
+        return torch.bfloat16, False
+    if not cuda:
+        raise ConfigError("train.precision", "fp16 needs a GPU; on a CPU use bf16 or fp32")
+    return torch.float16, True
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
+    """AdamW's state as ``{"<param name>.<key>": tensor}`` plus its groups' hyperparameters."""
+    names = [n for g in opt.param_groups for n in g["names"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    tensors: dict[str, torch.Tensor] = {}
+    for name, p in zip(names, params):
+        for key, value in opt.state.get(p, {}).items():
+            tensors[f"{name}.{key}"] = torch.as_tensor(value)
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    return tensors, groups
+
+
+def load_optimizer_tensors(
+    opt: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor], groups: list
+) -> None:
+    """Inverse of :func:`optimizer_tensors` (parameters matched by name)."""
+    current = [g["names"] for g in opt.param_groups]
+    if [g["names"] for g in groups] != current:
+        raise ckpt.CheckpointError("the checkpoint's optimizer holds different parameters")
+    by_name: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        name, _, field = key.rpartition(".")  # optimizer state keys have no dots
+        by_name.setdefault(name, {})[field] = value
+    names = [n for g in opt.param_groups for n in g["names"]]
+    state = {i: by_name[n] for i, n in enumerate(names) if n in by_name}
+    saved_groups = []
+    index = 0
+    for g in groups:
+        n = len(g["names"])
+        g = dict(g)
+        g["betas"] = tuple(g["betas"])
+        saved_groups.append({**g, "params": list(range(index, index + n))})
+        index += n
+    opt.load_state_dict({"state": state, "param_groups": saved_groups})
+
+
+class Trainer:
+    """Trains ``model`` on ``batches`` as ``cfg`` says; writes into ``out_dir`` (rank 0)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: TrainConfig,
+        batches: BatchSource,
+        *,
+        eval_data: Callable[[], Iterable[Batch]] | None = None,
+        ctx: DistContext | None = None,
+        out_dir: str | Path | None = None,
+        checkpoint_files: Mapping[str, bytes] | None = None,
+        bytes_per_token: float | None = None,
+        on_eval: Callable[[nn.Module, int], str | None] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.ctx = ctx or DistContext()
+        self.cfg = cfg
+        self.model = model.to(self.ctx.device)
+        self.batches = batches
+        self.eval_data = eval_data
+        self.bytes_per_token = bytes_per_token
+        self.on_eval = on_eval
+        self.log = log if self.ctx.is_main else (lambda msg: None)
+        self.checkpoint_files = dict(checkpoint_files or {})
+        self.autocast_dtype, use_scaler = resolve_precision(cfg.precision, self.ctx.device)
+        self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.step = 0
+        self.tokens = 0
+        self.best_val_loss = math.inf
+        self.last_loss = math.nan
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.metrics = None
+        self.checkpoints = None
+        if self.out_dir is not None and self.ctx.is_main:
+            self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
+            self.checkpoints = ckpt.CheckpointManager(self.out_dir / "ckpt", cfg.keep_last)
+        self.train_model: nn.Module = self.model
+        if cfg.compile:
+            if self.ctx.device.type == "cpu" and shutil.which("c++") is None:
+                raise ConfigError("train.compile", "torch.compile on CPU needs a C++ compiler")
+            self.train_model = torch.compile(self.model)  # type: ignore[assignment]
+        if self.ctx.enabled:
+            ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
+        self._stop: int | None = None
+
+    # -- the step ---------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.ctx.device.type, dtype=self.autocast_dtype)
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns its metrics."""
+        cfg, model, opt = self.cfg, self.train_model, self.optimizer
+        lr = lr_at(self.step, cfg)
+        set_lr(opt, lr)
+        model.train()
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        n_tokens = 0
+        for micro in range(cfg.grad_accum):
+            x, y = next(self.batches)
+            x = x.to(self.ctx.device, non_blocking=True)
+            y = y.to(self.ctx.device, non_blocking=True)
+            n_tokens += x.numel()
+            last = micro == cfg.grad_accum - 1
+            sync = contextlib.nullcontext() if last or not self.ctx.enabled else model.no_sync()
+            with sync:
+                with self._autocast():
+                    _, loss = model(x, y)
+                scaled = loss / cfg.grad_accum
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            loss_sum += loss.detach().float()
+        loss_value = all_reduce_mean(loss_sum / cfg.grad_accum, self.ctx).item()
+        if not math.isfinite(loss_value):
+            opt.zero_grad(set_to_none=True)
+            raise TrainingDiverged(self._diverged_message(loss_value))
+        grad_norm = None
+        if cfg.grad_clip > 0:
+            if self.scaler:
+                self.scaler.unscale_(opt)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            grad_norm = float(norm)
+        if self.scaler:
+            self.scaler.step(opt)
+            self.scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += n_tokens * self.ctx.world_size
+        self.last_loss = loss_value
+        return {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm}
+
+    def _diverged_message(self, loss: float) -> str:
+        where = ""
+        if self.checkpoints is not None:
+            good = ckpt.step_folders(self.checkpoints.root)
+            if good:
+                where = f"; the last good checkpoint {good[0]} is kept"
+        return (
+            f"loss became {loss} at step {self.step + 1}{where}; "
+            "lower train.lr, use train.grad_clip, or try train.precision=fp32"
+        )
+
+    # -- evaluation ------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean val loss over ``eval_data``, perplexity, bits per byte.
+
+        Under DDP, ``eval_data`` yields this rank's share; the token-weighted mean is taken
+        over all ranks' shares.
+        """
+        if self.eval_data is None:
+            return {}
+        model = self.model
+        model.eval()
+        total = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        for x, y in self.eval_data():
+            x, y = x.to(self.ctx.device), y.to(self.ctx.device)
+            with self._autocast():
+                _, loss = model(x, y)
+            count = (y != -1).sum()
+            total[0] += loss.double() * count
+            total[1] += count
+        model.train()
+        total = all_reduce_mean(total, self.ctx)
+        if total[1].item() == 0:
+            raise GlassError("the validation split gives no evaluation batch")
+        val = (total[0] / total[1]).item()
+        out = {"val_loss": val, "val_ppl": math.exp(min(val, 700.0))}
+        if self.bytes_per_token:
+            out["val_bpb"] = val / (math.log(2) * self.bytes_per_token)
+        return out
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
+        """(tensor files, JSON state) of everything a bit-identical resume needs."""
+        opt_tensors, groups = optimizer_tensors(self.optimizer)
+        rng_states = gather_objects(rng.capture(), self.ctx)
+        sampler_states = gather_objects(rng.to_json(self.batches.state_dict()), self.ctx)
+        state = {
+            "trainer": {
+                "tokens": self.tokens,
+                "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
+                "world_size": self.ctx.world_size,
+                "optimizer_groups": groups,
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+            },
+            "rng": rng_states,
+            "sampler": sampler_states,
+        }
+        tensors = {
+            "model.safetensors": self.model.state_dict(),
+            "optimizer.safetensors": opt_tensors,
+        }
+        return tensors, state
+
+    def save_checkpoint(self) -> Path | None:
+        """Write ``ckpt/step_*`` (every rank must call this; rank 0 writes)."""
+        tensors, state = self.state_dict()
+        if self.checkpoints is None:
+            return None
+        return self.checkpoints.save(
+            self.step, tensors=tensors, files=self.checkpoint_files, state=state
+        )
+
+    def load_checkpoint(self, checkpoint: ckpt.Checkpoint) -> None:
+        """Restore model, optimizer, scaler, step, RNG and sampler state (exact resume)."""
+        state = checkpoint.state
+        try:
+            self.model.load_state_dict(checkpoint.tensors("model.safetensors"))
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            raise ckpt.CheckpointError(f"{checkpoint.path}: weights do not fit: {first}") from None
+        trainer = state["trainer"]
+        load_optimizer_tensors(
+            self.optimizer, checkpoint.tensors("optimizer.safetensors"), trainer["optimizer_groups"]
+        )
+        if self.scaler and trainer.get("scaler"):
+            self.scaler.load_state_dict(trainer["scaler"])
+        self.step = checkpoint.step
+        self.tokens = int(trainer["tokens"])
+        best = trainer.get("best_val_loss")
+        self.best_val_loss = math.inf if best is None else float(best)
+        ranks = len(state["rng"])
+        rng.restore(state["rng"][self.ctx.rank % ranks])
+        self.batches.load_state_dict(state["sampler"][self.ctx.rank % len(state["sampler"])])
+        if self.metrics is not None:
+            truncate_after(self.metrics.path, self.step)
+
+    # -- the loop ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop is not None:  # a second signal: stop now
+                raise KeyboardInterrupt
+            self._stop = signum
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def fit(self) -> dict[str, Any]:
+        """Train to ``max_steps`` (or a signal); returns the last metrics and how it ended."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        bar = tqdm(
+            total=cfg.max_steps,
+            initial=self.step,
+            unit="step",
+            dynamic_ncols=True,
+            disable=not (cfg.progress and self.ctx.is_main),
+        )
+        write = bar.write if not bar.disable else self.log
+        start = time.perf_counter()
+        window_t, window_tokens = start, self.tokens
+        record: dict[str, Any] = {"step": self.step}
+        ended = "max_steps"
+        with self._signals():
+            try:
+                while self.step < cfg.max_steps:
+                    record = self.train_step()
+                    bar.update(1)
+                    now = time.perf_counter()
+                    final = self.step == cfg.max_steps
+                    do_eval = self.eval_data is not None and (
+                        self.step % cfg.eval_every == 0 or final
+                    )
+                    if self.step % cfg.log_every == 0 or do_eval or final:
+                        tok_s = (self.tokens - window_tokens) / max(now - window_t, 1e-9)
+                        record.update(tokens=self.tokens, tok_per_s=tok_s)
+                        record["elapsed_s"] = now - start
+                        bar.set_postfix_str(f"loss {record['loss']:.4f}, {tok_s:,.0f} tok/s")
+                    if do_eval:
+                        record.update(self._eval_and_report(write))
+                    logged = self.step % cfg.log_every == 0 or do_eval or final
+                    if logged and self.metrics is not None:
+                        self.metrics.write(record)
+                    stop = any_rank(self._stop is not None, self.ctx)
+                    every = cfg.checkpoint_every
+                    if final or stop or (every and self.step % every == 0):
+                        path = self.save_checkpoint()
+                        if stop:
+                            ended = "signal"
+                            write(f"stopped by a signal at step {self.step}; checkpoint {path}")
+                            break
+                    if self.step % cfg.log_every == 0 or do_eval or final:
+                        window_t, window_tokens = time.perf_counter(), self.tokens
+            finally:
+                bar.close()
+        return {
+            **record,
+            "ended": ended,
+            "signal": self._stop,
+            "best_val_loss": self.best_val_loss,
+            "wall_s": time.perf_counter() - start,
+        }
+
+    def _eval_and_report(self, write: Callable[[str], None]) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.evaluate())
+        val = out["val_loss"]
+        line = f"step {self.step}: loss {self.last_loss:.4f}, val loss {val:.4f}"
+        if "val_bpb" in out:
+            line += f", {out['val_bpb']:.3f} bits/byte"
+        write(line)
+        if val < self.best_val_loss:
+            self.best_val_loss = val
+            if self.checkpoints is not None:
+                self.checkpoints.save_best(
+                    self.step,
+                    tensors={"model.safetensors": self.model.state_dict()},
+                    files=self.checkpoint_files,
+                    state={"val_loss": val},
+                )
+        if self.on_eval is not None and self.ctx.is_main:
+            self.model.eval()  # no dropout, so no draw from the training RNG streams
+            try:
+                sample = self.on_eval(self.model, self.step)
+            finally:
+                self.model.train()
+            if sample:
+                write(sample)
+                out["sample"] = sample
+        return out

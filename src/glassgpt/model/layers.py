@@ -143,13 +143,14 @@ def rope_tables(n_ctx: int, d_head: int, base: float) -> tuple[Tensor, Tensor]:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate each pair (x_2i, x_2i+1) of x [B, T, H, d_head] by the angle in cos/sin [T, d_head/2].
+    """Rotate each pair (x_2i, x_2i+1) of x [B, T, H, d_head] by the angle in cos/sin
+    [T, d_head/2] (or [B, T, d_head/2] for per-row positions).
 
     (a, b) ↦ (a cos θ − b sin θ, a sin θ + b cos θ).
     """
     pairs = x.unflatten(-1, (-1, 2))  # [B, T, H, d_head/2, 2]
     a, b = pairs[..., 0], pairs[..., 1]
-    c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, d_head/2]
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [T, 1, d_head/2] or per row [B, T, 1, d_head/2]
     return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
 
 
@@ -185,8 +186,9 @@ class SinusoidalPE(_Table):
     def _tables(self) -> dict[str, Tensor]:
         return {"PE": sinusoidal_table(self.n_ctx, self.d_model)}
 
-    def forward(self, T: int, offset: int = 0) -> Tensor:  # -> [T, d_model]
-        return self.PE[offset : offset + T]
+    def forward(self, T: int, offset: int | Tensor = 0) -> Tensor:  # -> [T, d_model]
+        """PE[offset : offset + T], or PE[positions] [B, T, d_model] for per-row positions."""
+        return self.PE[offset] if isinstance(offset, Tensor) else self.PE[offset : offset + T]
 
 
 class LearnedPE(nn.Module):
@@ -196,8 +198,9 @@ class LearnedPE(nn.Module):
         super().__init__()
         self.W_P = nn.Parameter(torch.empty(config.n_ctx, config.d_model))
 
-    def forward(self, T: int, offset: int = 0) -> Tensor:  # -> [T, d_model]
-        return self.W_P[offset : offset + T]
+    def forward(self, T: int, offset: int | Tensor = 0) -> Tensor:  # -> [T, d_model]
+        """W_P[offset : offset + T], or W_P[positions] [B, T, d_model] for per-row positions."""
+        return self.W_P[offset] if isinstance(offset, Tensor) else self.W_P[offset : offset + T]
 
 
 class Rotary(_Table):
@@ -213,7 +216,10 @@ class Rotary(_Table):
         cos, sin = rope_tables(self.n_ctx, self.d_head, self.base)
         return {"cos": cos, "sin": sin}
 
-    def forward(self, T: int, offset: int = 0) -> tuple[Tensor, Tensor]:  # -> 2 × [T, d_head/2]
+    def forward(self, T: int, offset: int | Tensor = 0) -> tuple[Tensor, Tensor]:
+        """cos, sin [T, d_head/2] from ``offset``, or [B, T, d_head/2] at per-row positions."""
+        if isinstance(offset, Tensor):
+            return self.cos[offset], self.sin[offset]
         return self.cos[offset : offset + T], self.sin[offset : offset + T]
 
 

@@ -217,3 +217,45 @@ def test_dropout_only_in_train_mode() -> None:
     model.train()
     with torch.no_grad():
         assert not torch.allclose(model(tokens), model(tokens))
+
+
+def test_fused_qkv_cache_follows_weight_changes() -> None:
+    """The no-grad cache of [W_Q | W_K | W_V] never serves stale weights."""
+    cfg = tiny_config()
+    model = random_model(cfg, seed=1)
+    tokens = random_tokens(cfg, batch=2, length=5)
+
+    def fresh() -> torch.Tensor:  # logits computed with the cache emptied
+        for block in model.blocks:
+            block.attn._qkv_cache = None
+        with torch.no_grad():
+            return model(tokens)
+
+    with torch.no_grad():
+        before = model(tokens)
+        assert model.blocks[0].attn._qkv_cache is not None
+        assert torch.equal(model(tokens), before)  # served from the cache
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _, loss = model(tokens, tokens)
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        after_step = model(tokens)
+    assert not torch.allclose(after_step, before)
+    assert torch.equal(after_step, fresh())
+    other = random_model(cfg, seed=2)
+    model.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        assert torch.equal(model(tokens), other(tokens))
+        model.blocks[1].attn.b_V.mul_(2.0)
+        assert torch.equal(model(tokens), fresh())
+    with torch.inference_mode():
+        inferred = model(tokens)
+    assert torch.equal(inferred, fresh())
+    model.float()
+    with torch.no_grad():
+        assert model(tokens).dtype == torch.float32
+        assert torch.equal(model(tokens), fresh())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert model(tokens).dtype == torch.bfloat16
+        assert torch.equal(model(tokens), fresh())

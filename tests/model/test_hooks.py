@@ -205,3 +205,15 @@ def test_hooks_see_gradients() -> None:
         model(tokens).sum().backward()
     assert kept["blocks.1.resid_mid"].grad is not None
     assert kept["blocks.1.resid_mid"].grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_hook_names_are_listed_in_the_order_they_run(overrides: dict) -> None:
+    model = random_model(tiny_config(**overrides))
+    fired: list[str] = []
+    with (
+        torch.no_grad(),
+        model.hooks(dict.fromkeys(model.hook_names(), lambda t, n: fired.append(n))),
+    ):
+        model(random_tokens(model.config, batch=1, length=3))
+    assert fired == model.hook_names()

@@ -92,3 +92,15 @@ def test_loss_matches_reference_cross_entropy() -> None:
     keep = targets != -1
     direct = torch.nn.functional.cross_entropy(logits[keep], targets[keep])
     assert abs(direct.item() - expected) < 1e-9
+
+
+def test_reference_is_independent_of_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, glassgpt.model.reference; print(sorted(m for m in sys.modules if m.startswith(('torch', 'glassgpt.model.'))))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert "torch" not in out and "glassgpt.model.gpt" not in out
+    assert "glassgpt.model.reference" in out

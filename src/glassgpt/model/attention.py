@@ -112,36 +112,43 @@ class Attention(nn.Module):
             self.b_Q = self.b_K = self.b_V = self.b_O = None
         self.dropout = config.dropout
         self.impl = "auto"
+        self._qkv_cache: tuple[tuple, Tensor, Tensor | None] | None = None
         self.hooks = hooks
         self.hook_q, self.hook_k, self.hook_v = (f"{name}.{s}" for s in "qkv")
         self.hook_scores, self.hook_pattern = f"{name}.attn_scores", f"{name}.pattern"
         self.hook_z, self.hook_result = f"{name}.z", f"{name}.result"
-        self._qkv_memo: tuple[tuple[int, ...], Tensor, Tensor | None, list[Tensor]] | None = None
 
     def fused_qkv(self) -> tuple[Tensor, Tensor | None]:
-        """[W_Q | W_K | W_V] as one [d_model, 3·n_heads·d_head] matrix (columns: q|k|v, head, d_head).
+        """[W_Q | W_K | W_V] as one [d_model, 3·n_heads·d_head] matrix (columns: q|k|v, head,
+        d_head) and the matching bias, in the autocast dtype when autocast is on.
 
-        Without autograd (inference) the fused copy is kept while the weights are unchanged
-        (same storage, same in-place version counters), so decoding does not re-fuse per token.
+        Without autograd (``torch.no_grad``/inference) the result is cached until a weight
+        changes (its version counter or storage); change weights through ``p.copy_`` under
+        ``torch.no_grad()`` or an optimizer, not through ``p.data``, which autograd and this
+        cache cannot see.
         """
-        parts = [
-            p for p in (self.W_Q, self.W_K, self.W_V, self.b_Q, self.b_K, self.b_V) if p is not None
-        ]
-        if torch.is_grad_enabled() or self.W_Q.is_inference():
-            return self._fuse_qkv()
-        key = tuple(x for p in parts for x in (p.data_ptr(), p._version))
-        if self._qkv_memo is None or self._qkv_memo[0] != key:
-            W, b = self._fuse_qkv()
-            # the detached views pin the storages, so no new weight can reuse their addresses
-            self._qkv_memo = (key, W, b, [p.detach() for p in parts])
-        return self._qkv_memo[1], self._qkv_memo[2]
-
-    def _fuse_qkv(self) -> tuple[Tensor, Tensor | None]:
-        W = torch.stack([W.permute(1, 0, 2) for W in (self.W_Q, self.W_K, self.W_V)], dim=1)
-        b = None
+        params = [self.W_Q, self.W_K, self.W_V]
         if self.b_Q is not None:
-            b = torch.stack([self.b_Q, self.b_K, self.b_V]).flatten()  # type: ignore[list-item]
-        return W.flatten(1), b
+            params += [self.b_Q, self.b_K, self.b_V]  # type: ignore[list-item]
+        device = self.W_Q.device.type
+        dtype = self.W_Q.dtype
+        if torch.is_autocast_enabled(device) and dtype != torch.float64:  # autocast skips float64
+            dtype = torch.get_autocast_dtype(device)
+        tracked = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        key = None
+        if not tracked:
+            inference = torch.is_inference_mode_enabled()
+            key = (dtype, inference, *((p.data_ptr(), p._version) for p in params))
+            if self._qkv_cache is not None and self._qkv_cache[0] == key:
+                return self._qkv_cache[1], self._qkv_cache[2]
+        self._qkv_cache = None
+        # Cast each weight first (autocast would cast the stacked matrix anyway), then stack:
+        # [d_model, 3, H, d_head] is contiguous, so the flatten is a view.
+        W = torch.stack([W.permute(1, 0, 2).to(dtype) for W in params[:3]], dim=1).flatten(1)
+        b = torch.stack(params[3:]).flatten().to(dtype) if len(params) > 3 else None
+        if key is not None:
+            self._qkv_cache = (key, W, b)
+        return W, b
 
     def forward(
         self,

@@ -67,11 +67,13 @@ def hook_names(config: GPTConfig) -> list[str]:
     names = ["embed"]
     if config.positional in ("learned", "sinusoidal"):
         names.append("pos_embed")
+    sites = [s for s in BLOCK_SITES if config.gated or s != "mlp.pre_gate"]
+    if config.norm_placement == "post":  # N₁ follows the attention residual, N₂ the MLP's
+        for norm, after in (("ln1.scale", "attn_out"), ("ln2.scale", "mlp_out")):
+            sites.remove(norm)
+            sites.insert(sites.index(after) + 1, norm)
     for layer in range(config.n_layers):
-        for site in BLOCK_SITES:
-            if site == "mlp.pre_gate" and not config.gated:
-                continue
-            names.append(f"blocks.{layer}.{site}")
+        names += [f"blocks.{layer}.{site}" for site in sites]
     if config.final_norm:
         names += ["ln_final.scale", "ln_final.out"]
     return names

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import Hooks, run_hook
-from glassgpt.model.layers import apply_rope
+from glassgpt.model.layers import apply_rope, linear
 
 ATTN_IMPLS: tuple[str, ...] = ("auto", "explicit")
 
@@ -165,7 +165,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, dh, hooks = self.n_heads, self.d_head, self.hooks
         W_qkv, b_qkv = self.fused_qkv()
-        qkv = F.linear(x, W_qkv.T, b_qkv)  # [B, T, 3·H·d_head]
+        qkv = linear(x, W_qkv, b_qkv)  # [B, T, 3·H·d_head]
         q, k, v = qkv.view(B, T, 3, H, dh).unbind(2)  # each [B, T, H, d_head]
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -188,7 +188,7 @@ class Attention(nn.Module):
         z = z_BHTD.transpose(1, 2)  # [B, T, H, d_head]
         if hooks:
             z = run_hook(hooks, self.hook_z, z)
-        out = F.linear(z.reshape(B, T, H * dh), self.W_O.flatten(0, 1).T, self.b_O)
+        out = linear(z.reshape(B, T, H * dh), self.W_O, self.b_O)
         if hooks and self.hook_result in hooks:
             out = self._hooked_result(z, out)
         return out  # [B, T, d_model]

@@ -35,6 +35,7 @@ from glassgpt.model.layers import (
     Rotary,
     SinusoidalPE,
     init_normal_,
+    linear,
     residual_std,
 )
 
@@ -211,9 +212,9 @@ class GPT(nn.Module):
                 x = run_hook(hooks, "ln_final.out", x)
         b_U = self.unembed.b_U
         if self.config.tie_embeddings:
-            logits = F.linear(x, self.embed.W_E, b_U)  # [B, T, n_vocab]
+            logits = linear(x, self.embed.W_E, b_U, transposed=True)  # [B, T, n_vocab] = x W_Eᵀ
         else:
-            logits = F.linear(x, self.unembed.W_U.T, b_U)
+            logits = linear(x, self.unembed.W_U, b_U)
         if targets is None:
             return logits
         if not isinstance(targets, Tensor) or targets.shape != tokens.shape:

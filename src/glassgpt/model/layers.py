@@ -38,6 +38,33 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+def weight_key(W: Tensor) -> tuple[int, ...]:
+    """(version counter, storage address) of W; inference tensors have no version counter."""
+    return (W.data_ptr(),) if W.is_inference() else (W._version, W.data_ptr())
+
+
+def linear(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = False) -> Tensor:
+    """x W + b for W [d_in, d_out] (a 3-D W such as W_O [H, d_head, d_model] is read as
+    [H·d_head, d_model]); ``transposed``: W is [d_out, d_in] and the product is x Wᵀ + b.
+
+    A weight may carry an inference kernel, ``W.kernel = (key, fn)`` (attached by
+    ``glassgpt.sample.precision``): ``fn(x, b)`` computes the same product from a pre-packed
+    copy of W. It is used only without autograd, for inputs of W's dtype, and while W is the
+    tensor it was built from (``key`` = ``weight_key(W)`` when it was attached).
+    """
+    kernel = getattr(W, "kernel", None)
+    if (
+        kernel is not None
+        and not torch.is_grad_enabled()
+        and x.dtype == W.dtype
+        and kernel[0] == weight_key(W)
+    ):
+        return kernel[1](x, b)
+    if transposed:
+        return F.linear(x, W, b)
+    return F.linear(x, (W.flatten(0, -2) if W.ndim > 2 else W).T, b)
+
+
 class Norm(nn.Module):
     """LayerNorm or RMSNorm over d_model, with weight ``w`` (and ``b`` for a biased LayerNorm).
 
@@ -107,11 +134,11 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, d_model]
         hooks = self.hooks
-        pre = F.linear(x, self.W_in.T, self.b_in)  # [B, T, d_mlp]
+        pre = linear(x, self.W_in, self.b_in)  # [B, T, d_mlp]
         if hooks:
             pre = run_hook(hooks, self.hook_pre, pre)
         if self.gated:
-            gate = F.linear(x, self.W_gate.T, self.b_gate)  # [B, T, d_mlp]
+            gate = linear(x, self.W_gate, self.b_gate)  # [B, T, d_mlp]
             if hooks:
                 gate = run_hook(hooks, self.hook_pre_gate, gate)
             post = self.act(gate) * self.value_act(pre)  # type: ignore[misc]
@@ -119,7 +146,7 @@ class MLP(nn.Module):
             post = self.act(pre)
         if hooks:
             post = run_hook(hooks, self.hook_post, post)
-        return F.linear(post, self.W_out.T, self.b_out)
+        return linear(post, self.W_out, self.b_out)
 
 
 def sinusoidal_table(n_ctx: int, d_model: int) -> Tensor:

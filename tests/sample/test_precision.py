@@ -75,7 +75,7 @@ def test_kernels_are_used_and_dropped_when_a_weight_changes() -> None:
 
 def test_parse_dtype() -> None:
     assert parse_dtype("bf16") is torch.bfloat16 and parse_dtype("float32") is torch.float32
-    with pytest.raises(ConfigError, match="^dtype: unknown dtype 'int3'"):
+    with pytest.raises(ConfigError, match=r"^dtype: unknown dtype 'int3'"):
         parse_dtype("int3")
 
 

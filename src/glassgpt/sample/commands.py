@@ -54,6 +54,7 @@ def register(subparsers: Any) -> None:
                    "of a prompt longer than the context; error: stop")  # fmt: skip
     p.add_argument("--window", type=int, default=None,
                    help="tokens kept when the window slides (default 3/4 of n_ctx)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
     p.set_defaults(func=run_sample)
 
@@ -137,6 +138,10 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from glassgpt.sample.precision import cast, parse_dtype
 
     dtype = parse_dtype(args.dtype)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise GlassError(f"--threads: must be ≥ 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     try:
         device = torch.device(args.device)
     except RuntimeError:

@@ -1,7 +1,8 @@
-"""Fixtures for the data tests: a small, independent character tokenizer with a free id offset.
+"""Fixtures for the data tests: a character tokenizer with a free id offset (``char_tok``).
 
 ``OffsetCharTokenizer`` maps the i-th character of its alphabet to ``offset + i``; with a large
-offset its ids need uint32, which no real tokenizer of a test-friendly size reaches.
+offset its ids need uint32, which no real tokenizer of a test-friendly size reaches; it is the
+independent oracle for the shard dtype rule.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from glassgpt.errors import GlassError
 
 
 class OffsetCharTokenizer:
-    def __init__(self, chars: str, offset: int = 0, eot: bool = False) -> None:
+    def __init__(self, chars: str, offset: int = 0) -> None:
         self.chars = "".join(sorted(set(chars)))
         self.offset = offset
         self.stoi = {c: offset + i for i, c in enumerate(self.chars)}
-        self.special_tokens = {"<|endoftext|>": offset + len(self.chars)} if eot else {}
-        self.n_vocab = offset + len(self.chars) + len(self.special_tokens)
+        self.n_vocab = offset + len(self.chars)
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -32,16 +32,11 @@ class OffsetCharTokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids) -> str:
-        inv = {i: c for c, i in self.stoi.items()} | {i: s for s, i in self.special_tokens.items()}
+        inv = {i: c for c, i in self.stoi.items()}
         return "".join(inv[int(i)] for i in ids)
 
     def save(self, path) -> None:
-        doc = {
-            "kind": "offset-char",
-            "chars": self.chars,
-            "offset": self.offset,
-            "specials": self.special_tokens,
-        }
+        doc = {"kind": "offset-char", "chars": self.chars, "offset": self.offset}
         Path(path).write_text(json.dumps(doc, indent=2))
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from glassgpt.data.prepare import prepare
 from glassgpt.data.shards import DataDir, fingerprint_json
 from glassgpt.errors import GlassError
+from glassgpt.tokenizer import CharTokenizer
 
 DOCS = [
     "First Citizen:\nBefore we proceed any further, hear me speak.\n",
@@ -31,6 +32,10 @@ def _write(tmp_path: Path, docs: list[str]) -> list[Path]:
     return paths
 
 
+def _chars(text: str) -> CharTokenizer:
+    return CharTokenizer(sorted(set(text)))
+
+
 def _all_tokens(data: DataDir, split: str) -> np.ndarray:
     dtype = np.dtype(data.meta.dtype)
     parts = [np.fromfile(data.path / f, dtype=dtype) for f, _ in data.split(split).shards]
@@ -38,8 +43,9 @@ def _all_tokens(data: DataDir, split: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("eot", [False, True])
-def test_round_trip_with_separators(tmp_path: Path, char_tok, eot: bool) -> None:
-    tok = char_tok("".join(DOCS) + "\n", eot=eot)
+def test_round_trip_with_separators(tmp_path: Path, eot: bool) -> None:
+    specials = ["<|endoftext|>"] if eot else []
+    tok = CharTokenizer(sorted(set("".join(DOCS) + "\n")), special_tokens=specials)
     data = prepare(_write(tmp_path, DOCS), tmp_path / "out", tok, shard_tokens=100, piece_bytes=64)
     sep = "<|endoftext|>" if eot else "\n"
     expected = "".join(d + sep for d in DOCS if d)
@@ -82,24 +88,24 @@ def test_dtype_rule(tmp_path: Path, char_tok, offset: int, dtype: str, itemsize:
     assert tok.decode(ids) == text * 3 + "\n"
 
 
-def test_val_is_never_empty_for_tiny_inputs(tmp_path: Path, char_tok) -> None:
-    tok = char_tok("ab\n")
+def test_val_is_never_empty_for_tiny_inputs(tmp_path: Path) -> None:
+    tok = _chars("ab\n")
     data = prepare(_write(tmp_path, ["ab"]), tmp_path / "out", tok, val_fraction=0.01)
     assert data.meta.splits["train"].tokens >= 1 and data.meta.splits["val"].tokens >= 1
     data = prepare(_write(tmp_path, ["ab"]), tmp_path / "out0", tok, val_fraction=0.0)
     assert data.meta.splits["val"].tokens == 0 and data.meta.splits["val"].shards == ()
 
 
-def test_fingerprint_mismatch_is_refused(tmp_path: Path, char_tok) -> None:
-    tok = char_tok("abc\n")
+def test_fingerprint_mismatch_is_refused(tmp_path: Path) -> None:
+    tok = _chars("abc\n")
     data = prepare(_write(tmp_path, ["abcabc\n"]), tmp_path / "out", tok)
-    DataDir.open(data.path, tokenizer=char_tok("abc\n"))  # an equal tokenizer is fine
+    DataDir.open(data.path, tokenizer=_chars("abc\n"))  # an equal tokenizer is fine
     with pytest.raises(GlassError, match="another tokenizer"):
-        DataDir.open(data.path, tokenizer=char_tok("abcd\n"))
+        DataDir.open(data.path, tokenizer=_chars("abcd\n"))
 
 
-def test_bad_folders(tmp_path: Path, char_tok) -> None:
-    tok = char_tok("abc\n")
+def test_bad_folders(tmp_path: Path) -> None:
+    tok = _chars("abc\n")
     out = tmp_path / "out"
     prepare(_write(tmp_path, ["abc\n" * 10]), out, tok)
     with pytest.raises(GlassError, match="already holds"):
@@ -120,17 +126,17 @@ def test_bad_folders(tmp_path: Path, char_tok) -> None:
         DataDir.open(out)
 
 
-def test_failure_leaves_no_partial_data(tmp_path: Path, char_tok) -> None:
+def test_failure_leaves_no_partial_data(tmp_path: Path) -> None:
     paths = _write(tmp_path, ["abc\n" * 100, "ab"])
     paths[1].write_bytes(b"ab\xffc")
     out = tmp_path / "out"
     with pytest.raises(GlassError, match=r"doc1.txt: not valid UTF-8 at byte 2"):
-        prepare(paths, out, char_tok("abc\n"), batch_bytes=16, shard_tokens=50)
+        prepare(paths, out, _chars("abc\n"), batch_bytes=16, shard_tokens=50)
     assert list(out.iterdir()) == []
     with pytest.raises(GlassError, match="empty"):
-        prepare(_write(tmp_path, ["", ""]), out, char_tok("a"))
+        prepare(_write(tmp_path, ["", ""]), out, _chars("a"))
     with pytest.raises(GlassError, match="val_fraction"):
-        prepare(paths[:1], out, char_tok("abc\n"), val_fraction=1.0)
+        prepare(paths[:1], out, _chars("abc\n"), val_fraction=1.0)
 
 
 @settings(max_examples=40)
@@ -141,12 +147,12 @@ def test_failure_leaves_no_partial_data(tmp_path: Path, char_tok) -> None:
     val_fraction=st.sampled_from([0.0, 0.01, 0.3, 0.9]),
 )
 def test_round_trip_property(
-    tmp_path_factory, char_tok, docs, piece_bytes, shard_tokens, val_fraction
+    tmp_path_factory, docs, piece_bytes, shard_tokens, val_fraction
 ) -> None:
     total = sum(len(d.encode()) for d in docs)
     assume(total > 0)
     tmp = tmp_path_factory.mktemp("rt")
-    tok = char_tok("".join(docs) + "\n")
+    tok = _chars("".join(docs) + "\n")
     data = prepare(
         _write(tmp, docs),
         tmp / "out",

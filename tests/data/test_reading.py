@@ -3,11 +3,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+import regex
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glassgpt.data.reading import char_boundary, iter_pieces, resolve_inputs, safe_cut
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.tokenizer.pretokenize import GPT2_PATTERN, GPT4_PATTERN
 
 # Text with lines, indentation, CRLF, multi-byte characters and long unbroken runs.
 texty = st.lists(
@@ -58,10 +60,63 @@ def test_char_boundary_never_splits_a_character() -> None:
         assert not any(j < b <= i for b in boundaries)  # the largest one
 
 
-def test_safe_cut_prefers_safe_newlines() -> None:
-    data = b"a\nb\n  c\n"
-    assert safe_cut(data, 0, len(data)) == 2  # only a\nb is safe
-    assert safe_cut(b"ab  \n  cd", 0, 9) == 5  # no safe newline: any newline
+def test_safe_cut_preferences() -> None:
+    assert safe_cut(b"a\nb\n  c\n", 0, 8) == 2  # only a\nb is a safe newline
+    assert safe_cut(b"ab  \n  cd", 0, 9) == 2  # no safe newline: before the space after b
+    assert safe_cut(b"  \n  \n  ", 0, 8) == 6  # no safe point: after the last newline
+    assert safe_cut(b"abc\n def", 4, 8) == 8  # the newline before lo is not seen
+    assert safe_cut(b"abcdefgh", 0, 5) == 5
+
+
+# Whitespace the patterns treat specially, ASCII and not, next to ASCII words and symbols.
+spacey = st.lists(
+    st.sampled_from(
+        [
+            " ",
+            "  ",
+            "\n",
+            "\r\n",
+            "\t",
+            "\x0b",
+            "\x0c",
+            "\x1c",
+            "\x85",
+            "\u00a0",
+            "\u3000",
+            "ab",
+            "x",
+            "'s",
+            "'ll",
+            "12345",
+            "=",
+            "):",
+            "é",
+            "日本",
+            "🙂",
+        ]
+    ),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=300)
+@given(text=spacey, lo=st.integers(0, 60), width=st.integers(0, 60))
+def test_safe_points_do_not_change_the_chunks(text: str, lo: int, width: int) -> None:
+    """At a safe point, both pre-tokenizer patterns split the halves as they split the whole."""
+    data = text.encode("utf-8")
+    cut = safe_cut(data, lo, lo + width)
+    assert 0 <= cut <= len(data) and char_boundary(data, cut) == cut
+    printable = set(range(0x21, 0x7F))
+    after_newline = 0 < cut < len(data) and data[cut - 1] == 10 and cut >= 2
+    safe = (after_newline and data[cut - 2] in printable and data[cut] in printable) or (
+        0 < cut < len(data) and data[cut] == 32 and data[cut - 1] in printable
+    )
+    if not safe:
+        return
+    a, b = data[:cut].decode(), data[cut:].decode()
+    for pattern in (GPT2_PATTERN, GPT4_PATTERN):
+        p = regex.compile(pattern)
+        assert p.findall(a) + p.findall(b) == p.findall(text)
 
 
 def test_non_utf8_error_names_the_file_and_absolute_offset(tmp_path: Path) -> None:

@@ -274,3 +274,11 @@ def test_export_writes_gpt2_config_json(tmp_path) -> None:
     assert config["model_type"] == "gpt2" and config["architectures"] == ["GPT2LMHeadModel"]
     assert (config["resid_pdrop"], config["embd_pdrop"], config["attn_pdrop"]) == (0.1,) * 3
     assert config_from_hf(config) == model.config
+
+
+@torch.no_grad()
+def test_headless_gpt2model_loads_as_the_tied_model() -> None:
+    hf = _random_hf(SHAPES["tied-gelu_new"])
+    x = _tokens(50, 16)
+    headless = from_hf(hf.transformer)  # GPT2Model: keys without "transformer.", no lm_head
+    assert _max_diff(headless(x), hf(x).logits) <= 1e-5

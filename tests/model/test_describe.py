@@ -136,3 +136,16 @@ def test_cli_bad_config_exits_nonzero_with_one_line(argv, start, capsys) -> None
     assert main(["describe", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(start) and err.count("\n") == 1
+
+
+def test_describe_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from glassgpt.cli import main; "
+        "main(['describe', '--preset', 'gpt2', '--format', 'latex']); "
+        "print('torch' in sys.modules, file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.strip() == "False" and r"\begin{align*}" in out.stdout

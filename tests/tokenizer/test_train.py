@@ -173,6 +173,7 @@ def _hf_chunk_counts(text: str) -> Counter[bytes]:
     return Counter(unicode_to_bytes(piece) for piece, _ in split.pre_tokenize_str(text))
 
 
+@pytest.mark.slow
 def test_agrees_with_hf_bpe_trainer_on_tinyshakespeare(shakespeare_text: str) -> None:
     n_merges = 2048
     ours = train_merges(_hf_chunk_counts(shakespeare_text), n_merges)

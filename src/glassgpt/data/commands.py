@@ -132,7 +132,7 @@ def _describe(data: Any) -> str:
         f"{len(m.sources)} source files, separator {m.separator_text!r} ({m.separator_kind})"
     ]
     for name, s in m.splits.items():
-        ratio = f"{s.bytes / s.tokens:.3f} bytes/token" if s.tokens else "empty"
+        ratio = f"{s.bytes_per_token:.3f} bytes/token" if s.tokens else "empty"
         lines.append(
             f"  {name:5s} {s.tokens:>12,d} tokens {s.bytes:>13,d} bytes "
             f"{len(s.shards):>3d} shards  {ratio}"

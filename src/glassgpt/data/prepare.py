@@ -9,7 +9,7 @@ newline. Text that happens to spell a special token is encoded as ordinary text,
 cannot forge document boundaries and decoding the shards gives back the text exactly.
 
 The split is by position, not by document: with B total input bytes, the cut sits near byte
-B − ⌈f·B⌉ (at the nearest safe newline before it, see :mod:`glassgpt.data.reading`), so a
+B − ⌈f·B⌉ (at the nearest safe point before it, see :mod:`glassgpt.data.reading`), so a
 single file (Tiny Shakespeare) splits like nanoGPT's first 90 % / last 10 %, and val holds at
 least one byte whenever f > 0. Files larger than a piece are read in pieces and encoded in
 batches with ``encode_batch``; memory stays within a few batches whatever the input size.
@@ -41,7 +41,7 @@ from glassgpt.errors import ConfigError, GlassError, InputFileError
 
 BATCH_BYTES = 8 << 20  # text per encode_batch call
 EOT = "<|endoftext|>"
-CUT_WINDOW = 1 << 16  # how far before the val cut to look for a safe newline
+CUT_WINDOW = 1 << 16  # how far before the val cut to look for a safe point
 
 
 def separator(tokenizer: Any) -> tuple[str, str, list[int]]:
@@ -63,9 +63,10 @@ def separator(tokenizer: Any) -> tuple[str, str, list[int]]:
 
 def ordinary_encoder(tokenizer: Any) -> Callable[[list[str]], list[Any]]:
     """texts → ids per text, with special-token strings encoded as ordinary text."""
-    if hasattr(tokenizer, "encode_ordinary_batch"):
-        return tokenizer.encode_ordinary_batch  # type: ignore[no-any-return]
-    return lambda texts: tokenizer.encode_batch(texts, allowed_special=(), disallowed_special=())
+    none: frozenset[str] = frozenset()
+    return lambda texts: tokenizer.encode_batch(
+        texts, allowed_special=none, disallowed_special=none
+    )
 
 
 def _clear_output(output: Path, overwrite: bool) -> None:
@@ -170,8 +171,10 @@ def prepare(
                 if start < cut_at < start + piece.n_bytes:
                     data = piece.text.encode("utf-8")
                     local = safe_cut(data, cut_at - start - CUT_WINDOW, cut_at - start)
-                    if local == 0:  # the cut fell inside the first character: keep it in train
-                        local = len(piece.text[0].encode("utf-8")) % piece.n_bytes
+                    if local == 0:  # the cut fell inside the first character: train takes it,
+                        local = len(piece.text[0].encode("utf-8"))  # unless nothing follows
+                        if local == piece.n_bytes and start + local >= total:
+                            local = 0
                     parts = [
                         (data[:local].decode("utf-8"), local, False, "train"),
                         (data[local:].decode("utf-8"), piece.n_bytes - local, piece.last, "val"),
@@ -243,7 +246,7 @@ def char_tokenizer(files: Sequence[str | Path]) -> Any:
 
     The newline is added so that it can always separate documents.
     """
-    alphabet = "".join(sorted(char_set(files) | {"\n"}))
+    alphabet = sorted(char_set(files) | {"\n"})
     from glassgpt.tokenizer import CharTokenizer
 
-    return CharTokenizer.train([alphabet])
+    return CharTokenizer(alphabet)

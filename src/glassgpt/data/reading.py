@@ -1,16 +1,22 @@
 """Reading text inputs as a stream of UTF-8 pieces, in bounded memory.
 
 A corpus is a sequence of documents d₁, …, d_m (one document per file). A document larger
-than ``piece_bytes`` is read in pieces p₁ ‖ p₂ ‖ … = d cut at *safe* newlines: a ``\\n`` whose
-neighbours on both sides are printable, non-space ASCII bytes (``x\\nf``). At such a point
-neither the GPT-2 nor the GPT-4 pre-tokenizer pattern has a chunk that crosses the newline
-(it is a chunk of its own, or ends one) and neither pattern looks behind, so
+than ``piece_bytes`` is read in pieces p₁ ‖ p₂ ‖ … = d, each cut at a *safe* point:
+
+1. after a newline between two printable, non-space ASCII characters (``x\n|f``), or
+2. before a space that follows a printable, non-space ASCII character (``x| y``).
+
+At such a cut the first piece ends in a non-space character, and no chunk of the GPT-2 or
+the GPT-4 pre-tokenizer pattern runs from a non-space character into the following
+whitespace; the second piece starts where a chunk starts anyway, and neither pattern looks
+behind. So the chunks, hence the ids, of the pieces are those of the whole:
 
     encode(p₁ ‖ p₂) = encode(p₁) ‖ encode(p₂)
 
-and cutting costs nothing. Where a window holds no safe newline, any newline is used, and
-failing that any character boundary (the tokens near that one cut may then differ from
-encoding the whole file; the text itself is always reproduced exactly).
+and cutting costs nothing (tested against ``regex.findall`` on both patterns). A window with
+no safe point (no space or newline in the right place for half a piece) is cut after any
+newline, failing that at any character boundary; only there may the ids near the cut
+differ from encoding the whole file. The text itself is always reproduced exactly.
 
 Bytes are decoded strictly as UTF-8; a failure names the file and the absolute byte offset.
 """
@@ -29,9 +35,14 @@ PIECE_BYTES = 4 << 20  # a file larger than this is read in pieces
 _PRINTABLE = bytes(range(0x21, 0x7F))  # printable, non-space ASCII
 
 
-def _is_safe(data: bytes | bytearray, i: int) -> bool:
+def _safe_newline(data: bytes | bytearray, i: int) -> bool:
     """Is the newline at ``data[i]`` between two printable non-space ASCII bytes?"""
     return 0 < i < len(data) - 1 and data[i - 1] in _PRINTABLE and data[i + 1] in _PRINTABLE
+
+
+def _safe_space(data: bytes | bytearray, i: int) -> bool:
+    """Does the space at ``data[i]`` follow a printable non-space ASCII byte?"""
+    return i > 0 and data[i - 1] in _PRINTABLE
 
 
 def char_boundary(data: bytes | bytearray, i: int) -> int:
@@ -54,26 +65,33 @@ def char_boundary(data: bytes | bytearray, i: int) -> int:
 
 
 def safe_cut(data: bytes | bytearray, lo: int, hi: int) -> int:
-    """A cut position in ``[lo, hi]`` (the index just after a newline), as late as possible.
+    """The latest cut position in ``[lo, hi]`` by preference (see the module docstring).
 
-    Preference: a safe newline, then any newline, then the character boundary at ``hi``.
+    Preference: a safe newline (cut after it), a safe space (cut before it), any newline
+    (cut after it), the character boundary at ``hi``.
 
-    >>> safe_cut(b"ab\\n  c\\nd\\n", 0, 10)  # 'c\\nd' is safe; '\\n  c' and the last are not
+    >>> safe_cut(b"ab\\n  c\\nd  \\n", 0, 11)  # 'c\\nd' is the only safe newline
     7
-    >>> safe_cut(b"ab  \\n  cd", 0, 10)  # no safe newline: the last newline
-    5
-    >>> safe_cut(b"abcdef", 0, 4)
-    4
+    >>> safe_cut(b"    if x:\\n        y", 0, 20)  # no safe newline: before ' x'
+    6
+    >>> safe_cut(b"  \\n  \\n  ", 0, 8)  # neither: after the last newline
+    6
+    >>> safe_cut("aé€".encode(), 0, 5)  # nothing: a character boundary
+    3
     """
     lo, hi = max(lo, 0), min(hi, len(data))
     any_newline = -1
     i = data.rfind(b"\n", lo, hi)
-    while i >= lo and i != -1:
-        if _is_safe(data, i):
+    while i != -1:
+        if _safe_newline(data, i):
             return i + 1
-        if any_newline < 0:
-            any_newline = i + 1
+        any_newline = max(any_newline, i + 1)
         i = data.rfind(b"\n", lo, i)
+    i = data.rfind(b" ", max(lo, 1), hi + 1)
+    while i != -1:
+        if _safe_space(data, i):
+            return i
+        i = data.rfind(b" ", max(lo, 1), i)
     if any_newline > 0:
         return any_newline
     return char_boundary(data, hi)
@@ -108,7 +126,7 @@ class Piece:
 
 
 def iter_pieces(path: Path, piece_bytes: int = PIECE_BYTES) -> Iterator[Piece]:
-    """Read one file as pieces of at most about ``piece_bytes`` bytes, cut at safe newlines.
+    """Read one file as pieces of at most about ``piece_bytes`` bytes, cut at safe points.
 
     An empty file yields nothing. Memory stays within a few ``piece_bytes``.
     """

@@ -151,7 +151,7 @@ class BatchSampler:
             self.rng.bit_generator.state = state["bit_generator"]
         except (KeyError, TypeError, ValueError) as e:
             raise GlassError(f"sampler state: bad generator state ({e})") from None
-        self.seed, self.step = state["seed"], int(state["step"])
+        self.seed, self.step = state.get("seed", self.seed), int(state.get("step", 0))
 
 
 def eval_windows(n_tokens: int, seq_len: int) -> int:

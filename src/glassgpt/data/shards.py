@@ -89,6 +89,17 @@ class Split:
     documents: int  # documents that start in this split
     shards: tuple[tuple[str, int], ...]  # (file name, tokens)
 
+    @property
+    def bytes_per_token(self) -> float:
+        """Text bytes per token: bits per byte = loss_nats / (bytes_per_token · ln 2).
+
+        >>> Split(tokens=4, bytes=10, documents=1, shards=()).bytes_per_token
+        2.5
+        """
+        if self.tokens == 0:
+            raise GlassError("an empty split has no bytes per token")
+        return self.bytes / self.tokens
+
     def to_json(self) -> dict[str, Any]:
         return {
             "tokens": self.tokens,
@@ -260,7 +271,7 @@ class DataDir:
             )
         try:
             meta = DataMeta.from_json(raw)
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise InputFileError(f"{meta_path}: malformed ({type(e).__name__}: {e})") from None
         data = cls(folder, meta)
         data._check_shards()

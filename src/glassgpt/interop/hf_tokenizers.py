@@ -9,57 +9,276 @@ one character u(b),
 and a token t = b_1 … b_k becomes u(b_1) … u(b_k). The file holds the vocabulary
 (string → id), the merges in rank order ("x y"), the pre-tokenizer (the regex split, then
 ByteLevel's byte → character map), the ByteLevel decoder and the special tokens.
+
+The pre-tokenizer we write: GPT-2's pattern is ByteLevel's own (``use_regex=true``); any
+other pattern is a ``Split`` (behavior "Isolated") followed by ByteLevel without a regex;
+no pattern is ByteLevel alone. ``add_prefix_space`` is false: text is not changed. HF's
+``BPE`` model applies the merges lowest rank first, pair by pair, as we do, so the ids are
+the same. On import, only this family is accepted (BPE model, no normalizer, ByteLevel
+pre-tokenizer, optionally after one regex Split); anything else is a :class:`GlassError`.
+
+The file is written as plain JSON, so exporting needs no ``tokenizers`` install.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from glassgpt.errors import GlassError
+from glassgpt.tokenizer.files import read_json, str_to_token, token_to_str, write_json
 
-__all__ = ["bytes_to_unicode", "token_to_unicode", "unicode_to_bytes"]
+if TYPE_CHECKING:
+    from glassgpt.tokenizer import Tokenizer
 
-
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's map u: byte → printable character (see the module docstring).
-
-    >>> u = bytes_to_unicode()
-    >>> u[ord("A")], u[ord(" ")], u[0], u[0xAD], len(set(u.values()))
-    ('A', 'Ġ', 'Ā', 'Ń', 256)
-    """
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    others = [b for b in range(256) if b not in printable]
-    table = {b: chr(b) for b in printable}
-    table.update({b: chr(256 + n) for n, b in enumerate(others)})
-    return table
-
-
-@lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
-    return {c: b for b, c in bytes_to_unicode().items()}
-
-
-def token_to_unicode(token: bytes) -> str:
-    """A token's bytes in GPT-2's alphabet.
-
-    >>> token_to_unicode(" héllo".encode())
-    'ĠhÃ©llo'
-    """
-    table = bytes_to_unicode()
-    return "".join(table[b] for b in token)
+__all__ = [
+    "load_tokenizer_json",
+    "onig_pattern",
+    "save_tokenizer_json",
+    "to_tokenizer_json",
+    "unicode_to_bytes",
+]
 
 
 def unicode_to_bytes(text: str) -> bytes:
-    """The inverse of :func:`token_to_unicode`; a character outside the alphabet is an error.
+    """A token in GPT-2's alphabet → its bytes; a character outside the alphabet is an error.
 
     >>> unicode_to_bytes("ĠhÃ©llo").decode()
     ' héllo'
     """
-    table = _unicode_to_byte()
     try:
-        return bytes(table[c] for c in text)
+        return str_to_token(text)
     except KeyError as err:
         raise GlassError(
             f"token {text!r} has the character {err.args[0]!r}, outside the ByteLevel alphabet"
         ) from None
+
+
+# ---- export ----------------------------------------------------------------------------------
+
+
+def _byte_level(*, use_regex: bool) -> dict[str, Any]:
+    return {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": use_regex,
+    }
+
+
+_QUANTIFIER = re.compile(r"\{\d+(,\d*)?\}\+")
+
+
+def onig_pattern(pattern: str) -> str:
+    r"""``pattern`` rewritten for HF's regex engine (Oniguruma, Ruby syntax).
+
+    Ruby syntax reads ``X{1,3}+`` as ``(X{1,3})+``, not as a possessive ``X{1,3}``, so each
+    possessive interval becomes an atomic group, which means the same. (``?+ *+ ++`` are
+    possessive in Oniguruma too and stay as they are.)
+
+    >>> onig_pattern(r"'s|\p{N}{1,3}+|[a-z]{2}+| ?(ab){1,}+|x{2}")
+    "'s|(?>\\p{N}{1,3})|(?>[a-z]{2})| ?(?>(ab){1,})|x{2}"
+    """
+    out: list[str] = []
+    groups: list[int] = []  # where in ``out`` each open group starts
+    atom = 0  # where in ``out`` the last complete atom starts
+    i = 0
+    while i < len(pattern):
+        quantifier = _QUANTIFIER.match(pattern, i)
+        if quantifier and out:
+            body = "".join(out[atom:])
+            del out[atom:]
+            out.append(f"(?>{body}{quantifier.group()[:-1]})")
+            i = quantifier.end()
+            continue
+        start, c = len(out), pattern[i]
+        if c == "\\":
+            end = i + 2
+            if pattern[i + 1 : i + 2] in ("p", "P", "x") and pattern[end : end + 1] == "{":
+                end = pattern.index("}", end) + 1
+        elif c == "[":
+            end = i + 1
+            end += pattern[end : end + 1] == "^"
+            end += pattern[end : end + 1] == "]"
+            while pattern[end] != "]":
+                end += 2 if pattern[end] == "\\" else 1
+            end += 1
+        else:
+            end = i + 1
+        out.append(pattern[i:end])
+        if c == "(":
+            groups.append(start)
+        elif c == ")" and groups:
+            start = groups.pop()
+        atom = start
+        i = end
+    return "".join(out)
+
+
+def _pre_tokenizer(tok: Tokenizer) -> dict[str, Any]:
+    if tok.pattern_name == "gpt2":
+        return _byte_level(use_regex=True)
+    if tok.pattern is None:
+        return _byte_level(use_regex=False)
+    regex = {"Regex": onig_pattern(tok.pattern)}
+    split = {"type": "Split", "pattern": regex, "behavior": "Isolated", "invert": False}
+    return {"type": "Sequence", "pretokenizers": [split, _byte_level(use_regex=False)]}
+
+
+def to_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
+    """The ``tokenizer.json`` document for ``tok`` (see the module docstring)."""
+    added = [
+        {
+            "id": i,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for s, i in sorted(tok.special_tokens.items(), key=lambda item: item[1])
+    ]
+    text = [token_to_str(t) for t in tok.vocab]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": _pre_tokenizer(tok),
+        "post_processor": None,
+        "decoder": _byte_level(use_regex=True),
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "vocab": {s: i for i, s in enumerate(text)},
+            # "x y" is unambiguous: the ByteLevel alphabet has no space character.
+            "merges": [f"{text[a]} {text[b]}" for a, b in tok.merges],
+        },
+    }
+
+
+def save_tokenizer_json(tok: Tokenizer, path: str | os.PathLike[str]) -> None:
+    """Write ``tok`` as an HF ``tokenizer.json`` (``tokenizers.Tokenizer.from_file`` reads it)."""
+    write_json(path, to_tokenizer_json(tok))
+
+
+# ---- import ----------------------------------------------------------------------------------
+
+
+def _unsupported(what: str) -> GlassError:
+    return GlassError(f"only ByteLevel BPE tokenizers can be imported; this one has {what}")
+
+
+def _byte_level_regex(step: Mapping[str, Any]) -> bool:
+    """Whether a ByteLevel step splits with GPT-2's regex; other ByteLevel options are errors."""
+    if step.get("add_prefix_space", False):
+        raise _unsupported("ByteLevel add_prefix_space=true (it changes the text)")
+    return bool(step.get("use_regex", True))
+
+
+def _pattern(pre: Any) -> str | None:
+    """The split pattern of a supported pre-tokenizer (see the module docstring)."""
+    if not isinstance(pre, Mapping):
+        raise _unsupported(f"pre_tokenizer {pre!r}")
+    if pre.get("type") == "ByteLevel":
+        return "gpt2" if _byte_level_regex(pre) else None
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if isinstance(steps, list) and len(steps) == 1:
+        return _pattern(steps[0])
+    if isinstance(steps, list) and len(steps) == 2:
+        split, byte_level = steps
+        regex = split.get("pattern", {}).get("Regex") if isinstance(split, Mapping) else None
+        if (
+            isinstance(regex, str)
+            and split.get("type") == "Split"
+            and split.get("behavior") == "Isolated"
+            and not split.get("invert", False)
+            and isinstance(byte_level, Mapping)
+            and byte_level.get("type") == "ByteLevel"
+            and not _byte_level_regex(byte_level)
+        ):
+            return _named(regex)
+    raise _unsupported(f"pre_tokenizer {json.dumps(pre)[:120]}")
+
+
+def _named(regex: str) -> str:
+    """A pattern we wrote for Oniguruma, named back ("gpt4"), or ``regex`` itself."""
+    from glassgpt.tokenizer.pretokenize import PATTERNS
+
+    for name, pattern in PATTERNS.items():
+        if regex in (pattern, onig_pattern(pattern)):
+            return name
+    return regex
+
+
+def _check_supported(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    model = data.get("model")
+    if not isinstance(model, Mapping) or model.get("type", "BPE") != "BPE" or "vocab" not in model:
+        kind = model.get("type") if isinstance(model, Mapping) else model
+        raise _unsupported(f"model type {kind!r}")
+    for field in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(field):
+            raise _unsupported(f"{field}={model[field]!r}")
+    if data.get("normalizer") is not None:
+        raise _unsupported(f"normalizer {data['normalizer'].get('type')!r}")
+    decoder = data.get("decoder")
+    if decoder is not None and (
+        not isinstance(decoder, Mapping) or decoder.get("type") != "ByteLevel"
+    ):
+        raise _unsupported(f"decoder {decoder!r:.80}")
+    return model
+
+
+def load_tokenizer_json(path: str | os.PathLike[str]) -> Tokenizer:
+    """A :class:`~glassgpt.tokenizer.Tokenizer` from an HF ByteLevel BPE ``tokenizer.json``.
+
+    Ids are kept: ordinary tokens must have ids 0..n-1 and added (special) tokens ids ≥ n.
+    """
+    from glassgpt.tokenizer import Tokenizer
+
+    name = Path(path)
+    data = read_json(name)
+    if not isinstance(data, dict):
+        raise GlassError(f"{name}: not a tokenizer.json (the top level is not an object)")
+    try:
+        model = _check_supported(data)
+        pattern = _pattern(data.get("pre_tokenizer"))
+        specials = {t["content"]: int(t["id"]) for t in data.get("added_tokens") or []}
+        # GPT-2's file also lists its special token in the model's vocab: leave it out there.
+        ordinary = {s: int(i) for s, i in model["vocab"].items() if s not in specials}
+        vocab = _vocab_by_id(ordinary)
+        merges = {}
+        for rank, merge in enumerate(model.get("merges") or []):
+            x, y = merge.split(" ") if isinstance(merge, str) else merge
+            if x not in ordinary or y not in ordinary or x + y not in ordinary:
+                raise GlassError(f"merge {rank} {x!r} + {y!r}: a token is not in the vocab")
+            merges[(ordinary[x], ordinary[y])] = ordinary[x + y]
+        return Tokenizer(vocab, merges, pattern=pattern, special_tokens=specials)
+    except GlassError as err:
+        raise GlassError(f"{name}: {err}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise GlassError(
+            f"{name}: malformed tokenizer.json ({type(err).__name__}: {err})"
+        ) from None
+
+
+def _vocab_by_id(ordinary: Mapping[str, int]) -> list[bytes]:
+    ids = sorted(ordinary.values())
+    if ids != list(range(len(ids))):
+        gap = next(i for i, j in enumerate(ids) if i != j)
+        raise GlassError(f"ordinary token ids must be 0..{len(ids) - 1}; id {gap} is missing")
+    vocab = [b""] * len(ids)
+    for s, i in ordinary.items():
+        vocab[i] = unicode_to_bytes(s)
+    return vocab

@@ -6,12 +6,31 @@
   identical to tiktoken's ``gpt2``);
 - :class:`CharTokenizer`: one id per character, for character-level models;
 - :func:`load_tokenizer`: read either kind from its JSON file.
+
+The names load on first use, so ``glassgpt --help`` does not import ``regex``.
 """
 
 from __future__ import annotations
 
-from glassgpt.tokenizer.bpe import Tokenizer
-from glassgpt.tokenizer.char import CharTokenizer, load_tokenizer
-from glassgpt.tokenizer.special import SpecialTokenError
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from glassgpt.tokenizer.bpe import Tokenizer
+    from glassgpt.tokenizer.char import CharTokenizer, load_tokenizer
+    from glassgpt.tokenizer.special import SpecialTokenError
 
 __all__ = ["CharTokenizer", "SpecialTokenError", "Tokenizer", "load_tokenizer"]
+
+_HOMES = {
+    "Tokenizer": "glassgpt.tokenizer.bpe",
+    "CharTokenizer": "glassgpt.tokenizer.char",
+    "load_tokenizer": "glassgpt.tokenizer.char",
+    "SpecialTokenError": "glassgpt.tokenizer.special",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'glassgpt.tokenizer' has no attribute {name!r}")

@@ -10,7 +10,7 @@ With GPT-2's files the ids are tiktoken's ``gpt2`` ids.
 What the code adds is speed without changing a single id: a cache chunk → ids (most
 chunks repeat), and for the named patterns a second cache over whole space-separated
 pieces, cut at *safe spaces* (:func:`~glassgpt.tokenizer.pretokenize.space_segments`), so
-that prose costs one ``str.split`` and one dict lookup per word. Both caches are bounded.
+that prose costs one ``re.split`` and one dict lookup per word. The caches are bounded.
 """
 
 from __future__ import annotations
@@ -24,49 +24,11 @@ from typing import Any
 
 from glassgpt.errors import GlassError
 from glassgpt.tokenizer import files
+from glassgpt.tokenizer.caches import BAD, Cache, PieceCache
 from glassgpt.tokenizer.corpus import TextOrPath, count_chunks, fix_surrogates
-from glassgpt.tokenizer.merge import HEAP_MIN_LEN, bpe, bpe_heap, check_merge_order
-from glassgpt.tokenizer.pretokenize import SAFE_SPACE, WHITESPACE, resolve_pattern, splitter
+from glassgpt.tokenizer.merge import HEAP_MIN_LEN, bpe, bpe_heap, check_merge_order, pack
+from glassgpt.tokenizer.pretokenize import SAFE_SPACE, resolve_pattern, splitter
 from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve, split_special
-
-CACHE_MAX = 1 << 17  # entries per cache before it is cleared
-_BAD = object()  # a piece ending in whitespace: not followed by a chunk boundary
-
-
-class _ChunkCache(dict):  # type: ignore[type-arg]
-    """chunk → ids; a miss runs BPE on the chunk."""
-
-    __slots__ = ("_bpe",)
-
-    def __init__(self, bpe_chunk: Any) -> None:
-        super().__init__()
-        self._bpe = bpe_chunk
-
-    def __missing__(self, chunk: str) -> tuple[int, ...]:
-        ids = self._bpe(chunk)
-        if len(self) >= CACHE_MAX:
-            self.clear()
-        self[chunk] = ids
-        return ids
-
-
-class _PieceCache(dict):  # type: ignore[type-arg]
-    """piece → ids of ``" " + piece``; ``_BAD`` (not cached) for a piece ending in whitespace."""
-
-    __slots__ = ("_segment",)
-
-    def __init__(self, segment: Any) -> None:
-        super().__init__()
-        self._segment = segment
-
-    def __missing__(self, piece: str) -> Any:
-        if not piece or piece[-1] in WHITESPACE:
-            return _BAD
-        ids = self._segment(" " + piece)
-        if len(self) >= CACHE_MAX:
-            self.clear()
-        self[piece] = ids
-        return ids
 
 
 class Tokenizer:
@@ -116,7 +78,7 @@ class Tokenizer:
         byte_ids = [ids[bytes([b])] for b in range(256)]
         self._byte_table = bytes(byte_ids) if max(byte_ids) < 256 else None
         self._byte_ids = byte_ids
-        self._ranks = {pair: (rank, c) for rank, (pair, c) in enumerate(self.merges.items())}
+        self._ranks = {pair: pack(rank, c) for rank, (pair, c) in enumerate(self.merges.items())}
         # ids 0..n_vocab-1, then n_vocab Nones, where a negative id lands (-> TypeError)
         self._decode_table: list[bytes | None] = [
             *self.vocab,
@@ -125,8 +87,11 @@ class Tokenizer:
         for s, i in self.special_tokens.items():
             self._decode_table[i] = s.encode("utf-8")
         self._split = splitter(self.pattern)
-        self._chunks = _ChunkCache(self._bpe_chunk)
-        self._pieces = _PieceCache(self._encode_segment) if self.pattern_name else None
+        self._chunks = Cache(self._bpe_chunk)  # chunk → ids
+        self._heads = Cache(self._encode_segment)  # text before the first safe space → ids
+        self._tails = Cache(self._encode_spaced)  # a last piece ending in whitespace → ids
+        self._special_names = frozenset(self.special_tokens)
+        self._pieces = PieceCache(self._encode_spaced) if self.pattern_name else None
 
     def _check(self) -> None:
         n = len(self.vocab)
@@ -182,6 +147,9 @@ class Tokenizer:
             bpe_heap(ids, self._ranks) if len(ids) > HEAP_MIN_LEN else bpe(ids, self._ranks)
         )
 
+    def _encode_spaced(self, piece: str) -> tuple[int, ...]:
+        return self._encode_segment(" " + piece)
+
     def _encode_segment(self, text: str) -> tuple[int, ...]:
         return tuple(chain.from_iterable(map(self._chunks.__getitem__, self._split(text))))
 
@@ -193,9 +161,9 @@ class Tokenizer:
         # Cut at safe spaces: every piece but the last then ends in non-whitespace.
         pieces = SAFE_SPACE.split(text)
         vals = list(map(self._pieces.__getitem__, pieces))
-        vals[0] = self._encode_segment(pieces[0])
-        if vals[-1] is _BAD:
-            vals[-1] = self._encode_segment(" " + pieces[-1])
+        vals[0] = self._heads[pieces[0]]
+        if vals[-1] is BAD:
+            vals[-1] = self._tails[pieces[-1]]
         return list(chain.from_iterable(vals))
 
     def encode_ordinary(self, text: str) -> list[int]:
@@ -221,8 +189,9 @@ class Tokenizer:
         By default a text containing a special token's string raises
         :class:`~glassgpt.tokenizer.special.SpecialTokenError`.
         """
-        allowed, disallowed = resolve(self.special_tokens, allowed_special, disallowed_special)
-        check_disallowed(text, disallowed)
+        allowed, disallowed = resolve(self._special_names, allowed_special, disallowed_special)
+        if disallowed:
+            check_disallowed(text, disallowed)
         if not allowed:
             return self.encode_ordinary(text)
         parts = split_special(text, allowed)
@@ -346,10 +315,8 @@ class Tokenizer:
                 "vocab_size",
                 f"must be at least 256 + {len(special_tokens)} special tokens, got {vocab_size!r}",
             )
-        resolve_pattern(pattern)  # a bad pattern fails before reading anything
-        counts = count_chunks(
-            texts_or_paths, resolve_pattern(pattern)[0], special_tokens, progress=progress
-        )
+        source, _ = resolve_pattern(pattern)  # a bad pattern fails before reading anything
+        counts = count_chunks(texts_or_paths, source, special_tokens, progress=progress)
         if not counts:
             raise GlassError("empty corpus: the inputs hold no text to train on")
         merges = train_merges(counts, n_merges, progress=progress)

@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from glassgpt.errors import GlassError
+from glassgpt.tokenizer.files import bytes_to_unicode
 
 __all__ = ["hf_byte_order", "train_merges"]
 
@@ -44,15 +45,14 @@ _MAX_ID = 0x10FFFF  # ids are stored as str characters
 
 
 def hf_byte_order() -> list[int]:
-    """The 256 bytes in the order ``BpeTrainer`` numbers them (code points of GPT-2's stand-ins).
+    """The 256 bytes in the order ``BpeTrainer`` numbers them: by GPT-2 stand-in code point.
 
     >>> order = hf_byte_order()
-    >>> order[:3], order[93], order[94], order[-1]
-    ([33, 34, 35], 126, 161, 173)
+    >>> order[:3], order[93], order[94], order[187], order[188], order[-1]
+    ([33, 34, 35], 126, 161, 255, 0, 173)
     """
-    printable = set(range(ord("!"), ord("~") + 1))
-    printable |= set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
-    return sorted(range(256), key=lambda b: (b not in printable, b))
+    stand_in = bytes_to_unicode()
+    return sorted(range(256), key=lambda b: ord(stand_in[b]))
 
 
 def _check_input(chunk_counts: Mapping[bytes, int], n_merges: int) -> None:
@@ -103,14 +103,7 @@ def train_merges(
     freq: dict[str, int] = {}
     where: dict[str, list[int]] = {}
     for i, (word, count) in enumerate(zip(words, counts)):
-        for k in range(len(word) - 1):
-            pair = word[k : k + 2]
-            freq[pair] = freq.get(pair, 0) + count
-            chunks = where.get(pair)
-            if chunks is None:
-                where[pair] = [i]
-            elif chunks[-1] != i:
-                chunks.append(i)
+        _add_pairs(freq, where, [word[k : k + 2] for k in range(len(word) - 1)], i, count)
     heap = [(-c, pair) for pair, c in freq.items()]
     heapq.heapify(heap)
 
@@ -124,9 +117,9 @@ def train_merges(
                 heapq.heappush(heap, (-current, pair))
             continue
         x, y = tokens[ord(pair[0])], tokens[ord(pair[1])]
+        if x + y in known:  # spells an existing token: drop it (see the module docstring);
+            continue  # it is not pushed again, as only pairs with a new token are pushed
         del freq[pair]
-        if x + y in known:  # a second way to spell an existing token: skip (see above)
-            continue
         new = chr(len(tokens))
         tokens.append(x + y)
         known.add(x + y)
@@ -164,39 +157,39 @@ def _apply_merge(
             continue
         c = counts[i]
         end = len(word) - 2
+        made: list[str] = []  # the pairs (p, new) and (new, q), one per occurrence side
         last = -1  # where the previous occurrence ended
         while k >= 0:
-            if k > 0:
-                if k == last:  # (new, x): added by the previous occurrence as its right pair
-                    freq[new + pair[0]] -= c
-                    left = new + new
-                else:
-                    freq[word[k - 1 : k + 1]] -= c
-                    left = word[k - 1] + new
-                freq[left] = freq.get(left, 0) + c
-                gained.add(left)
-                chunks = where.get(left)
-                if chunks is None:
-                    where[left] = [i]
-                elif chunks[-1] != i:
-                    chunks.append(i)
+            if k == last:  # p is the previous occurrence: its (new, x) becomes (new, new)
+                made[-1] = new + new
+            elif k > 0:
+                freq[word[k - 1 : k + 1]] -= c
+                made.append(word[k - 1] + new)
             if k < end:
                 right = word[k + 1 : k + 3]
                 if right != pair:  # the merged pair itself is no longer counted
                     freq[right] -= c
-                right = new + word[k + 2]
-                freq[right] = freq.get(right, 0) + c
-                gained.add(right)
-                chunks = where.get(right)
-                if chunks is None:
-                    where[right] = [i]
-                elif chunks[-1] != i:
-                    chunks.append(i)
+                made.append(new + word[k + 2])
             last = k + 2
             k = word.find(pair, last)
         words[i] = word.replace(pair, new)
+        _add_pairs(freq, where, made, i, c)
+        gained.update(made)
     gained.difference_update([p for p in gained if freq[p] <= 0])
     return gained
+
+
+def _add_pairs(
+    freq: dict[str, int], where: dict[str, list[int]], pairs: list[str], i: int, count: int
+) -> None:
+    """Count ``pairs``, found in chunk ``i`` (which occurs ``count`` times), and index them."""
+    for pair in pairs:
+        freq[pair] = freq.get(pair, 0) + count
+        chunks = where.get(pair)
+        if chunks is None:
+            where[pair] = [i]
+        elif chunks[-1] != i:  # a chunk's pairs are added together: no repeats
+            chunks.append(i)
 
 
 def _progress_bar(total: int) -> Any:

@@ -141,11 +141,37 @@ def read_gpt2(
     return vocab, merges, specials  # type: ignore[return-value]
 
 
+def dumps(data: dict[str, Any]) -> str:
+    """JSON with one line per top-level key, and per item of a top-level list.
+
+    >>> print(dumps({"version": 1, "merges": [[0, 1, 2], [2, 2, 3]]}))
+    {
+     "version": 1,
+     "merges": [
+      [0, 1, 2],
+      [2, 2, 3]
+     ]
+    }
+    """
+
+    def one(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+    lines = []
+    for key, value in data.items():
+        if isinstance(value, list) and value:
+            items = ",\n".join(f"  {one(v)}" for v in value)
+            lines.append(f" {one(key)}: [\n{items}\n ]")
+        else:
+            lines.append(f" {one(key)}: {one(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}"
+
+
 def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON (UTF-8), turning OS errors into :class:`GlassError`."""
+    """Write ``data`` as JSON (UTF-8, see :func:`dumps`); OS errors become :class:`GlassError`."""
     p = Path(path)
     try:
-        p.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        p.write_text(dumps(data) + "\n", encoding="utf-8")
     except OSError as e:
         raise GlassError(f"cannot write {p}: {e.strerror or e}") from None
 

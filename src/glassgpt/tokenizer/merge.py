@@ -3,15 +3,19 @@
     repeat:  (a, b) = argmin over adjacent pairs of rank(a, b)      (stop if none has a rank)
              replace every non-overlapping (a, b), left to right, by merges[(a, b)]
 
-This is GPT-2's original ``bpe()`` on ids instead of strings. :func:`bpe` runs it as
-written, which is fastest for the short chunks a pre-tokenizer makes; :func:`bpe_heap`
+This is GPT-2's original ``bpe()`` on ids instead of strings. :func:`bpe` merges the
+leftmost lowest-rank pair at each step, which is the same thing (the next steps take the
+remaining occurrences of that pair, left to right) and keeps the pair ranks in a list
+updated in place; it is fastest for the short chunks a pre-tokenizer makes. :func:`bpe_heap`
 gives the same ids in O(n log n) for long chunks (the ``pattern=None`` case, where the
-whole text is one chunk). They agree whenever each merge's operands exist before it (a
-base token or the result of a lower-ranked merge) and each result comes from one merge
-only (:func:`check_merge_order`): then every pair a merge creates ranks above it, so the
-heap's (rank, position) order visits the pairs exactly as the repeated scan does.
+whole text is one chunk). Both rely on each merge's operands existing before it (a base
+token or the result of a lower-ranked merge) and each result coming from one merge only
+(:func:`check_merge_order`): then every pair a merge creates ranks above it.
 
->>> ranks = {(1, 2): (0, 4), (4, 3): (1, 5), (4, 4): (2, 6)}   # pair → (rank, merged id)
+A pair's rank and merged id travel packed in one int, ``rank << 32 | merged id``
+(:func:`pack`), so the lowest rank is a plain ``min`` over ints.
+
+>>> ranks = {(1, 2): pack(0, 4), (4, 3): pack(1, 5), (4, 4): pack(2, 6)}
 >>> bpe([1, 2, 3, 1, 2, 1, 2], ranks)
 [5, 6]
 >>> bpe_heap([1, 2, 3, 1, 2, 1, 2], ranks)
@@ -26,42 +30,47 @@ from itertools import pairwise
 
 from glassgpt.errors import GlassError
 
-Ranks = Mapping[tuple[int, int], tuple[int, int]]
-_NO_RANK = (1 << 62, -1)
+Ranks = Mapping[tuple[int, int], int]  # pair -> pack(rank, merged id)
+NO_MERGE = 1 << 62
+_ID_MASK = (1 << 32) - 1
 
 HEAP_MIN_LEN = 400  # chunks longer than this use bpe_heap
 
 
+def pack(rank: int, new: int) -> int:
+    """``rank`` and merged id in one int that sorts by rank."""
+    return rank << 32 | new
+
+
 def bpe(ids: list[int], ranks: Ranks) -> list[int]:
-    """Merge ``ids`` (a list, modified) by repeated lowest-rank scans; returns the ids.
+    """Merge ``ids`` (a list, modified in place) lowest rank first; returns it.
 
-    ``ranks`` maps a pair of ids to ``(rank, merged id)``.
-
-    >>> bpe([7, 7, 7], {(7, 7): (0, 9)})
+    >>> bpe([7, 7, 7], {(7, 7): pack(0, 9)})
     [9, 7]
     """
+    if len(ids) < 2:
+        return ids
     get = ranks.get
-    while len(ids) > 1:
-        (_, new), (a, b) = min((get(pair, _NO_RANK), pair) for pair in pairwise(ids))
-        if new < 0:
+    codes = [get(pair, NO_MERGE) for pair in pairwise(ids)]  # codes[i]: pair (ids[i], ids[i+1])
+    while codes:
+        best = min(codes)
+        if best == NO_MERGE:
             break
-        out: list[int] = []
-        i, n = 0, len(ids)
-        while i < n:
-            if i + 1 < n and ids[i] == a and ids[i + 1] == b:
-                out.append(new)
-                i += 2
-            else:
-                out.append(ids[i])
-                i += 1
-        ids = out
+        i = codes.index(best)
+        new = best & _ID_MASK
+        ids[i : i + 2] = (new,)
+        del codes[i]
+        if i < len(codes):
+            codes[i] = get((new, ids[i + 1]), NO_MERGE)
+        if i:
+            codes[i - 1] = get((ids[i - 1], new), NO_MERGE)
     return ids
 
 
 def bpe_heap(ids: list[int], ranks: Ranks) -> list[int]:
     """The same merges as :func:`bpe`, with a heap of (rank, position) over a linked list.
 
-    >>> bpe_heap([7, 7, 7, 7, 7], {(7, 7): (0, 9), (9, 9): (1, 10)})
+    >>> bpe_heap([7, 7, 7, 7, 7], {(7, 7): pack(0, 9), (9, 9): pack(1, 10)})
     [10, 7]
     """
     n = len(ids)
@@ -74,29 +83,30 @@ def bpe_heap(ids: list[int], ranks: Ranks) -> list[int]:
     get = ranks.get
     heap = []
     for i in range(n - 1):
-        r = get((val[i], val[i + 1]))
-        if r is not None:
-            heap.append((r[0], i, val[i], val[i + 1], r[1]))
+        code = get((val[i], val[i + 1]))
+        if code is not None:
+            heap.append((code, i, val[i], val[i + 1]))
     heapq.heapify(heap)
     pop, push = heapq.heappop, heapq.heappush
     while heap:
-        _, i, a, b, new = pop(heap)
+        code, i, a, b = pop(heap)
         j = nxt[i]
         if val[i] != a or j < 0 or val[j] != b:
             continue  # stale: one side was merged since this pair was pushed
+        new = code & _ID_MASK
         val[i], val[j] = new, -1
         k = nxt[j]
         nxt[i] = k
         if k >= 0:
             prv[k] = i
-            r = get((new, val[k]))
-            if r is not None:
-                push(heap, (r[0], i, new, val[k], r[1]))
+            code = get((new, val[k]))
+            if code is not None:
+                push(heap, (code, i, new, val[k]))
         h = prv[i]
         if h >= 0:
-            r = get((val[h], new))
-            if r is not None:
-                push(heap, (r[0], h, val[h], new, r[1]))
+            code = get((val[h], new))
+            if code is not None:
+                push(heap, (code, h, val[h], new))
     out, i = [], 0
     while i >= 0:
         out.append(val[i])

@@ -2,22 +2,26 @@
 
     encode_batch(texts) = [encode(t) for t in texts]
 
-The texts are cut into one share of about equal length per worker; a long text is itself
+The texts are cut into one share of about equal length per core; a long text is itself
 cut at safe spaces (:func:`~glassgpt.tokenizer.pretokenize.space_segments`), where the
-ids of the parts are the ids of the whole. Workers are forked processes, so they start
-with the parent's tokenizer, caches and texts without pickling any of them; each returns
-its ids as one int32 array (cheap to send back). The parent encodes the first share
-itself meanwhile. Small inputs, or systems without ``fork``, run in one process.
+ids of the parts are the ids of the whole. The parent encodes the first share while
+worker processes encode the others and send back their ids as one int32 array each
+(cheap to pickle). Workers are forked once per tokenizer and kept for later calls, so
+they start with the parent's tokenizer and caches and keep their own caches warm; they
+end when the tokenizer is garbage-collected, with :func:`close_workers`, or at exit.
+Small inputs, or systems without ``fork``, run in one process.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,10 +32,12 @@ from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve
 if TYPE_CHECKING:
     from glassgpt.tokenizer.bpe import Tokenizer
 
-PARALLEL_MIN_CHARS = 1 << 18  # below this, forking costs more than it saves
+PARALLEL_MIN_CHARS = 1 << 18  # below this, one process is faster
 
 Job = tuple[int, int, int]  # (text index, start, end)
-_shared: dict[str, Any] = {}  # what forked workers read: set just before the fork
+# What forked workers find: tokenizers by id, and each tokenizer's pool of workers.
+_tokenizers: weakref.WeakValueDictionary[int, Tokenizer] = weakref.WeakValueDictionary()
+_pools: dict[int, tuple[int, ProcessPoolExecutor]] = {}
 
 
 def cpu_count() -> int:
@@ -77,13 +83,48 @@ def plan(lengths: Sequence[int], n_shares: int, cut: bool, texts: Sequence[str])
     return [s for s in shares if s]
 
 
-def _encode_jobs(jobs: list[Job]) -> tuple[np.ndarray, np.ndarray]:
-    tok: Tokenizer = _shared["tokenizer"]
-    texts: Sequence[str] = _shared["texts"]
-    kw = _shared["kw"]
-    ids = [tok.encode(texts[i][a:b], **kw) for i, a, b in jobs]
+def encode_texts(tok: Tokenizer, texts: Sequence[str], allowed: frozenset[str]) -> list[list[int]]:
+    """The ids of each text; specials outside ``allowed`` are read as text."""
+    if allowed:
+        return [tok.encode(t, allowed_special=allowed, disallowed_special=()) for t in texts]
+    return [tok.encode_ordinary(t) for t in texts]
+
+
+def _work(key: int, texts: list[str], allowed: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
+    """In a worker: the ids of ``texts`` as one flat int32 array and the lengths."""
+    ids = encode_texts(_tokenizers[key], texts, allowed)
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths
+
+
+def _unpack(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    ids, ends = flat.tolist(), np.cumsum(lengths).tolist()
+    return [ids[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def _pool(tok: Tokenizer, n: int) -> ProcessPoolExecutor:
+    key = id(tok)
+    if key in _pools and _pools[key][0] == n:
+        return _pools[key][1]
+    close_workers(tok)
+    _tokenizers[key] = tok
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
+    _pools[key] = (n, pool)
+    weakref.finalize(tok, _drop_pool, key, pool)
+    return pool
+
+
+def _drop_pool(key: int, pool: ProcessPoolExecutor) -> None:
+    if key in _pools and _pools[key][1] is pool:
+        del _pools[key]
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def close_workers(tok: Tokenizer) -> None:
+    """End the worker processes ``encode_batch`` keeps for ``tok`` (if any)."""
+    entry = _pools.get(id(tok))
+    if entry is not None:
+        _drop_pool(id(tok), entry[1])
 
 
 def encode_batch(
@@ -109,24 +150,20 @@ def encode_batch(
         return [tok.encode(t, **kw) for t in texts]
     for t in texts:  # raise here, not in a worker
         check_disallowed(t, disallowed)
-    kw["disallowed_special"] = frozenset()
     cut = tok.pattern_name is not None and not allowed
     shares = plan(lengths, workers, cut, texts)
     if len(shares) == 1:
         return [tok.encode(t, **kw) for t in texts]
-    _shared.update(tokenizer=tok, texts=texts, kw=kw)
+    parts = [[texts[i][a:b] for i, a, b in jobs] for jobs in shares]
     try:
-        with ProcessPoolExecutor(
-            len(shares) - 1, mp_context=multiprocessing.get_context("fork")
-        ) as pool:
-            futures = [pool.submit(_encode_jobs, jobs) for jobs in shares[1:]]
-            results = [_encode_jobs(shares[0])] + [f.result() for f in futures]
-    finally:
-        _shared.clear()
+        pool = _pool(tok, len(shares) - 1)
+        futures = [pool.submit(_work, id(tok), p, allowed) for p in parts[1:]]
+        results = [encode_texts(tok, parts[0], allowed)] + [_unpack(*f.result()) for f in futures]
+    except BrokenProcessPool:  # a worker died (e.g. killed): do it here instead
+        close_workers(tok)
+        results = [encode_texts(tok, p, allowed) for p in parts]
     out: list[list[int]] = [[] for _ in texts]
-    for jobs, (flat, lens) in zip(shares, results):
-        ids = flat.tolist()
-        offsets = np.concatenate([[0], np.cumsum(lens)]).tolist()
-        for k, (i, _, _) in enumerate(jobs):
-            out[i] += ids[offsets[k] : offsets[k + 1]]
+    for jobs, ids in zip(shares, results):
+        for (i, _, _), part in zip(jobs, ids):
+            out[i] += part
     return out

@@ -14,9 +14,9 @@ Unlike tiktoken, a name that is not a special token of this tokenizer is an erro
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 from glassgpt.errors import GlassError
 
@@ -35,7 +35,7 @@ def special_regex(tokens: frozenset[str]) -> re.Pattern[str]:
 
 
 def resolve(
-    specials: Mapping[str, int], allowed: SpecialSet, disallowed: SpecialSet
+    specials: Collection[str], allowed: SpecialSet, disallowed: SpecialSet
 ) -> tuple[frozenset[str], frozenset[str]]:
     """``(allowed, disallowed)`` as sets of special strings, checked against ``specials``.
 
@@ -47,12 +47,23 @@ def resolve(
     >>> resolve(sp, "all", ())[1]
     frozenset()
     """
-    allow = frozenset(specials) if allowed == "all" else frozenset(allowed)
-    disallow = frozenset(specials) - allow if disallowed == "all" else frozenset(disallowed)
-    unknown = (allow | disallow) - specials.keys()
+    return _resolve(_frozen(specials), _frozen(allowed), _frozen(disallowed))
+
+
+def _frozen(x: Any) -> Any:
+    return x if isinstance(x, (str, frozenset)) else frozenset(x)
+
+
+@lru_cache(maxsize=256)
+def _resolve(
+    specials: frozenset[str], allowed: SpecialSet, disallowed: SpecialSet
+) -> tuple[frozenset[str], frozenset[str]]:
+    allow = specials if allowed == "all" else frozenset(allowed)
+    disallow = specials - allow if disallowed == "all" else frozenset(disallowed)
+    unknown = (allow | disallow) - specials
     if unknown:
         names = ", ".join(sorted(map(repr, unknown)))
-        known = ", ".join(map(repr, specials)) or "none"
+        known = ", ".join(sorted(map(repr, specials))) or "none"
         raise GlassError(
             f"not a special token of this tokenizer: {names} (special tokens: {known})"
         )
@@ -66,9 +77,9 @@ def check_disallowed(text: str, disallowed: frozenset[str]) -> None:
     m = special_regex(disallowed).search(text)
     if m is not None:
         raise SpecialTokenError(
-            f"text contains the special token {m.group()!r} at character {m.start()}; "
-            "pass allowed_special to encode it as a special token, "
-            "or disallowed_special=() to encode it as ordinary text"
+            f"text contains the special token {m.group()!r} at character {m.start()}, which is "
+            "not allowed (allow it with allowed_special or --specials allow, or read it as "
+            "text with disallowed_special=() or --specials text)"
         )
 
 

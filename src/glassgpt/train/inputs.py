@@ -54,7 +54,9 @@ def train_tokenizer(cfg: DataConfig, files: list[Path]) -> Any:
         return Tokenizer.train(files, cfg.vocab_size, special_tokens=[EOT])
     path = Path(cfg.tokenizer)
     if not path.is_file():
-        raise ConfigError("data.tokenizer", f"must be char, bpe or a tokenizer file; {path} is none")
+        raise ConfigError(
+            "data.tokenizer", f"must be char, bpe or a tokenizer file; {path} is none"
+        )
     return load_tokenizer(path)
 
 
@@ -156,21 +158,23 @@ def available_memory(device: Any) -> int | None:
 
 
 def check_memory(cfg: RunConfig, micro_batch: int, dtype: Any, device: Any, ranks: int) -> None:
-    """Refuse, before the run starts, a batch or context that does not fit in memory."""
-    from glassgpt.model.accounting import estimate_training_memory
+    """Refuse, before the run starts, a batch or context that does not fit in memory.
+
+    ``ranks`` processes on one CPU machine share its memory; on GPUs each has its own.
+    """
+    from glassgpt.model.accounting import estimate_training_memory, format_bytes
 
     estimate = estimate_training_memory(cfg.model, micro_batch, cfg.seq_len, dtype)
-    parts = dict(estimate) if isinstance(estimate, dict) else {"total": int(estimate)}
-    total = int(parts.get("total", sum(v for v in parts.values() if isinstance(v, int))))
+    need = estimate.total * (ranks if device.type == "cpu" else 1)
     available = available_memory(device)
-    if available is None:
+    if available is None or need <= available:
         return
-    if device.type == "cpu":
-        total *= ranks  # local ranks share the machine's memory
-    if total > available:
-        raise GlassError(
-            f"train.batch_size={cfg.train.batch_size} × seq_len={cfg.seq_len} needs about "
-            f"{total / 2**30:.1f} GiB to train ({micro_batch} sequences per micro-step on "
-            f"{device}) but only {available / 2**30:.1f} GiB is free; lower train.batch_size, "
-            "raise train.grad_accum, or shorten train.seq_len"
-        )
+    parts = ", ".join(
+        f"{k} {format_bytes(v)}" for k, v in estimate.as_dict().items() if k != "total"
+    )
+    raise GlassError(
+        f"train.batch_size={cfg.train.batch_size} × seq_len={cfg.seq_len} needs about "
+        f"{format_bytes(need)} to train ({parts} per process, {micro_batch} sequences per "
+        f"micro-step) but {device} has {format_bytes(available)} free; lower "
+        "train.batch_size, raise train.grad_accum, or shorten train.seq_len"
+    )

@@ -8,15 +8,19 @@ AdamW (Loshchilov & Hutter), for each parameter θ with gradient g at step t:
 with λ = ``weight_decay`` for matrices (every parameter of dimension ≥ 2: W_E, W_Q, W_O,
 W_in, …) and λ = 0 for vectors (biases, norm weights), and η_t = :func:`lr_at`. PyTorch's
 fused kernel is used where the parameters' device supports it, else the foreach one.
+Optimizer state is saved by parameter name (:func:`optimizer_tensors`), so a checkpoint
+does not depend on the order in which parameters were registered.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
+from glassgpt.errors import GlassError
 from glassgpt.train.config import TrainConfig
 
 
@@ -97,3 +101,39 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
+    """AdamW's state as ``{"<param name>.<key>": tensor}`` plus its groups' hyperparameters."""
+    names = [n for g in opt.param_groups for n in g["names"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    tensors: dict[str, torch.Tensor] = {}
+    for name, p in zip(names, params):
+        for key, value in opt.state.get(p, {}).items():
+            tensors[f"{name}.{key}"] = torch.as_tensor(value)
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    return tensors, groups
+
+
+def load_optimizer_tensors(
+    opt: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor], groups: list
+) -> None:
+    """Inverse of :func:`optimizer_tensors` (parameters matched by name)."""
+    current = [g["names"] for g in opt.param_groups]
+    if [g["names"] for g in groups] != current:
+        raise GlassError("the checkpoint's optimizer holds different parameters")
+    by_name: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        name, _, field = key.rpartition(".")  # optimizer state keys have no dots
+        by_name.setdefault(name, {})[field] = value
+    names = [n for g in opt.param_groups for n in g["names"]]
+    state = {i: by_name[n] for i, n in enumerate(names) if n in by_name}
+    saved_groups = []
+    index = 0
+    for g in groups:
+        n = len(g["names"])
+        g = dict(g)
+        g["betas"] = tuple(g["betas"])
+        saved_groups.append({**g, "params": list(range(index, index + n))})
+        index += n
+    opt.load_state_dict({"state": state, "param_groups": saved_groups})

@@ -15,6 +15,7 @@ def plot_metrics(metrics: str | Path, output: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     records = read_metrics(metrics)
     train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
@@ -32,6 +33,8 @@ def plot_metrics(metrics: str | Path, output: str | Path) -> Path:
     ax.set_ylabel("cross-entropy (nats / token)")
     if train or val:
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(f"{Path(metrics).parent.name}: loss")

@@ -161,6 +161,10 @@ def train_main(
         out=out,
     )
     first = build_run_config(raw)  # validates before anything is started or written
+    if checkpoint is not None:
+        saved = build_run_config(_saved_config(checkpoint))
+        wanted = build_run_config(raw, n_vocab=saved.model.n_vocab)
+        _check_resume(saved, wanted, checkpoint.path)
     ctx = D.init_distributed(first.train.device, first.train.threads)
     try:
         return _train(raw, out_dir, checkpoint, ctx, argv)
@@ -186,14 +190,14 @@ def _train(
     if ctx.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         say(f"glassgpt {__version__}: preparing data in {out_dir}", flush=True)
-        run_data = resolve_data(pre.data, out_dir, tokenizer_json=tok_json, progress=True)
+        run_data = resolve_data(
+            pre.data, out_dir, tokenizer_json=tok_json, progress=pre.train.progress
+        )
     D.barrier(ctx)
     if not ctx.is_main:
         run_data = resolve_data(pre.data, out_dir, tokenizer_json=tok_json, prepare=False)
     tokenizer = run_data.tokenizer
     cfg = build_run_config(raw, n_vocab=tokenizer.n_vocab)
-    if checkpoint is not None:
-        _check_resume(build_run_config(_saved_config(checkpoint)), cfg, checkpoint.path)
     world = ctx.world_size * cfg.train.grad_accum
     if cfg.train.batch_size % world:
         raise ConfigError(
@@ -243,6 +247,7 @@ def _train(
         seed=cfg.seed,
         rank=ctx.rank,
         world_size=ctx.world_size,
+        device=ctx.device if ctx.device.type == "cuda" else None,  # pinned, asynchronous copies
     )
 
     def eval_data() -> Any:

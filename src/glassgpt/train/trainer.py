@@ -35,7 +35,13 @@ from glassgpt.train import rng
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.distributed import DistContext, all_reduce_mean, any_rank, gather_objects
 from glassgpt.train.metrics import MetricsLog, truncate_after
-from glassgpt.train.optim import build_optimizer, lr_at, set_lr
+from glassgpt.train.optim import (
+    build_optimizer,
+    load_optimizer_tensors,
+    lr_at,
+    optimizer_tensors,
+    set_lr,
+)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -76,42 +82,6 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[torch.dtype
     if not cuda:
         raise ConfigError("train.precision", "fp16 needs a GPU; on a CPU use bf16 or fp32")
     return torch.float16, True
-
-
-def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
-    """AdamW's state as ``{"<param name>.<key>": tensor}`` plus its groups' hyperparameters."""
-    names = [n for g in opt.param_groups for n in g["names"]]
-    params = [p for g in opt.param_groups for p in g["params"]]
-    tensors: dict[str, torch.Tensor] = {}
-    for name, p in zip(names, params):
-        for key, value in opt.state.get(p, {}).items():
-            tensors[f"{name}.{key}"] = torch.as_tensor(value)
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-    return tensors, groups
-
-
-def load_optimizer_tensors(
-    opt: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor], groups: list
-) -> None:
-    """Inverse of :func:`optimizer_tensors` (parameters matched by name)."""
-    current = [g["names"] for g in opt.param_groups]
-    if [g["names"] for g in groups] != current:
-        raise ckpt.CheckpointError("the checkpoint's optimizer holds different parameters")
-    by_name: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        name, _, field = key.rpartition(".")  # optimizer state keys have no dots
-        by_name.setdefault(name, {})[field] = value
-    names = [n for g in opt.param_groups for n in g["names"]]
-    state = {i: by_name[n] for i, n in enumerate(names) if n in by_name}
-    saved_groups = []
-    index = 0
-    for g in groups:
-        n = len(g["names"])
-        g = dict(g)
-        g["betas"] = tuple(g["betas"])
-        saved_groups.append({**g, "params": list(range(index, index + n))})
-        index += n
-    opt.load_state_dict({"state": state, "param_groups": saved_groups})
 
 
 class Trainer:
@@ -198,7 +168,9 @@ class Trainer:
         if cfg.grad_clip > 0:
             if self.scaler:
                 self.scaler.unscale_(opt)
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), cfg.grad_clip, foreach=True
+            )
             grad_norm = float(norm)
         if self.scaler:
             self.scaler.step(opt)

@@ -1,0 +1,217 @@
+"""Tokenizer speed: glassgpt beside tiktoken and HF tokenizers, in the same run.
+
+    encode MB/s  = UTF-8 bytes of the corpus / median seconds to encode it
+    decode MB/s  = the same bytes / median seconds to turn the ids back into bytes
+    train s      = seconds to learn a vocabulary of N ids (glassgpt and HF BpeTrainer)
+
+Encoding uses GPT-2's original files, read three ways: ``Tokenizer.from_gpt2``, a tiktoken
+``Encoding`` built offline (mergeable_ranks from encoder.json), and an HF ``tokenizers`` BPE
+with a ByteLevel pre-tokenizer. Their ids are checked equal in the same run. glassgpt's
+encode is timed warm (median of repeats, its chunk caches filled by the first call) and
+cold (the first call, printed apart). Batches are the corpus cut into paragraphs.
+
+    PYTHONPATH=src python bench/tokenizer.py                         # everything
+    PYTHONPATH=src python bench/tokenizer.py --corpus shakespeare --train-sizes 4096
+    PYTHONPATH=src python bench/tokenizer.py --no-train --repeats 3  # a quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("GLASSGPT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def stdlib_sources(limit: int) -> str:
+    """The first ``limit`` characters of the standard library's top-level .py files."""
+    parts, size = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            parts.append(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+        size += len(parts[-1])
+        if size >= limit:
+            break
+    return "".join(parts)[:limit]
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Median seconds of ``repeats`` calls, and the last result."""
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def build_peers(encoder_json: Path, vocab_bpe: Path) -> tuple[Any, Any]:
+    import tiktoken
+    from tiktoken_ext.openai_public import r50k_pat_str
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from glassgpt.tokenizer.files import read_json, str_to_token
+
+    encoder = read_json(encoder_json)
+    ranks = {str_to_token(t): i for t, i in encoder.items() if t != "<|endoftext|>"}
+    tk = tiktoken.Encoding(
+        "gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
+    hf = HFTokenizer(models.BPE.from_file(str(encoder_json), str(vocab_bpe)))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    return tk, hf
+
+
+def bench_codec(
+    name: str, text: str, tok: Any, tk: Any, hf: Any, repeats: int, threads: int
+) -> list[tuple]:
+    mb = len(text.encode("utf-8")) / 1e6
+    docs = [d + "\n\n" for d in text.split("\n\n")]
+    rows = []
+
+    start = time.perf_counter()
+    ids = tok.encode_ordinary(text)
+    cold = time.perf_counter() - start
+    t_ours, ids = timed(lambda: tok.encode_ordinary(text), repeats)
+    t_tk, ids_tk = timed(lambda: tk.encode_ordinary(text), repeats)
+    t_hf, enc_hf = timed(lambda: hf.encode(text, add_special_tokens=False), repeats)
+    same = ids == ids_tk == enc_hf.ids
+    rows.append((name, "encode, 1 thread (MB/s)", mb / t_ours, mb / t_tk, mb / t_hf, same))
+    rows.append((name, "  glassgpt first call, cold caches", mb / cold, None, None, None))
+
+    t_ours, b_ours = timed(lambda: tok.encode_batch(docs, num_workers=threads), repeats)
+    t_tk, b_tk = timed(lambda: tk.encode_ordinary_batch(docs, num_threads=threads), repeats)
+    t_hf, b_hf = timed(lambda: hf.encode_batch(docs, add_special_tokens=False), repeats)
+    same = b_ours == b_tk == [e.ids for e in b_hf]
+    rows.append(
+        (name, f"encode_batch, {threads} cores (MB/s)", mb / t_ours, mb / t_tk, mb / t_hf, same)
+    )
+
+    t_ours, text_ours = timed(lambda: tok.decode_bytes(ids), repeats)
+    t_tk, text_tk = timed(lambda: tk.decode_bytes(ids), repeats)
+    t_hf, text_hf = timed(lambda: hf.decode(ids), repeats)
+    same = text_ours == text_tk == text_hf.encode("utf-8") == text.encode("utf-8")
+    rows.append((name, "decode (MB/s)", mb / t_ours, mb / t_tk, mb / t_hf, same))
+    return rows
+
+
+def bench_train(name: str, text: str, sizes: list[int], tmp: Path) -> list[tuple]:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    from glassgpt.tokenizer import Tokenizer
+
+    rows = []
+    for size in sizes:
+        start = time.perf_counter()
+        ours = Tokenizer.train([text], size, pattern="gpt2")
+        t_ours = time.perf_counter() - start
+
+        hf = HFTokenizer(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=size,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        start = time.perf_counter()
+        hf.train_from_iterator([text], trainer=trainer)
+        t_hf = time.perf_counter() - start
+        hf_merges = [
+            tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in _hf_merges(hf, tmp)
+        ]
+        from glassgpt.tokenizer.files import token_to_str
+
+        our_merges = [
+            (token_to_str(ours.vocab[a]), token_to_str(ours.vocab[b])) for a, b in ours.merges
+        ]
+        rows.append(
+            (name, f"train to {size:,} ids (s)", t_ours, None, t_hf, our_merges == hf_merges)
+        )
+    return rows
+
+
+def _hf_merges(hf: Any, tmp: Path) -> list[Any]:
+    import json
+
+    path = tmp / "hf.json"
+    hf.save(str(path))
+    return json.loads(path.read_text(encoding="utf-8"))["model"]["merges"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--corpus", nargs="+", choices=["shakespeare", "stdlib"], default=["shakespeare", "stdlib"]
+    )
+    p.add_argument("--stdlib-mb", type=float, default=3.0, help="MB of standard-library sources")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="cores for the batch rows"
+    )
+    p.add_argument(
+        "--train-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 32768]
+    )
+    p.add_argument("--no-train", action="store_true")
+    args = p.parse_args(argv)
+
+    from glassgpt.tokenizer import Tokenizer
+
+    encoder_json, vocab_bpe = SHARED / "gpt2" / "encoder.json", SHARED / "gpt2" / "vocab.bpe"
+    tok = Tokenizer.from_gpt2(encoder_json, vocab_bpe)
+    tk, hf = build_peers(encoder_json, vocab_bpe)
+    corpora = {
+        "shakespeare": lambda: (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8"),
+        "stdlib": lambda: stdlib_sources(int(args.stdlib_mb * 1e6)),
+    }
+    print(
+        f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, Python {sys.version.split()[0]}, "
+        f"repeats {args.repeats} (medians)"
+    )
+    rows = []
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.corpus:
+            text = corpora[name]()
+            rows += bench_codec(name, text, tok, tk, hf, args.repeats, args.threads)
+            if not args.no_train:
+                rows += bench_train(name, text, args.train_sizes, Path(tmp))
+    header = f"{'corpus':<12} {'measure':<36} {'glassgpt':>9} {'tiktoken':>9} {'HF':>9} {'vs tiktoken':>11} {'vs HF':>7}  same ids"
+    print(header)
+    print("-" * len(header))
+    for name, what, ours, t_tk, t_hf, same in rows:
+        seconds = what.endswith("(s)")
+
+        def ratio(peer: float | None, ours: float = ours, seconds: bool = seconds) -> str:
+            return "" if peer is None else f"{(peer / ours if seconds else ours / peer):.2f}x"
+
+        def fmt(v: float | None) -> str:
+            return "" if v is None else f"{v:9.2f}"
+
+        flag = "" if same is None else ("yes" if same else "NO")
+        print(
+            f"{name:<12} {what:<36} {fmt(ours):>9} {fmt(t_tk):>9} {fmt(t_hf):>9} "
+            f"{ratio(t_tk):>11} {ratio(t_hf):>7}  {flag}"
+        )
+    print(
+        "ratios: glassgpt speed / peer speed (>1 = glassgpt faster); 'same ids' for train rows: "
+        "merges equal to HF BpeTrainer's"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

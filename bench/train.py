@@ -1,0 +1,196 @@
+"""Training speed of glassgpt beside transformers + torch.optim.AdamW, and time to a loss.
+
+1. Throughput: one full optimizer step (forward, cross-entropy, backward, clip at 1.0,
+   AdamW, zero grads) at the same shapes and weights, float32 and bf16 autocast:
+   glassgpt's ``Trainer.train_step`` on ``GPT`` (fused AdamW, decay on matrices) beside
+   ``transformers.GPT2LMHeadModel`` with ``torch.optim.AdamW`` (its default kernel). The two
+   alternate repeat by repeat, the order flipping each time; medians of tokens/s and the
+   ratio glassgpt / transformers (> 1: glassgpt faster) are printed.
+2. Time to loss (``--time-to-loss``): ``glassgpt train`` on character-level Tiny Shakespeare
+   with nanoGPT's published CPU recipe (preset ``shakespeare-char-cpu``: 4 layers, 4 heads,
+   128 dims, context 64, batch 12, lr 1e-3, 2,000 iterations, no dropout; nanoGPT reaches
+   val loss ≈ 1.88 there) and with ``shakespeare-char-fast``, each in its own process, in the
+   same run: seconds of training until the first evaluation with val loss ≤ 1.88, the final
+   val loss, and the process's whole wall time.
+
+    PYTHONPATH=src python bench/train.py                       # throughput, a few minutes
+    PYTHONPATH=src python bench/train.py --time-to-loss --skip-throughput
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from glassgpt.interop.hf_gpt2 import config_to_hf, state_dict_to_hf
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.train.config import TrainConfig
+from glassgpt.train.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+TARGET = 1.88
+
+# name: (n_layers, n_heads, d_model, n_ctx = seq, batch, n_vocab)
+SHAPES = {
+    "nanogpt-cpu": (4, 4, 128, 64, 12, 65),  # nanoGPT's CPU Shakespeare recipe
+    "default": (4, 4, 128, 128, 16, 256),  # glassgpt train with no arguments (char stdlib)
+    "shakespeare-char": (6, 6, 384, 256, 8, 65),  # nanoGPT's GPU Shakespeare model
+}
+
+
+class Repeat:
+    """An endless source of one fixed batch (the bench times compute, not data loading)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.batch = (x, y)
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batch
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def build(shape: str, precision: str) -> tuple[Callable[[], None], Callable[[], None], int]:
+    """(glassgpt step, transformers step, tokens per step) with equal initial weights."""
+    import transformers
+
+    L, H, D, T, B, V = SHAPES[shape]
+    torch.manual_seed(0)
+    config = GPTConfig(n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, dropout=0.0)
+    ours = GPT(config)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config_to_hf(config)))
+    theirs.load_state_dict(state_dict_to_hf(ours), strict=False)  # lm_head tied to wte
+    theirs.train()
+    x = torch.randint(0, V, (B, T))
+    y = torch.randint(0, V, (B, T))
+    cfg = TrainConfig(
+        max_steps=10**9, batch_size=B, lr=1e-4, warmup_steps=0, precision=precision, progress=False
+    )
+    trainer = Trainer(ours, cfg, Repeat(x, y), log=lambda m: None)
+    opt = torch.optim.AdamW(theirs.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+
+    def hf_step() -> None:
+        with autocast:
+            logits = theirs(x).logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+
+    return trainer.train_step, hf_step, B * T
+
+
+def median_step_times(
+    steps: tuple[Callable[[], None], Callable[[], None]], n: int, repeats: int
+) -> tuple[float, float]:
+    for step in steps:  # warm up both (allocator, kernels, first-touch)
+        for _ in range(3):
+            step()
+    times: tuple[list[float], list[float]] = ([], [])
+    for r in range(repeats):
+        order = (0, 1) if r % 2 == 0 else (1, 0)
+        for i in order:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                steps[i]()
+            times[i].append((time.perf_counter() - t0) / n)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def throughput(shapes: list[str], precisions: list[str], n: int, repeats: int) -> None:
+    print(f"\n## Training throughput (tokens/s, median of {repeats} × {n} steps)\n")
+    print("| shape | L×H×D, B×T | precision | glassgpt | transformers | ratio |")
+    print("|---|---|---|---:|---:|---:|")
+    for shape in shapes:
+        L, H, D, T, B, _ = SHAPES[shape]
+        for precision in precisions:
+            ours, theirs, tokens = build(shape, precision)
+            t_ours, t_theirs = median_step_times((ours, theirs), n, repeats)
+            print(
+                f"| {shape} | {L}×{H}×{D}, {B}×{T} | {precision} | {tokens / t_ours:,.0f} | "
+                f"{tokens / t_theirs:,.0f} | {t_theirs / t_ours:.2f}× |",
+                flush=True,
+            )
+
+
+def time_to_loss(presets: list[str], data: Path, extra: list[str]) -> None:
+    print(f"\n## Time to val loss ≤ {TARGET}, char-level Tiny Shakespeare\n")
+    print("| preset | steps | train s to ≤ 1.88 | at step | final val loss | train s | process s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    for preset in presets:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "run"
+            cmd = [sys.executable, "-m", "glassgpt", "train", "--preset", preset]
+            cmd += ["--data", str(data), "--out", str(out), "--set", "train.progress=false"]
+            cmd += ["train.checkpoint_every=0", *extra]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            if proc.returncode:
+                print(f"| {preset} | failed: {proc.stderr.strip().splitlines()[-1]} |")
+                continue
+            records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+        evals = [r for r in records if r.get("val_loss") is not None]
+        hit = next((r for r in evals if r["val_loss"] <= TARGET), None)
+        reached = f"{hit['elapsed_s']:.1f}" if hit else "not reached"
+        at = str(hit["step"]) if hit else "–"
+        last = records[-1]
+        print(
+            f"| {preset} | {last['step']} | {reached} | {at} | {evals[-1]['val_loss']:.3f} | "
+            f"{last['elapsed_s']:.1f} | {wall:.1f} |",
+            flush=True,
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=["nanogpt-cpu", "default"], choices=SHAPES)
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--time-to-loss", action="store_true")
+    ap.add_argument(
+        "--presets", nargs="+", default=["shakespeare-char-cpu", "shakespeare-char-fast"]
+    )
+    ap.add_argument("--data", type=Path, default=SHAKESPEARE)
+    ap.add_argument("--set", nargs="*", default=[], help="extra --set overrides for every run")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    import transformers
+
+    print(
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} threads; torch {torch.__version__}, "
+        f"transformers {transformers.__version__}"
+    )
+    if not args.skip_throughput:
+        throughput(args.shapes, args.precisions, args.steps, args.repeats)
+    if args.time_to_loss:
+        time_to_loss(args.presets, args.data, args.set)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.train.config import TrainConfig
+from glassgpt.train.optim import build_optimizer, lr_at, param_groups
+
+
+def torch_schedule(cfg: TrainConfig, steps: int) -> list[float]:
+    """The same schedule from PyTorch's own schedulers: LinearLR warmup then CosineAnnealingLR."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=cfg.lr)
+    w = cfg.warmup_steps
+    warm = torch.optim.lr_scheduler.LinearLR(
+        opt, start_factor=1 / (w + 1), end_factor=1.0, total_iters=w
+    )
+    cos = torch.optim.lr_scheduler.CosineAnnealingLR(
+        opt, T_max=cfg.total_decay_steps - w, eta_min=cfg.min_lr
+    )
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [warm, cos], milestones=[w])
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+@pytest.mark.parametrize(("warmup", "decay"), [(10, 100), (0, 50), (25, 60)])
+def test_cosine_schedule_matches_pytorch_schedulers(warmup: int, decay: int) -> None:
+    cfg = TrainConfig(max_steps=decay, lr=3e-3, min_lr=3e-4, warmup_steps=warmup)
+    ours = [lr_at(s, cfg) for s in range(decay)]
+    np.testing.assert_allclose(ours, torch_schedule(cfg, decay), rtol=1e-9, atol=1e-12)
+    assert lr_at(decay, cfg) == lr_at(decay + 1000, cfg) == cfg.min_lr
+
+
+def test_linear_and_constant_schedules() -> None:
+    lin = TrainConfig(max_steps=110, lr=1.0, min_lr=0.0, warmup_steps=10, schedule="linear")
+    assert [lr_at(s, lin) for s in (10, 60, 110)] == [1.0, 0.5, 0.0]
+    const = TrainConfig(max_steps=50, lr=0.2, min_lr=0.0, warmup_steps=4, schedule="constant")
+    assert lr_at(3, const) == pytest.approx(0.2 * 4 / 5) and lr_at(49, const) == 0.2
+
+
+def test_matrices_decay_vectors_do_not() -> None:
+    model = GPT(GPTConfig(n_vocab=20, n_ctx=8, d_model=16, n_layers=2, n_heads=2))
+    decay, no_decay = param_groups(model, 0.1)
+    named = dict(model.named_parameters())
+    assert sorted(decay["names"] + no_decay["names"]) == sorted(named)
+    assert all(named[n].dim() >= 2 for n in decay["names"]) and decay["weight_decay"] == 0.1
+    assert all(named[n].dim() == 1 for n in no_decay["names"]) and no_decay["weight_decay"] == 0
+    assert "embed.W_E" in decay["names"] and "blocks.0.ln1.w" in no_decay["names"]
+
+
+def test_adamw_step_matches_the_equations() -> None:
+    """Three steps on a matrix (decayed) and a vector (not) against AdamW written in NumPy."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    cfg = TrainConfig(lr=0.1, min_lr=0.0, warmup_steps=0, weight_decay=0.3, beta1=0.8, beta2=0.9)
+    opt = build_optimizer(model, cfg)
+    ref = {n: p.detach().double().numpy().copy() for n, p in model.named_parameters()}
+    m = {n: np.zeros_like(v) for n, v in ref.items()}
+    v = {n: np.zeros_like(x) for n, x in ref.items()}
+    for t in range(1, 4):
+        x = torch.randn(5, 3)
+        opt.zero_grad()
+        (model(x) ** 2).sum().backward()
+        grads = {n: p.grad.double().numpy() for n, p in model.named_parameters()}
+        opt.step()
+        for n, g in grads.items():
+            lam = 0.3 if n == "weight" else 0.0
+            ref[n] *= 1 - 0.1 * lam
+            m[n] = 0.8 * m[n] + 0.2 * g
+            v[n] = 0.9 * v[n] + 0.1 * g * g
+            mhat, vhat = m[n] / (1 - 0.8**t), v[n] / (1 - 0.9**t)
+            ref[n] -= 0.1 * mhat / (np.sqrt(vhat) + cfg.eps)
+        # the reference takes the gradients torch computed at torch's weights
+        for n, p in model.named_parameters():
+            np.testing.assert_allclose(p.detach().double().numpy(), ref[n], rtol=1e-5, atol=1e-6)

@@ -121,4 +121,4 @@ def test_generation_past_the_context_warns_once_and_slides(char_run: Run, capsys
     assert "glassgpt: 60 tokens in" in err
     code, _, err = sample(capsys, "-c", str(run), "-p", "ab", "-m", "60", "--overflow", "error",
                           "--no-stop-eos")  # fmt: skip
-    assert code == 2 and "exceeds the model's context n_ctx=48" in err
+    assert code == 2 and "exceed the model's context n_ctx=48" in err

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+SMALL_MODEL = 8_000_000  # parameters; below this a decoding step is too short to split
+
 
 def register(subparsers: Any) -> None:
     """Add ``sample`` to the ``glassgpt`` parser."""
@@ -54,7 +56,9 @@ def register(subparsers: Any) -> None:
                    "of a prompt longer than the context; error: stop")  # fmt: skip
     p.add_argument("--window", type=int, default=None,
                    help="tokens kept when the window slides (default 3/4 of n_ctx)")  # fmt: skip
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: 1 for models under 8M parameters, whose steps are "
+                   "too short to share, else all cores)")  # fmt: skip
     p.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
     p.set_defaults(func=run_sample)
 
@@ -92,7 +96,7 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def run_sample(args: argparse.Namespace) -> int:
     import warnings
 
-    from glassgpt.errors import GlassError, InputFileError
+    from glassgpt.errors import InputFileError
 
     opts = options_from_args(args)
     prompt = args.prompt
@@ -109,25 +113,37 @@ def run_sample(args: argparse.Namespace) -> int:
     def show(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
         print(f"glassgpt: warning: {message}", file=sys.stderr)
 
+    import torch
+
+    threads = torch.get_num_threads()  # restored at the end: main() may run in-process
     with warnings.catch_warnings():
         warnings.showwarning = show
         warnings.simplefilter("default")
-        model, tok = _load(args)
-        if tok is None:
-            raise GlassError(f"{args.checkpoint}: has no tokenizer; pass --tokenizer FILE")
-        if not args.no_stop_eos and "<|endoftext|>" in getattr(tok, "special_tokens", {}):
-            opts["stop_ids"] = (tok.special_tokens["<|endoftext|>"],)
-        if not args.interactive:
-            _samples(model, tok, prompt or "", opts, args)
+        try:
+            return _run(args, prompt, opts)
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace, prompt: str | None, opts: dict[str, Any]) -> int:
+    from glassgpt.errors import GlassError
+
+    model, tok = _load(args)
+    if tok is None:
+        raise GlassError(f"{args.checkpoint}: has no tokenizer; pass --tokenizer FILE")
+    if not args.no_stop_eos and "<|endoftext|>" in getattr(tok, "special_tokens", {}):
+        opts["stop_ids"] = (tok.special_tokens["<|endoftext|>"],)
+    if not args.interactive:
+        _samples(model, tok, prompt or "", opts, args)
+        return 0
+    while True:
+        try:
+            line = input("> " if sys.stdin.isatty() else "")
+        except EOFError:
             return 0
-        while True:
-            try:
-                line = input("> " if sys.stdin.isatty() else "")
-            except EOFError:
-                return 0
-            if not line:
-                return 0
-            _samples(model, tok, _unescape(line), opts, args)
+        if not line:
+            return 0
+        _samples(model, tok, _unescape(line), opts, args)
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -147,6 +163,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     except RuntimeError:
         raise GlassError(f"--device: unknown device {args.device!r}") from None
     model, tok = load(args.checkpoint, tokenizer=args.tokenizer, device=device)
+    if args.threads is None and sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        torch.set_num_threads(1)
     return cast(model, dtype), tok
 
 

@@ -278,10 +278,10 @@ def _steps(
 
     def slide(what: str) -> list[list[int]]:
         if cfg.overflow == "error":
-            raise ContextOverflowError(f"{what} exceeds the model's context n_ctx={n_ctx}")
+            raise ContextOverflowError(f"{what} exceed the model's context n_ctx={n_ctx}")
         if not warned[0]:
             warnings.warn(
-                f"{what} exceeds the model's context n_ctx={n_ctx}: sliding the window "
+                f"{what} exceed the model's context n_ctx={n_ctx}: sliding the window "
                 f"(re-encoding the last {window} tokens)",
                 ContextWarning,
                 stacklevel=4,

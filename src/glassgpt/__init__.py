@@ -18,8 +18,11 @@ __all__ = ["GlassError", "__version__", "load"]
 from glassgpt.errors import GlassError
 
 
-def load(path: Any) -> Any:
-    """``model, tokenizer = glassgpt.load(path)``: a checkpoint folder or an exported HF folder."""
+def load(path: Any, **options: Any) -> Any:
+    """``model, tokenizer = glassgpt.load(path)``: a checkpoint folder or an exported HF folder.
+
+    ``options``: ``tokenizer=`` (a file, when the folder has none), ``device=``, ``dtype=``.
+    """
     from glassgpt.sample.loading import load as _load
 
-    return _load(path)
+    return _load(path, **options)

@@ -15,12 +15,15 @@ The code computes q, k, v for all heads with one matmul against the fused matrix
 used when ``attn_scores`` or ``pattern`` is hooked or ``impl == "explicit"``, builds both.
 
 ``offset`` is the absolute position of the first query (0 without a cache): query i may see
-key j iff j ≤ offset + i, which is what a KV cache needs.
+key j iff j ≤ offset + i, which is what a KV cache needs. With a cache (``kv``), the new keys
+and values are appended to the cached ones and the queries attend to all of them; a padded
+batch passes its own boolean ``mask`` (True = may attend) instead of the causal one.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +31,18 @@ from torch import Tensor, nn
 
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import Hooks, run_hook
-from glassgpt.model.layers import apply_rope
+from glassgpt.model.layers import apply_rope, linear
 
 ATTN_IMPLS: tuple[str, ...] = ("auto", "explicit")
+
+
+class LayerKV(Protocol):
+    """One layer's view of a KV cache (``glassgpt.sample.cache.KVCache`` provides it)."""
+
+    offset: int  # positions cached before this step
+    mask: Tensor | None  # bool [B, 1, T_q, offset + T_q] (True = may attend), or None: causal
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 def causal_mask(t_q: int, t_k: int, offset: int = 0, device: torch.device | None = None) -> Tensor:
@@ -44,20 +56,37 @@ def causal_mask(t_q: int, t_k: int, offset: int = 0, device: torch.device | None
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(offset + 1)
 
 
-def attention_scores(q: Tensor, k: Tensor, offset: int = 0) -> Tensor:
-    """q kᵀ/√d_head + M for q [B, H, T_q, d_head], k [B, H, T_k, d_head] → [B, H, T_q, T_k]."""
+def attention_scores(q: Tensor, k: Tensor, offset: int = 0, mask: Tensor | None = None) -> Tensor:
+    """q kᵀ/√d_head + M for q [B, H, T_q, d_head], k [B, H, T_k, d_head] → [B, H, T_q, T_k].
+
+    ``mask`` (bool, True = may attend, broadcast to [B, H, T_q, T_k]) replaces the causal one.
+    """
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    mask = causal_mask(q.shape[-2], k.shape[-2], offset, device=q.device)
-    return scores.masked_fill(mask, float("-inf"))
+    if mask is not None:
+        return scores.masked_fill(~mask, float("-inf"))
+    hidden = causal_mask(q.shape[-2], k.shape[-2], offset, device=q.device)
+    return scores.masked_fill(hidden, float("-inf"))
 
 
 def fused_attention(
-    q: Tensor, k: Tensor, v: Tensor, offset: int = 0, dropout_p: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    offset: int = 0,
+    dropout_p: float = 0.0,
+    mask: Tensor | None = None,
 ) -> Tensor:
-    """softmax(q kᵀ/√d_head + M) v by the fused kernel; q, k, v [B, H, T, d_head] → z [B, H, T_q, d_head]."""
+    """softmax(q kᵀ/√d_head + M) v by the fused kernel; q, k, v [B, H, T, d_head] → z [B, H, T_q, d_head].
+
+    ``mask`` (bool, True = may attend) replaces the causal mask (a padded batch).
+    """
     t_q, t_k = q.shape[-2], k.shape[-2]
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if offset == 0 and t_q == t_k:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    if t_q == 1 and offset >= t_k - 1:  # one new query after every key: nothing to hide
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     allowed = ~causal_mask(t_q, t_k, offset, device=q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
 
@@ -129,13 +158,21 @@ class Attention(nn.Module):
         return W, b
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, offset: int = 0
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        offset: int = 0,
+        kv: LayerKV | None = None,
     ) -> Tensor:
-        """x [B, T, d_model] → Attn(x) [B, T, d_model]; ``rope`` = (cos, sin) [T, d_head/2]."""
+        """x [B, T, d_model] → Attn(x) [B, T, d_model]; ``rope`` = (cos, sin) [T, d_head/2].
+
+        ``kv`` (a KV cache's view of this layer) supplies ``offset`` and ``mask`` and
+        ``update(k, v)`` → every cached key and value [B, H, offset + T, d_head], these included.
+        """
         B, T, _ = x.shape
         H, dh, hooks = self.n_heads, self.d_head, self.hooks
         W_qkv, b_qkv = self.fused_qkv()
-        qkv = F.linear(x, W_qkv.T, b_qkv)  # [B, T, 3·H·d_head]
+        qkv = linear(x, W_qkv, b_qkv)  # [B, T, 3·H·d_head]
         q, k, v = qkv.view(B, T, 3, H, dh).unbind(2)  # each [B, T, H, d_head]
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -144,30 +181,36 @@ class Attention(nn.Module):
             k = run_hook(hooks, self.hook_k, k)
             v = run_hook(hooks, self.hook_v, v)
         q_BHTD, k_BHTD, v_BHTD = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        mask = None
+        if kv is not None:
+            offset, mask = kv.offset, kv.mask
+            k_BHTD, v_BHTD = kv.update(k_BHTD, v_BHTD)  # [B, H, offset + T, d_head]
         p_drop = self.dropout if self.training else 0.0
         if self.impl == "explicit" or (
             hooks and (self.hook_scores in hooks or self.hook_pattern in hooks)
         ):
-            z_BHTD = self._explicit(q_BHTD, k_BHTD, v_BHTD, offset, p_drop)
+            z_BHTD = self._explicit(q_BHTD, k_BHTD, v_BHTD, offset, p_drop, mask)
         else:
-            z_BHTD = fused_attention(q_BHTD, k_BHTD, v_BHTD, offset, p_drop)
+            z_BHTD = fused_attention(q_BHTD, k_BHTD, v_BHTD, offset, p_drop, mask)
         z = z_BHTD.transpose(1, 2)  # [B, T, H, d_head]
         if hooks:
             z = run_hook(hooks, self.hook_z, z)
-        out = F.linear(z.reshape(B, T, H * dh), self.W_O.flatten(0, 1).T, self.b_O)
+        out = linear(z.reshape(B, T, H * dh), self.W_O, self.b_O)
         if hooks and self.hook_result in hooks:
             out = self._hooked_result(z, out)
         return out  # [B, T, d_model]
 
-    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, offset: int, p_drop: float) -> Tensor:
+    def _explicit(
+        self, q: Tensor, k: Tensor, v: Tensor, offset: int, p_drop: float, mask: Tensor | None
+    ) -> Tensor:
         """z from the materialised scores and pattern, each handed to its hook."""
-        scores = attention_scores(q, k, offset)  # [B, H, T_q, T_k]
+        scores = attention_scores(q, k, offset, mask)  # [B, H, T_q, T_k]
         hooked_scores = run_hook(self.hooks, self.hook_scores, scores) if self.hooks else scores
         pattern = torch.softmax(hooked_scores, dim=-1)
         hooked = run_hook(self.hooks, self.hook_pattern, pattern) if self.hooks else pattern
         if self.impl != "explicit" and hooked_scores is scores and hooked is pattern:
             # Only read: keep the fused kernel's z, so reading never changes the logits.
-            return fused_attention(q, k, v, offset, p_drop)
+            return fused_attention(q, k, v, offset, p_drop, mask)
         if p_drop:
             hooked = F.dropout(hooked, p_drop, training=True)
         return torch.matmul(hooked.to(v.dtype), v)  # [B, H, T_q, d_head]

@@ -8,21 +8,24 @@
 
 Beyond the equations: dropout (train mode only) on x₀, the attention pattern and each
 residual branch output; named activations with zero-cost hooks (see ``glassgpt.model.hooks``);
-GPT-2 initialisation.
+GPT-2 initialisation; an optional KV cache (``forward(tokens, cache=...)``, see
+``glassgpt.sample.cache``): the tokens continue the cached ones, their positions start at
+the cache's length (or at per-row positions in a left-padded batch), and the logits equal
+those of recomputing the whole sequence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glassgpt.errors import ConfigError, GlassError
-from glassgpt.model.attention import ATTN_IMPLS, Attention
+from glassgpt.model.attention import ATTN_IMPLS, Attention, LayerKV
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import HookFn, Hooks, attach, hook_names, run_hook
 from glassgpt.model.layers import (
@@ -59,11 +62,13 @@ class Block(nn.Module):
         self.hook_resid_mid, self.hook_mlp_out = p + "resid_mid", p + "mlp_out"
         self.hook_resid_post = p + "resid_post"
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, kv: LayerKV | None = None
+    ) -> Tensor:
         hooks = self.hooks
         if hooks:
             x = run_hook(hooks, self.hook_resid_pre, x)
-        a = self.attn(self.ln1(x) if self.pre_norm else x, rope)  # [B, T, d_model]
+        a = self.attn(self.ln1(x) if self.pre_norm else x, rope, kv=kv)  # [B, T, d_model]
         if hooks:
             a = run_hook(hooks, self.hook_attn_out, a)
         x = x + self._drop(a) if self.pre_norm else self.ln1(x + self._drop(a))
@@ -170,24 +175,39 @@ class GPT(nn.Module):
 
     # -- the function ---------------------------------------------------------------------
     def forward(
-        self, tokens: Tensor, targets: Tensor | None = None
+        self, tokens: Tensor, targets: Tensor | None = None, *, cache: Any = None
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """tokens [B, T] int → logits [B, T, n_vocab], or (logits, mean cross-entropy loss)."""
+        """tokens [B, T] int → logits [B, T, n_vocab], or (logits, mean cross-entropy loss).
+
+        ``cache`` (a ``glassgpt.sample.cache.KVCache``): the tokens continue the cached
+        sequence; their keys and values are appended to it (logits [B, 1, n_vocab] for the
+        last position only when ``cache.last_only``).
+        """
         B, T = self._check_tokens(tokens, "tokens", low=0)
         hooks = self._hook_fns
+        offset: int | Tensor = 0  # the first position, or per-row positions [B, T]
+        if cache is not None:
+            offset = cache.begin(B, T)
         x = self.embed(tokens)  # [B, T, d_model] = X W_E
         if hooks:
             x = run_hook(hooks, "embed", x)
         if self.pos_embed is not None:
-            pos = self.pos_embed(T)  # [T, d_model]: W_P[:T] or PE[:T]
+            pos = self.pos_embed(T, offset)  # [T, d_model]: W_P[offset:offset+T] or PE[…]
             if hooks:
                 pos = run_hook(hooks, "pos_embed", pos.expand(B, T, -1))
             x = x + pos
         if self.config.dropout and self.training:
             x = F.dropout(x, self.config.dropout, training=True)
-        rope = self.rotary(T) if self.rotary is not None else None
-        for block in self.blocks:
-            x = block(x, rope)
+        rope = self.rotary(T, offset) if self.rotary is not None else None
+        if cache is None:
+            for block in self.blocks:
+                x = block(x, rope)
+        else:
+            for block, kv in zip(self.blocks, cache.layers, strict=True):
+                x = block(x, rope, kv)
+            cache.end(T)
+            if cache.last_only:
+                x = x[:, -1:]  # [B, 1, d_model]: only the next token's logits are needed
         if self.ln_final is not None:
             x = self.ln_final(x)
             if hooks:

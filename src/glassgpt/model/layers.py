@@ -49,6 +49,33 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+def weight_key(W: Tensor) -> tuple[int, ...]:
+    """(version counter, storage address) of W; inference tensors have no version counter."""
+    return (W.data_ptr(),) if W.is_inference() else (W._version, W.data_ptr())
+
+
+def linear(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = False) -> Tensor:
+    """x W + b for W [d_in, d_out] (a 3-D W such as W_O [H, d_head, d_model] is read as
+    [H·d_head, d_model]); ``transposed``: W is [d_out, d_in] and the product is x Wᵀ + b.
+
+    A weight may carry an inference kernel, ``W.kernel = (key, fn)`` (attached by
+    ``glassgpt.sample.precision``): ``fn(x, b)`` computes the same product from a pre-packed
+    copy of W. It is used only without autograd, for inputs of W's dtype, and while W is the
+    tensor it was built from (``key`` = ``weight_key(W)`` when it was attached).
+    """
+    kernel = getattr(W, "kernel", None)
+    if (
+        kernel is not None
+        and not torch.is_grad_enabled()
+        and x.dtype == W.dtype
+        and kernel[0] == weight_key(W)
+    ):
+        return kernel[1](x, b)
+    if transposed:
+        return F.linear(x, W, b)
+    return F.linear(x, (W.flatten(0, -2) if W.ndim > 2 else W).T, b)
+
+
 class Embed(nn.Module):
     """The token embedding W_E [n_vocab, d_model]: X W_E selects row x_t for token t."""
 
@@ -71,8 +98,8 @@ class Unembed(nn.Module):
 
     def forward(self, x: Tensor, W_E: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, n_vocab]
         if self.W_U is None:
-            return F.linear(x, W_E, self.b_U)  # x W_Eᵀ + b_U
-        return F.linear(x, self.W_U.T, self.b_U)
+            return linear(x, W_E, self.b_U, transposed=True)  # x W_Eᵀ + b_U
+        return linear(x, self.W_U, self.b_U)
 
 
 class Norm(nn.Module):
@@ -152,11 +179,11 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, d_model]
         hooks = self.hooks
-        pre = F.linear(x, self.W_in.T, self.b_in)  # [B, T, d_mlp]
+        pre = linear(x, self.W_in, self.b_in)  # [B, T, d_mlp]
         if hooks:
             pre = run_hook(hooks, self.hook_pre, pre)
         if self.gated:
-            gate = F.linear(x, self.W_gate.T, self.b_gate)  # [B, T, d_mlp]
+            gate = linear(x, self.W_gate, self.b_gate)  # [B, T, d_mlp]
             if hooks:
                 gate = run_hook(hooks, self.hook_pre_gate, gate)
             post = self.act(gate) * self.value_act(pre)  # type: ignore[misc]
@@ -164,7 +191,7 @@ class MLP(nn.Module):
             post = self.act(pre)
         if hooks:
             post = run_hook(hooks, self.hook_post, post)
-        return F.linear(post, self.W_out.T, self.b_out)
+        return linear(post, self.W_out, self.b_out)
 
 
 def sinusoidal_table(n_ctx: int, d_model: int) -> Tensor:
@@ -188,13 +215,14 @@ def rope_tables(n_ctx: int, d_head: int, base: float) -> tuple[Tensor, Tensor]:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate each pair (x_2i, x_2i+1) of x [B, T, H, d_head] by the angle in cos/sin [T, d_head/2].
+    """Rotate each pair (x_2i, x_2i+1) of x [B, T, H, d_head] by the angle in cos/sin
+    [T, d_head/2] (or [B, T, d_head/2] for per-row positions).
 
     (a, b) ↦ (a cos θ − b sin θ, a sin θ + b cos θ).
     """
     pairs = x.unflatten(-1, (-1, 2))  # [B, T, H, d_head/2, 2]
     a, b = pairs[..., 0], pairs[..., 1]
-    c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, d_head/2]
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [T, 1, d_head/2] or per row [B, T, 1, d_head/2]
     return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
 
 
@@ -232,8 +260,9 @@ class SinusoidalPE(_Table):
     def _tables(self) -> dict[str, Tensor]:
         return {"PE": sinusoidal_table(self.n_ctx, self.d_model)}
 
-    def forward(self, T: int, offset: int = 0) -> Tensor:  # -> [T, d_model]
-        return self.PE[offset : offset + T]
+    def forward(self, T: int, offset: int | Tensor = 0) -> Tensor:  # -> [T, d_model]
+        """PE[offset : offset + T], or PE[positions] [B, T, d_model] for per-row positions."""
+        return self.PE[offset] if isinstance(offset, Tensor) else self.PE[offset : offset + T]
 
 
 class LearnedPE(nn.Module):
@@ -243,8 +272,9 @@ class LearnedPE(nn.Module):
         super().__init__()
         self.W_P = nn.Parameter(torch.empty(config.n_ctx, config.d_model))
 
-    def forward(self, T: int, offset: int = 0) -> Tensor:  # -> [T, d_model]
-        return self.W_P[offset : offset + T]
+    def forward(self, T: int, offset: int | Tensor = 0) -> Tensor:  # -> [T, d_model]
+        """W_P[offset : offset + T], or W_P[positions] [B, T, d_model] for per-row positions."""
+        return self.W_P[offset] if isinstance(offset, Tensor) else self.W_P[offset : offset + T]
 
 
 class Rotary(_Table):
@@ -263,7 +293,10 @@ class Rotary(_Table):
         cos, sin = rope_tables(self.n_ctx, self.d_head, self.base)
         return {"cos": cos, "sin": sin}
 
-    def forward(self, T: int, offset: int = 0) -> tuple[Tensor, Tensor]:  # -> 2 × [T, d_head/2]
+    def forward(self, T: int, offset: int | Tensor = 0) -> tuple[Tensor, Tensor]:
+        """cos, sin [T, d_head/2] from ``offset``, or [B, T, d_head/2] at per-row positions."""
+        if isinstance(offset, Tensor):
+            return self.cos[offset], self.sin[offset]
         return self.cos[offset : offset + T], self.sin[offset : offset + T]
 
 

@@ -1,0 +1,199 @@
+"""``glassgpt sample``: stream text from a trained checkpoint or an HF folder to the terminal.
+
+    glassgpt sample --checkpoint runs/shakespeare --prompt "ROMEO:" --temperature 0.8 --top-p 0.95
+
+The prompt comes from ``--prompt``, ``--prompt-file`` or, with ``--interactive``, one line at
+a time from stdin; with none of them generation starts from ``<|endoftext|>`` (or the first
+symbol of a character vocabulary). Each sample prints the prompt, then the new text as it is
+sampled. Light at import: the handler loads torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SMALL_MODEL = 8_000_000  # parameters; below this a decoding step is too short to split
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sample`` to the ``glassgpt`` parser."""
+    p = subparsers.add_parser(
+        "sample",
+        help="generate text from a checkpoint, streamed to the terminal",
+        description="Sample text from a trained glassgpt checkpoint (a run folder, its ckpt/ "
+        "folder or one checkpoint folder) or an exported HF GPT-2 folder.",
+    )
+    p.add_argument("--checkpoint", "-c", metavar="DIR", required=True, type=Path,
+                   help="run folder, checkpoint folder, or HF model folder")  # fmt: skip
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", "-p", metavar="TEXT", help="the text to continue")
+    src.add_argument("--prompt-file", metavar="FILE", type=Path, help="read the prompt from FILE")
+    src.add_argument("--interactive", "-i", action="store_true",
+                     help="read prompts from stdin, one per line (empty line or EOF quits)")  # fmt: skip
+    p.add_argument("--num-samples", "-n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--max-new-tokens", "-m", type=int, default=256)
+    p.add_argument("--temperature", "-t", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus: keep mass p, in (0, 1]")
+    p.add_argument("--min-p", type=float, default=None, help="keep p_i ≥ min_p · p_max")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL's; 1 = off")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="z_i − f·count_i")
+    p.add_argument("--stop", metavar="TEXT", action="append", default=[],
+                   help="stop before this text (repeatable; \\n escapes allowed)")  # fmt: skip
+    p.add_argument("--no-stop-eos", action="store_true",
+                   help="keep going after <|endoftext|> (by default it ends a sample)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=None, help="sample i uses seed + i")
+    p.add_argument("--dtype", default="float32", help="float32 or bf16 (weights and compute)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, …")
+    p.add_argument("--tokenizer", metavar="FILE", type=Path, default=None,
+                   help="a tokenizer file (when the folder has none)")  # fmt: skip
+    p.add_argument("--overflow", choices=("slide", "truncate", "error"), default="slide",
+                   help="context full: slide the window (default); truncate: also keep the end "
+                   "of a prompt longer than the context; error: stop")  # fmt: skip
+    p.add_argument("--window", type=int, default=None,
+                   help="tokens kept when the window slides (default 3/4 of n_ctx)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: 1 for models under 8M parameters, whose steps are "
+                   "too short to share, else all cores)")  # fmt: skip
+    p.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
+    p.set_defaults(func=run_sample)
+
+
+def _unescape(s: str) -> str:
+    return s.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The generation options of the flags (validated: a bad value names its flag)."""
+    from glassgpt.errors import ConfigError
+    from glassgpt.sample.generation import GenerationConfig
+
+    opts = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "frequency_penalty": args.frequency_penalty,
+        "stop": tuple(_unescape(s) for s in args.stop),
+        "overflow": args.overflow,
+        "window": args.window,
+    }
+    try:
+        GenerationConfig(**opts)
+    except ConfigError as e:
+        raise ConfigError("--" + e.field.replace("_", "-"), str(e).split(": ", 1)[1]) from None
+    if args.num_samples < 1:
+        raise ConfigError("--num-samples", f"must be ≥ 1, got {args.num_samples}")
+    return opts
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    import warnings
+
+    from glassgpt.errors import InputFileError
+
+    opts = options_from_args(args)
+    prompt = args.prompt
+    if args.prompt_file is not None:
+        try:
+            prompt = args.prompt_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputFileError(f"{args.prompt_file}: no such prompt file") from None
+        except UnicodeDecodeError as e:
+            raise InputFileError(f"{args.prompt_file}: not UTF-8 (byte {e.start})") from None
+        except OSError as e:
+            raise InputFileError(f"{args.prompt_file}: {e.strerror}") from None
+
+    def show(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
+        print(f"glassgpt: warning: {message}", file=sys.stderr)
+
+    import torch
+
+    threads = torch.get_num_threads()  # restored at the end: main() may run in-process
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        warnings.simplefilter("default")
+        try:
+            return _run(args, prompt, opts)
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace, prompt: str | None, opts: dict[str, Any]) -> int:
+    from glassgpt.errors import GlassError
+
+    model, tok = _load(args)
+    if tok is None:
+        raise GlassError(f"{args.checkpoint}: has no tokenizer; pass --tokenizer FILE")
+    if not args.no_stop_eos and "<|endoftext|>" in getattr(tok, "special_tokens", {}):
+        opts["stop_ids"] = (tok.special_tokens["<|endoftext|>"],)
+    if not args.interactive:
+        _samples(model, tok, prompt or "", opts, args)
+        return 0
+    while True:
+        try:
+            line = input("> " if sys.stdin.isatty() else "")
+        except EOFError:
+            return 0
+        if not line:
+            return 0
+        _samples(model, tok, _unescape(line), opts, args)
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    import torch
+
+    from glassgpt.errors import GlassError
+    from glassgpt.sample.loading import load
+    from glassgpt.sample.precision import cast, parse_dtype
+
+    dtype = parse_dtype(args.dtype)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise GlassError(f"--threads: must be ≥ 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise GlassError(f"--device: unknown device {args.device!r}") from None
+    model, tok = load(args.checkpoint, tokenizer=args.tokenizer, device=device)
+    if args.threads is None and sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        torch.set_num_threads(1)
+    return cast(model, dtype), tok
+
+
+def _samples(
+    model: Any, tok: Any, prompt: str, opts: dict[str, Any], args: argparse.Namespace
+) -> None:
+    from glassgpt.sample.generation import decode_stream, stream
+
+    ids = tok.encode(prompt, allowed_special="all")
+    out = sys.stdout
+    for i in range(args.num_samples):
+        if i:
+            out.write("\n" + "-" * 40 + "\n")
+        seed = None if args.seed is None else args.seed + i
+        out.write(prompt)
+        out.flush()
+        start, count = time.perf_counter(), [0]
+        run = stream(model, ids, tokenizer=tok, seed=seed, **opts)
+        for piece in decode_stream(tok, _counted(run, count)):
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+        out.flush()
+        if args.stats:
+            dt, n = time.perf_counter() - start, count[0]
+            print(f"glassgpt: {n} tokens in {dt:.2f} s ({n / dt:.1f} tokens/s)", file=sys.stderr)
+
+
+def _counted(ids: Any, count: list[int]) -> Any:
+    for t in ids:
+        count[0] += 1
+        yield t

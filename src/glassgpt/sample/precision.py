@@ -1,0 +1,159 @@
+"""Inference precision: the same function with weights (and activations) in another dtype.
+
+    bf16:  W̃ = round_bf16(W) (8-bit mantissa, float32's exponent range), every activation in
+           bf16; the cross-entropy and sampling in float32.
+
+At batch 1 a decoding step reads every weight once and does two flops per weight read, so its
+time is bounded by memory bandwidth: bf16 halves the bytes read per token. The price is
+rounding, measured as the perplexity change on held-out text (:func:`perplexity`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from glassgpt.errors import ConfigError, GlassError
+from glassgpt.model.layers import weight_key
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bf16"`` → torch.bfloat16 (and float32, float16 under their usual names)."""
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise ConfigError("dtype", f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
+
+
+def cast(model: torch.nn.Module, dtype: torch.dtype | str, *, pack: bool = True) -> torch.nn.Module:
+    """An inference copy of ``model`` (eval mode) with weights and computation in ``dtype``.
+
+    The original is left as it is. With ``pack`` (on a CPU with oneDNN), the copy's
+    projections carry pre-packed kernels (see :func:`attach_kernels`): the same products,
+    read from a layout the CPU's GEMV kernels stream fastest.
+    """
+    dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    p = next(model.parameters())
+    if dtype == torch.float16 and p.device.type == "cpu":
+        raise GlassError("float16 inference needs a GPU; use bf16 on a CPU")
+    copy_ = copy.deepcopy(model).to(dtype).eval()
+    if pack:
+        attach_kernels(copy_)
+    return copy_
+
+
+def _packed_fn(W_out_in: Tensor) -> Callable[[Tensor, Tensor | None], Tensor] | None:
+    """``fn(x, b) = x W_out_inᵀ + b`` from oneDNN's packed copy of W [d_out, d_in], or None
+    where oneDNN cannot (checked once against F.linear on a probe input)."""
+    ops = torch.ops.mkldnn
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")):
+        return None
+    try:
+        P = ops._reorder_linear_weight(W_out_in.contiguous(), 1)
+
+        def fn(x: Tensor, b: Tensor | None) -> Tensor:
+            return ops._linear_pointwise(x, P, b, "none", [], "")
+
+        probe = torch.ones(1, W_out_in.shape[1], dtype=W_out_in.dtype)
+        if not torch.allclose(fn(probe, None), F.linear(probe, W_out_in), rtol=1e-2, atol=1e-2):
+            return None
+    except RuntimeError:
+        return None
+    return fn
+
+
+def _attach(W: Tensor, fn: Callable[[Tensor, Tensor | None], Tensor]) -> None:
+    W.kernel = (weight_key(W), fn)  # type: ignore[attr-defined]
+
+
+def attach_kernels(model: torch.nn.Module) -> int:
+    """Give the projections of an inference model (CPU) faster kernels; returns how many.
+
+    - bfloat16: every projection (fused W_QKV, W_O, W_in, W_gate, W_out, the unembedding)
+      gets oneDNN's pre-packed copy; plain bf16 GEMV re-packs the weight on every call.
+    - float32: the unembedding reads a contiguous copy of W_U (= W_Eᵀ when tied), the layout
+      in which one token's x W_U streams fastest; the other projections already have it.
+
+    The weights themselves are untouched (so hooks, training and the embedding see them);
+    a kernel is skipped as soon as its weight changes (``glassgpt.model.layers.linear``).
+    """
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
+        return 0
+    config = model.config  # type: ignore[attr-defined]
+    n = 0
+    with torch.inference_mode(False), torch.no_grad():
+        if config.tie_embeddings:
+            W_E = model.embed.W_E  # type: ignore[union-attr]
+            unembed, out_in = W_E, W_E  # logits = x W_Eᵀ
+        else:
+            unembed = model.unembed.W_U  # type: ignore[union-attr]
+            out_in = unembed.T
+        if p.dtype == torch.float32:
+            W_U = out_in.T.contiguous()  # [d_model, n_vocab]
+
+            def unembed_fn(x: Tensor, b: Tensor | None, W_U: Tensor = W_U) -> Tensor:
+                return F.linear(x, W_U.T, b)
+
+            _attach(unembed, unembed_fn)
+            return 1
+        fn = _packed_fn(out_in)
+        if fn is None:
+            return 0
+        _attach(unembed, fn)
+        n = 1
+        for block in model.blocks:  # type: ignore[union-attr]
+            mlp, attn = block.mlp, block.attn
+            mats = [mlp.W_in, mlp.W_out, attn.W_O] + ([mlp.W_gate] if mlp.gated else [])
+            for W in mats:
+                if (fn := _packed_fn((W.flatten(0, -2) if W.ndim > 2 else W).T)) is not None:
+                    _attach(W, fn)
+                    n += 1
+    with torch.inference_mode():  # the fused QKV is cached per mode: build the decoding one
+        for block in model.blocks:  # type: ignore[union-attr]
+            W_qkv, _ = block.attn.fused_qkv()
+            if (fn := _packed_fn(W_qkv.T)) is not None:
+                _attach(W_qkv, fn)
+                n += 1
+    return n
+
+
+def perplexity(model: torch.nn.Module, tokens: Tensor, seq_len: int | None = None) -> float:
+    """exp(mean next-token cross-entropy) over non-overlapping windows of a 1-D id tensor.
+
+    >>> from glassgpt.model import GPT, GPTConfig
+    >>> torch.manual_seed(0) and None
+    >>> model = GPT(GPTConfig(n_vocab=7, n_ctx=8, d_model=8, n_layers=1, n_heads=2))
+    >>> ppl = perplexity(model, torch.randint(0, 7, (100,)))
+    >>> 6.5 < ppl < 7.5       # an untrained model is close to uniform over 7 ids
+    True
+    """
+    n_ctx = model.config.n_ctx  # type: ignore[attr-defined]
+    L = min(seq_len or n_ctx, n_ctx)
+    n = (tokens.numel() - 1) // L
+    if n < 1:
+        raise GlassError(f"need more than {L} tokens to measure perplexity, got {tokens.numel()}")
+    x = tokens[: n * L].view(n, L)
+    y = tokens[1 : n * L + 1].view(n, L)
+    device = next(model.parameters()).device
+    total, batch = 0.0, 8
+    with torch.inference_mode():
+        for i in range(0, n, batch):
+            xb, yb = x[i : i + batch].to(device), y[i : i + batch].to(device)
+            _, loss = model(xb, yb)
+            total += float(loss) * xb.shape[0]
+    return math.exp(total / n)

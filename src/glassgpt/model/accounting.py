@@ -100,6 +100,8 @@ def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "attn.W_O"] = (H, dh, d)
         if c.bias:
             shapes[p + "attn.b_O"] = (d,)
+        if c.attn_only:
+            continue
         shapes[p + "ln2.w"] = (d,)
         if norm_b:
             shapes[p + "ln2.b"] = (d,)
@@ -233,7 +235,7 @@ def flops_per_token(config: GPTConfig, seq_len: int | None = None) -> FlopCount:
         attn_scores=L * 2 * H * dh * T,
         attn_mix=L * 2 * H * dh * T,
         attn_out=L * 2 * H * dh * d,
-        mlp=L * 2 * arms * d * dm,
+        mlp=0 if c.attn_only else L * 2 * arms * d * dm,
         unembed=2 * d * c.n_vocab,
     )
 
@@ -308,13 +310,17 @@ def activation_bytes(
     else:
         kept_inputs = (gate in _SAVES_INPUT) + (value in _SAVES_INPUT)
         mlp = s * dm * (3 + kept_inputs) + (s * d if autocast else 0)
-    per_block = 2 * norm + attn + mlp + (2 * s * d if dropout else 0)
+    if c.attn_only:  # no MLP sublayer and no second norm
+        per_block = norm + attn + (s * d if dropout else 0)
+    else:
+        per_block = 2 * norm + attn + mlp + (2 * s * d if dropout else 0)
     per_token = c.n_layers * per_block + s * V + 4 * V + 2 * 8
     per_token += norm if c.final_norm else s * d
     per_token += r * d if dropout else 0
     weights = s * c.n_layers * 3 * d * H * dh
     if autocast:  # a low-precision copy of each matmul weight, kept for the backward
-        weights += s * (c.n_layers * (H * dh * d + (3 if c.gated else 2) * d * dm) + d * V)
+        mlp_w = 0 if c.attn_only else (3 if c.gated else 2) * d * dm
+        weights += s * (c.n_layers * (H * dh * d + mlp_w) + d * V)
     return batch_size * seq_len * per_token + weights
 
 

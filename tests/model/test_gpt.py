@@ -41,11 +41,15 @@ def test_causality(positional: str, placement: str, t: int, seed: int) -> None:
         {},
         {"positional": "rope", "norm": "rmsnorm", "mlp": "swiglu", "tie_embeddings": False},
         {"norm_placement": "post", "mlp": "gelu", "bias": False, "positional": "sinusoidal"},
+        {"mlp": "gated", "mlp_gate": "tanh", "mlp_value": "sigmoid", "attn_impl": "explicit"},
     ],
 )
 def test_gradcheck(overrides: dict) -> None:
+    overrides = dict(overrides)
+    attn_impl = overrides.pop("attn_impl", "auto")
     cfg = tiny_config(n_vocab=7, d_model=4, n_heads=2, d_mlp=6, n_layers=1, **overrides)
     model = random_model(cfg, seed=1)
+    model.attn_impl = attn_impl
     tokens = random_tokens(cfg, batch=1, length=4)
     targets = random_tokens(cfg, batch=1, length=4, seed=2)
     names = [n for n, _ in model.named_parameters()]
@@ -259,3 +263,20 @@ def test_fused_qkv_cache_follows_weight_changes() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert model(tokens).dtype == torch.bfloat16
         assert torch.equal(model(tokens), fresh())
+
+
+@pytest.mark.parametrize("mlp", ["gelu_tanh", "swiglu"])
+def test_whole_model_pickles_and_copies(mlp: str) -> None:
+    import copy
+    import pickle
+
+    model = random_model(tiny_config(mlp=mlp, positional="rope"))
+    tokens = random_tokens(model.config, batch=1, length=5)
+    with torch.no_grad():
+        expected = model(tokens)
+        for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+            assert torch.equal(clone(tokens), expected)
+            seen: list[str] = []
+            with clone.hooks({"embed": lambda t, n, seen=seen: seen.append(n)}):
+                clone(tokens)
+            assert seen == ["embed"] and not model._hook_fns  # hooks stay per model

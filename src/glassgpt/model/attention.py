@@ -103,6 +103,10 @@ class Attention(nn.Module):
         self.W_K = nn.Parameter(torch.empty(H, D, dh))
         self.W_V = nn.Parameter(torch.empty(H, D, dh))
         self.W_O = nn.Parameter(torch.empty(H, dh, D))  # [n_heads, d_head, d_model]
+        self.b_Q: nn.Parameter | None
+        self.b_K: nn.Parameter | None
+        self.b_V: nn.Parameter | None
+        self.b_O: nn.Parameter | None
         if config.bias:
             self.b_Q = nn.Parameter(torch.zeros(H, dh))  # [n_heads, d_head]
             self.b_K = nn.Parameter(torch.zeros(H, dh))
@@ -118,6 +122,9 @@ class Attention(nn.Module):
         self.hook_scores, self.hook_pattern = f"{name}.attn_scores", f"{name}.pattern"
         self.hook_z, self.hook_result = f"{name}.z", f"{name}.result"
 
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, d_head={self.d_head}, impl={self.impl}"
+
     def fused_qkv(self) -> tuple[Tensor, Tensor | None]:
         """[W_Q | W_K | W_V] as one [d_model, 3·n_heads·d_head] matrix (columns: q|k|v, head,
         d_head) and the matching bias, in the autocast dtype when autocast is on.
@@ -127,16 +134,16 @@ class Attention(nn.Module):
         ``torch.no_grad()`` or an optimizer, not through ``p.data``, which autograd and this
         cache cannot see.
         """
-        params = [self.W_Q, self.W_K, self.W_V]
-        if self.b_Q is not None:
-            params += [self.b_Q, self.b_K, self.b_V]  # type: ignore[list-item]
+        params: list[Tensor] = [self.W_Q, self.W_K, self.W_V]
+        if self.b_Q is not None and self.b_K is not None and self.b_V is not None:
+            params += [self.b_Q, self.b_K, self.b_V]
         device = self.W_Q.device.type
         dtype = self.W_Q.dtype
         if torch.is_autocast_enabled(device) and dtype != torch.float64:  # autocast skips float64
             dtype = torch.get_autocast_dtype(device)
         tracked = torch.is_grad_enabled() and any(p.requires_grad for p in params)
         key = None
-        if not tracked:
+        if not tracked and not torch.compiler.is_compiling():  # a compiled graph stacks
             inference = torch.is_inference_mode_enabled()
             key = (dtype, inference, *((p.data_ptr(), p._version) for p in params))
             if self._qkv_cache is not None and self._qkv_cache[0] == key:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -30,12 +30,13 @@ from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import HookFn, Hooks, attach, hook_names, run_hook
 from glassgpt.model.layers import (
     MLP,
+    Embed,
     LearnedPE,
     Norm,
     Rotary,
     SinusoidalPE,
+    Unembed,
     init_normal_,
-    linear,
     residual_std,
 )
 
@@ -111,9 +112,7 @@ class GPT(nn.Module):
         self._hook_fns: Hooks = {}
         self._hook_names = frozenset(hook_names(config))
         hooks = self._hook_fns
-        D, V = config.d_model, config.n_vocab
-        self.embed = nn.Module()
-        self.embed.W_E = nn.Parameter(torch.empty(V, D))  # [n_vocab, d_model]
+        self.embed = Embed(config)  # W_E [n_vocab, d_model]
         self.pos_embed: LearnedPE | SinusoidalPE | None = None
         self.rotary: Rotary | None = None
         if config.positional == "learned":
@@ -124,10 +123,7 @@ class GPT(nn.Module):
             self.rotary = Rotary(config)
         self.blocks = nn.ModuleList(Block(config, hooks, layer) for layer in range(config.n_layers))
         self.ln_final = Norm(config, hooks, "ln_final") if config.final_norm else None
-        self.unembed = nn.Module()
-        if not config.tie_embeddings:
-            self.unembed.W_U = nn.Parameter(torch.empty(D, V))  # [d_model, n_vocab]
-        self.unembed.b_U = nn.Parameter(torch.zeros(V)) if config.bias else None
+        self.unembed = Unembed(config)  # W_U [d_model, n_vocab] unless tied, b_U
         self.reset_parameters()
 
     # -- parameters -----------------------------------------------------------------------
@@ -146,19 +142,23 @@ class GPT(nn.Module):
     @property
     def W_U(self) -> Tensor:
         """The unembedding [d_model, n_vocab] (a view of W_Eᵀ when tied)."""
-        return self.embed.W_E.T if self.config.tie_embeddings else self.unembed.W_U
+        return self.embed.W_E.T if self.unembed.W_U is None else self.unembed.W_U
 
     @property
     def attn_impl(self) -> str:
         """``auto`` (fused kernel unless scores/pattern are hooked) or ``explicit``."""
-        return self.blocks[0].attn.impl if len(self.blocks) else "auto"
+        attentions = self._attentions()
+        return attentions[0].impl if attentions else "auto"
 
     @attn_impl.setter
     def attn_impl(self, value: str) -> None:
         if value not in ATTN_IMPLS:
             raise ConfigError("attn_impl", f"must be one of {', '.join(ATTN_IMPLS)}; got {value!r}")
-        for block in self.blocks:
-            block.attn.impl = value
+        for attn in self._attentions():
+            attn.impl = value
+
+    def _attentions(self) -> list[Attention]:
+        return [cast(Block, block).attn for block in self.blocks]
 
     # -- hooks ----------------------------------------------------------------------------
     def hook_names(self) -> list[str]:
@@ -186,7 +186,7 @@ class GPT(nn.Module):
         offset: int | Tensor = 0  # the first position, or per-row positions [B, T]
         if cache is not None:
             offset = cache.begin(B, T)
-        x = F.embedding(tokens, self.embed.W_E)  # [B, T, d_model] = X W_E
+        x = self.embed(tokens)  # [B, T, d_model] = X W_E
         if hooks:
             x = run_hook(hooks, "embed", x)
         if self.pos_embed is not None:
@@ -210,11 +210,7 @@ class GPT(nn.Module):
             x = self.ln_final(x)
             if hooks:
                 x = run_hook(hooks, "ln_final.out", x)
-        b_U = self.unembed.b_U
-        if self.config.tie_embeddings:
-            logits = linear(x, self.embed.W_E, b_U, transposed=True)  # [B, T, n_vocab] = x W_Eᵀ
-        else:
-            logits = linear(x, self.unembed.W_U, b_U)
+        logits = self.unembed(x, self.embed.W_E)  # [B, T, n_vocab]
         if targets is None:
             return logits
         if not isinstance(targets, Tensor) or targets.shape != tokens.shape:
@@ -242,7 +238,8 @@ class GPT(nn.Module):
         B, T = tokens.shape
         if self.config.n_ctx < T:
             raise TokenError(f"{what}: sequence length {T} exceeds n_ctx={self.config.n_ctx}")
-        if tokens.numel():
+        # A data-dependent check would split a compiled graph: compiled callers skip it.
+        if tokens.numel() and not torch.compiler.is_compiling():
             lo, hi = torch.aminmax(tokens)
             lo_i, hi_i = int(lo), int(hi)
             if lo_i < low or hi_i >= self.config.n_vocab:

@@ -27,14 +27,25 @@ from torch import Tensor, nn
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import Hooks, run_hook
 
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GPT-2's GELU: ½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))."""
+    return F.gelu(x, approximate="tanh")
+
+
+def identity(x: Tensor) -> Tensor:
+    return x
+
+
+# Module-level functions (no lambdas), so that a whole model can be pickled.
 ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "sigmoid": torch.sigmoid,
     "relu": F.relu,
-    "gelu": F.gelu,  # exact: x Φ(x) with the erf
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,  # exact: x Φ(x) = ½ x (1 + erf(x/√2))
+    "gelu_tanh": gelu_tanh,
     "silu": F.silu,
     "tanh": torch.tanh,
-    "identity": lambda x: x,
+    "identity": identity,
 }
 
 
@@ -65,6 +76,32 @@ def linear(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = 
     return F.linear(x, (W.flatten(0, -2) if W.ndim > 2 else W).T, b)
 
 
+class Embed(nn.Module):
+    """The token embedding W_E [n_vocab, d_model]: X W_E selects row x_t for token t."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(config.n_vocab, config.d_model))
+
+    def forward(self, tokens: Tensor) -> Tensor:  # [B, T] int -> [B, T, d_model]
+        return F.embedding(tokens, self.W_E)
+
+
+class Unembed(nn.Module):
+    """logits = x W_U + b_U, with W_U [d_model, n_vocab], or W_U = W_Eᵀ when tied (no W_U here)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        d, v = config.d_model, config.n_vocab
+        self.W_U = None if config.tie_embeddings else nn.Parameter(torch.empty(d, v))
+        self.b_U = nn.Parameter(torch.zeros(v)) if config.bias else None
+
+    def forward(self, x: Tensor, W_E: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, n_vocab]
+        if self.W_U is None:
+            return linear(x, W_E, self.b_U, transposed=True)  # x W_Eᵀ + b_U
+        return linear(x, self.W_U, self.b_U)
+
+
 class Norm(nn.Module):
     """LayerNorm or RMSNorm over d_model, with weight ``w`` (and ``b`` for a biased LayerNorm).
 
@@ -83,6 +120,9 @@ class Norm(nn.Module):
         )
         self.hooks = hooks
         self.hook_scale = f"{name}.scale"
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, d={self.w.shape[0]}, eps={self.eps}"
 
     def forward(self, x: Tensor) -> Tensor:  # [..., d_model] -> [..., d_model]
         if self.kind == "layernorm":
@@ -131,6 +171,11 @@ class MLP(nn.Module):
         self.hooks = hooks
         self.hook_pre, self.hook_post = f"{name}.pre", f"{name}.post"
         self.hook_pre_gate = f"{name}.pre_gate"
+        self.kind = config.mlp
+
+    def extra_repr(self) -> str:
+        d, m = self.W_in.shape
+        return f"{self.kind}, {d} → {m} → {d}"
 
     def forward(self, x: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, d_model]
         hooks = self.hooks
@@ -195,7 +240,7 @@ class _Table(nn.Module):
         for key, table in self._tables().items():
             self.register_buffer(key, table.to(device=device, dtype=dtype), persistent=False)
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def, override]
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> _Table:
         super()._apply(fn, recurse)
         ref = next(iter(self.buffers()))
         self._build(ref.device, ref.dtype)
@@ -204,6 +249,8 @@ class _Table(nn.Module):
 
 class SinusoidalPE(_Table):
     """The fixed table PE [n_ctx, d_model] (buffer ``PE``, not in the state dict)."""
+
+    PE: Tensor
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -232,6 +279,9 @@ class LearnedPE(nn.Module):
 
 class Rotary(_Table):
     """The RoPE tables cos, sin [n_ctx, d_head/2] (buffers, not in the state dict)."""
+
+    cos: Tensor
+    sin: Tensor
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()

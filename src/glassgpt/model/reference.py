@@ -14,7 +14,7 @@ code (the config is only read for its fields), so an error in ``GPT`` cannot hid
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ def softmax(x: Array, axis: int = -1) -> Array:
 
 _erf = np.vectorize(math.erf)
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
     "relu": lambda x: np.maximum(x, 0.0),
     "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),

@@ -130,9 +130,9 @@ def test_top_p_keeps_the_smallest_sufficient_prefix(z: list[float], p: float) ->
     kept = torch.isfinite(next_token_logits(logits, SamplingConfig(top_p=p)))[0]
     probs = torch.softmax(logits, -1)[0]
     assert kept.any()
-    # every kept token is at least as likely as every dropped one
+    # every kept token is at least as likely as every dropped one (up to float32 rounding)
     if (~kept).any():
-        assert probs[kept].min() >= probs[~kept].max()
+        assert probs[kept].min() >= probs[~kept].max() - 1e-6
     # the kept mass reaches p (up to rounding), and dropping the least likely kept token
     # would not (the prefix is the shortest)
     mass = float(probs[kept].sum())

@@ -106,3 +106,29 @@ def test_bf16_perplexity_on_tinyshakespeare_is_within_one_percent(shakespeare_te
     p16 = perplexity(cast(model, "bf16"), val)
     assert p32 < 25.0  # trained: far below the 65-way uniform
     assert abs(p16 - p32) / p32 < 0.01, (p32, p16)
+
+
+def test_every_bf16_projection_runs_on_its_packed_kernel() -> None:
+    model = cast(model_of(), "bf16")
+    if attach_kernels(model) == 0:
+        pytest.skip("oneDNN cannot pack bf16 weights on this machine")
+    calls: list[str] = []
+
+    def spy(W: torch.Tensor, name: str) -> None:
+        key, fn = W.kernel
+        W.kernel = (key, lambda x, b: (calls.append(name), fn(x, b))[1])
+
+    for name, p in model.named_parameters():
+        if hasattr(p, "kernel"):
+            spy(p, name)
+    with torch.inference_mode():
+        for i, block in enumerate(model.blocks):
+            spy(block.attn.fused_qkv()[0], f"blocks.{i}.attn.qkv")
+    generate(model, [1, 2, 3], max_new_tokens=3, temperature=0)
+    per_step = {"embed.W_E"} | {
+        f"blocks.{i}.{m}"
+        for i in range(2)
+        for m in ("attn.qkv", "attn.W_O", "mlp.W_in", "mlp.W_out")
+    }
+    assert set(calls) == per_step
+    assert len(calls) == 3 * len(per_step)  # prefill and two decoding steps

@@ -22,12 +22,16 @@ slots: row b's token at column c has position c − pad[b], and no query attends
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
 from glassgpt.model.config import GPTConfig
+
+if TYPE_CHECKING:
+    from glassgpt.model.gpt import GPT
 
 
 class CacheError(GlassError, ValueError):
@@ -110,7 +114,7 @@ class KVCache:
         self._set_pad(pad)
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, batch_size: int, capacity: int | None = None,
+    def for_model(cls, model: GPT, batch_size: int, capacity: int | None = None,
                   **kw: object) -> KVCache:  # fmt: skip
         """A cache in the model's dtype and on its device."""
         p = next(model.parameters())

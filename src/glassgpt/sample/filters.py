@@ -112,8 +112,8 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """
     if p >= 1.0:
         return logits
-    probs = torch.softmax(logits.float(), dim=-1)
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    probs = torch.softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each sorted token
     drop_sorted = before >= p  # the first token has 0 before it and is always kept
     drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)

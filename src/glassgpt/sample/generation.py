@@ -30,9 +30,9 @@ from __future__ import annotations
 import codecs
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -41,6 +41,9 @@ from glassgpt.errors import ConfigError, GlassError
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig, draw, next_token_logits
 from glassgpt.sample.stops import StopMatcher
+
+if TYPE_CHECKING:
+    from glassgpt.model.gpt import GPT
 
 END_OF_TEXT = "<|endoftext|>"
 
@@ -96,7 +99,7 @@ class GenerationConfig(SamplingConfig):
 
 
 def generate(
-    model: torch.nn.Module, tokens: Any, *, tokenizer: Any = None, **options: Any
+    model: GPT, tokens: Any, *, tokenizer: Any = None, **options: Any
 ) -> list[int] | list[list[int]]:
     """The new token ids after ``tokens`` (one prompt → list[int]; a batch → one list per row).
 
@@ -138,9 +141,7 @@ class _Stream:
         self._it.close()  # type: ignore[attr-defined]
 
 
-def stream(
-    model: torch.nn.Module, tokens: Any, *, tokenizer: Any = None, **options: Any
-) -> Iterator[Any]:
+def stream(model: GPT, tokens: Any, *, tokenizer: Any = None, **options: Any) -> Iterator[Any]:
     """Like :func:`generate`, yielding each token as soon as it is final: ints for one
     prompt, ``(row, id)`` pairs for a batch. Tokens that may begin a stop string are held
     back until they are known not to."""
@@ -148,7 +149,7 @@ def stream(
         cfg = GenerationConfig(**options)
     except TypeError as e:
         raise ConfigError("options", str(e).split("__init__() ")[-1]) from None
-    config = model.config  # type: ignore[attr-defined]
+    config = model.config
     rows, single = prompt_rows(tokens, config.n_vocab)
     start = start_id(tokenizer)
     rows = [r if r else [start] for r in rows]
@@ -250,19 +251,19 @@ def left_pad(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[Tenso
 
 
 def _steps(
-    model: torch.nn.Module,
+    model: GPT,
     rows: list[list[int]],
     cfg: GenerationConfig,
     seeds: list[int],
     n_valid: int,
-) -> Iterator[list[int]]:
+) -> Generator[list[int], None, None]:
     """The sampled id of every row, step by step (finished rows are the caller's concern).
 
     Ids ≥ ``n_valid`` (a vocabulary padded beyond the tokenizer's) are never sampled."""
     if cfg.max_new_tokens == 0:
         return
-    config = model.config  # type: ignore[attr-defined]
-    n_ctx: int = config.n_ctx
+    config = model.config
+    n_ctx = config.n_ctx
     window = min(cfg.window or max(1, 3 * n_ctx // 4), n_ctx)
     param = next(model.parameters())
     device = param.device
@@ -321,7 +322,7 @@ def _steps(
             logits = _forward(model, tokens, cache)
 
 
-def _forward(model: torch.nn.Module, tokens: Tensor, cache: KVCache) -> Tensor:
+def _forward(model: GPT, tokens: Tensor, cache: KVCache) -> Tensor:
     """logits [B, 1, V] of the last position, in inference mode and without dropout."""
     training = model.training
     if training:

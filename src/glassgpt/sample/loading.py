@@ -68,26 +68,8 @@ def load(
 
 def _from_checkpoint(folder: Path) -> tuple[Any, Any]:
     from glassgpt.model import GPT, GPTConfig
-    from glassgpt.train import checkpoint as ckpt
 
-    if (folder / ckpt.STATE).is_file():
-        chosen = ckpt.load_checkpoint(folder)
-    else:
-        root = ckpt.ckpt_root_of(folder)
-        best = root / "best"
-        if not root.is_dir() or not (best.is_dir() or ckpt.step_folders(root)):
-            raise GlassError(
-                f"{folder}: not a glassgpt checkpoint or HF model folder "
-                "(no state.json, no ckpt/ with checkpoints, no config.json with weights)"
-            )
-        chosen = None
-        if (best / ckpt.STATE).is_file():
-            try:
-                chosen = ckpt.load_checkpoint(best)
-            except ckpt.CheckpointError as e:
-                warnings.warn(f"skipping {e}; using the newest step checkpoint", stacklevel=3)
-        if chosen is None:
-            chosen = ckpt.find_resumable(folder, warn=lambda m: warnings.warn(m, stacklevel=4))
+    chosen = _choose_checkpoint(folder)
     try:
         run = tomllib.loads(chosen.text("config.toml"))
     except tomllib.TOMLDecodeError as e:
@@ -105,6 +87,27 @@ def _from_checkpoint(folder: Path) -> tuple[Any, Any]:
     if "tokenizer.json" in chosen.files:
         tok = _tokenizer_file(chosen.path / "tokenizer.json")
     return model, tok
+
+
+def _choose_checkpoint(folder: Path) -> Any:
+    """The verified checkpoint that ``folder`` names (see the module docstring)."""
+    from glassgpt.train import checkpoint as ckpt
+
+    if (folder / ckpt.STATE).is_file():
+        return ckpt.load_checkpoint(folder)
+    root = ckpt.ckpt_root_of(folder)
+    best = root / "best"
+    if not root.is_dir() or not (best.is_dir() or ckpt.step_folders(root)):
+        raise GlassError(
+            f"{folder}: not a glassgpt checkpoint or HF model folder "
+            "(no state.json, no ckpt/ with checkpoints, no config.json with weights)"
+        )
+    if (best / ckpt.STATE).is_file():
+        try:
+            return ckpt.load_checkpoint(best)
+        except ckpt.CheckpointError as e:
+            warnings.warn(f"skipping {e}; using the newest step checkpoint", stacklevel=4)
+    return ckpt.find_resumable(folder, warn=lambda m: warnings.warn(m, stacklevel=5))
 
 
 def _tokenizer_file(path: Path) -> Any:

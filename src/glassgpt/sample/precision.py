@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import math
+import typing
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,9 @@ from torch import Tensor
 
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.model.layers import weight_key
+
+if TYPE_CHECKING:
+    from glassgpt.model.gpt import GPT, Block
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -39,7 +44,7 @@ def parse_dtype(name: str) -> torch.dtype:
         raise ConfigError("dtype", f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
 
 
-def cast(model: torch.nn.Module, dtype: torch.dtype | str, *, pack: bool = True) -> torch.nn.Module:
+def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True) -> GPT:
     """An inference copy of ``model`` (eval mode) with weights and computation in ``dtype``.
 
     The original is left as it is. With ``pack`` (on a CPU with oneDNN), the copy's
@@ -80,7 +85,7 @@ def _attach(W: Tensor, fn: Callable[[Tensor, Tensor | None], Tensor]) -> None:
     W.kernel = (weight_key(W), fn)  # type: ignore[attr-defined]
 
 
-def attach_kernels(model: torch.nn.Module) -> int:
+def attach_kernels(model: GPT) -> int:
     """Give the projections of an inference model (CPU) faster kernels; returns how many.
 
     - bfloat16: every projection (fused W_QKV, W_O, W_in, W_gate, W_out, the unembedding)
@@ -94,20 +99,17 @@ def attach_kernels(model: torch.nn.Module) -> int:
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
         return 0
-    config = model.config  # type: ignore[attr-defined]
+    config = model.config
     n = 0
     with torch.inference_mode(False), torch.no_grad():
-        if config.tie_embeddings:
-            W_E = model.embed.W_E  # type: ignore[union-attr]
-            unembed, out_in = W_E, W_E  # logits = x W_Eᵀ
-        else:
-            unembed = model.unembed.W_U  # type: ignore[union-attr]
-            out_in = unembed.T
+        W_U = model.unembed.W_U
+        unembed: Tensor = model.embed.W_E if W_U is None else W_U
+        out_in = unembed if config.tie_embeddings else unembed.T  # [n_vocab, d_model]
         if p.dtype == torch.float32:
-            W_U = out_in.T.contiguous()  # [d_model, n_vocab]
+            W_dv = out_in.T.contiguous()  # [d_model, n_vocab]
 
-            def unembed_fn(x: Tensor, b: Tensor | None, W_U: Tensor = W_U) -> Tensor:
-                return F.linear(x, W_U.T, b)
+            def unembed_fn(x: Tensor, b: Tensor | None, W_dv: Tensor = W_dv) -> Tensor:
+                return F.linear(x, W_dv.T, b)
 
             _attach(unembed, unembed_fn)
             return 1
@@ -116,7 +118,7 @@ def attach_kernels(model: torch.nn.Module) -> int:
             return 0
         _attach(unembed, fn)
         n = 1
-        for block in model.blocks:  # type: ignore[union-attr]
+        for block in _blocks(model):
             mlp, attn = block.mlp, block.attn
             mats = [mlp.W_in, mlp.W_out, attn.W_O] + ([mlp.W_gate] if mlp.gated else [])
             for W in mats:
@@ -124,7 +126,7 @@ def attach_kernels(model: torch.nn.Module) -> int:
                     _attach(W, fn)
                     n += 1
     with torch.inference_mode():  # the fused QKV is cached per mode: build the decoding one
-        for block in model.blocks:  # type: ignore[union-attr]
+        for block in _blocks(model):
             W_qkv, _ = block.attn.fused_qkv()
             if (fn := _packed_fn(W_qkv.T)) is not None:
                 _attach(W_qkv, fn)
@@ -132,7 +134,11 @@ def attach_kernels(model: torch.nn.Module) -> int:
     return n
 
 
-def perplexity(model: torch.nn.Module, tokens: Tensor, seq_len: int | None = None) -> float:
+def _blocks(model: GPT) -> list[Block]:
+    return [typing.cast("Block", block) for block in model.blocks]
+
+
+def perplexity(model: GPT, tokens: Tensor, seq_len: int | None = None) -> float:
     """exp(mean next-token cross-entropy) over non-overlapping windows of a 1-D id tensor.
 
     >>> from glassgpt.model import GPT, GPTConfig
@@ -142,7 +148,7 @@ def perplexity(model: torch.nn.Module, tokens: Tensor, seq_len: int | None = Non
     >>> 6.5 < ppl < 7.5       # an untrained model is close to uniform over 7 ids
     True
     """
-    n_ctx = model.config.n_ctx  # type: ignore[attr-defined]
+    n_ctx = model.config.n_ctx
     L = min(seq_len or n_ctx, n_ctx)
     n = (tokens.numel() - 1) // L
     if n < 1:

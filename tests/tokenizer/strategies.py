@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from functools import lru_cache
+
+import regex
 from hypothesis import strategies as st
 
 # Text that stresses the pre-tokenizer: whitespace of every kind (Unicode White_Space, and
@@ -14,10 +18,55 @@ FRAGMENTS = [
     "123", "4567", "١٢٣", "１２", "½", "é", "naïve", "Ωmega", "日本語", "🙂", "👩‍👩‍👧", "e\u0301",
     "...", "!?", "--", "$", "#!", "(", ")", "_", "\\", "\x00", "\x7f",
 ]  # fmt: skip
+CLASSES = (r"\p{L}", r"\p{N}", r"\s")
+
+
+def every_char() -> str:
+    """Every code point but the surrogates, in order."""
+    return "".join(chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c < 0xE000)
+
+
+def tiktoken_class(cls: str, text: str) -> str:
+    """The characters of ``text`` that tiktoken's regex engine puts in ``cls``.
+
+    tiktoken encodes only what its pattern matches, so an encoding whose pattern is ``cls``
+    and whose tokens are the 256 single bytes hands back exactly the matching characters.
+    """
+    import tiktoken
+
+    ranks = {bytes([b]): b for b in range(256)}
+    enc = tiktoken.Encoding(f"class {cls}", pat_str=cls, mergeable_ranks=ranks, special_tokens={})
+    return enc.decode_bytes(enc.encode_ordinary(text)).decode("utf-8")
+
+
+@lru_cache(maxsize=1)
+def unicode_disagreements() -> frozenset[str]:
+    """Characters in \\p{L}, \\p{N} or \\s for the ``regex`` module but not for tiktoken, or back.
+
+    The two engines ship different Unicode versions: with regex 2026.11.15 and tiktoken
+    0.14.0, regex has 17,144 more letters and 336 more numbers (code points assigned in
+    recent Unicode versions, e.g. U+12475, U+11DE0..U+11DE9, CJK extensions); \\s agrees.
+    Chunks, hence ids, can differ on text holding them, so generated text leaves them out.
+    """
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        return frozenset()
+    chars = every_char()
+    out: set[str] = set()
+    for cls in CLASSES:
+        out |= set(regex.findall(cls, chars)) ^ set(tiktoken_class(cls, chars))
+    return frozenset(out)
+
+
 ASCII_WORD = st.text(
     st.sampled_from("abcxyzABCXYZ0123456789.,;:!?'\"()-_ \n\t"), min_size=1, max_size=8
 )
-ANY_CHARS = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=4)
+ANY_CHARS = st.text(
+    st.characters(exclude_categories=("Cs",)).filter(lambda c: c not in unicode_disagreements()),
+    min_size=1,
+    max_size=4,
+)
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), ASCII_WORD, ANY_CHARS), max_size=24).map(
     "".join
 )

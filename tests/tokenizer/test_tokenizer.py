@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.tokenizer.strategies import texts
 
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.tokenizer import CharTokenizer, Tokenizer, load_tokenizer, parallel
@@ -149,6 +150,12 @@ def test_encode_batch_raises_on_disallowed_special(gpt2_tok: Tokenizer, monkeypa
         gpt2_tok.encode_batch(["x" * 100, "y <|endoftext|>"], num_workers=2)
     with pytest.raises(GlassError, match="list of texts"):
         gpt2_tok.encode_batch("not a list")
+
+
+@given(st.lists(texts, max_size=6))
+def test_encode_ordinary_many_equals_one_by_one(gpt2_tok: Tokenizer, batch: list[str]) -> None:
+    batch = [*batch, "", " x  \n", "a\ud800 b"]
+    assert gpt2_tok.encode_ordinary_many(batch) == [gpt2_tok.encode_ordinary(t) for t in batch]
 
 
 @given(st.text(st.sampled_from("ab \n\t."), max_size=200), st.integers(1, 200))

@@ -166,6 +166,28 @@ class Tokenizer:
             vals[-1] = self._tails[pieces[-1]]
         return list(chain.from_iterable(vals))
 
+    def encode_ordinary_many(self, texts: Sequence[str]) -> list[list[int]]:
+        """``[encode_ordinary(t) for t in texts]``, with one split and one lookup pass for all.
+
+        Many short texts cost less this way than one call each.
+        """
+        if self._pieces is None:
+            return [self.encode_ordinary(t) for t in texts]
+        try:
+            splits = list(map(SAFE_SPACE.split, texts))
+            vals = list(map(self._pieces.__getitem__, chain.from_iterable(splits)))
+            out, k = [], 0
+            for pieces in splits:
+                end = k + len(pieces)
+                vals[k] = self._heads[pieces[0]]
+                if vals[end - 1] is BAD:
+                    vals[end - 1] = self._tails[pieces[-1]]
+                out.append(list(chain.from_iterable(vals[k:end])))
+                k = end
+            return out
+        except UnicodeEncodeError:
+            return [self.encode_ordinary(t) for t in texts]
+
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode ``text`` with special-token strings read as ordinary text.
 

@@ -87,7 +87,7 @@ def encode_texts(tok: Tokenizer, texts: Sequence[str], allowed: frozenset[str]) 
     """The ids of each text; specials outside ``allowed`` are read as text."""
     if allowed:
         return [tok.encode(t, allowed_special=allowed, disallowed_special=()) for t in texts]
-    return [tok.encode_ordinary(t) for t in texts]
+    return tok.encode_ordinary_many(texts)
 
 
 def _work(key: int, texts: list[str], allowed: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -138,8 +138,11 @@ def encode_batch(
     """``[tok.encode(t, ...) for t in texts]``, forking ``num_workers`` processes (default: all cores)."""
     if isinstance(texts, str):
         raise GlassError("encode_batch takes a list of texts, not one str (use encode)")
+    texts = list(texts)
     allowed, disallowed = resolve(tok.special_tokens, allowed_special, disallowed_special)
-    kw = {"allowed_special": allowed, "disallowed_special": disallowed}
+    if disallowed:
+        for t in texts:  # raise here, not in a worker
+            check_disallowed(t, disallowed)
     lengths = [len(t) for t in texts]
     workers = cpu_count() if num_workers is None else num_workers
     if (
@@ -147,13 +150,10 @@ def encode_batch(
         or sum(lengths) < PARALLEL_MIN_CHARS
         or "fork" not in multiprocessing.get_all_start_methods()
     ):
-        return [tok.encode(t, **kw) for t in texts]
-    for t in texts:  # raise here, not in a worker
-        check_disallowed(t, disallowed)
-    cut = tok.pattern_name is not None and not allowed
-    shares = plan(lengths, workers, cut, texts)
+        return encode_texts(tok, texts, allowed)
+    shares = plan(lengths, workers, tok.pattern_name is not None and not allowed, texts)
     if len(shares) == 1:
-        return [tok.encode(t, **kw) for t in texts]
+        return encode_texts(tok, texts, allowed)
     parts = [[texts[i][a:b] for i, a, b in jobs] for jobs in shares]
     try:
         pool = _pool(tok, len(shares) - 1)

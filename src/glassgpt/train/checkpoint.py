@@ -273,27 +273,18 @@ class CheckpointManager:
         tensors: Mapping[str, Mapping[str, torch.Tensor]],
         files: Mapping[str, bytes],
         state: Mapping[str, Any],
+        best: bool = False,
     ) -> Path:
-        """Write ``step_{step:06d}``, point ``latest`` at it, prune old ones; returns it."""
+        """Write ``step_{step:06d}``, point ``latest`` at it and prune old ones; or, with
+        ``best``, write ``best`` (weights, config, tokenizer: no optimizer). Returns it."""
+        name = "best" if best else f"step_{step:06d}"
         folder = write_checkpoint(
-            self.root / f"step_{step:06d}", step=step, tensors=tensors, files=files, state=state
+            self.root / name, step=step, tensors=tensors, files=files, state=state
         )
-        atomic_write(self.root / "latest", f"{folder.name}\n".encode())
-        self.prune()
+        if not best:
+            atomic_write(self.root / "latest", f"{folder.name}\n".encode())
+            self.prune()
         return folder
-
-    def save_best(
-        self,
-        step: int,
-        *,
-        tensors: Mapping[str, Mapping[str, torch.Tensor]],
-        files: Mapping[str, bytes],
-        state: Mapping[str, Any],
-    ) -> Path:
-        """Write ``best`` (weights, config, tokenizer; no optimizer)."""
-        return write_checkpoint(
-            self.root / "best", step=step, tensors=tensors, files=files, state=state
-        )
 
     def prune(self) -> None:
         """Delete all but the newest ``keep_last`` step folders (0 keeps all)."""

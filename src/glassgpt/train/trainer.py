@@ -19,6 +19,7 @@ import contextlib
 import math
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -309,6 +310,7 @@ class Trainer:
             initial=self.step,
             unit="step",
             dynamic_ncols=True,
+            mininterval=0.5 if sys.stderr.isatty() else 30.0,  # a log file gets few lines
             disable=not (cfg.progress and self.ctx.is_main),
         )
         write = bar.write if not bar.disable else self.log
@@ -366,11 +368,12 @@ class Trainer:
         if val < self.best_val_loss:
             self.best_val_loss = val
             if self.checkpoints is not None:
-                self.checkpoints.save_best(
+                self.checkpoints.save(
                     self.step,
                     tensors={"model.safetensors": self.model.state_dict()},
                     files=self.checkpoint_files,
                     state={"val_loss": val},
+                    best=True,
                 )
         if self.on_eval is not None and self.ctx.is_main:
             self.model.eval()  # no dropout, so no draw from the training RNG streams

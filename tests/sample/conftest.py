@@ -29,8 +29,8 @@ def write_run(out: Path, model: GPT, tok: CharTokenizer, steps: tuple[int, ...] 
     for step in steps:
         manager.save(step, tensors={"model.safetensors": model.state_dict()}, files=files,
                      state={"trainer": {}})  # fmt: skip
-    manager.save_best(steps[0], tensors={"model.safetensors": model.state_dict()}, files=files,
-                      state={"val_loss": 1.0})  # fmt: skip
+    manager.save(steps[0], tensors={"model.safetensors": model.state_dict()}, files=files,
+                 state={"val_loss": 1.0}, best=True)  # fmt: skip
     return out
 
 

@@ -109,7 +109,12 @@ def test_gradient_accumulation_equals_the_full_batch(tmp_path: Path) -> None:
     for accum in (1, 4):
         torch.manual_seed(0)
         cfg = TrainConfig(
-            max_steps=6, batch_size=8, grad_accum=accum, warmup_steps=1, progress=False
+            max_steps=6,
+            batch_size=8,
+            grad_accum=accum,
+            warmup_steps=1,
+            progress=False,
+            precision="fp32",
         )
         t = Trainer(TinyLM(dropout=0.0), cfg, Fixed(accum), log=lambda m: None)
         t.fit()

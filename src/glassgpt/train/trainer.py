@@ -61,10 +61,24 @@ class TrainingDiverged(GlassError):
     """The loss became NaN or infinite."""
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (Linux: the avx512_bf16 or amx_bf16 flag)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split()
+                    return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        pass
+    return False
+
+
 def resolve_precision(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
     """(autocast dtype or None for float32, whether a GradScaler is needed).
 
-    ``auto``: bf16 on GPUs that have it, fp16 + GradScaler on older GPUs, fp32 on CPUs.
+    ``auto``: bf16 on GPUs that have it, fp16 + GradScaler on older GPUs; on CPUs bf16 where
+    the processor multiplies bf16 natively (AVX512-BF16 or AMX), else fp32.
 
     >>> resolve_precision("bf16", torch.device("cpu"))
     (torch.bfloat16, False)
@@ -72,7 +86,7 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[torch.dtype
     cuda = device.type == "cuda"
     if precision == "auto":
         if not cuda:
-            return None, False
+            return (torch.bfloat16, False) if cpu_has_bf16() else (None, False)
         precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     if precision == "fp32":
         return None, False
@@ -314,7 +328,7 @@ class Trainer:
             disable=not (cfg.progress and self.ctx.is_main),
         )
         write = bar.write if not bar.disable else self.log
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         window_t, window_tokens = start, self.tokens
         record: dict[str, Any] = {"step": self.step}
         ended = "max_steps"
@@ -332,6 +346,7 @@ class Trainer:
                         tok_s = (self.tokens - window_tokens) / max(now - window_t, 1e-9)
                         record.update(tokens=self.tokens, tok_per_s=tok_s)
                         record["elapsed_s"] = now - start
+                        record["cpu_s"] = time.process_time() - cpu_start  # all threads
                         bar.set_postfix_str(f"loss {record['loss']:.4f}, {tok_s:,.0f} tok/s")
                     if do_eval:
                         record.update(self._eval_and_report(write))

@@ -304,11 +304,9 @@ def activation_bytes(
     elif dropout:  # the fused kernel falls back to float32 math: q, k, v, pattern, mask, dropped
         attn = 4 * (3 * H * dh + 3 * H * T) + s * H * dh
     elif autocast and dh < SMALL_HEAD:  # CPU bf16: small heads run the kernel in float32
-        # float32 q, k, v and z, the bf16 z for W_O, the log-sum-exp; RoPE's rotation
-        # replaces the views of the bf16 q|k|v buffer (measured: tests/model/test_accounting.py)
+        # float32 q, k, v and z, the bf16 z for W_O, the log-sum-exp
+        # (measured: tests/model/test_accounting.py)
         attn = 4 * 4 * H * dh + s * H * dh + 4 * H
-        if c.positional == "rope":
-            attn -= 3 * s * H * dh
     else:
         attn = s * (4 * H * dh + (2 * H * dh if c.positional == "rope" else 0)) + 4 * H
     gate, value = c.mlp_activations

@@ -68,6 +68,13 @@ def attention_scores(q: Tensor, k: Tensor, offset: int = 0, mask: Tensor | None 
     return scores.masked_fill(hidden, float("-inf"))
 
 
+def _cpu_bf16(q: Tensor) -> bool:
+    """q is bf16, or CPU autocast would make the attention kernel bf16."""
+    if q.dtype == torch.bfloat16:
+        return True
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
 def fused_attention(
     q: Tensor,
     k: Tensor,
@@ -80,7 +87,7 @@ def fused_attention(
 
     ``mask`` (bool, True = may attend) replaces the causal mask (a padded batch).
     """
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.shape[-1] < 64:
+    if q.device.type == "cpu" and q.shape[-1] < 64 and _cpu_bf16(q):
         # PyTorch's CPU flash kernel is ~3x slower in bf16 than in float32 for small heads
         # (fwd+bwd at d_head 32), so under bf16 autocast those heads run in float32.
         with torch.autocast("cpu", enabled=False):

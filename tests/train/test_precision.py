@@ -13,10 +13,17 @@ def test_auto_precision_on_cpu_follows_the_processor() -> None:
     assert resolve_precision("fp32", torch.device("cpu")) == (None, False)
 
 
-@pytest.mark.parametrize("d_head", [16, 64])  # small heads run attention in float32
-def test_bf16_autocast_forward_and_backward_stay_close_to_float32(d_head: int) -> None:
+@pytest.mark.parametrize(
+    ("d_head", "positional"),
+    [(16, "learned"), (16, "rope"), (64, "learned")],  # heads under 64 run attention in float32
+)
+def test_bf16_autocast_forward_and_backward_stay_close_to_float32(
+    d_head: int, positional: str
+) -> None:
     torch.manual_seed(0)
-    config = GPTConfig(n_vocab=50, n_ctx=32, d_model=2 * d_head, n_layers=2, n_heads=2)
+    config = GPTConfig(
+        n_vocab=50, n_ctx=32, d_model=2 * d_head, n_layers=2, n_heads=2, positional=positional
+    )
     model = GPT(config)
     x = torch.randint(0, 50, (4, 32))
     _, loss32 = model(x, x)

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import Hooks, run_hook
+from glassgpt.model.onednn import OneDNNLinear, use_onednn
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
@@ -61,7 +62,8 @@ def linear(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = 
     A weight may carry an inference kernel, ``W.kernel = (key, fn)`` (attached by
     ``glassgpt.sample.precision``): ``fn(x, b)`` computes the same product from a pre-packed
     copy of W. It is used only without autograd, for inputs of W's dtype, and while W is the
-    tensor it was built from (``key`` = ``weight_key(W)`` when it was attached).
+    tensor it was built from (``key`` = ``weight_key(W)`` when it was attached). Float32 products
+    on CPUs go through oneDNN when that is faster (``glassgpt.model.onednn``).
     """
     kernel = getattr(W, "kernel", None)
     if (
@@ -71,9 +73,10 @@ def linear(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = 
         and kernel[0] == weight_key(W)
     ):
         return kernel[1](x, b)
-    if transposed:
-        return F.linear(x, W, b)
-    return F.linear(x, (W.flatten(0, -2) if W.ndim > 2 else W).T, b)
+    W2 = W.flatten(0, -2) if W.ndim > 2 else W
+    if use_onednn(x, W2):
+        return OneDNNLinear.apply(x, W2, b, transposed)
+    return F.linear(x, W2 if transposed else W2.T, b)
 
 
 class Embed(nn.Module):

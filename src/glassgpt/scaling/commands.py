@@ -7,13 +7,22 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from glassgpt.scaling.grid import study_names
+
+    studies = ", ".join(study_names())
     p = subparsers.add_parser(
         "sweep",
         help="train a grid of runs (sizes × token budgets × any config field × seeds)",
-        description="Train every run of a TOML grid; finished runs are skipped when restarted.",
+        description="Train every run of a TOML grid or built-in study; finished runs are "
+        "skipped when restarted.",
     )
-    p.add_argument("--grid", required=True, metavar="FILE", help="the grid TOML file")
-    p.add_argument("--output", required=True, metavar="DIR", help="the sweep folder")
+    p.add_argument(
+        "--grid",
+        metavar="FILE|NAME",
+        help=f"a grid TOML file, or a built-in study: {studies}",
+    )
+    p.add_argument("--output", metavar="DIR", help="the sweep folder")
+    p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
 
@@ -74,10 +83,17 @@ def register(subparsers: Any) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from glassgpt.scaling.grid import Grid
+    from glassgpt.errors import GlassError
+    from glassgpt.scaling.grid import Grid, study_description, study_names
     from glassgpt.scaling.sweep import run_sweep
 
-    results = run_sweep(Grid.load(args.grid), args.output, progress=not args.no_progress)
+    if args.list:
+        for name in study_names():
+            print(f"{name:12} {study_description(name)}")
+        return 0
+    if args.grid is None or args.output is None:
+        raise GlassError("sweep needs --grid FILE|NAME and --output DIR (or --list)")
+    results = run_sweep(Grid.resolve(args.grid), args.output, progress=not args.no_progress)
     print(f"{len(results)} runs finished; table in {args.output}/results.md")
     return 0
 

@@ -1,4 +1,4 @@
-"""``glassgpt sweep`` and ``glassgpt scaling fit | predict``: argument parsing only."""
+"""``glassgpt sweep`` and ``glassgpt scaling fit | compare | predict``: argument parsing only."""
 
 from __future__ import annotations
 
@@ -52,6 +52,22 @@ def register(subparsers: Any) -> None:
     )
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(func=_fit)
+
+    c = sub.add_parser(
+        "compare",
+        help="mean ± standard error of a metric per grid point, over seeds",
+        description="Group a sweep's runs by grid point (every override but the seed, or one "
+        "key with --by); write DIR/comparison.md and DIR/comparison.png.",
+    )
+    c.add_argument("sweep", metavar="DIR", help="a sweep folder (from glassgpt sweep)")
+    c.add_argument("--by", metavar="KEY", help="group by this override only (e.g. model.d_head)")
+    c.add_argument(
+        "--metric",
+        default="val_bpb",
+        metavar="NAME",
+        help="val_bpb (default: fair across tokenizers), val_loss or best_val_loss",
+    )
+    c.set_defaults(func=_compare)
 
     q = sub.add_parser("predict", help="predict a run's loss before training it")
     q.add_argument("--law", required=True, metavar="PATH", help="law.json or its sweep folder")
@@ -113,6 +129,15 @@ def _fit(args: argparse.Namespace) -> int:
     path = save_report(report, args.sweep)
     plots = plot_report(report, args.sweep)
     print(f"law in {path}; plots: {', '.join(p.name for p in plots)}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from glassgpt.scaling.compare import compare_sweep
+
+    comparison, md, png = compare_sweep(args.sweep, by=args.by, metric=args.metric)
+    print(comparison.markdown(), end="")
+    print(f"table in {md}; plot in {png}")
     return 0
 
 

@@ -89,3 +89,18 @@ def test_a_grid_file_wins_over_a_study_of_the_same_name(tmp_path: Path, monkeypa
     monkeypatch.chdir(tmp_path)
     Path("vocab").write_text('seeds = [5]\n[grid]\n"train.lr" = [0.1]\n', encoding="utf-8")
     assert Grid.resolve("vocab").seeds == (5,)
+
+
+def test_with_data_points_every_run_at_other_data(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("corpus.txt").write_text("hello\n", encoding="utf-8")
+    grid = Grid.resolve("tying").with_data(["corpus.txt"])
+    assert grid.data == (str(tmp_path / "corpus.txt"),)
+    _, cfg = configs_of(grid)[0]
+    assert cfg.data.paths == (str(tmp_path / "corpus.txt"),)
+
+
+def configs_of(grid: Grid):
+    from glassgpt.scaling.sweep import run_configs
+
+    return run_configs(grid)

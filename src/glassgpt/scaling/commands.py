@@ -22,6 +22,12 @@ def register(subparsers: Any) -> None:
         help=f"a grid TOML file, or a built-in study: {studies}",
     )
     p.add_argument("--output", metavar="DIR", help="the sweep folder")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        help="train every run on these files or prepared folder instead of the grid's data",
+    )
     p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
@@ -109,7 +115,10 @@ def _sweep(args: argparse.Namespace) -> int:
         return 0
     if args.grid is None or args.output is None:
         raise GlassError("sweep needs --grid FILE|NAME and --output DIR (or --list)")
-    results = run_sweep(Grid.resolve(args.grid), args.output, progress=not args.no_progress)
+    grid = Grid.resolve(args.grid)
+    if args.data:
+        grid = grid.with_data(args.data)
+    results = run_sweep(grid, args.output, progress=not args.no_progress)
     print(f"{len(results)} runs finished; table in {args.output}/results.md")
     return 0
 

@@ -147,6 +147,10 @@ class Grid:
             axes=axes,
         )
 
+    def with_data(self, paths: list[str]) -> Grid:
+        """The same grid on other data (paths made absolute: runs start in their own folders)."""
+        return _replace(self, data=tuple(str(Path(p).resolve()) for p in paths))
+
     def runs(self) -> Iterator[RunSpec]:
         """Every point of the grid × every seed, in a deterministic order."""
         choices = [[(axis, v) for v in values] for axis, values in self.axes.items()]

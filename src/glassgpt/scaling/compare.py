@@ -70,7 +70,7 @@ class Comparison:
     points: list[Point] = field(default_factory=list)
 
     def markdown(self) -> str:
-        head = ["point", "n", f"{self.metric} mean", "SE", "N", "tokens", "wall s"]
+        head = ["point", "n", f"{self.metric} mean", "SE", "N total", "tokens", "wall s"]
         lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
         for p in self.points:
             cells = [

@@ -85,3 +85,43 @@ def test_fit_errors_on_a_folder_without_results(tmp_path: Path, capsys) -> None:
     assert "no finished runs" in capsys.readouterr().err
     with pytest.raises(Exception, match="not found"):
         load_results(tmp_path / "missing")
+
+
+@pytest.mark.slow
+def test_runs_with_one_data_config_share_one_prepared_folder(tmp_path: Path) -> None:
+    grid_path = tiny_grid(tmp_path)
+    text = grid_path.read_text().replace("seeds = [0]", "seeds = [0, 1]")
+    grid_path.write_text(text.replace(', { "model.d_model" = 16, "model.n_heads" = 2 }', ""))
+    grid = Grid.load(grid_path)
+    assert len(list(grid.runs())) == 2
+    out = tmp_path / "sweep"
+    messages: list[str] = []
+    results = run_sweep(grid, out, progress=False, log=messages.append)
+    assert len(results) == 2 and all(r["val_loss"] > 0 for r in results)
+    (folder,) = (out / "data").iterdir()  # prepared once, for both seeds
+    assert (folder / "meta.json").is_file()
+    assert sum("preparing data" in m for m in messages) == 1
+    for r in results:
+        assert r["config"]["data"]["paths"] == [str(folder)]
+        assert not (out / "runs" / r["name"] / "data").exists()  # no private copy
+
+
+def test_shared_data_folders_follow_the_data_config(tmp_path: Path) -> None:
+    from glassgpt.scaling.sweep import prepare_shared
+    from glassgpt.train.config import DataConfig
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "sweep"
+    a = prepare_shared(out, DataConfig(paths=(str(corpus),), tokenizer="bpe", vocab_size=260))
+    b = prepare_shared(out, DataConfig(paths=(str(corpus),), tokenizer="bpe", vocab_size=270))
+    c = prepare_shared(out, DataConfig(paths=(str(corpus),), tokenizer="char"))
+    assert a is not None and b is not None and c is not None
+    assert len({a, b, c}) == 3 and sorted(out.joinpath("data").iterdir()) == sorted([a, b, c])
+    assert json.loads((b / "meta.json").read_text())["n_vocab"] == 270
+    stamp = (a / "meta.json").stat().st_mtime_ns
+    logs: list[str] = []
+    again = DataConfig(paths=(str(corpus),), tokenizer="bpe", vocab_size=260)
+    assert prepare_shared(out, again, logs.append) == a  # kept, not prepared again
+    assert logs == [] and (a / "meta.json").stat().st_mtime_ns == stamp
+    assert prepare_shared(out, DataConfig(paths=(str(a),))) is None  # already prepared

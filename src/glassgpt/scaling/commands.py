@@ -1,4 +1,4 @@
-"""``glassgpt sweep`` and ``glassgpt scaling fit | predict``: argument parsing only."""
+"""``glassgpt sweep`` and ``glassgpt scaling fit | compare | predict``: argument parsing only."""
 
 from __future__ import annotations
 
@@ -7,13 +7,28 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from glassgpt.scaling.grid import study_names
+
+    studies = ", ".join(study_names())
     p = subparsers.add_parser(
         "sweep",
         help="train a grid of runs (sizes × token budgets × any config field × seeds)",
-        description="Train every run of a TOML grid; finished runs are skipped when restarted.",
+        description="Train every run of a TOML grid or built-in study; finished runs are "
+        "skipped when restarted.",
     )
-    p.add_argument("--grid", required=True, metavar="FILE", help="the grid TOML file")
-    p.add_argument("--output", required=True, metavar="DIR", help="the sweep folder")
+    p.add_argument(
+        "--grid",
+        metavar="FILE|NAME",
+        help=f"a grid TOML file, or a built-in study: {studies}",
+    )
+    p.add_argument("--output", metavar="DIR", help="the sweep folder")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        help="train every run on these files or prepared folder instead of the grid's data",
+    )
+    p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
 
@@ -43,6 +58,22 @@ def register(subparsers: Any) -> None:
     )
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(func=_fit)
+
+    c = sub.add_parser(
+        "compare",
+        help="mean ± standard error of a metric per grid point, over seeds",
+        description="Group a sweep's runs by grid point (every override but the seed, or one "
+        "key with --by); write DIR/comparison.md and DIR/comparison.png.",
+    )
+    c.add_argument("sweep", metavar="DIR", help="a sweep folder (from glassgpt sweep)")
+    c.add_argument("--by", metavar="KEY", help="group by this override only (e.g. model.d_head)")
+    c.add_argument(
+        "--metric",
+        default="val_bpb",
+        metavar="NAME",
+        help="val_bpb (default: fair across tokenizers), val_loss or best_val_loss",
+    )
+    c.set_defaults(func=_compare)
 
     q = sub.add_parser("predict", help="predict a run's loss before training it")
     q.add_argument("--law", required=True, metavar="PATH", help="law.json or its sweep folder")
@@ -74,10 +105,20 @@ def register(subparsers: Any) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from glassgpt.scaling.grid import Grid
+    from glassgpt.errors import GlassError
+    from glassgpt.scaling.grid import Grid, study_description, study_names
     from glassgpt.scaling.sweep import run_sweep
 
-    results = run_sweep(Grid.load(args.grid), args.output, progress=not args.no_progress)
+    if args.list:
+        for name in study_names():
+            print(f"{name:12} {study_description(name)}")
+        return 0
+    if args.grid is None or args.output is None:
+        raise GlassError("sweep needs --grid FILE|NAME and --output DIR (or --list)")
+    grid = Grid.resolve(args.grid)
+    if args.data:
+        grid = grid.with_data(args.data)
+    results = run_sweep(grid, args.output, progress=not args.no_progress)
     print(f"{len(results)} runs finished; table in {args.output}/results.md")
     return 0
 
@@ -97,6 +138,15 @@ def _fit(args: argparse.Namespace) -> int:
     path = save_report(report, args.sweep)
     plots = plot_report(report, args.sweep)
     print(f"law in {path}; plots: {', '.join(p.name for p in plots)}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from glassgpt.scaling.compare import compare_sweep
+
+    comparison, md, png = compare_sweep(args.sweep, by=args.by, metric=args.metric)
+    print(comparison.markdown(), end="")
+    print(f"table in {md}; plot in {png}")
     return 0
 
 

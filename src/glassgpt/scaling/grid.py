@@ -18,7 +18,9 @@ A grid file::
       { "model.d_model" = 128, "model.n_heads" = 4 },
     ]
 
-gives 2 × 2 × 3 = 12 runs. Each run is a dict of dotted overrides with a stable name.
+gives 2 × 2 × 3 = 12 runs. Each run is a dict of dotted overrides with a stable name. An
+optional ``description`` says what the grid studies. Built-in grids (the studies shipped in
+``glassgpt/scaling/studies``) load by name where no file of that name exists.
 
 >>> g = Grid.from_dict({"seeds": [0, 1], "grid": {"train.lr": [0.1, 0.2]}})
 >>> [r.name for r in g.runs()]
@@ -32,13 +34,41 @@ import itertools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from glassgpt.config import load_toml
-from glassgpt.errors import ConfigError
+from glassgpt.errors import ConfigError, InputFileError
 
-GRID_KEYS = ("preset", "config", "data", "seeds", "parallel", "set", "grid")
+GRID_KEYS = ("description", "preset", "config", "data", "seeds", "parallel", "set", "grid")
+STUDIES = "scaling/studies"  # the built-in grids, inside the glassgpt package
+
+
+def study_names() -> list[str]:
+    """The built-in grids (studies) shipped with glassgpt.
+
+    >>> {"vocab", "tying", "d-head", "scaling-cpu"} <= set(study_names())
+    True
+    """
+    root = resources.files("glassgpt").joinpath(STUDIES)
+    return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def study_description(name: str) -> str:
+    """The ``description`` line of a built-in grid."""
+    return str(load_study_dict(name).get("description", ""))
+
+
+def load_study_dict(name: str) -> dict[str, Any]:
+    """The raw TOML table of a built-in grid; an unknown name lists the known ones."""
+    known = study_names()
+    if name not in known:
+        raise InputFileError(
+            f"no grid file or built-in study named {name!r}; built-in studies: {', '.join(known)}"
+        )
+    with resources.as_file(resources.files("glassgpt").joinpath(STUDIES, f"{name}.toml")) as p:
+        return load_toml(p)
 
 
 @dataclass(frozen=True)
@@ -57,6 +87,7 @@ class RunSpec:
 @dataclass(frozen=True)
 class Grid:
     preset: str | None = None
+    description: str = ""
     config: str | None = None
     data: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (0,)
@@ -65,8 +96,18 @@ class Grid:
     axes: dict[str, list[Any]] = field(default_factory=dict)
 
     @classmethod
+    def resolve(cls, name_or_path: str | Path) -> Grid:
+        """The grid in a TOML file, or else the built-in study of that name (``vocab``...)."""
+        path = Path(name_or_path)
+        if path.is_file() or path.suffix == ".toml" or len(path.parts) > 1:
+            return cls.load(path)
+        return cls.from_dict(load_study_dict(str(name_or_path)))
+
+    @classmethod
     def load(cls, path: str | Path) -> Grid:
         path = Path(path)
+        if not path.is_file():
+            raise InputFileError(f"grid file not found: {path}")
         grid = cls.from_dict(load_toml(path))
         if grid.config is not None and not Path(grid.config).is_absolute():
             grid = _replace(grid, config=str((path.parent / grid.config).resolve()))
@@ -97,6 +138,7 @@ class Grid:
         raw_data = data.get("data", [])
         return cls(
             preset=data.get("preset"),
+            description=str(data.get("description", "")),
             config=data.get("config"),
             data=tuple([raw_data] if isinstance(raw_data, str) else raw_data),
             seeds=tuple(seeds),
@@ -104,6 +146,10 @@ class Grid:
             fixed=fixed,
             axes=axes,
         )
+
+    def with_data(self, paths: list[str]) -> Grid:
+        """The same grid on other data (paths made absolute: runs start in their own folders)."""
+        return _replace(self, data=tuple(str(Path(p).resolve()) for p in paths))
 
     def runs(self) -> Iterator[RunSpec]:
         """Every point of the grid × every seed, in a deterministic order."""

@@ -5,11 +5,17 @@ take the sweep down, and runs can go in parallel), then its result is written to
 ``result.json`` there; a run with a ``result.json`` is finished and is skipped when the sweep
 is started again, and a run with a checkpoint but no result is resumed from it. The table
 ``OUT/results.jsonl`` (and ``results.md``) has, per run: final and best validation loss, bits
-per byte, N (total and non-embedding), D (training tokens), FLOPs ≈ 6 N D and wall time.
+per byte, N (total and non-embedding), D (training tokens), FLOPs ≈ 6 N D, wall time and the
+run's grid overrides.
+
+Runs with the same data config (paths, tokenizer, vocab_size, val_fraction, max_bytes) share
+one prepared data folder, ``OUT/data/<hash>/`` (hash = sha256 of that config), prepared once
+before the runs start (a folder already there is kept) and given to each run as its data.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -39,24 +45,84 @@ COLUMNS = (
 )
 
 
-def validate(grid: Grid) -> list[RunSpec]:
-    """Every run of the grid, each checked as a full training config before anything starts."""
+DATA = "data"
+
+
+def run_configs(grid: Grid) -> list[tuple[RunSpec, Any]]:
+    """Every run of the grid with its validated ``RunConfig``, checked before anything starts."""
     from glassgpt.train.config import build_run_config, raw_run_config
 
-    runs = list(grid.runs())
-    for run in runs:
+    out = []
+    for run in grid.runs():
         raw = raw_run_config(
             preset=grid.preset,
             config_file=grid.config,
             data_paths=list(grid.data) or None,
             overrides=run.set_args,
         )
-        build_run_config(raw)
-    return runs
+        out.append((run, build_run_config(raw)))
+    return out
 
 
-def train_command(grid: Grid, run: RunSpec, run_dir: Path, threads: int) -> list[str]:
-    """The ``glassgpt train`` command line for one run (a resume if it has a checkpoint)."""
+def validate(grid: Grid) -> list[RunSpec]:
+    """Every run of the grid, each checked as a full training config before anything starts."""
+    return [run for run, _ in run_configs(grid)]
+
+
+def data_key(data: Any) -> dict[str, Any] | None:
+    """What makes two runs' prepared data the same (None: the run reads a prepared folder)."""
+    from glassgpt.train.inputs import is_prepared
+
+    if len(data.paths) == 1 and is_prepared(data.paths[0]):
+        return None
+    tokenizer = data.tokenizer
+    if tokenizer not in ("char", "bpe"):
+        tokenizer = str(Path(tokenizer).resolve())
+    return {
+        "paths": [str(Path(p).resolve()) for p in data.paths],
+        "tokenizer": tokenizer,
+        "vocab_size": data.vocab_size if tokenizer == "bpe" else None,
+        "val_fraction": data.val_fraction,
+        "max_bytes": data.max_bytes,
+    }
+
+
+def data_folder(out: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return out / DATA / digest
+
+
+def prepare_shared(out: Path, data: Any, log: Callable[[str], None] = print) -> Path | None:
+    """The shared prepared folder for a run's data config, prepared here if not there yet."""
+    from glassgpt.data import prepare
+    from glassgpt.train.inputs import is_prepared, source_files, train_tokenizer
+
+    key = data_key(data)
+    if key is None:
+        return None
+    folder = data_folder(out, key)
+    if is_prepared(folder):
+        return folder
+    what = data.tokenizer + (f" {data.vocab_size}" if data.tokenizer == "bpe" else "")
+    log(f"sweep: preparing data once for every run with tokenizer {what} in {folder}")
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # an interrupted preparation
+    files = source_files(data)
+    prepare(files, tmp, train_tokenizer(data, files), val_fraction=data.val_fraction)
+    (tmp / "sweep-data.json").write_text(json.dumps(key, indent=1), "utf-8")
+    os.replace(tmp, folder)
+    return folder
+
+
+def train_command(
+    grid: Grid, run: RunSpec, run_dir: Path, threads: int, data: Path | None = None
+) -> list[str]:
+    """The ``glassgpt train`` command line for one run (a resume if it has a checkpoint).
+
+    ``data``, a prepared folder, replaces the run's data paths (its other data keys stay in
+    its config, as a record of what the folder holds).
+    """
     cmd = [sys.executable, "-m", "glassgpt", "train"]
     if (run_dir / "ckpt").is_dir():
         return [*cmd, "--resume", str(run_dir)]
@@ -67,6 +133,8 @@ def train_command(grid: Grid, run: RunSpec, run_dir: Path, threads: int) -> list
     if grid.data:
         cmd += ["--data", *grid.data]
     sets = [*run.set_args, f"train.threads={threads}", "train.progress=false"]
+    if data is not None:
+        sets.append(f"data.paths={json.dumps([str(data)])}")
     return [*cmd, "--out", str(run_dir), "--set", *sets]
 
 
@@ -115,13 +183,18 @@ def run_sweep(
     from tqdm import tqdm
 
     out = Path(out)
-    runs = validate(grid)
+    configs = run_configs(grid)
+    runs = [run for run, _ in configs]
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "grid.json").write_text(json.dumps([r.overrides for r in runs], indent=1), "utf-8")
     threads = max(1, (os.cpu_count() or 1) // grid.parallel)
     todo = [r for r in runs if not (out / "runs" / r.name / RESULT).is_file()]
     if len(todo) < len(runs):
         log(f"sweep: {len(runs) - len(todo)} of {len(runs)} runs already finished, skipped")
+    shared: dict[str, Path | None] = {}
+    for run, cfg in configs:
+        if run in todo and not (out / "runs" / run.name / "ckpt").is_dir():
+            shared[run.name] = prepare_shared(out, cfg.data, log)
     failures: list[str] = []
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress, unit="run")
 
@@ -130,7 +203,7 @@ def run_sweep(
         if run_dir.exists() and not (run_dir / "ckpt").is_dir():
             shutil.rmtree(run_dir)  # killed before its first checkpoint: start it again
         start = time.perf_counter()
-        cmd = train_command(grid, run, run_dir, threads)
+        cmd = train_command(grid, run, run_dir, threads, shared.get(run.name))
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "sweep.log").write_text(proc.stdout + proc.stderr, "utf-8")

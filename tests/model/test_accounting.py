@@ -243,3 +243,11 @@ def test_attention_only_accounting(variant) -> None:
     assert counter.get_total_flops() == 2 * 8 * flops_per_token(config, 8).forward
     measured = _saved_bytes(config, 4, 16, False, False)
     assert math.isclose(activation_bytes(config, 4, 16), measured, rel_tol=0.05)
+
+
+@pytest.mark.parametrize("seq", [128, 160])  # either side of the explicit bf16 product's limit
+def test_bf16_small_head_estimate_past_the_explicit_limit(seq) -> None:
+    config = _config(*MEMORY_CASES[0][:-1], n_vocab=101, d_model=64, n_heads=4, n_ctx=seq)
+    measured = _saved_bytes(config, 2, seq, True, False)
+    estimate = activation_bytes(config, 2, seq, "bfloat16")
+    assert math.isclose(estimate, measured, rel_tol=0.02), (estimate, measured)

@@ -280,3 +280,43 @@ def test_whole_model_pickles_and_copies(mlp: str) -> None:
             with clone.hooks({"embed": lambda t, n, seen=seen: seen.append(n)}):
                 clone(tokens)
             assert seen == ["embed"] and not model._hook_fns  # hooks stay per model
+
+
+@pytest.mark.parametrize("offset", [0, 7])
+@pytest.mark.parametrize("length", [40, 130])  # explicit bf16 product (≤ 128 keys), fused float32
+def test_bf16_autocast_small_heads_match_float64(length: int, offset: int, monkeypatch) -> None:
+    """Under CPU bf16 autocast, heads narrower than 64 take the explicit bf16 product up to
+    128 keys and the float32 fused kernel beyond; both agree with the float64 softmax(q kᵀ/√d
+    + M) v to bf16 accuracy, forward and backward (``offset``: queries after cached keys)."""
+    import torch.nn.functional as F
+
+    from glassgpt.model import attention
+
+    fused_calls = []
+    real_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        attention.F,
+        "scaled_dot_product_attention",
+        lambda *a, **k: fused_calls.append(a[0].dtype) or real_sdpa(*a, **k),
+    )
+    gen = torch.Generator().manual_seed(length + offset)
+    t_q, t_k = length - offset, length
+    shapes = [(2, 3, t_q, 16), (2, 3, t_k, 16), (2, 3, t_k, 16)]
+    q64, k64, v64 = (torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes)
+    g = torch.randn(2, 3, t_q, 16, generator=gen, dtype=torch.float64)
+    leaves = [t.float().requires_grad_() for t in (q64, k64, v64)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = attention.fused_attention(*leaves, offset=offset)
+    z.backward(g.float())
+    assert z.dtype == torch.bfloat16
+    assert fused_calls == ([] if t_k <= 128 else [torch.float32])
+
+    leaves64 = [t.requires_grad_() for t in (q64, k64, v64)]
+    hidden = torch.ones(t_q, t_k, dtype=torch.bool).triu(offset + 1)
+    scores = (leaves64[0] @ leaves64[1].transpose(-1, -2)) / 4.0  # √16
+    z64 = torch.softmax(scores.masked_fill(hidden, float("-inf")), -1) @ leaves64[2]
+    z64.backward(g)
+    # bf16 keeps 8 bits of mantissa: relative errors of a few 1e-3 per entry
+    assert (z.double() - z64).norm() / z64.norm() < 2e-2
+    for got, want in zip(leaves, leaves64, strict=True):
+        assert (got.grad.double() - want.grad).norm() / want.grad.norm() < 3e-2

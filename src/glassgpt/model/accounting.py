@@ -252,7 +252,8 @@ def weight_bytes(config: GPTConfig, dtype: Any = "float32") -> int:
     return count_parameters(config) * itemsize(dtype)
 
 
-SMALL_HEAD = 64  # below this d_head, CPU bf16 autocast runs attention in float32 (attention.py)
+SMALL_HEAD = 64  # below this d_head, CPU bf16 autocast avoids the bf16 fused kernel (attention.py)
+EXPLICIT_MAX_KEYS = 128  # ... and up to this many keys runs the explicit product instead
 _SAVES_INPUT = ("gelu", "gelu_tanh", "silu")  # the others' backward needs only their output
 
 
@@ -303,7 +304,11 @@ def activation_bytes(
         attn = s * (4 * H * dh + H * T * (3 if dropout else 1))
     elif dropout:  # the fused kernel falls back to float32 math: q, k, v, pattern, mask, dropped
         attn = 4 * (3 * H * dh + 3 * H * T) + s * H * dh
-    elif autocast and dh < SMALL_HEAD:  # CPU bf16: small heads run the kernel in float32
+    elif autocast and dh < SMALL_HEAD and T <= EXPLICIT_MAX_KEYS:
+        # CPU bf16, small heads, short context: the explicit product; q, k, v, z and the
+        # pattern in bf16 plus the softmax's float32 output
+        attn = s * 4 * H * dh + (4 + s) * H * T
+    elif autocast and dh < SMALL_HEAD:  # longer: the fused kernel in float32
         # float32 q, k, v and z, the bf16 z for W_O, the log-sum-exp
         # (measured: tests/model/test_accounting.py)
         attn = 4 * 4 * H * dh + s * H * dh + 4 * H

@@ -20,7 +20,7 @@ def configs(name: str):
     ]
 
 
-@pytest.mark.parametrize("name", ["vocab", "tying", "d-head", "scaling-cpu"])
+@pytest.mark.parametrize("name", ["vocab", "vocab-bytes", "tying", "d-head", "scaling-cpu"])
 def test_builtin_studies_load_and_every_run_is_a_valid_config(name: str) -> None:
     assert name in study_names()
     grid, cfgs = configs(name)
@@ -30,8 +30,14 @@ def test_builtin_studies_load_and_every_run_is_a_valid_config(name: str) -> None
     assert len(set(names)) == len(names)
     if name != "scaling-cpu":
         assert grid.seeds == (0, 1, 2)
-        # the same model size, steps and bytes for every point: only the studied axis moves
-        assert len({(c.model.d_model, c.train.max_steps, c.data.max_bytes) for c in cfgs}) == 1
+        # the same model size and bytes for every point: only the studied axis moves
+        assert len({(c.model.d_model, c.data.max_bytes) for c in cfgs}) == 1
+        steps = {(c.data.vocab_size, c.train.max_steps) for c in cfgs}
+        if name == "vocab-bytes":  # fewer steps of longer tokens as the vocabulary grows
+            assert [s for _, s in sorted(steps)] == sorted((s for _, s in steps), reverse=True)
+            assert len(steps) == 6
+        else:
+            assert len({s for _, s in steps}) == 1
     for c in cfgs:
         assert c.train.sample_tokens == 0
         assert c.train.eval_batches and c.train.eval_batches >= 20

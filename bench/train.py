@@ -5,7 +5,10 @@
    glassgpt's ``Trainer.train_step`` on ``GPT`` (fused AdamW, decay on matrices) beside
    ``transformers.GPT2LMHeadModel`` with ``torch.optim.AdamW`` (its default kernel). The two
    alternate repeat by repeat, the order flipping each time; medians of tokens/s and the
-   ratio glassgpt / transformers (> 1: glassgpt faster) are printed.
+   ratio glassgpt / transformers (> 1: glassgpt faster) are printed. The process first asks
+   glibc's malloc to keep freed buffers, as ``glassgpt train`` does on CPUs
+   (``keep_freed_memory``); the setting is process-wide, so transformers gets it too
+   (``--default-malloc`` leaves glibc's defaults for both).
 2. Time to loss (``--time-to-loss``): ``glassgpt train`` on character-level Tiny Shakespeare
    with nanoGPT's published CPU recipe (preset ``shakespeare-char-cpu``: 4 layers, 4 heads,
    128 dims, context 64, batch 12, lr 1e-3, 2,000 iterations, no dropout; nanoGPT reaches
@@ -194,14 +197,23 @@ def main() -> None:
     )
     ap.add_argument("--data", type=Path, default=SHAKESPEARE)
     ap.add_argument("--set", nargs="*", default=[], help="extra --set overrides for every run")
+    ap.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="do not keep freed memory (glassgpt train does, for both models otherwise)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import transformers
 
+    from glassgpt.train.distributed import keep_freed_memory
+
+    kept = False if args.default_malloc else keep_freed_memory()
+
     print(
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} threads; torch {torch.__version__}, "
-        f"transformers {transformers.__version__}"
+        f"transformers {transformers.__version__}; malloc keeps freed memory: {kept}"
     )
     if not args.skip_throughput:
         throughput(args.shapes, args.precisions, args.steps, args.repeats, args.clock)

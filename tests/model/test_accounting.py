@@ -150,12 +150,15 @@ def test_memory_components_scale_as_documented() -> None:
     # activations are affine in B and (for the SDPA path) in T; bf16 halves most of them
     a = activation_bytes
     assert a(c, 12, 16) - a(c, 8, 16) == a(c, 8, 16) - a(c, 4, 16) > 0
-    assert a(c, 4, 16) - a(c, 4, 12) == a(c, 4, 12) - a(c, 4, 8) > 0
+    wide = GPTConfig(**{**TINY, "d_model": 128, "n_heads": 2})  # d_head 64: the fused kernel
+    assert a(wide, 4, 16) - a(wide, 4, 12) == a(wide, 4, 12) - a(wide, 4, 8) > 0
     e = lambda T: a(c, 4, T, attn_impl="explicit")  # noqa: E731  the pattern is T² per row
     assert e(16) - 2 * e(12) + e(8) > 0
-    wide = GPTConfig(**{**TINY, "d_model": 128, "n_heads": 2})  # d_head 64: bf16 attention
+    # d_head 8 on a CPU: the explicit product (T² per row) up to 128 keys, then the fused kernel
+    assert a(c, 4, 16) - 2 * a(c, 4, 12) + a(c, 4, 8) > 0
+    assert a(c, 4, 256) - 2 * a(c, 4, 200) + a(c, 4, 144) == 0
     assert activation_bytes(wide, 64, 16, "bf16") < 0.75 * activation_bytes(wide, 64, 16)
-    assert activation_bytes(c, 4, 16, attn_impl="explicit") > activation_bytes(c, 4, 16)
+    assert activation_bytes(wide, 4, 16, attn_impl="explicit") > activation_bytes(wide, 4, 16)
     assert weight_bytes(c, torch.bfloat16) == 2 * n
 
 

@@ -76,7 +76,10 @@ class OneDNNLinear(torch.autograd.Function):
             W_in_out = W.T if ctx.transposed else W  # [d_in, d_out] as the kernel's [N, K]
             grad_x = _mm(g2, W_in_out).view(ctx.x_shape)
         if ctx.needs_input_grad[1]:  # ∂W = xᵀ g, laid out like W
-            grad_W = _mm(g2.T, x2.T) if ctx.transposed else _mm(x2.T, g2.T)
+            # The kernel copies its transposed first operand: make it the narrower of xᵀ, gᵀ.
+            x_first = x2.shape[1] <= g2.shape[1]
+            prod = _mm(x2.T, g2.T) if x_first else _mm(g2.T, x2.T)  # xᵀ g or gᵀ x
+            grad_W = prod.T if x_first == ctx.transposed else prod
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0)
         return grad_x, grad_W, grad_b, None

@@ -90,16 +90,22 @@ def fused_attention(
     heads narrower than 64 in float32 or bf16 take the explicit product up to 128 keys.
     """
     bf16 = _cpu_bf16(q)
-    if q.device.type == "cpu" and q.shape[-1] < SMALL_HEAD and (bf16 or q.dtype == torch.float32):
-        # CPU heads narrower than 64: up to 128 keys the explicit product (softmax in float32)
-        # beats PyTorch's fused kernels, ~2x at T 64 (fwd+bwd, B 24, H 4, d_head 32: float32
-        # 1.8 vs 3.8 ms, bf16 1.4 vs 3.2 ms of the float32 kernel) and evenly by T 128. Longer,
-        # bf16 heads run the fused kernel in float32: its bf16 version is ~3x slower here.
-        if mask is None and dropout_p == 0.0 and k.shape[-2] <= EXPLICIT_MAX_KEYS:
-            pattern = torch.softmax(attention_scores(q, k, offset).float(), dim=-1)
-            z = torch.matmul(pattern.to(v.dtype), v)
-            return z.to(torch.bfloat16) if bf16 else z
-    if q.device.type == "cpu" and q.shape[-1] < SMALL_HEAD and bf16:
+    small_cpu_head = q.device.type == "cpu" and q.shape[-1] < SMALL_HEAD
+    # CPU heads narrower than 64: up to 128 keys the explicit product (softmax in float32)
+    # beats PyTorch's fused kernels, ~2x at T 64 (fwd+bwd, B 24, H 4, d_head 32: float32
+    # 1.8 vs 3.8 ms, bf16 1.4 vs 3.2 ms of the float32 kernel) and evenly by T 128. Longer,
+    # bf16 heads run the fused kernel in float32: its bf16 version is ~3x slower here.
+    if (
+        small_cpu_head
+        and (bf16 or q.dtype == torch.float32)
+        and mask is None
+        and dropout_p == 0.0
+        and k.shape[-2] <= EXPLICIT_MAX_KEYS
+    ):
+        pattern = torch.softmax(attention_scores(q, k, offset).float(), dim=-1)
+        z = torch.matmul(pattern.to(v.dtype), v)
+        return z.to(torch.bfloat16) if bf16 else z
+    if small_cpu_head and bf16:
         with torch.autocast("cpu", enabled=False):
             z = fused_attention(q.float(), k.float(), v.float(), offset, dropout_p, mask)
         return z.to(torch.bfloat16)

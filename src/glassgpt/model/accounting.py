@@ -253,7 +253,7 @@ def weight_bytes(config: GPTConfig, dtype: Any = "float32") -> int:
 
 
 SMALL_HEAD = 64  # below this d_head, CPU attention avoids PyTorch's bf16 fused kernel ...
-EXPLICIT_MAX_KEYS = 128  # ... and up to this many keys (float32 or bf16) runs the explicit product
+EXPLICIT_MAX_KEYS = 128  # ... and up to this many keys runs the explicit product
 _SAVES_INPUT = ("gelu", "gelu_tanh", "silu")  # the others' backward needs only their output
 
 
@@ -278,8 +278,8 @@ def activation_bytes(
       q, k, v, z and the pattern (s·H·T), with dropout also its mask and the dropped
       pattern (s·2·H·T); dropout on the pattern sends the fused kernel to its float32
       fallback, which keeps q, k, v, the pattern, its mask and the dropped pattern (4 bytes);
-      CPU heads narrower than 64 (float32 or bf16) up to 128 keys take the explicit product,
-      which keeps q, k, v, z, the float32 softmax (4·H·T) and under bf16 its copy (s·H·T);
+      bf16 CPU heads narrower than 64 take the explicit product up to 128 keys, which keeps
+      q, k, v, z, the float32 softmax (4·H·T) and its bf16 copy (s·H·T);
     - MLP: the matmul input of W_out and each activation's input (GELU, SiLU) or output
       (ReLU, sigmoid, tanh): s·2·d_mlp (ReLU s·d_mlp); gated: σ(gate), σ'(value) and
       their product, plus each arm's pre-activation where its σ keeps its input; under
@@ -306,10 +306,10 @@ def activation_bytes(
         attn = s * (4 * H * dh + H * T * (3 if dropout else 1))
     elif dropout:  # the fused kernel falls back to float32 math: q, k, v, pattern, mask, dropped
         attn = 4 * (3 * H * dh + 3 * H * T) + s * H * dh
-    elif dh < SMALL_HEAD and T <= EXPLICIT_MAX_KEYS and s in (2, 4):
-        # CPU float32 or bf16, small heads, short context: the explicit product; q, k, v, z
-        # and the softmax's float32 output, plus its bf16 copy for the product under bf16
-        attn = s * 4 * H * dh + (4 + (s if s < 4 else 0)) * H * T
+    elif s == 2 and dh < SMALL_HEAD and T <= EXPLICIT_MAX_KEYS:
+        # CPU bf16, small heads, short context: the explicit product; q, k, v, z and the
+        # pattern in bf16 plus the softmax's float32 output
+        attn = s * 4 * H * dh + (4 + s) * H * T
     elif autocast and dh < SMALL_HEAD:  # longer: the fused kernel in float32
         # float32 q, k, v and z, the bf16 z for W_O, the log-sum-exp
         # (measured: tests/model/test_accounting.py)

@@ -89,23 +89,16 @@ def fused_attention(
     ``mask`` (bool, True = may attend) replaces the causal mask (a padded batch). On CPUs,
     bf16 heads narrower than 64 take the explicit product up to 128 keys.
     """
-    bf16 = _cpu_bf16(q)
-    small_cpu_head = q.device.type == "cpu" and q.shape[-1] < SMALL_HEAD
-    # bf16 CPU heads narrower than 64 avoid PyTorch's bf16 fused kernel (~3x slower than its
-    # float32 one here). Up to 128 keys they take the explicit product in bf16 with the softmax
-    # in float32 (fwd+bwd at B 24, H 4, T 64, d_head 32: 1.4 ms against the float32 kernel's
-    # 3.2; in a whole training step 4-8% faster), longer ones the float32 fused kernel. (In
-    # float32 the explicit product measured faster alone but slower inside a training step.)
-    if (
-        small_cpu_head
-        and bf16
-        and mask is None
-        and dropout_p == 0.0
-        and k.shape[-2] <= EXPLICIT_MAX_KEYS
-    ):
-        pattern = torch.softmax(attention_scores(q, k, offset).float(), dim=-1)
-        return torch.matmul(pattern.to(v.dtype), v).to(torch.bfloat16)
-    if small_cpu_head and bf16:
+    if q.device.type == "cpu" and q.shape[-1] < SMALL_HEAD and _cpu_bf16(q):
+        # bf16 CPU heads narrower than 64 avoid PyTorch's bf16 fused kernel (~3x slower than
+        # its float32 one here). Up to 128 keys they take the explicit product in bf16 with the
+        # softmax in float32 (fwd+bwd at B 24, H 4, T 64, d_head 32: 1.4 ms against the float32
+        # kernel's 3.2; in a whole training step 4-8% faster), longer ones the float32 fused
+        # kernel. (In float32 the explicit product measured faster alone but slower inside a
+        # training step.)
+        if mask is None and dropout_p == 0.0 and k.shape[-2] <= EXPLICIT_MAX_KEYS:
+            pattern = torch.softmax(attention_scores(q, k, offset).float(), dim=-1)
+            return torch.matmul(pattern.to(v.dtype), v).to(torch.bfloat16)
         with torch.autocast("cpu", enabled=False):
             z = fused_attention(q.float(), k.float(), v.float(), offset, dropout_p, mask)
         return z.to(torch.bfloat16)

@@ -39,7 +39,6 @@ class Point:
     n_params: float
     tokens: float
     wall_s: float | None
-    seeds: tuple[Any, ...] = ()
 
     @property
     def label(self) -> str:
@@ -51,7 +50,7 @@ class Point:
 
     @property
     def mean(self) -> float:
-        return math.fsum(self.values) / self.n
+        return _mean(self.values)
 
     @property
     def se(self) -> float:
@@ -121,7 +120,6 @@ def compare_results(
                 n_params=_mean([float(r.get("n_params") or 0) for r in runs]),
                 tokens=_mean([float(r.get("tokens") or 0) for r in runs]),
                 wall_s=_mean(walls) if walls else None,
-                seeds=tuple(r["overrides"].get("seed") for r in runs),
             )
         )
     points.sort(key=lambda p: tuple(_order(v) for _, v in p.key))

@@ -93,9 +93,9 @@ def data_folder(out: Path, key: dict[str, Any]) -> Path:
 
 
 def prepare_shared(out: Path, data: Any, log: Callable[[str], None] = print) -> Path | None:
-    """The shared prepared folder for a run's data config, prepared here if not there yet."""
-    from glassgpt.data import prepare
-    from glassgpt.train.inputs import is_prepared, source_files, train_tokenizer
+    """The shared prepared folder for a run's data config, prepared here if not there yet
+    (by the trainer's own preparation, in a staging folder renamed when complete)."""
+    from glassgpt.train.inputs import is_prepared, resolve_data
 
     key = data_key(data)
     if key is None:
@@ -105,13 +105,13 @@ def prepare_shared(out: Path, data: Any, log: Callable[[str], None] = print) -> 
         return folder
     what = data.tokenizer + (f" {data.vocab_size}" if data.tokenizer == "bpe" else "")
     log(f"sweep: preparing data once for every run with tokenizer {what} in {folder}")
-    tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)  # an interrupted preparation
-    files = source_files(data)
-    prepare(files, tmp, train_tokenizer(data, files), val_fraction=data.val_fraction)
-    (tmp / "sweep-data.json").write_text(json.dumps(key, indent=1), "utf-8")
-    os.replace(tmp, folder)
+    staging = folder.with_name(folder.name + ".tmp")
+    if staging.exists():
+        shutil.rmtree(staging)  # an interrupted preparation
+    prepared = resolve_data(data, staging).data.path
+    (prepared / "sweep-data.json").write_text(json.dumps(key, indent=1), "utf-8")
+    os.replace(prepared, folder)
+    shutil.rmtree(staging)
     return folder
 
 

@@ -1,6 +1,7 @@
 """Decoding speed: glassgpt's generate beside transformers' generate (use_cache=True), same run.
 
     PYTHONPATH=src python bench/generate.py [--repeats 3] [--new-tokens 128] [--threads N]
+    PYTHONPATH=src python bench/generate.py --device cuda --skip-quality    # on a GPU
 
 GPT-2 small shape (124M parameters) with random weights, a 16-token prompt, greedy decoding
 (both stop only at max_new_tokens). For each precision and batch size it prints tokens/s
@@ -14,6 +15,9 @@ Medians over repeats, glassgpt and transformers interleaved to share the machine
 Then a quality check: perplexity on held-out tinyshakespeare of a small character model
 (trained here for --train-steps, or --checkpoint DIR) in float32 and in bf16.
 Nothing is asserted; targets (float32 ≥ 1.2×, bf16 ≥ 2× transformers' float32) are printed.
+On a GPU (``--device cuda``) the same table compares both libraries on the GPU (transformers
+with SDPA attention), and GB/s is beside the GPU's device-to-device copy rate; timings
+include every host-device synchronisation each library makes.
 """
 
 from __future__ import annotations
@@ -35,13 +39,15 @@ from glassgpt.sample import generate  # noqa: E402
 from glassgpt.sample.precision import cast, perplexity  # noqa: E402
 
 
-def bandwidth(threads: int) -> float:
+def bandwidth(threads: int, device: str = "cpu") -> float:
     """GB/s reading a 512 MiB float32 tensor (median of 5 sums)."""
-    x = torch.ones(128 * 1024 * 1024)
+    x = torch.rand(128 * 1024 * 1024, device=device)
+    if device != "cpu":
+        torch.cuda.synchronize()
     times = []
     for _ in range(6):
         t = time.perf_counter()
-        x.sum()
+        x.sum().item()
         times.append(time.perf_counter() - t)
     return x.numel() * 4 / statistics.median(times[1:]) / 1e9
 
@@ -76,21 +82,25 @@ def timed(fn, *args) -> tuple[float, object]:  # type: ignore[no-untyped-def]
 def speed_table(args: argparse.Namespace) -> None:
     import transformers
 
+    dev = args.device
     torch.manual_seed(0)
-    hf32 = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    hf_kw = {"attn_implementation": "sdpa"} if dev != "cpu" else {}
+    hf32 = transformers.GPT2LMHeadModel._from_config(transformers.GPT2Config(), **hf_kw).eval()
     hf32.generation_config.eos_token_id = None
     hf32.generation_config.pad_token_id = 0
-    hfbf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+    hfbf = transformers.GPT2LMHeadModel._from_config(transformers.GPT2Config(), **hf_kw).eval()
     hfbf.load_state_dict(hf32.state_dict())
     hfbf = hfbf.to(torch.bfloat16)
     hfbf.generation_config.eos_token_id = None
     hfbf.generation_config.pad_token_id = 0
-    base = from_hf(hf32)
+    base = from_hf(hf32).to(dev)
     ours = {"float32": cast(base, torch.float32), "bf16": cast(base, torch.bfloat16)}
-    hf = {"float32": hf32, "bf16": hfbf}
+    hf = {"float32": hf32.to(dev), "bf16": hfbf.to(dev)}
     n_params = sum(p.numel() for p in base.parameters())
-    bw = bandwidth(args.threads)
-    print(f"memory bandwidth (sum of 512 MiB): {bw:.1f} GB/s; parameters {n_params / 1e6:.1f} M")
+    bw = bandwidth(args.threads, dev)
+    where = torch.cuda.get_device_name() if dev != "cpu" else f"{args.threads} threads"
+    print(f"{where}: memory bandwidth (sum of 512 MiB): {bw:.1f} GB/s; parameters "
+          f"{n_params / 1e6:.1f} M; transformers attention {hf32.config._attn_implementation}")  # fmt: skip
     N = args.new_tokens
     g = torch.Generator().manual_seed(1)
     hf32_rate: dict[int, float] = {}
@@ -99,7 +109,7 @@ def speed_table(args: argparse.Namespace) -> None:
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for batch in (1, args.batch):
-        prompts = torch.randint(0, 50257, (batch, args.prompt), generator=g)
+        prompts = torch.randint(0, 50257, (batch, args.prompt), generator=g).to(dev)
         for dtype in ("float32", "bf16"):
             o, h = ours[dtype], hf[dtype]
             ours_call(o, prompts, 4), hf_call(h, prompts, 4)  # warm up
@@ -176,6 +186,7 @@ def train_char_model(text: str, steps: int) -> tuple[torch.nn.Module, object]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens")
     p.add_argument("--new-tokens", type=int, default=128)

@@ -16,8 +16,20 @@
    same run: seconds of training until the first evaluation with val loss ≤ 1.88, the final
    val loss, and the process's whole wall time.
 
+3. On a GPU (``--device cuda``): GPT-2 small (124M, context 1024) in bf16, each model
+   compiled (``--no-compile`` for eager) with TF32 on: glassgpt's trainer (fused AdamW, SDPA
+   flash attention, no host sync in the step: each step's loss is read one step later)
+   beside ``GPT2LMHeadModel`` with SDPA attention and fused AdamW on the same batch, its loss
+   never read back (its best case). Tokens/s, ms/step, peak memory, and model FLOPs
+   utilisation: ``glassgpt.model.accounting.flops_per_token(config).training`` × tokens/s over
+   the GPU's dense bf16 peak from its datasheet (``--peak-tflops``), and over the bf16 matrix
+   product rate measured here (8192³, the ceiling a kernel meets on this card). One step of
+   each model runs under ``torch.cuda.set_sync_debug_mode("warn")`` and the synchronising
+   calls are counted.
+
     PYTHONPATH=src python bench/train.py                       # throughput, a few minutes
     PYTHONPATH=src python bench/train.py --time-to-loss --skip-throughput
+    PYTHONPATH=src python bench/train.py --device cuda         # GPT-2 small on a GPU
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ import torch.nn.functional as F
 from glassgpt.interop.hf_gpt2 import config_to_hf, state_dict_to_hf
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.train.config import TrainConfig
+from glassgpt.train.optim import fused_available
 from glassgpt.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,6 +190,156 @@ def time_to_loss(presets: list[str], data: Path, extra: list[str], threads: int)
         )
 
 
+# -- the GPU ---------------------------------------------------------------------------------
+
+# Dense bf16 tensor-core peaks from the vendors' datasheets (TFLOP/s, no sparsity).
+DATASHEET_BF16_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H200": 989.4,
+                         "H100 NVL": 835.0, "A100": 312.0, "L4": 121.0, "A10G": 70.0}  # fmt: skip
+GPU_SHAPES = {"gpt2": 50257, "gpt2-padded": 50304}  # GPT-2 small; the padded vocabulary
+
+
+def datasheet_peak(name: str) -> float | None:
+    return next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
+
+
+def measured_matmul_tflops() -> float:
+    """bf16 8192×8192×8192 products on random data: median TFLOP/s of 20 after a warm-up."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        a @ b
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * 8192**3 / statistics.median(times) / 1e12
+
+
+def count_syncs(step: Callable[[], object]) -> int:
+    """Synchronising CUDA calls that one ``step()`` makes (PyTorch's sync debug mode)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+def gpu_pair(
+    vocab: int, batch: int, compile_: bool, device: str = "cuda"
+) -> tuple[Callable[[int], None], ...]:
+    """(glassgpt run of n steps, transformers run of n steps, one-step sync counters)."""
+    import transformers
+
+    from glassgpt.train.distributed import DistContext
+
+    device = torch.device(device)  # type: ignore[assignment]
+    torch.manual_seed(0)
+    config = GPTConfig.preset("gpt2", n_vocab=vocab, dropout=0.0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, vocab, (batch, 1024), generator=g).to(device)
+    y = torch.randint(0, vocab, (batch, 1024), generator=g).to(device)
+    cfg = TrainConfig(max_steps=10**9, batch_size=batch, lr=1e-4, warmup_steps=0,
+                      precision="bf16", compile=compile_, progress=False)  # fmt: skip
+    trainer = Trainer(GPT(config), cfg, Repeat(x, y), ctx=DistContext(device=device))
+
+    def ours(n: int) -> None:
+        pending = None
+        for _ in range(n):  # as Trainer.fit: a step's loss is read while the next one runs
+            launched = trainer.launch_step()
+            if pending is not None:
+                pending.result()
+            pending = launched
+        assert pending is not None
+        pending.result()
+
+    hf_config = transformers.GPT2Config(**config_to_hf(config))
+    hf = transformers.GPT2LMHeadModel._from_config(hf_config, attn_implementation="sdpa")
+    hf = hf.to(device).train()
+    hf.load_state_dict(state_dict_to_hf(trainer.model), strict=False)
+    opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=fused_available(device))  # fmt: skip
+    hf_model = torch.compile(hf) if compile_ else hf
+
+    def hf_step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = hf_model(x).logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def theirs(n: int) -> None:
+        for _ in range(n):
+            hf_step()
+
+    return ours, theirs, lambda: count_syncs(lambda: ours(1)), lambda: count_syncs(hf_step)
+
+
+def gpu_throughput(args: argparse.Namespace) -> None:
+    from glassgpt.train.distributed import setup_cuda
+
+    setup_cuda(torch.device("cuda"), tf32=True)
+    name = torch.cuda.get_device_name()
+    measured = measured_matmul_tflops()
+    peak = args.peak_tflops or datasheet_peak(name)
+    print(f"GPU {name}; bf16 matmul 8192³ measured {measured:.0f} TFLOP/s; datasheet dense bf16 "
+          f"peak {peak or '?'} TFLOP/s; compile {not args.no_compile}; batch {args.gpu_batch} "
+          f"× 1024; medians of {args.repeats} × {args.steps} steps")  # fmt: skip
+    print("\n| model | vocab | glassgpt tok/s | ms/step | MFU (datasheet) | MFU (measured) | "
+          "peak GiB | syncs/step | transformers tok/s | ms/step | MFU (datasheet) | peak GiB "
+          "| syncs/step | ratio |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for shape in args.gpu_shapes:
+        gpu_row(GPU_SHAPES[shape], args, peak, measured)
+        torch.cuda.empty_cache()
+
+
+def gpu_row(vocab: int, args: argparse.Namespace, peak: float | None, measured: float) -> None:
+    from glassgpt.model.accounting import flops_per_token
+
+    ours, theirs, ours_syncs, hf_syncs = gpu_pair(vocab, args.gpu_batch, not args.no_compile)
+    flops = flops_per_token(GPTConfig.preset("gpt2", n_vocab=vocab), 1024).training
+    peaks = []
+    for label, run in (("glassgpt", ours), ("transformers", theirs)):
+        torch.cuda.reset_peak_memory_stats()  # warm up (compiles); the peak memory of each
+        t0 = time.perf_counter()
+        run(3)
+        torch.cuda.synchronize()
+        print(f"  (warm-up {label}: {time.perf_counter() - t0:.1f} s)", flush=True)
+        peaks.append(torch.cuda.max_memory_allocated() / 2**30)
+    syncs = (ours_syncs(), hf_syncs())
+    steps = (lambda: ours(args.steps), lambda: theirs(args.steps))
+    times = median_step_times(steps, 1, args.repeats, cuda_clock)
+    t_ours, t_hf = (t / args.steps for t in times)
+    tok = args.gpu_batch * 1024
+    r_ours, r_hf = tok / t_ours, tok / t_hf
+
+    def mfu(rate: float, peak: float | None) -> str:
+        return f"{rate * flops / (peak * 1e12):.1%}" if peak else "?"
+
+    print(f"| GPT-2 small | {vocab} | {r_ours:,.0f} | {t_ours * 1e3:.1f} | {mfu(r_ours, peak)} "
+          f"| {mfu(r_ours, measured)} | {peaks[0]:.1f} | {syncs[0]} | {r_hf:,.0f} | "
+          f"{t_hf * 1e3:.1f} | {mfu(r_hf, peak)} | {peaks[1]:.1f} | {syncs[1]} | "
+          f"{t_hf / t_ours:.2f}× |", flush=True)  # fmt: skip
+
+
+def cuda_clock() -> float:
+    torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["nanogpt-cpu", "default"], choices=SHAPES)
@@ -191,6 +354,12 @@ def main() -> None:
         help="cpu: this process's CPU time (with --threads 1, robust to other load)",
     )
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--gpu-shapes", nargs="+", default=list(GPU_SHAPES), choices=GPU_SHAPES)
+    ap.add_argument("--gpu-batch", type=int, default=32, help="sequences of 1024 per step")
+    ap.add_argument("--no-compile", action="store_true", help="GPU: eager, both models")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="GPU: the dense bf16 peak for MFU (default: by the GPU's name)")  # fmt: skip
     ap.add_argument("--time-to-loss", action="store_true")
     ap.add_argument(
         "--presets", nargs="+", default=["shakespeare-char-cpu", "shakespeare-char-fast"]
@@ -203,6 +372,12 @@ def main() -> None:
         help="do not keep freed memory (glassgpt train does, for both models otherwise)",
     )
     args = ap.parse_args()
+    if args.device == "cuda":
+        import transformers
+
+        print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+        gpu_throughput(args)
+        return
     torch.set_num_threads(args.threads)
     import transformers
 

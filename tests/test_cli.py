@@ -17,3 +17,23 @@ def test_unknown_command_exits_nonzero() -> None:
     )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
+
+
+def test_gpu_requests_without_a_gpu_are_one_line_errors(capsys, tmp_path) -> None:
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    cases = [
+        ["train", "--preset", "gpt2-gpu", "--out", str(tmp_path / "run")],
+        ["sample", "--checkpoint", str(tmp_path), "--device", "cuda", "--prompt", "a"],
+        ["inspect", "--checkpoint", str(tmp_path), "--device", "cuda", "--prompt", "a"],
+        ["inspect", "--checkpoint", str(tmp_path), "--device", "tpu9", "--prompt", "a"],
+    ]
+    for argv in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("glassgpt: error:") and len(err.strip().splitlines()) == 1, err
+        assert "cuda" in err or "device" in err, err
+    assert not (tmp_path / "run" / "ckpt").exists()

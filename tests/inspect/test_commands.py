@@ -25,7 +25,7 @@ def loaded(monkeypatch: pytest.MonkeyPatch, tiny: SimpleNamespace) -> SimpleName
     """Point the command's loader at a small in-memory model (any existing folder works)."""
     tok = CharTokenizer.train([TEXT])
     model = tiny.model(tiny.config(n_vocab=tok.n_vocab, n_ctx=12), dtype=torch.float32)
-    monkeypatch.setattr(commands, "load_model", lambda path: (model, tok))
+    monkeypatch.setattr(commands, "load_model", lambda path, device="cpu": (model, tok))
     return SimpleNamespace(model=model, tokenizer=tok)
 
 

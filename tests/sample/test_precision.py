@@ -54,6 +54,8 @@ def test_float32_copy_with_kernels_equals_the_model(tie: bool) -> None:
 def test_kernels_are_used_and_dropped_when_a_weight_changes() -> None:
     model = cast(model_of(), "bf16")
     W = model.blocks[0].mlp.W_in
+    if not hasattr(W, "kernel"):
+        pytest.skip("this CPU has no oneDNN bf16 packed kernels (they need AVX-512 BW/VL/DQ)")
     calls = []
     key, fn = W.kernel
     W.kernel = (key, lambda x, b: (calls.append(1), fn(x, b))[1])

@@ -105,3 +105,25 @@ def test_config_diff_lists_changed_dotted_keys() -> None:
 def test_train_config_defaults_decay_to_max_steps() -> None:
     assert TrainConfig(max_steps=123).total_decay_steps == 123
     assert TrainConfig(max_steps=123, decay_steps=50).total_decay_steps == 50
+
+
+def test_the_gpu_preset_pads_the_vocabulary_and_accumulates_half_a_million_tokens() -> None:
+    cfg = build_run_config(raw_run_config(preset="gpt2-gpu"), n_vocab=50257)
+    assert cfg.model.n_vocab == 50304  # a multiple of 64
+    assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads) == (768, 12, 12)
+    assert cfg.train.batch_size * cfg.seq_len == 524_288
+    assert cfg.train.batch_size // cfg.train.grad_accum == 32
+    assert (cfg.train.device, cfg.train.precision, cfg.train.compile) == ("cuda", "bf16", None)
+    assert build_run_config(raw_run_config(preset="gpt2-gpu"), n_vocab=16384).model.n_vocab == 16384
+
+
+def test_vocabulary_padding_rounds_up_and_an_explicit_n_vocab_wins() -> None:
+    raw = raw_run_config(preset="cpu-tiny", overrides=["data.pad_vocab_to=64"])
+    assert build_run_config(raw, n_vocab=65).model.n_vocab == 128
+    assert build_run_config(raw, n_vocab=64).model.n_vocab == 64
+    raw = raw_run_config(preset="cpu-tiny", overrides=["data.pad_vocab_to=64", "model.n_vocab=70"])
+    assert build_run_config(raw, n_vocab=65).model.n_vocab == 70
+    for bad in ("0", "true", "'x'"):
+        raw = raw_run_config(preset="cpu-tiny", overrides=[f"data.pad_vocab_to={bad}"])
+        with pytest.raises(ConfigError, match=r"data\.pad_vocab_to"):
+            build_run_config(raw, n_vocab=65)

@@ -39,3 +39,11 @@ def test_top_k_keeps_draws_among_the_k_likeliest() -> None:
     gen = torch.Generator().manual_seed(0)
     draws = {sample(m, [4], 1, top_k=3, generator=gen)[0] for _ in range(60)}
     assert draws <= allowed and len(draws) > 1
+
+
+def test_a_padded_vocabulary_is_never_drawn() -> None:
+    m = model()  # n_vocab 13, as if padded beyond a tokenizer of 5 ids
+    for seed in range(5):
+        gen = torch.Generator().manual_seed(seed)
+        out = sample(m, [1], 30, temperature=3.0, generator=gen, n_valid=5)
+        assert all(0 <= i < 5 for i in out)

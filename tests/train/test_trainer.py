@@ -219,3 +219,39 @@ def test_sampler_and_optimizer_state_are_in_the_checkpoint(tmp_path: Path) -> No
     }
     assert opt["W.step"].item() == 10
     assert np.isfinite(ck.state["trainer"]["best_val_loss"])
+
+
+def test_compile_defaults_to_on_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from glassgpt.errors import ConfigError
+    from glassgpt.train.trainer import resolve_compile
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert resolve_compile(None, cpu) is False and resolve_compile(False, cuda) is False
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert resolve_compile(None, cuda) is True
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert resolve_compile(None, cuda) is False  # no C compiler: eager, as asked by nobody
+    with pytest.raises(ConfigError, match=r"train\.compile"):
+        resolve_compile(True, cuda)
+
+
+def test_a_pending_step_reports_its_loss_and_norm() -> None:
+    from glassgpt.train.trainer import PendingStep
+
+    done = PendingStep({"step": 3, "lr": 0.1}, torch.tensor([2.5, float("nan")]))
+    assert done.result() == {"step": 3, "lr": 0.1, "loss": 2.5, "grad_norm": None}
+    assert PendingStep({}, torch.tensor([1.0, 0.5])).result()["grad_norm"] == 0.5
+
+
+def test_a_torchrun_process_joins_a_group_even_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from glassgpt.train.distributed import DistContext, launched_by_torchrun
+
+    assert not DistContext().enabled and DistContext(world_size=2).enabled
+    assert DistContext(world_size=1, launched=True).enabled
+    for var in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(var, raising=False)
+    assert not launched_by_torchrun()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert launched_by_torchrun()

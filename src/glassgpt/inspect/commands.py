@@ -38,6 +38,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--seq-len", type=int, help="length of the random sequences for head scores (repeated)"
     )
+    p.add_argument(
+        "--device", default="cpu", metavar="DEV", help="where to run the model: cpu, cuda, cuda:N"
+    )
     p.set_defaults(func=run)
 
 
@@ -53,14 +56,16 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise InputFileError(f"{path}: cannot read the prompt ({e.strerror or e})") from None
 
 
-def load_model(path: str) -> tuple[Any, Any]:
-    """(model, tokenizer) through ``glassgpt.load``."""
+def load_model(path: str, device: str = "cpu") -> tuple[Any, Any]:
+    """(model, tokenizer) through ``glassgpt.load``, on ``device``."""
     if not Path(path).exists():
         raise InputFileError(f"{path}: no such checkpoint folder")
     import glassgpt
+    from glassgpt.sample.loading import parse_device
 
+    where = parse_device(device)
     try:
-        model, tokenizer = glassgpt.load(path)
+        model, tokenizer = glassgpt.load(path, device=where)
     except ModuleNotFoundError as e:
         if e.name and e.name.startswith("glassgpt"):
             raise GlassError(f"cannot load {path}: this build has no checkpoint loader") from None
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from glassgpt.inspect.report import build_report, write_report
 
     prompt = read_prompt(args)
-    model, tokenizer = load_model(args.checkpoint)
+    model, tokenizer = load_model(args.checkpoint, args.device)
     html = build_report(
         model,
         tokenizer,

@@ -150,7 +150,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
     from glassgpt.errors import GlassError
-    from glassgpt.sample.loading import load
+    from glassgpt.sample.loading import load, parse_device
     from glassgpt.sample.precision import cast, parse_dtype
 
     dtype = parse_dtype(args.dtype)
@@ -158,11 +158,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
         if args.threads < 1:
             raise GlassError(f"--threads: must be ≥ 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise GlassError(f"--device: unknown device {args.device!r}") from None
-    model, tok = load(args.checkpoint, tokenizer=args.tokenizer, device=device)
+    model, tok = load(args.checkpoint, tokenizer=args.tokenizer, device=parse_device(args.device))
     if args.threads is None and sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
         torch.set_num_threads(1)
     return cast(model, dtype), tok

@@ -31,6 +31,20 @@ from glassgpt.errors import GlassError, InputFileError
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
+def parse_device(name: str) -> torch.device:
+    """A usable torch.device from ``--device``; a one-line error otherwise."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise GlassError(f"--device: unknown device {name!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise GlassError(f"--device {name}: no CUDA GPU is usable here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise GlassError(f"--device {name}: only {torch.cuda.device_count()} GPUs visible")
+    return device
+
+
 def load(
     path: str | os.PathLike[str],
     *,

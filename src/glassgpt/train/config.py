@@ -50,6 +50,7 @@ RESUMABLE_KEYS: frozenset[str] = frozenset(
         "train.sample_temperature",
         "train.sample_top_k",
         "train.compile",
+        "train.tf32",
         "train.threads",
         "train.device",
     }
@@ -85,7 +86,8 @@ class TrainConfig:
     keep_last: int = 3
     log_every: int = 1
     precision: Precision = "auto"
-    compile: bool = False
+    compile: bool | None = None  # None: torch.compile on CUDA devices, eager elsewhere
+    tf32: bool = True  # on CUDA, float32 matrix products may use TF32 tensor cores
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int | None = None  # CPU threads per process; default cores // local processes
     sample_tokens: int = 200  # 0: no samples at eval time
@@ -144,9 +146,11 @@ class DataConfig:
     vocab_size: int = 512  # for tokenizer = "bpe"
     val_fraction: float = 0.1
     max_bytes: int | None = None  # cap on the text read (default corpus: its own cap)
+    pad_vocab_to: int = 1  # model.n_vocab: the tokenizer's, rounded up to a multiple of this
 
     def __post_init__(self) -> None:
         _positive("data.vocab_size", self.vocab_size)
+        _positive("data.pad_vocab_to", self.pad_vocab_to)
         check(
             0 < self.val_fraction < 1,
             "data.val_fraction",
@@ -230,8 +234,19 @@ def raw_run_config(
     return apply_overrides(raw, list(overrides))
 
 
+def padded_vocab(n_vocab: int, multiple: int) -> int:
+    """``n_vocab`` rounded up to a multiple of ``multiple`` (ids past the tokenizer's are never
+    targets and never sampled; aligned shapes keep GPU matrix products on their fast tiles).
+
+    >>> padded_vocab(50257, 64), padded_vocab(65, 1)
+    (50304, 65)
+    """
+    return -(-n_vocab // multiple) * multiple
+
+
 def build_run_config(raw: Mapping[str, Any], *, n_vocab: int | None = None) -> RunConfig:
-    """Validate a raw config; ``n_vocab`` (the tokenizer's) fills ``model.n_vocab`` if unset.
+    """Validate a raw config; ``n_vocab`` (the tokenizer's) fills ``model.n_vocab`` if unset,
+    rounded up to a multiple of ``data.pad_vocab_to``.
 
     A ``model.n_vocab`` given explicitly may pad the vocabulary but never cut it.
     """
@@ -246,7 +261,10 @@ def build_run_config(raw: Mapping[str, Any], *, n_vocab: int | None = None) -> R
                 f"{given!r} is smaller than the tokenizer's vocabulary of {n_vocab}",
             )
         else:
-            model["n_vocab"] = n_vocab
+            multiple = dict(data.get("data", {})).get("pad_vocab_to", 1)
+            ok = isinstance(multiple, int) and not isinstance(multiple, bool) and multiple >= 1
+            model["n_vocab"] = padded_vocab(n_vocab, multiple) if ok else n_vocab  # else: the
+            # DataConfig check names data.pad_vocab_to
     data["model"] = model
     return from_dict(RunConfig, data)
 

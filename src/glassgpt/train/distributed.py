@@ -8,7 +8,9 @@ With W processes each holding a replica θ and its own shard of the global batch
 which DDP computes by an all-reduce during the backward pass; every replica then takes the
 same AdamW step. ``torchrun`` sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
 MASTER_ADDR/PORT; this module reads them, picks the backend (NCCL on GPUs, gloo on CPUs),
-the device of each rank, and the CPU threads per rank (cores // local processes).
+the device of each rank, and the CPU threads per rank (cores // local processes). A process
+that torchrun started joins a process group even when W = 1, so that a one-GPU torchrun
+launch runs the same NCCL and DDP code as a larger one.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ class DistContext:
     local_rank: int = 0
     local_world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    launched: bool | None = None  # in a process group (torchrun); None: whether W > 1
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        """Whether this process is in a process group (collectives, DDP)."""
+        return self.world_size > 1 if self.launched is None else self.launched
 
     @property
     def is_main(self) -> bool:
@@ -98,8 +102,26 @@ def keep_freed_memory() -> bool:
     return bool(ok)
 
 
-def init_distributed(device_preference: str = "auto", threads: int | None = None) -> DistContext:
-    """Read torchrun's environment, start the process group if W > 1, set device and threads."""
+def setup_cuda(device: torch.device, tf32: bool = True) -> None:
+    """Make ``device`` current; ``tf32``: float32 matrix products and convolutions may use
+    TF32 tensor cores (10-bit mantissa inputs, float32 accumulation), as training on GPUs
+    usually does. Process-wide; sampling and inspection never call this."""
+    torch.cuda.set_device(device if device.index is not None else torch.cuda.current_device())
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun (or another launcher of its protocol) started this process."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or (
+        "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    )
+
+
+def init_distributed(
+    device_preference: str = "auto", threads: int | None = None, *, tf32: bool = True
+) -> DistContext:
+    """Read torchrun's environment, join its process group, set device and threads."""
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -110,14 +132,25 @@ def init_distributed(device_preference: str = "auto", threads: int | None = None
         cores = os.cpu_count() or 1
         torch.set_num_threads(threads or max(1, cores // max(1, local_world_size)))
     else:
-        torch.cuda.set_device(device)
-    if world_size > 1 and not dist.is_initialized():
+        setup_cuda(device, tf32)
+    launched = world_size > 1 or launched_by_torchrun()
+    if launched and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs: dict[str, Any] = {"backend": backend}
         if device.type == "cuda":
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
-    return DistContext(rank, world_size, local_rank, local_world_size, device)
+    return DistContext(rank, world_size, local_rank, local_world_size, device, launched)
+
+
+def backend(ctx: DistContext) -> str | None:
+    """The process group's backend (``nccl``, ``gloo``), or None outside one."""
+    return str(dist.get_backend()) if ctx.enabled and dist.is_initialized() else None
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name (``NVIDIA H100 80GB HBM3``), or ``cpu``."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def shutdown(ctx: DistContext) -> None:

@@ -47,17 +47,21 @@ def sample(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    n_valid: int | None = None,
 ) -> list[int]:
     """Continue ``prompt`` by ``n_tokens`` draws from softmax(logits_T / temperature), top-k.
 
     A plain loop without a KV cache (glassgpt.sample brings the fast one); it draws from its
-    own ``generator`` so it never moves the training RNG.
+    own ``generator`` so it never moves the training RNG. Only ids below ``n_valid`` (the
+    tokenizer's vocabulary, when the model's is padded) are drawn.
     """
     device = next(model.parameters()).device
     n_ctx = model.config.n_ctx
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)  # [1, T]
     for _ in range(n_tokens):
         logits = model(ids[:, -n_ctx:])[0, -1].float() / temperature  # [n_vocab]
+        if n_valid is not None:
+            logits = logits[:n_valid]
         if top_k is not None and top_k < logits.numel():
             kth = torch.topk(logits, top_k).values[-1]
             logits = logits.masked_fill(logits < kth, -float("inf"))
@@ -165,7 +169,7 @@ def train_main(
         saved = build_run_config(_saved_config(checkpoint))
         wanted = build_run_config(raw, n_vocab=saved.model.n_vocab)
         _check_resume(saved, wanted, checkpoint.path)
-    ctx = D.init_distributed(first.train.device, first.train.threads)
+    ctx = D.init_distributed(first.train.device, first.train.threads, tf32=first.train.tf32)
     try:
         return _train(raw, out_dir, checkpoint, ctx, argv)
     finally:
@@ -221,6 +225,8 @@ def _train(
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "world_size": ctx.world_size,
             "device": str(ctx.device),
+            "device_name": D.device_name(ctx.device),
+            "backend": D.backend(ctx),
             "resumed_from": str(checkpoint.path) if checkpoint else None,
             "data": str(run_data.data.path),
             "config": cfg.to_dict(),
@@ -233,10 +239,18 @@ def _train(
         torch.manual_seed(cfg.seed + ctx.rank)  # distinct dropout masks per rank
     n_params = sum(p.numel() for p in model.parameters())
     train_tokens = run_data.data.split("train").tokens
+    where = f"{ctx.world_size} × {ctx.device}"
+    if ctx.device.type == "cuda":
+        where += f" ({D.device_name(ctx.device)})"
+    else:
+        where += f", {torch.get_num_threads()} threads"
+    vocab = f"n_vocab {tokenizer.n_vocab}"
+    if cfg.model.n_vocab != tokenizer.n_vocab:
+        vocab += f" (model {cfg.model.n_vocab})"
     say(
-        f"model: {n_params:,} parameters | data: {train_tokens:,} train tokens, "
-        f"n_vocab {tokenizer.n_vocab} | {ctx.world_size} × {ctx.device}, "
-        f"{torch.get_num_threads()} threads | batch {cfg.train.batch_size} × {cfg.seq_len}",
+        f"model: {n_params:,} parameters | data: {train_tokens:,} train tokens, {vocab} | "
+        f"{where} | batch {cfg.train.batch_size} × {cfg.seq_len}"
+        + (f" in {cfg.train.grad_accum} micro-batches" if cfg.train.grad_accum > 1 else ""),
         flush=True,
     )
     batches = BatchSampler(
@@ -275,6 +289,7 @@ def _train(
             temperature=cfg.train.sample_temperature,
             top_k=cfg.train.sample_top_k,
             generator=gen,
+            n_valid=tokenizer.n_vocab,
         )
         return "sample: " + tokenizer.decode(prompt + ids)
 
@@ -292,6 +307,8 @@ def _train(
         bytes_per_token=run_data.bytes_per_token,
         on_eval=on_eval,
     )
+    if trainer.compiled:
+        say("torch.compile: on (the first step compiles the model, about a minute)", flush=True)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)
         say(f"resumed from {checkpoint.path} at step {trainer.step}", flush=True)

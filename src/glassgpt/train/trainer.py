@@ -11,6 +11,12 @@ it: evaluation every k steps (val loss, perplexity, bits per byte), JSONL metric
 progress bar, checkpoints (every k steps, at the end, on SIGINT/SIGTERM; ``best`` on a new
 lowest val loss), a stop with a clear message on a NaN or infinite loss, and exact resume.
 The trainer knows nothing about GPT.
+
+On a GPU the step never waits for the device: its loss and gradient norm are copied to
+pinned host memory behind a CUDA event, and :meth:`Trainer.fit` reads them one step later,
+while the device already runs the next step (``torch.cuda.set_sync_debug_mode`` sees no
+synchronising call in the loop). A NaN is then caught one step late, before any checkpoint,
+evaluation or log line is written.
 """
 
 from __future__ import annotations
@@ -99,6 +105,58 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[torch.dtype
     return torch.float16, True
 
 
+Stamp = float | torch.cuda.Event  # a moment: time.perf_counter(), or a timing CUDA event
+
+
+def stamp(device: torch.device) -> Stamp:
+    """Now on ``device``'s clock: a recorded timing event on a GPU (when the work queued so
+    far is done), the host's time elsewhere."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def seconds_between(a: Stamp, b: Stamp) -> float:
+    """Seconds from stamp ``a`` to stamp ``b`` (both finished)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return float(b) - float(a)  # type: ignore[arg-type]
+    return a.elapsed_time(b) / 1e3
+
+
+class PendingStep:
+    """A launched optimizer step whose loss and gradient norm may still be on the device."""
+
+    def __init__(self, record: dict[str, Any], values: torch.Tensor) -> None:
+        self.record = record  # step, lr, tokens: known on the host at launch
+        self._values = values  # [loss, grad_norm]
+        self.done: Stamp | None = None  # when the device finished the step
+        if values.device.type == "cuda":
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            self.done = stamp(values.device)
+            self._values = host
+
+    def result(self) -> dict[str, Any]:
+        """The step's metrics, waiting for the device if it has not finished the step."""
+        if isinstance(self.done, torch.cuda.Event):
+            self.done.synchronize()
+        else:
+            self.done = time.perf_counter()
+        loss, norm = self._values.tolist()
+        return {**self.record, "loss": loss, "grad_norm": None if math.isnan(norm) else norm}
+
+
+def resolve_compile(compile: bool | None, device: torch.device) -> bool:
+    """``train.compile``: None compiles on CUDA devices (where a C compiler is present)."""
+    if compile is None:
+        return device.type == "cuda" and shutil.which("cc") is not None
+    if compile and shutil.which("c++" if device.type == "cpu" else "cc") is None:
+        raise ConfigError("train.compile", f"torch.compile on {device.type} needs a C compiler")
+    return compile
+
+
 class Trainer:
     """Trains ``model`` on ``batches`` as ``cfg`` says; writes into ``out_dir`` (rank 0)."""
 
@@ -139,9 +197,8 @@ class Trainer:
             self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
             self.checkpoints = ckpt.CheckpointManager(self.out_dir / "ckpt", cfg.keep_last)
         self.train_model: nn.Module = self.model
-        if cfg.compile:
-            if self.ctx.device.type == "cpu" and shutil.which("c++") is None:
-                raise ConfigError("train.compile", "torch.compile on CPU needs a C++ compiler")
+        self.compiled = resolve_compile(cfg.compile, self.ctx.device)
+        if self.compiled:
             self.train_model = torch.compile(self.model)  # type: ignore[assignment]
         if self.ctx.enabled:
             ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
@@ -156,6 +213,11 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its metrics."""
+        return self._checked(self.launch_step())
+
+    def launch_step(self) -> PendingStep:
+        """Queue one optimizer step on the device without waiting for it (see the module
+        docstring); ``.result()`` of what it returns gives the metrics."""
         cfg, model, opt = self.cfg, self.train_model, self.optimizer
         lr = lr_at(self.step, cfg)
         set_lr(opt, lr)
@@ -175,37 +237,55 @@ class Trainer:
                 scaled = loss / cfg.grad_accum
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += loss.detach().float()
-        loss_value = all_reduce_mean(loss_sum / cfg.grad_accum, self.ctx).item()
-        if not math.isfinite(loss_value):
-            opt.zero_grad(set_to_none=True)
-            raise TrainingDiverged(self._diverged_message(loss_value))
-        grad_norm = None
+        loss_mean = all_reduce_mean(loss_sum / cfg.grad_accum, self.ctx)
+        norm = torch.full((), math.nan, device=self.ctx.device)
         if cfg.grad_clip > 0:
             if self.scaler:
                 self.scaler.unscale_(opt)
             norm = torch.nn.utils.clip_grad_norm_(
                 self.model.parameters(), cfg.grad_clip, foreach=True
             )
-            grad_norm = float(norm)
+        # A non-finite loss must not move the weights. Where reading it would stall a GPU,
+        # the fused AdamW kernel skips the update on the device (its found_inf input, which
+        # a GradScaler also uses) and the host raises when it reads the loss a step later.
         if self.scaler:
             self.scaler.step(opt)
             self.scaler.update()
+        elif self.ctx.device.type == "cuda" and opt.defaults.get("fused"):
+            opt.found_inf = (~torch.isfinite(loss_mean)).float()  # type: ignore[attr-defined]
+            try:
+                opt.step()
+            finally:
+                del opt.found_inf  # type: ignore[attr-defined]
         else:
+            loss_value = float(loss_mean)  # free on a CPU
+            if not math.isfinite(loss_value):
+                opt.zero_grad(set_to_none=True)
+                raise TrainingDiverged(self._diverged_message(loss_value, self.step + 1))
             opt.step()
         opt.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens += n_tokens * self.ctx.world_size
-        self.last_loss = loss_value
-        return {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm}
+        record = {"step": self.step, "lr": lr, "tokens": self.tokens}
+        return PendingStep(record, torch.stack([loss_mean.float(), norm.float()]))
 
-    def _diverged_message(self, loss: float) -> str:
+    def _checked(self, pending: PendingStep) -> dict[str, Any]:
+        record = pending.result()
+        loss = record["loss"]
+        if not math.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDiverged(self._diverged_message(loss, record["step"]))
+        self.last_loss = loss
+        return record
+
+    def _diverged_message(self, loss: float, step: int) -> str:
         where = ""
         if self.checkpoints is not None:
             good = ckpt.step_folders(self.checkpoints.root)
             if good:
                 where = f"; the last good checkpoint {good[0]} is kept"
         return (
-            f"loss became {loss} at step {self.step + 1}{where}; "
+            f"loss became {loss} at step {step}{where}; "
             "lower train.lr, use train.grad_clip, or try train.precision=fp32"
         )
 
@@ -329,40 +409,64 @@ class Trainer:
         )
         write = bar.write if not bar.disable else self.log
         start, cpu_start = time.perf_counter(), time.process_time()
-        window_t, window_tokens = start, self.tokens
+        # tok/s over the steps since the last logged one, timed on the device's own clock (a
+        # GPU's events), so that reading a step late does not skew it
+        window: list[Any] = [stamp(self.ctx.device), self.tokens]
         record: dict[str, Any] = {"step": self.step}
         ended = "max_steps"
+
+        def finish(pending: PendingStep, do_eval: bool = False) -> dict[str, Any]:
+            """Read a launched step's metrics; log, evaluate and write them as due."""
+            record = self._checked(pending)
+            step, final = record["step"], record["step"] == cfg.max_steps
+            logged = step % cfg.log_every == 0 or do_eval or final
+            if logged:
+                now = time.perf_counter()
+                seconds = seconds_between(window[0], pending.done)  # type: ignore[arg-type]
+                tok_s = (record["tokens"] - window[1]) / max(seconds, 1e-9)
+                record.update(tok_per_s=tok_s, elapsed_s=now - start)
+                record["cpu_s"] = time.process_time() - cpu_start  # all threads
+                bar.set_postfix_str(f"loss {record['loss']:.4f}, {tok_s:,.0f} tok/s")
+            if do_eval:
+                record.update(self._eval_and_report(write))
+            if logged and self.metrics is not None:
+                self.metrics.write(record)
+            if logged:  # after an evaluation, the window opens when it is done
+                window[:] = [
+                    pending.done if not do_eval else stamp(self.ctx.device),
+                    record["tokens"],
+                ]
+            return record
+
+        pending: PendingStep | None = None
+        lag = self.ctx.device.type == "cuda"  # read a step's loss one step late (no stall)
         with self._signals():
             try:
                 while self.step < cfg.max_steps:
-                    record = self.train_step()
+                    if pending is not None and not lag:
+                        record, pending = finish(pending), None
+                    launched = self.launch_step()
                     bar.update(1)
-                    now = time.perf_counter()
+                    if pending is not None:  # the previous step, while the device runs this one
+                        record = finish(pending)
+                    pending = launched
                     final = self.step == cfg.max_steps
                     do_eval = self.eval_data is not None and (
                         self.step % cfg.eval_every == 0 or final
                     )
-                    if self.step % cfg.log_every == 0 or do_eval or final:
-                        tok_s = (self.tokens - window_tokens) / max(now - window_t, 1e-9)
-                        record.update(tokens=self.tokens, tok_per_s=tok_s)
-                        record["elapsed_s"] = now - start
-                        record["cpu_s"] = time.process_time() - cpu_start  # all threads
-                        bar.set_postfix_str(f"loss {record['loss']:.4f}, {tok_s:,.0f} tok/s")
-                    if do_eval:
-                        record.update(self._eval_and_report(write))
-                    logged = self.step % cfg.log_every == 0 or do_eval or final
-                    if logged and self.metrics is not None:
-                        self.metrics.write(record)
                     stop = any_rank(self._stop is not None, self.ctx)
                     every = cfg.checkpoint_every
-                    if final or stop or (every and self.step % every == 0):
+                    save = final or stop or bool(every and self.step % every == 0)
+                    if do_eval or save:
+                        record, pending = finish(pending, do_eval), None
+                    if save:
                         path = self.save_checkpoint()
                         if stop:
                             ended = "signal"
                             write(f"stopped by a signal at step {self.step}; checkpoint {path}")
                             break
-                    if self.step % cfg.log_every == 0 or do_eval or final:
-                        window_t, window_tokens = time.perf_counter(), self.tokens
+                if pending is not None:
+                    record = finish(pending)
             finally:
                 bar.close()
         return {

@@ -53,7 +53,11 @@ def bandwidth(threads: int, device: str = "cpu") -> float:
 
 
 def ours_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
-    return generate(model, prompts, max_new_tokens=n, temperature=0)
+    return generate(model, prompts, max_new_tokens=n, temperature=0)  # a CUDA graph on GPUs
+
+
+def eager_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
+    return generate(model, prompts, max_new_tokens=n, temperature=0, cuda_graph=False)
 
 
 def hf_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
@@ -104,8 +108,11 @@ def speed_table(args: argparse.Namespace) -> None:
     N = args.new_tokens
     g = torch.Generator().manual_seed(1)
     hf32_rate: dict[int, float] = {}
+    gpu = dev != "cpu"
     header = ("| batch | dtype    | glassgpt tok/s | ms/step | GB/s | transformers tok/s | "
               "ms/step | ratio | vs HF fp32 | same ids |")  # fmt: skip
+    if gpu:  # the same generate without its CUDA graph, in the same interleaved run
+        header += " eager tok/s | eager ms/step | graph / eager |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for batch in (1, args.batch):
@@ -113,7 +120,9 @@ def speed_table(args: argparse.Namespace) -> None:
         for dtype in ("float32", "bf16"):
             o, h = ours[dtype], hf[dtype]
             ours_call(o, prompts, 4), hf_call(h, prompts, 4)  # warm up
-            rec: dict[str, list[float]] = {k: [] for k in ("o1", "oN", "h1", "hN")}
+            if gpu:
+                eager_call(o, prompts, 4)
+            rec: dict[str, list[float]] = {k: [] for k in ("o1", "oN", "h1", "hN", "e1", "eN")}
             agree = []
             for _ in range(args.repeats):
                 rec["o1"].append(timed(ours_call, o, prompts, 1)[0])
@@ -123,17 +132,27 @@ def speed_table(args: argparse.Namespace) -> None:
                 t, out_h = timed(hf_call, h, prompts, N)
                 rec["hN"].append(t)
                 agree.append(prefix_agreement(out_o, out_h))
-            m = {k: statistics.median(v) for k, v in rec.items()}
+                if gpu:
+                    rec["e1"].append(timed(eager_call, o, prompts, 1)[0])
+                    t, out_e = timed(eager_call, o, prompts, N)
+                    rec["eN"].append(t)
+                    assert out_e == out_o, "decoding from the CUDA graph changed the ids"
+            m = {k: statistics.median(v) for k, v in rec.items() if v}
             rate_o, rate_h = batch * N / m["oN"], batch * N / m["hN"]
             step_o = (m["oN"] - m["o1"]) / (N - 1)
             step_h = (m["hN"] - m["h1"]) / (N - 1)
             nbytes = n_params * (4 if dtype == "float32" else 2)
             if dtype == "float32":
                 hf32_rate[batch] = rate_h
-            print(f"| {batch:5d} | {dtype:8s} | {rate_o:14.1f} | {step_o * 1e3:7.1f} | "
-                  f"{nbytes / step_o / 1e9:4.1f} | {rate_h:18.1f} | {step_h * 1e3:7.1f} | "
-                  f"{rate_o / rate_h:4.2f}× | {rate_o / hf32_rate[batch]:9.2f}× | "
-                  f"{min(agree):7.0%} |")  # fmt: skip
+            row = (f"| {batch:5d} | {dtype:8s} | {rate_o:14.1f} | {step_o * 1e3:7.1f} | "
+                   f"{nbytes / step_o / 1e9:4.1f} | {rate_h:18.1f} | {step_h * 1e3:7.1f} | "
+                   f"{rate_o / rate_h:4.2f}× | {rate_o / hf32_rate[batch]:9.2f}× | "
+                   f"{min(agree):7.0%} |")  # fmt: skip
+            if gpu:
+                rate_e = batch * N / m["eN"]
+                step_e = (m["eN"] - m["e1"]) / (N - 1)
+                row += f" {rate_e:11.1f} | {step_e * 1e3:13.2f} | {rate_o / rate_e:13.2f}× |"
+            print(row)
             sys.stdout.flush()
     print("targets: float32 ≥ 1.2× transformers; bf16 ≥ 2× transformers' float32 (batch 1)")
 

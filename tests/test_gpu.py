@@ -278,3 +278,23 @@ def test_the_memory_check_refuses_a_batch_the_gpu_cannot_hold(
     assert "needs about" in err and "free" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert torch.cuda.memory_allocated() < 2**30  # refused before the model was built
+
+
+def test_decoding_from_a_cuda_graph_equals_eager_decoding() -> None:
+    import warnings
+
+    from glassgpt.sample import generate
+    from glassgpt.sample.generation import ContextWarning
+
+    torch.manual_seed(0)
+    config = GPTConfig(n_vocab=96, n_ctx=48, d_model=64, n_layers=2, n_heads=4, positional="rope")
+    for positional in ("learned", "rope"):
+        model = GPT(config.replace(positional=positional)).to(CUDA).eval()
+        prompts = [[1, 2, 3, 4, 5], [6], [7, 8, 9]]
+        for opts in ({"temperature": 0}, {"temperature": 0.9, "top_k": 20, "seed": 3}):
+            for rows in (prompts, prompts[0]):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ContextWarning)  # 100 > n_ctx: it slides
+                    graphed = generate(model, rows, max_new_tokens=100, **opts)
+                    eager = generate(model, rows, max_new_tokens=100, cuda_graph=False, **opts)
+                assert graphed == eager, (positional, opts, rows)

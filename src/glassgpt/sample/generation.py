@@ -40,6 +40,7 @@ from torch import Tensor
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig, draw, next_token_logits
+from glassgpt.sample.graphs import GraphedStep, StaticKVCache
 from glassgpt.sample.stops import StopMatcher
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class GenerationConfig(SamplingConfig):
     seed: int | Sequence[int] | None = None  # row b uses seed + b (or seed[b])
     overflow: Literal["slide", "truncate", "error"] = "slide"
     window: int | None = None  # tokens kept when the window slides (default 3·n_ctx/4)
+    cuda_graph: bool = True  # on a GPU, replay each one-token step from a CUDA graph
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -294,9 +296,12 @@ def _steps(
     view = hist if n_ctx >= T0 else slide(f"a prompt of {T0} tokens")
     tokens, pads = left_pad(view, device)
     capacity = min(n_ctx, tokens.shape[1] + cfg.max_new_tokens - 1)
-    cache = KVCache.for_model(model, len(rows), max(capacity, tokens.shape[1]), pad=pads,
-                              last_only=True)  # fmt: skip
+    graphed = cfg.cuda_graph and device.type == "cuda" and not model._hook_fns
+    kind = StaticKVCache if graphed else KVCache
+    cache = kind.for_model(model, len(rows), max(capacity, tokens.shape[1]), pad=pads,
+                           last_only=True)  # fmt: skip
     logits = _forward(model, tokens, cache)
+    step_fn: GraphedStep | None = None
     for step in range(cfg.max_new_tokens):
         last = logits[:, -1]  # [B, V]
         if n_valid < last.shape[-1]:
@@ -314,7 +319,12 @@ def _steps(
             hist[b].append(t)
         if counts is not None:
             counts[torch.arange(len(ids), device=device), nxt.to(device)] += 1
-        if cache.length < cache.capacity:
+        if cache.length < cache.capacity and graphed:
+            if step_fn is None:
+                assert isinstance(cache, StaticKVCache)
+                step_fn = GraphedStep(model, cache)
+            logits = step_fn(nxt.to(device)[:, None])
+        elif cache.length < cache.capacity:
             logits = _forward(model, nxt.to(device)[:, None], cache)
         else:
             tokens, pads = left_pad(slide(f"{len(hist[0])} tokens"), device)

@@ -37,3 +37,18 @@ def test_gpu_requests_without_a_gpu_are_one_line_errors(capsys, tmp_path) -> Non
         assert err.startswith("glassgpt: error:") and len(err.strip().splitlines()) == 1, err
         assert "cuda" in err or "device" in err, err
     assert not (tmp_path / "run" / "ckpt").exists()
+
+
+def test_debug_shows_the_traceback_of_an_error(monkeypatch, capsys) -> None:
+    import pytest
+
+    from glassgpt.errors import ConfigError
+
+    argv = ["train", "--preset", "cpu-tiny", "--set", "model=3"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("glassgpt: error: model: expected a table")
+    with pytest.raises(ConfigError, match="model: expected a table"):
+        main(["--debug", *argv])
+    monkeypatch.setenv("GLASSGPT_DEBUG", "1")
+    with pytest.raises(ConfigError):
+        main(argv)

@@ -2,13 +2,16 @@
 
 Each stage's ``commands`` module adds its subcommand to the parser (importing nothing heavy)
 and points it at a handler in that stage; this module parses, dispatches and turns a
-:class:`~glassgpt.errors.GlassError` into one line on stderr with exit status 2.
+:class:`~glassgpt.errors.GlassError` into one line on stderr with exit status 2 (with
+``--debug`` or ``GLASSGPT_DEBUG=1``, the whole traceback instead). Any other exception is a
+bug and shows its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -32,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="The decoder-only GPT, exactly as its mathematics.",
     )
     parser.add_argument("--version", action="version", version=f"glassgpt {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (or GLASSGPT_DEBUG=1)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -50,9 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None and not argv else 2
+    debug = args.debug or os.environ.get("GLASSGPT_DEBUG", "") not in ("", "0")
     try:
         return int(args.func(args) or 0)
     except GlassError as e:
+        if debug:
+            raise
         print(f"glassgpt: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -121,7 +121,13 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:
         known = ", ".join(sorted(fields))
         raise ConfigError(prefix + unknown[0], f"unknown field; known fields: {known}")
     kwargs = {name: coerce(value, hints[name], prefix + name) for name, value in data.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:  # a section's own check names its field: give it the full path
+        if not prefix or e.field.startswith(prefix):
+            raise
+        message = str(e)[len(e.field) + 2 :]
+        raise ConfigError(prefix + e.field, message) from None
 
 
 def to_dict(obj: Any) -> Any:

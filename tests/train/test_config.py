@@ -127,3 +127,20 @@ def test_vocabulary_padding_rounds_up_and_an_explicit_n_vocab_wins() -> None:
         raw = raw_run_config(preset="cpu-tiny", overrides=[f"data.pad_vocab_to={bad}"])
         with pytest.raises(ConfigError, match=r"data\.pad_vocab_to"):
             build_run_config(raw, n_vocab=65)
+
+
+def test_sections_scalars_seeds_and_empty_files_are_named_errors(tmp_path) -> None:
+    cases = {
+        "model=3": "model: expected a table",
+        "seed=9223372036854775808": "seed: must be in [0, 2^63)",
+        "model.n_ctx=0": "model.n_ctx: must be a positive integer",
+        "train.max_steps=-1": "train.max_steps:",
+    }
+    for override, start in cases.items():
+        with pytest.raises(ConfigError) as e:
+            build_run_config(raw_run_config(preset="cpu-tiny", overrides=[override]))
+        assert str(e.value).startswith(start), (override, str(e.value))
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing\ndescription = 'x'\n")
+    with pytest.raises(ConfigError, match=r"--config: .* sets nothing"):
+        raw_run_config(config_file=empty)

@@ -34,6 +34,7 @@ import numpy as np
 
 from glassgpt import __version__
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.storage import inside
 
 FORMAT = "glassgpt-data"
 VERSION = 1
@@ -283,7 +284,7 @@ class DataDir:
         itemsize = np.dtype(self.meta.dtype).itemsize
         for split in self.meta.splits.values():
             for name, n in split.shards:
-                path = self.path / name
+                path = inside(self.path, name, self.path / META)  # a name from meta.json
                 size = path.stat().st_size if path.is_file() else None
                 if size != n * itemsize:
                     found = "missing" if size is None else f"{size} bytes"

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.model import GPT, GPTConfig
+from glassgpt.storage import inside
 
 # transformers' activation names → our MLP kinds (the tanh forms differ only in rounding)
 HF_ACTIVATIONS = {
@@ -298,11 +299,17 @@ def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
             )
             state: dict[str, Tensor] = {}
             for shard in shards:
-                state.update(load_file(folder / shard))
+                state.update(load_file(inside(folder, shard, index)))
             return hf_config, state
         bin_path = folder / "pytorch_model.bin"
         if bin_path.is_file():
-            return hf_config, torch.load(bin_path, map_location="cpu", weights_only=True)
+            try:
+                return hf_config, torch.load(bin_path, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError:  # torch's explanation runs to many lines
+                raise InputFileError(
+                    f"{bin_path}: holds Python objects beyond plain tensors, which glassgpt "
+                    "never unpickles; convert it to model.safetensors"
+                ) from None
     except (
         OSError,
         SafetensorError,

@@ -42,6 +42,11 @@ def parse_device(name: str) -> torch.device:
             raise GlassError(f"--device {name}: no CUDA GPU is usable here")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise GlassError(f"--device {name}: only {torch.cuda.device_count()} GPUs visible")
+    elif device.type != "cpu":  # mps, xpu, …: usable only where this torch build has them
+        try:
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError, AttributeError):
+            raise GlassError(f"--device {name}: not usable here") from None
     return device
 
 

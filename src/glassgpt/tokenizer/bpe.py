@@ -365,6 +365,11 @@ class Tokenizer:
         try:
             vocab = [files.str_to_token(t) for t in data["vocab"]]
             merges = {(a, b): c for a, b, c in data["merges"]}
+            if len(merges) != len(data["merges"]):
+                raise ValueError("a pair is merged twice")
+            bad = next((m for m in data["merges"] for x in m if type(x) is not int), None)
+            if bad is not None:
+                raise ValueError(f"merge {bad!r} is not three integer ids")
             pattern, specials = data["pattern"], dict(data["special_tokens"])
         except (KeyError, TypeError, ValueError) as e:
             raise GlassError(

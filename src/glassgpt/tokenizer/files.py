@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from glassgpt.errors import GlassError, InputFileError
+from glassgpt.errors import InputFileError
 
 FORMAT = "glassgpt-tokenizer"
 VERSION = 1
@@ -168,12 +168,11 @@ def dumps(data: dict[str, Any]) -> str:
 
 
 def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON (UTF-8, see :func:`dumps`); OS errors become :class:`GlassError`."""
-    p = Path(path)
-    try:
-        p.write_text(dumps(data) + "\n", encoding="utf-8")
-    except OSError as e:
-        raise GlassError(f"cannot write {p}: {e.strerror or e}") from None
+    """Write ``data`` as JSON (UTF-8, see :func:`dumps`), atomically; OS errors become one-line
+    :class:`GlassError`."""
+    from glassgpt.storage import atomic_write
+
+    atomic_write(path, (dumps(data) + "\n").encode("utf-8"))  # an old file survives a failure
 
 
 def read_tokenizer_json(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any]:

@@ -34,7 +34,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from glassgpt import __version__
-from glassgpt.errors import GlassError
+from glassgpt.errors import GlassError, InputFileError
+from glassgpt.storage import atomic_write, fsync_dir, fsync_file, inside, write_failed
 
 FORMAT = "glassgpt-checkpoint"
 VERSION = 1
@@ -77,30 +78,6 @@ class Checkpoint:
 # -- writing --------------------------------------------------------------------------------
 
 
-def _fsync_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically: temp file beside it, fsync, rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    _fsync_file(tmp, data)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -124,11 +101,6 @@ def write_checkpoint(
     payload = {name: st_save(_contiguous(t)) for name, t in tensors.items()}
     payload.update(files)
     tmp = parent / f".tmp-{folder.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    for name, data in payload.items():
-        _fsync_file(tmp / name, data)
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -138,8 +110,17 @@ def write_checkpoint(
         **state,
         "files": {name: sha256(data) for name, data in payload.items()},
     }
-    _fsync_file(tmp / STATE, json.dumps(doc, indent=1).encode())
-    _fsync_dir(tmp)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for name, data in payload.items():
+            fsync_file(tmp / name, data)
+        fsync_file(tmp / STATE, json.dumps(doc, indent=1).encode())
+        fsync_dir(tmp)
+    except OSError as e:  # a full disk, a read-only folder: the old checkpoints stay as they were
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise write_failed(folder, e, sum(len(d) for d in payload.values())) from None
     if folder.exists():
         old = parent / f".old-{folder.name}-{os.getpid()}"
         os.replace(folder, old)
@@ -147,7 +128,7 @@ def write_checkpoint(
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, folder)
-    _fsync_dir(parent)
+    fsync_dir(parent)
     return folder
 
 
@@ -188,8 +169,14 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
             f"supported (this glassgpt reads version {VERSION})"
         )
     files: dict[str, bytes] = {}
-    for name, digest in state.get("files", {}).items():
-        path = folder / name
+    listed = state.get("files", {})
+    if not isinstance(listed, dict):
+        raise CheckpointError(f"{state_path}: corrupt (its file list is not a table)")
+    for name, digest in listed.items():
+        try:
+            path = inside(folder, name, state_path)
+        except InputFileError as e:
+            raise CheckpointError(str(e)) from None
         try:
             data = path.read_bytes()
         except OSError:

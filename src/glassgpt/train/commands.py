@@ -38,6 +38,11 @@ def register(subparsers: Any) -> None:
         help="override a config key, e.g. --set train.max_steps=500 model.n_layers=2",
     )
     p.add_argument("--resume", metavar="DIR", help="continue a run from its latest checkpoint")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace what --out already holds (a fresh run never mixes with an old one)",
+    )
     p.set_defaults(func=_handle)
 
 
@@ -52,4 +57,5 @@ def _handle(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         resume=args.resume,
         argv=sys.argv,
+        overwrite=args.overwrite,
     )

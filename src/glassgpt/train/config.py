@@ -171,7 +171,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
     def __post_init__(self) -> None:
-        check(self.seed >= 0, "seed", f"must be ≥ 0, got {self.seed}")
+        check(0 <= self.seed < 2**63, "seed", f"must be in [0, 2^63), got {self.seed}")
         check(
             self.seq_len <= self.model.n_ctx,
             "train.seq_len",
@@ -229,6 +229,12 @@ def raw_run_config(
         raise ConfigError("preset", "give either --preset or --config, not both")
     raw = load_toml(config_file) if config_file is not None else preset_dict(preset or "default")
     raw.pop("description", None)
+    if config_file is not None and not raw:
+        raise ConfigError(
+            "--config",
+            f"{config_file} sets nothing, so the run would be GPT-2-small defaults on the "
+            "default corpus; give at least a [model] or [train] table, or use --preset",
+        )
     if data_paths:
         raw = merge(raw, {"data": {"paths": [str(p) for p in data_paths]}})
     return apply_overrides(raw, list(overrides))
@@ -251,6 +257,14 @@ def build_run_config(raw: Mapping[str, Any], *, n_vocab: int | None = None) -> R
     A ``model.n_vocab`` given explicitly may pad the vocabulary but never cut it.
     """
     data = dict(raw)
+    for section in ("model", "train", "data"):
+        value = data.get(section, {})
+        check(
+            isinstance(value, Mapping),
+            section,
+            f"expected a table of fields ([{section}] in TOML, {section}.KEY=VALUE with --set), "
+            f"got {value!r}",
+        )
     model = dict(data.get("model", {}))
     if n_vocab is not None:
         if "n_vocab" in model:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from glassgpt.errors import InputFileError
+from glassgpt.errors import GlassError, InputFileError
 
 
 class MetricsLog:
@@ -37,8 +36,14 @@ class MetricsLog:
 
     def write(self, record: Mapping[str, Any]) -> None:
         line = json.dumps({k: _clean(v) for k, v in record.items()}, ensure_ascii=False)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as e:  # a torn last line is skipped by read_metrics
+            raise GlassError(
+                f"{self.path}: cannot append the metrics ({e.strerror or e}); the checkpoints "
+                "are untouched: free some space, then continue with --resume"
+            ) from None
 
 
 def _clean(v: Any) -> Any:
@@ -74,6 +79,6 @@ def truncate_after(path: str | Path, step: int) -> None:
     if not path.exists():
         return
     keep = [r for r in read_metrics(path) if r["step"] <= step]
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep), "utf-8")
-    os.replace(tmp, path)
+    from glassgpt.train.checkpoint import atomic_write
+
+    atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep).encode())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ import torch
 
 from glassgpt import __version__
 from glassgpt.config import apply_overrides, load_toml, merge
-from glassgpt.errors import ConfigError, GlassError
+from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.train import checkpoint as ckpt
 from glassgpt.train import distributed as D
 from glassgpt.train import rng
@@ -36,6 +37,7 @@ from glassgpt.train.config import (
     raw_run_config,
 )
 from glassgpt.train.inputs import check_memory, resolve_data
+from glassgpt.train.lock import LOCK_NAME, RunLock
 
 
 @torch.no_grad()
@@ -99,12 +101,6 @@ def _resolve(
             preset=preset, config_file=config_file, data_paths=data_paths, overrides=overrides
         )
         out_dir = Path(out) if out else _default_out(preset, config_file)
-        existing = ckpt.step_folders(out_dir / "ckpt")
-        if existing:
-            raise GlassError(
-                f"{out_dir} already holds a run (checkpoint {existing[0].name}); continue it "
-                f"with --resume {out_dir} or pass another --out"
-            )
         return raw, out_dir, None
     checkpoint = ckpt.find_resumable(resume)
     try:
@@ -154,6 +150,7 @@ def train_main(
     overrides: Sequence[str] = (),
     resume: str | None = None,
     argv: Sequence[str] | None = None,
+    overwrite: bool = False,
 ) -> int:
     """The whole job behind ``glassgpt train``; returns the exit status."""
     raw, out_dir, checkpoint = _resolve(
@@ -169,11 +166,51 @@ def train_main(
         saved = build_run_config(_saved_config(checkpoint))
         wanted = build_run_config(raw, n_vocab=saved.model.n_vocab)
         _check_resume(saved, wanted, checkpoint.path)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputFileError(f"--out {out_dir}: a file is there, not a run folder")
     ctx = D.init_distributed(first.train.device, first.train.threads, tf32=first.train.tf32)
+    lock = RunLock(out_dir, note=_note) if ctx.is_main else None
     try:
+        if lock is not None:
+            lock.acquire()  # before anything in the folder is read, removed or written
+            _claim_folder(out_dir, fresh=checkpoint is None, overwrite=overwrite)
         return _train(raw, out_dir, checkpoint, ctx, argv)
     finally:
+        if lock is not None:
+            lock.release()
         D.shutdown(ctx)
+
+
+def _note(message: str) -> None:
+    print(f"glassgpt: note: {message}", file=sys.stderr, flush=True)
+
+
+def _claim_folder(out_dir: Path, *, fresh: bool, overwrite: bool) -> None:
+    """A fresh run starts in an empty folder (``overwrite``: emptied); a resumed one loses
+    the debris of writes that were interrupted (``.tmp-*``, ``.old-*`` in ``ckpt/``)."""
+    entries = sorted(p for p in out_dir.iterdir() if p.name != LOCK_NAME)
+    if fresh and entries:
+        if not overwrite:
+            steps = ckpt.step_folders(out_dir / "ckpt")
+            what = f"a run (checkpoint {steps[0].name})" if steps else (
+                "files (" + ", ".join(p.name for p in entries[:3])
+                + (", …" if len(entries) > 3 else "") + ")"
+            )  # fmt: skip
+            raise GlassError(
+                f"{out_dir} already holds {what}; continue it with --resume {out_dir}, "
+                "replace it with --overwrite, or pass another --out"
+            )
+        for p in entries:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        _note(f"--overwrite: removed the earlier contents of {out_dir}")
+    debris = [
+        p for p in (out_dir / "ckpt").glob(".*") if p.name.startswith((".tmp-", ".old-"))
+    ] if (out_dir / "ckpt").is_dir() else []  # fmt: skip
+    for p in debris:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    if debris:
+        _note(f"removed {len(debris)} leftover(s) of interrupted checkpoint writes in "
+              f"{out_dir / 'ckpt'}")  # fmt: skip
 
 
 def _train(
@@ -216,7 +253,7 @@ def _train(
     config_toml = dump_toml(cfg.to_dict())
     if ctx.is_main:
         say(config_toml, end="", flush=True)
-        (out_dir / "config.toml").write_text(config_toml, "utf-8")
+        ckpt.atomic_write(out_dir / "config.toml", config_toml.encode())
         info = {
             "command": list(argv) if argv is not None else sys.argv,
             "glassgpt_version": __version__,
@@ -231,7 +268,7 @@ def _train(
             "data": str(run_data.data.path),
             "config": cfg.to_dict(),
         }
-        (out_dir / "run.json").write_text(json.dumps(info, indent=1), "utf-8")
+        ckpt.atomic_write(out_dir / "run.json", json.dumps(info, indent=1).encode())
 
     rng.seed_everything(cfg.seed)
     model = GPT(cfg.model)

@@ -1,17 +1,20 @@
-"""Every command against bad input: a non-zero exit, one short line, no traceback, and the
-input files untouched."""
+"""Every command, run as a subprocess, against bad input: a non-zero exit, one short line, no
+traceback, and the input files untouched."""
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from glassgpt.cli import main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 TINY = ["train.progress=false", "train.threads=1", "train.batch_size=4", "train.eval_batches=1",
         "train.sample_tokens=0", "train.max_steps=4", "train.eval_every=4",
@@ -90,19 +93,17 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_one_line_and_touches_nothing(
-    case: str, inputs: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch
-) -> None:
+def test_bad_input_is_one_line_and_touches_nothing(case: str, inputs: Path, tmp_path: Path) -> None:
     argv, stdin = CASES[case]
     argv = [a.format(d=inputs, out=tmp_path) for a in argv]
     before = digest(inputs)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
-    capsys.readouterr()
-    status = main(argv)
-    err = capsys.readouterr().err
-    assert status != 0, (case, err)
-    assert "Traceback" not in err, err
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    env.pop("GLASSGPT_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "glassgpt", *argv], input=stdin, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    err = proc.stderr
+    assert proc.returncode != 0, (case, err)
+    assert "Traceback" not in err + proc.stdout, err
     lines = [line for line in err.strip().splitlines() if line.strip()]
     assert 1 <= len(lines) <= 3 and lines[-1].startswith("glassgpt: error:"), err
     assert digest(inputs) == before  # the inputs are untouched
-    json.dumps(err)  # printable

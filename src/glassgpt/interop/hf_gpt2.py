@@ -354,7 +354,9 @@ def from_hf(
 def to_hf(model: GPT, folder: str | os.PathLike) -> Path:
     """Write ``config.json`` and ``model.safetensors`` that
     ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads as the same function."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
+
+    from glassgpt.storage import atomic_write
 
     if not isinstance(model, GPT):
         raise GlassError(f"to_hf: expected a glassgpt GPT, got {type(model).__name__}")
@@ -364,8 +366,12 @@ def to_hf(model: GPT, folder: str | os.PathLike) -> Path:
     out = Path(folder)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps({**hf_config, "dtype": dtype}, indent=2) + "\n")
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        weights = save(tensors, metadata={"format": "pt"})
+        atomic_write(out / "model.safetensors", weights)  # weights first: config.json marks done
+        atomic_write(
+            out / "config.json",
+            (json.dumps({**hf_config, "dtype": dtype}, indent=2) + "\n").encode(),
+        )
     except OSError as e:
         raise InputFileError(f"cannot write {out}: {e.strerror or e}") from None
     return out

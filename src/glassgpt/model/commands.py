@@ -70,7 +70,6 @@ def resolve_config(
 
 
 def run_describe(args: argparse.Namespace) -> int:
-    from glassgpt.errors import InputFileError
     from glassgpt.model.describe import describe
 
     config, title = resolve_config(args.preset, args.config, args.overrides)
@@ -80,8 +79,7 @@ def run_describe(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return 0
-    try:
-        args.output.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise InputFileError(f"cannot write {args.output}: {e.strerror or e}") from None
+    from glassgpt.storage import atomic_write
+
+    atomic_write(args.output, text.encode("utf-8"))
     return 0

@@ -158,11 +158,12 @@ def compare_sweep(
 ) -> tuple[Comparison, Path, Path]:
     """Compare a sweep folder's finished runs; write ``comparison.md`` and ``comparison.png``."""
     from glassgpt.scaling.sweep import load_results
+    from glassgpt.storage import atomic_write
 
     sweep = Path(sweep)
     comparison = compare_results(load_results(sweep), by=by, metric=metric)
     md = sweep / "comparison.md"
-    md.write_text(comparison.markdown(), "utf-8")
+    atomic_write(md, comparison.markdown().encode("utf-8"))
     return comparison, md, plot_comparison(comparison, sweep / "comparison.png")
 
 

@@ -97,8 +97,10 @@ def fit_results(
 
 
 def save_report(report: FitReport, out: str | Path) -> Path:
+    from glassgpt.storage import atomic_write
+
     path = Path(out) / "law.json"
-    path.write_text(json.dumps(report.to_dict(), indent=1), "utf-8")
+    atomic_write(path, json.dumps(report.to_dict(), indent=1).encode("utf-8"))
     return path
 
 

@@ -122,3 +122,11 @@ def test_a_second_trainer_is_refused_while_the_first_lives(tmp_path: Path) -> No
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert f"took over {out / LOCK_NAME}" in resumed.stderr and f"pid {first.pid}" in resumed.stderr
+
+
+def test_a_config_without_a_model_table_says_what_model_it_trains(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "only-train.toml"
+    config.write_text("[train]\nmax_steps = 1\ndevice = 'cuda:99'\n")  # stops before training
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "sets no [model] table: the model is GPT-2 small's defaults (12 layers" in err

@@ -162,6 +162,9 @@ def train_main(
         out=out,
     )
     first = build_run_config(raw)  # validates before anything is started or written
+    if config_file is not None and resume is None and not raw.get("model"):
+        _note(f"{config_file} sets no [model] table: the model is GPT-2 small's defaults "
+              f"({first.model.n_layers} layers, d_model {first.model.d_model})")  # fmt: skip
     if checkpoint is not None:
         saved = build_run_config(_saved_config(checkpoint))
         wanted = build_run_config(raw, n_vocab=saved.model.n_vocab)

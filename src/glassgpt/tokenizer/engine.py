@@ -21,7 +21,9 @@ threads run it on every core.
 
 from __future__ import annotations
 
+import re
 import warnings
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import regex
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 FAST_PATTERNS = ("gpt2", "gpt4")
 _CLASSES = (r"\p{L}", r"\p{N}", r"\s")
+_LOW = 0x558  # with regex 2026.11 and tiktoken 0.14 the first character they class otherwise
 _warned: set[str] = set()
 _agreed: set[str] = set()  # characters both engines class alike
 _differ: set[str] = set()  # characters they class differently
@@ -79,17 +82,11 @@ def same_classes(text: str) -> bool:
     """
     if text.isascii():
         return True
-    new = set(text) - _agreed
+    new = set(_beyond_agreed().findall(text)) - _agreed
     if not new:
         return True
     new = {"\ufffd" if "\ud800" <= c <= "\udfff" else c for c in new}  # as tiktoken reads them
-    fresh = "".join(sorted(new - _differ))
-    if fresh:
-        differ = set()
-        for cls in _CLASSES:
-            differ |= set(regex.findall(cls, fresh)) ^ set(tiktoken_class(cls, fresh))
-        _differ.update(differ)
-        _agreed.update(set(fresh) - differ)
+    _classify(new - _differ)
     if new & _differ:
         fall_back(
             "a text holds characters (e.g. U+0558) that tiktoken's Unicode tables class "
@@ -97,6 +94,27 @@ def same_classes(text: str) -> bool:
         )
         return False
     return True
+
+
+@lru_cache(maxsize=1)
+def _beyond_agreed() -> re.Pattern[str]:
+    """A regex for the characters past the first run of code points both engines agree on."""
+    low = "".join(map(chr, range(_LOW)))
+    _classify(set(low))
+    first = min((ord(c) for c in _differ if ord(c) < _LOW), default=_LOW)
+    return re.compile(f"[^\\x00-\\U{first - 1:08x}]")
+
+
+def _classify(chars: set[str]) -> None:
+    """Sort ``chars`` into those the two engines class alike and those they class otherwise."""
+    if not chars:
+        return
+    fresh = "".join(sorted(chars))
+    differ: set[str] = set()
+    for cls in _CLASSES:
+        differ |= set(regex.findall(cls, fresh)) ^ set(tiktoken_class(cls, fresh))
+    _differ.update(differ)
+    _agreed.update(chars - differ)
 
 
 def tiktoken_class(cls: str, text: str) -> str:

@@ -168,3 +168,28 @@ def test_round_trip_property(
     assert s["train"].bytes + s["val"].bytes == total + sum(1 for d in docs if d)
     assert (s["val"].tokens > 0) == (val_fraction > 0) or total < 2
     assert s["train"].tokens > 0 or len("".join(docs)) == 1
+
+
+def test_shards_appear_under_their_names_only_when_complete(tmp_path: Path) -> None:
+    """A killed run leaves ``.tmp`` files, never a half shard; the next run removes them."""
+    from glassgpt.data.shards import ShardWriter
+
+    w = ShardWriter(tmp_path, "train", np.dtype(np.uint16), shard_tokens=4)
+    w.write(np.arange(6))  # shard 0 full, shard 1 half written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train_000.bin", "train_001.bin.tmp"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "val_003.bin.tmp").write_bytes(b"\x01\x02")  # what a killed run would leave
+    data = prepare(_write(tmp_path, ["abc\n" * 50]), out, _chars("abc\n"), shard_tokens=30)
+    assert not list(out.glob("*.tmp"))
+    assert sorted(p.name for p in out.glob("*.bin")) == sorted(
+        f for s in ("train", "val") for f, _ in data.split(s).shards
+    )
+    w.close()
+    assert sorted(p.name for p in tmp_path.glob("train*")) == ["train_000.bin", "train_001.bin"]
+    assert np.fromfile(tmp_path / "train_001.bin", dtype=np.uint16).tolist() == [4, 5]
+
+
+def test_workers_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(GlassError, match="workers"):
+        prepare(_write(tmp_path, ["ab"]), tmp_path / "out", _chars("ab"), workers=0)

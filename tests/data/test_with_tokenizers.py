@@ -165,3 +165,24 @@ def test_gpt2_stdlib_shards_equal_tiktoken_ids(tmp_path: Path, gpt2_files, tikto
     assert max(map(len, texts)) > 1 << 15  # some files are cut into pieces
     expected = [i for t in texts for i in [*tiktoken_gpt2.encode_ordinary(t), 50256]]
     assert ids.tolist() == expected
+
+
+def test_ids_do_not_depend_on_workers(tmp_path: Path, gpt2_files, stdlib_text: str) -> None:
+    """All cores give the ids of one core, and of the Python merge loop (the reference)."""
+    docs = [stdlib_text[k : k + 100_000] for k in range(0, 600_000, 100_000)]
+    paths = []
+    for i, doc in enumerate(docs):
+        paths.append(tmp_path / f"doc{i}.py")
+        paths[-1].write_text(doc, encoding="utf-8")
+    fast = Tokenizer.from_gpt2(*gpt2_files)
+    ref = Tokenizer.from_gpt2(*gpt2_files)
+    ref.fast = False
+    runs = [
+        prepare(paths, tmp_path / name, tok, workers=n, batch_bytes=300_000)
+        for name, tok, n in (("one", ref, 1), ("all", fast, 2), ("fast1", fast, 1))
+    ]
+    for split in ("train", "val"):
+        first = _tokens(runs[0], split)
+        assert len(first) > 1000
+        for data in runs[1:]:
+            assert np.array_equal(_tokens(data, split), first)

@@ -8,6 +8,8 @@ from functools import lru_cache
 import regex
 from hypothesis import strategies as st
 
+from glassgpt.tokenizer.engine import tiktoken_class
+
 # Text that stresses the pre-tokenizer: whitespace of every kind (Unicode White_Space, and
 # U+001C..U+001F which Python's str.isspace counts but \s does not), contractions in both
 # cases, digits of several scripts, letters with accents, CJK, emoji, special-token strings.
@@ -24,19 +26,6 @@ CLASSES = (r"\p{L}", r"\p{N}", r"\s")
 def every_char() -> str:
     """Every code point but the surrogates, in order."""
     return "".join(chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c < 0xE000)
-
-
-def tiktoken_class(cls: str, text: str) -> str:
-    """The characters of ``text`` that tiktoken's regex engine puts in ``cls``.
-
-    tiktoken encodes only what its pattern matches, so an encoding whose pattern is ``cls``
-    and whose tokens are the 256 single bytes hands back exactly the matching characters.
-    """
-    import tiktoken
-
-    ranks = {bytes([b]): b for b in range(256)}
-    enc = tiktoken.Encoding(f"class {cls}", pat_str=cls, mergeable_ranks=ranks, special_tokens={})
-    return enc.decode_bytes(enc.encode_ordinary(text)).decode("utf-8")
 
 
 @lru_cache(maxsize=1)

@@ -49,6 +49,9 @@ def register(subparsers: Any) -> None:
         "--glob", default="*", metavar="PATTERN", help="files to take from folders ('*')"
     )
     p.add_argument("--max-bytes", type=int, default=None, help="with --stdlib: cap the corpus size")
+    p.add_argument(
+        "--workers", type=int, default=None, metavar="N", help="cores to encode on (all)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace prepared data in DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_prepare)
@@ -84,6 +87,7 @@ def _prepare(args: argparse.Namespace) -> int:
         tokenizer,
         val_fraction=args.val_fraction,
         shard_tokens=args.shard_tokens,
+        workers=args.workers,
         progress=not args.no_progress,
         overwrite=args.overwrite,
     )

@@ -36,6 +36,7 @@ from glassgpt.data.shards import (
     Split,
     dtype_for,
     saved_tokenizer,
+    tmp_path,
 )
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 
@@ -61,12 +62,14 @@ def separator(tokenizer: Any) -> tuple[str, str, list[int]]:
     return "text", "\n", ids
 
 
-def ordinary_encoder(tokenizer: Any) -> Callable[[list[str]], list[Any]]:
-    """texts → ids per text, with special-token strings encoded as ordinary text."""
-    none: frozenset[str] = frozenset()
-    return lambda texts: tokenizer.encode_batch(
-        texts, allowed_special=none, disallowed_special=none
-    )
+def ordinary_encoder(
+    tokenizer: Any, workers: int | None = None
+) -> Callable[[list[str]], list[Any]]:
+    """texts → ids per text on ``workers`` cores (None: all), special-token strings as text."""
+    kw: dict[str, Any] = {"allowed_special": frozenset(), "disallowed_special": frozenset()}
+    if workers is not None:
+        kw["num_workers"] = workers
+    return lambda texts: tokenizer.encode_batch(texts, **kw)
 
 
 def _clear_output(output: Path, overwrite: bool) -> None:
@@ -75,8 +78,8 @@ def _clear_output(output: Path, overwrite: bool) -> None:
     old = [p for p in output.glob("*") if p.name in (META, TOKENIZER) or _is_shard(p.name)]
     if old and not overwrite:
         raise GlassError(f"{output}: already holds prepared data (pass --overwrite to replace it)")
-    for p in old:
-        p.unlink()
+    for p in old + [p for p in output.glob("*.bin.tmp") if _is_shard(p.name[:-4])]:
+        p.unlink()  # .tmp: a shard a killed run left half-written
 
 
 def _is_shard(name: str) -> bool:
@@ -104,13 +107,18 @@ def prepare(
     shard_tokens: int = SHARD_TOKENS,
     piece_bytes: int = PIECE_BYTES,
     batch_bytes: int = BATCH_BYTES,
+    workers: int | None = None,
     progress: bool = False,
     overwrite: bool = False,
 ) -> DataDir:
     """Encode ``inputs`` (files, in order) into a data folder at ``output``; return it opened.
 
-    On any error, the files this call wrote are removed and the folder holds no ``meta.json``.
+    ``workers`` cores encode (None: all); the ids are the same for any number, since
+    texts are cut only where the ids of the parts are the ids of the whole. On any error,
+    the files this call wrote are removed and the folder holds no ``meta.json``.
     """
+    if workers is not None and workers < 1:
+        raise ConfigError("workers", f"must be at least 1, got {workers}")
     if not 0.0 <= val_fraction < 1.0:
         raise ConfigError("val_fraction", f"must be in [0, 1), got {val_fraction}")
     if shard_tokens < 1:
@@ -129,7 +137,7 @@ def prepare(
     sep_array = np.asarray(sep_ids, dtype=np.int64)
     sep_bytes = len(sep_text.encode("utf-8")) if sep_kind == "text" else 0
     tok_json, tok_kind, fingerprint = saved_tokenizer(tokenizer)
-    encode = ordinary_encoder(tokenizer)
+    encode = ordinary_encoder(tokenizer, workers)
 
     out = Path(output)
     try:
@@ -227,7 +235,7 @@ def prepare(
 def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
     import json
 
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = tmp_path(path)
     tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,12 +174,16 @@ class DataMeta:
 
 
 class ShardWriter:
-    """Appends ids to ``{split}_NNN.bin`` files of at most ``shard_tokens`` tokens each."""
+    """Appends ids to ``{split}_NNN.bin`` files of at most ``shard_tokens`` tokens each.
+
+    A shard is written as ``{name}.tmp`` and renamed to its name when complete, so a killed
+    run leaves no half-written file under a shard's name.
+    """
 
     def __init__(self, folder: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
         self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
         self.shards: list[tuple[str, int]] = []
-        self.written: list[Path] = []
+        self.written: list[Path] = []  # shard paths (and the one being written, as .tmp)
         self._file: BinaryIO | None = None
 
     @property
@@ -202,14 +207,22 @@ class ShardWriter:
         self.close()
         name = f"{self.split}_{len(self.shards):03d}.bin"
         path = self.folder / name
-        self.written.append(path)
+        self.written += [path, tmp_path(path)]
         self.shards.append((name, 0))
-        return path.open("wb")
+        return tmp_path(path).open("wb")
 
     def close(self) -> None:
+        """Finish the shard being written: flush it and give it its name."""
         if self._file is not None:
             self._file.close()
             self._file = None
+            path = self.folder / self.shards[-1][0]
+            os.replace(tmp_path(path), path)
+
+
+def tmp_path(path: Path) -> Path:
+    """Where ``path`` is written before it is complete."""
+    return path.with_name(path.name + ".tmp")
 
 
 class TokenStream:

@@ -46,6 +46,7 @@ __all__ = [
     "rank_bpe",
     "read_ranks",
     "save_tiktoken",
+    "tiktoken_agrees",
     "tiktoken_mismatches",
     "to_tiktoken_encoding",
 ]
@@ -126,6 +127,43 @@ def tiktoken_mismatches(tok: Tokenizer) -> list[str]:
         extra = sorted(set(theirs.values()) - {new for _, new in ours})
         problems.append(f"token {extra[0]} {tok.vocab[extra[0]]!r} is made by no merge")
     return problems
+
+
+def tiktoken_agrees(tok: Tokenizer) -> str | None:
+    """None if tiktoken encodes every text as ``tok`` does; else the first reason it may not.
+
+    The condition of :func:`tiktoken_mismatches`, checked faster with our own merge loop:
+    when merge order is id order and every token of two or more bytes is made by a merge,
+    the rank-based loop on token c's bytes with ranks below c's ends in c's two parts
+    exactly when our loop on c's bytes ends in ``[c]``, given that this holds for every
+    lower rank (by induction: up to that rank the two loops take the same steps, and ours
+    applies merges in increasing rank, so it reaches ``[c]`` only through c's own merge).
+
+    >>> from glassgpt.tokenizer import Tokenizer
+    >>> tiktoken_agrees(Tokenizer.from_merges([(b"a", b"b"), (b"ab", b"c")])) is None
+    True
+    >>> tiktoken_agrees(Tokenizer.from_merges([(b"b", b"c"), (b"a", b"b"), (b"ab", b"c")]))
+    "token 258 b'abc' is not reached by its merge (b'ab' + b'c'): our loop gives 2 tokens"
+    """
+    from glassgpt.tokenizer.merge import bpe
+
+    made = [new for new in tok.merges.values()]
+    if made != sorted(made):
+        return "merge order differs from id order (tiktoken's rank is the id)"
+    n_long = sum(len(t) > 1 for t in tok.vocab)
+    if n_long != len(made):
+        return f"{n_long - len(made)} tokens of two or more bytes are made by no merge"
+    byte_ids, ranks, vocab = tok._byte_ids, tok._ranks, tok.vocab
+    for (a, b), new in tok.merges.items():
+        if len(vocab[new]) == 2:  # two bytes: their pair is this merge
+            continue
+        ids = bpe([byte_ids[x] for x in vocab[new]], ranks)
+        if ids != [new]:
+            return (
+                f"token {new} {tok.vocab[new]!r} is not reached by its merge "
+                f"({tok.vocab[a]!r} + {tok.vocab[b]!r}): our loop gives {len(ids)} tokens"
+            )
+    return None
 
 
 def _describe(

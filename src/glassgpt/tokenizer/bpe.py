@@ -7,8 +7,11 @@ with ``split`` the pre-tokenizer (:mod:`~glassgpt.tokenizer.pretokenize`) and ``
 merge loop (:mod:`~glassgpt.tokenizer.merge`), so ``decode(encode(s)) == s`` for every str.
 With GPT-2's files the ids are tiktoken's ``gpt2`` ids.
 
-What the code adds is speed without changing a single id: a cache chunk → ids (most
-chunks repeat), and for the named patterns a second cache over whole space-separated
+The merge loop here is the definition. For speed, :meth:`Tokenizer.encode_ordinary` hands
+the text to tiktoken's Rust core built from the same tokens (:mod:`.engine`) wherever that
+provably gives the same ids, and says once when it cannot. The Python loop (``fast =
+False``) keeps its own speed-ups, again without changing a single id: a cache chunk → ids
+(most chunks repeat), and for the named patterns a second cache over whole space-separated
 pieces, cut at *safe spaces* (:func:`~glassgpt.tokenizer.pretokenize.space_segments`), so
 that prose costs one ``re.split`` and one dict lookup per word. The caches are bounded.
 """
@@ -26,6 +29,8 @@ from glassgpt.errors import GlassError
 from glassgpt.tokenizer import files
 from glassgpt.tokenizer.caches import BAD, Cache, PieceCache
 from glassgpt.tokenizer.corpus import TextOrPath, count_chunks, fix_surrogates
+from glassgpt.tokenizer.engine import build as build_engine
+from glassgpt.tokenizer.engine import same_classes
 from glassgpt.tokenizer.merge import HEAP_MIN_LEN, bpe, bpe_heap, check_merge_order, pack
 from glassgpt.tokenizer.pretokenize import SAFE_SPACE, resolve_pattern, splitter
 from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve, split_special
@@ -45,7 +50,9 @@ class Tokenizer:
 
     Importers of other formats (tiktoken, HF ``tokenizer.json``) build it the same way.
     Public attributes: ``vocab``, ``merges``, ``special_tokens``, ``pattern`` (regex
-    source or None), ``pattern_name`` (``"gpt2"``, ``"gpt4"`` or None) and ``n_vocab``.
+    source or None), ``pattern_name`` (``"gpt2"``, ``"gpt4"`` or None), ``n_vocab``, and
+    ``fast``: True (default) to encode with tiktoken's core where it gives the same ids
+    (:mod:`.engine`), False for the Python merge loop alone.
 
     >>> vocab = [bytes([b]) for b in range(256)] + [b"ab", b"abc"]
     >>> tok = Tokenizer(vocab, {(97, 98): 256, (256, 99): 257}, special_tokens=["<|end|>"])
@@ -92,6 +99,8 @@ class Tokenizer:
         self._tails = Cache(self._encode_spaced)  # a last piece ending in whitespace → ids
         self._special_names = frozenset(self.special_tokens)
         self._pieces = PieceCache(self._encode_spaced) if self.pattern_name else None
+        self.fast = True
+        self._engine: Any = None  # tiktoken.Encoding, built on first use; False: none
 
     def _check(self) -> None:
         n = len(self.vocab)
@@ -153,6 +162,18 @@ class Tokenizer:
     def _encode_segment(self, text: str) -> tuple[int, ...]:
         return tuple(chain.from_iterable(map(self._chunks.__getitem__, self._split(text))))
 
+    def engine(self) -> Any | None:
+        """The ``tiktoken.Encoding`` that gives this tokenizer's ids, or None (Python loop).
+
+        Built on first use; None when ``fast`` is False or when :mod:`.engine` finds that
+        tiktoken could give other ids (it warns once, naming why).
+        """
+        if not self.fast:
+            return None
+        if self._engine is None:
+            self._engine = build_engine(self) or False
+        return self._engine or None
+
     def _encode_ordinary(self, text: str) -> list[int]:
         if self.pattern is None:  # the whole text is one chunk: no cache
             return list(self._bpe_chunk(text)) if text else []
@@ -171,6 +192,9 @@ class Tokenizer:
 
         Many short texts cost less this way than one call each.
         """
+        engine = self.engine()
+        if engine is not None:
+            return [self.encode_ordinary(t) for t in texts]
         if self._pieces is None:
             return [self.encode_ordinary(t) for t in texts]
         try:
@@ -194,6 +218,9 @@ class Tokenizer:
         >>> Tokenizer.bytes_only().encode_ordinary("hé")
         [104, 195, 169]
         """
+        engine = self.engine()
+        if engine is not None and same_classes(text):
+            return engine.encode_ordinary(text)
         try:
             return self._encode_ordinary(text)
         except UnicodeEncodeError:  # lone surrogates: as tiktoken, they become U+FFFD

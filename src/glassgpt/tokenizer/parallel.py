@@ -9,7 +9,9 @@ worker processes encode the others and send back their ids as one int32 array ea
 (cheap to pickle). Workers are forked once per tokenizer and kept for later calls, so
 they start with the parent's tokenizer and caches and keep their own caches warm; they
 end when the tokenizer is garbage-collected, with :func:`close_workers`, or at exit.
-Small inputs, or systems without ``fork``, run in one process.
+Small inputs, or systems without ``fork``, run in one process. When the tokenizer encodes
+with tiktoken's core (:mod:`.engine`), which releases the GIL, the shares run on threads
+instead: no fork, no ids to send back.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import multiprocessing
 import os
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import chain
 from typing import TYPE_CHECKING
@@ -155,6 +157,10 @@ def encode_batch(
     if len(shares) == 1:
         return encode_texts(tok, texts, allowed)
     parts = [[texts[i][a:b] for i, a, b in jobs] for jobs in shares]
+    if tok.engine() is not None:
+        with ThreadPoolExecutor(len(shares)) as threads:
+            results = list(threads.map(lambda p: encode_texts(tok, p, allowed), parts))
+        return _gather(texts, shares, results)
     try:
         pool = _pool(tok, len(shares) - 1)
         futures = [pool.submit(_work, id(tok), p, allowed) for p in parts[1:]]
@@ -162,6 +168,13 @@ def encode_batch(
     except BrokenProcessPool:  # a worker died (e.g. killed): do it here instead
         close_workers(tok)
         results = [encode_texts(tok, p, allowed) for p in parts]
+    return _gather(texts, shares, results)
+
+
+def _gather(
+    texts: Sequence[str], shares: list[list[Job]], results: list[list[list[int]]]
+) -> list[list[int]]:
+    """The ids of each text, joined from the ids of its parts in the shares."""
     out: list[list[int]] = [[] for _ in texts]
     for jobs, ids in zip(shares, results):
         for (i, _, _), part in zip(jobs, ids):

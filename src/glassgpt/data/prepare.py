@@ -17,8 +17,8 @@ batches with ``encode_batch``; memory stays within a few batches whatever the in
 
 from __future__ import annotations
 
+import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,9 @@ from glassgpt.data.shards import (
     Split,
     dtype_for,
     saved_tokenizer,
-    tmp_path,
 )
 from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.storage import atomic_write
 
 BATCH_BYTES = 8 << 20  # text per encode_batch call
 EOT = "<|endoftext|>"
@@ -216,8 +216,10 @@ def prepare(
             shard_tokens=shard_tokens,
             val_fraction=val_fraction,
         )
-        (out / TOKENIZER).write_bytes(tok_json)
-        _write_json_atomic(out / META, meta.to_json())
+        atomic_write(out / TOKENIZER, tok_json)
+        atomic_write(
+            out / META, (json.dumps(meta.to_json(), indent=1, ensure_ascii=False) + "\n").encode()
+        )
     except BaseException as e:
         for w in writers.values():
             w.close()
@@ -230,14 +232,6 @@ def prepare(
     finally:
         bar.close()
     return DataDir.open(out)
-
-
-def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
-    import json
-
-    tmp = tmp_path(path)
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def char_set(files: Sequence[str | Path], piece_bytes: int = PIECE_BYTES) -> set[str]:

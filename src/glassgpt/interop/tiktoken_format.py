@@ -194,10 +194,9 @@ def save_tiktoken(tok: Tokenizer, path: str | os.PathLike[str], *, check: bool =
     lines = [
         f"{base64.b64encode(token).decode('ascii')} {i}\n" for i, token in enumerate(tok.vocab)
     ]
-    try:
-        Path(path).write_text("".join(lines), encoding="ascii")
-    except OSError as err:
-        raise GlassError(f"cannot write {Path(path)}: {err.strerror or err}") from None
+    from glassgpt.storage import atomic_write
+
+    atomic_write(path, "".join(lines).encode("ascii"))
 
 
 def read_ranks(path: str | os.PathLike[str]) -> list[bytes]:

@@ -242,18 +242,17 @@ class GPT(nn.Module):
             raise TokenError(f"{what}: sequence length {T} exceeds n_ctx={self.config.n_ctx}")
         # A data-dependent check would split a compiled graph: compiled callers skip it.
         if tokens.numel() and not torch.compiler.is_compiling():
+            lo, hi = torch.aminmax(tokens)
             if tokens.device.type == "cuda":
                 # Reading the ids back would make the host wait for the GPU on every forward:
                 # there the check is a device-side assertion (the error surfaces at the next
                 # synchronisation). Callers with host ids (sampling, training data) check them
                 # before they are copied to the device.
-                lo, hi = torch.aminmax(tokens)
                 torch._assert_async(
                     (lo >= low) & (hi < self.config.n_vocab),
                     f"{what}: an id is out of range [{low}, {self.config.n_vocab})",
                 )
                 return B, T
-            lo, hi = torch.aminmax(tokens)
             lo_i, hi_i = int(lo), int(hi)
             if lo_i < low or hi_i >= self.config.n_vocab:
                 bad = lo_i if lo_i < low else hi_i

@@ -319,13 +319,12 @@ def _steps(
             hist[b].append(t)
         if counts is not None:
             counts[torch.arange(len(ids), device=device), nxt.to(device)] += 1
-        if cache.length < cache.capacity and graphed:
-            if step_fn is None:
+        if cache.length < cache.capacity:
+            if graphed and step_fn is None:
                 assert isinstance(cache, StaticKVCache)
                 step_fn = GraphedStep(model, cache)
-            logits = step_fn(nxt.to(device)[:, None])
-        elif cache.length < cache.capacity:
-            logits = _forward(model, nxt.to(device)[:, None], cache)
+            new = nxt.to(device)[:, None]  # [B, 1]
+            logits = step_fn(new) if step_fn is not None else _forward(model, new, cache)
         else:
             tokens, pads = left_pad(slide(f"{len(hist[0])} tokens"), device)
             cache.reset(pads)

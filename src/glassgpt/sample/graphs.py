@@ -89,10 +89,7 @@ class StaticKVCache(KVCache):
         self._copy_pad()
 
     def _copy_pad(self) -> None:
-        if hasattr(self, "_pad_row"):
-            self._pad_row.copy_(
-                self.pad if self.pad is not None else torch.zeros_like(self._pad_row)
-            )
+        self._pad_row.copy_(self.pad if self.pad is not None else torch.zeros_like(self._pad_row))
 
 
 class GraphedStep:

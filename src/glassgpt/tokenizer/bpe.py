@@ -192,10 +192,7 @@ class Tokenizer:
 
         Many short texts cost less this way than one call each.
         """
-        engine = self.engine()
-        if engine is not None:
-            return [self.encode_ordinary(t) for t in texts]
-        if self._pieces is None:
+        if self._pieces is None or self.engine() is not None:
             return [self.encode_ordinary(t) for t in texts]
         try:
             splits = list(map(SAFE_SPACE.split, texts))

@@ -249,9 +249,11 @@ class CheckpointManager:
     def __init__(self, root: str | Path, keep_last: int = 3) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
-        if self.root.is_dir():  # leftovers of a write that was killed halfway
-            for stale in self.root.glob(".tmp-*"):
+        self.removed = 0  # leftovers of writes killed halfway (.tmp-*, .old-*), removed here
+        if self.root.is_dir():
+            for stale in [*self.root.glob(".tmp-*"), *self.root.glob(".old-*")]:
                 shutil.rmtree(stale, ignore_errors=True)
+                self.removed += 1
 
     def save(
         self,

@@ -79,6 +79,6 @@ def truncate_after(path: str | Path, step: int) -> None:
     if not path.exists():
         return
     keep = [r for r in read_metrics(path) if r["step"] <= step]
-    from glassgpt.train.checkpoint import atomic_write
+    from glassgpt.storage import atomic_write
 
     atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep).encode())

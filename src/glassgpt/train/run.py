@@ -25,6 +25,7 @@ import torch
 from glassgpt import __version__
 from glassgpt.config import apply_overrides, load_toml, merge
 from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.storage import atomic_write
 from glassgpt.train import checkpoint as ckpt
 from glassgpt.train import distributed as D
 from glassgpt.train import rng
@@ -189,8 +190,7 @@ def _note(message: str) -> None:
 
 
 def _claim_folder(out_dir: Path, *, fresh: bool, overwrite: bool) -> None:
-    """A fresh run starts in an empty folder (``overwrite``: emptied); a resumed one loses
-    the debris of writes that were interrupted (``.tmp-*``, ``.old-*`` in ``ckpt/``)."""
+    """A fresh run starts in an empty folder (``overwrite``: emptied)."""
     entries = sorted(p for p in out_dir.iterdir() if p.name != LOCK_NAME)
     if fresh and entries:
         if not overwrite:
@@ -206,14 +206,6 @@ def _claim_folder(out_dir: Path, *, fresh: bool, overwrite: bool) -> None:
         for p in entries:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         _note(f"--overwrite: removed the earlier contents of {out_dir}")
-    debris = [
-        p for p in (out_dir / "ckpt").glob(".*") if p.name.startswith((".tmp-", ".old-"))
-    ] if (out_dir / "ckpt").is_dir() else []  # fmt: skip
-    for p in debris:
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    if debris:
-        _note(f"removed {len(debris)} leftover(s) of interrupted checkpoint writes in "
-              f"{out_dir / 'ckpt'}")  # fmt: skip
 
 
 def _train(
@@ -256,7 +248,7 @@ def _train(
     config_toml = dump_toml(cfg.to_dict())
     if ctx.is_main:
         say(config_toml, end="", flush=True)
-        ckpt.atomic_write(out_dir / "config.toml", config_toml.encode())
+        atomic_write(out_dir / "config.toml", config_toml.encode())
         info = {
             "command": list(argv) if argv is not None else sys.argv,
             "glassgpt_version": __version__,
@@ -271,7 +263,7 @@ def _train(
             "data": str(run_data.data.path),
             "config": cfg.to_dict(),
         }
-        ckpt.atomic_write(out_dir / "run.json", json.dumps(info, indent=1).encode())
+        atomic_write(out_dir / "run.json", json.dumps(info, indent=1).encode())
 
     rng.seed_everything(cfg.seed)
     model = GPT(cfg.model)
@@ -347,6 +339,9 @@ def _train(
         bytes_per_token=run_data.bytes_per_token,
         on_eval=on_eval,
     )
+    if trainer.checkpoints is not None and trainer.checkpoints.removed:
+        _note(f"removed {trainer.checkpoints.removed} leftover(s) of interrupted checkpoint "
+              f"writes in {trainer.checkpoints.root}")  # fmt: skip
     if trainer.compiled:
         say("torch.compile: on (the first step compiles the model, about a minute)", flush=True)
     if checkpoint is not None:

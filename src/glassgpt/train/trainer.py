@@ -443,8 +443,6 @@ class Trainer:
         with self._signals():
             try:
                 while self.step < cfg.max_steps:
-                    if pending is not None and not lag:
-                        record, pending = finish(pending), None
                     launched = self.launch_step()
                     bar.update(1)
                     if pending is not None:  # the previous step, while the device runs this one
@@ -457,7 +455,7 @@ class Trainer:
                     stop = any_rank(self._stop is not None, self.ctx)
                     every = cfg.checkpoint_every
                     save = final or stop or bool(every and self.step % every == 0)
-                    if do_eval or save:
+                    if do_eval or save or not lag:
                         record, pending = finish(pending, do_eval), None
                     if save:
                         path = self.save_checkpoint()

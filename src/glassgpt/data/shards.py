@@ -33,9 +33,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from glassgpt import __version__
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.storage import inside
+from glassgpt.version import __version__
 
 FORMAT = "glassgpt-data"
 VERSION = 1

@@ -33,9 +33,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from glassgpt import __version__
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.storage import atomic_write, fsync_dir, fsync_file, inside, write_failed
+from glassgpt.version import __version__
 
 FORMAT = "glassgpt-checkpoint"
 VERSION = 1

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from glassgpt import __version__
 from glassgpt.config import apply_overrides, load_toml, merge
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.storage import atomic_write
@@ -39,6 +38,7 @@ from glassgpt.train.config import (
 )
 from glassgpt.train.inputs import check_memory, resolve_data
 from glassgpt.train.lock import LOCK_NAME, RunLock
+from glassgpt.version import __version__
 
 
 @torch.no_grad()

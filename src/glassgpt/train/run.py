@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from glassgpt import checkpoint as ckpt
 from glassgpt.config import apply_overrides, load_toml, merge
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.storage import atomic_write
-from glassgpt.train import checkpoint as ckpt
 from glassgpt.train import distributed as D
 from glassgpt.train import rng
 from glassgpt.train.config import (

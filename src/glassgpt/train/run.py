@@ -173,6 +173,8 @@ def train_main(
     if out_dir.exists() and not out_dir.is_dir():
         raise InputFileError(f"--out {out_dir}: a file is there, not a run folder")
     ctx = D.init_distributed(first.train.device, first.train.threads, tf32=first.train.tf32)
+    if ctx.device.type == "cpu":
+        D.keep_freed_memory()  # the CPU trainer's allocator setting: see its docstring
     lock = RunLock(out_dir, note=_note) if ctx.is_main else None
     try:
         if lock is not None:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from glassgpt.errors import GlassError
+from glassgpt.scaling.compute import training_flops
 from glassgpt.scaling.law import ScalingLaw, fit_scaling_law
 
 NKind = Literal["non_embedding", "total"]
@@ -147,7 +148,7 @@ def plot_report(report: FitReport, out: str | Path) -> list[Path]:
     paths.append(_save(fig, out / "loss_vs_n.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    flops = 6 * n_all * d_all
+    flops = training_flops(n_all, d_all)
     ax.scatter(flops[~held], loss[~held], label="fitted runs")
     ax.scatter(flops[held], loss[held], marker="*", s=120, label="held out")
     grid_c = np.geomspace(flops.min() / 2, flops.max() * 4, 100)

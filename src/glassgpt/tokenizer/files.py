@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.formats import check_format
 from glassgpt.storage import atomic_write
 
 if TYPE_CHECKING:
@@ -180,14 +181,14 @@ def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
 
 def read_tokenizer_json(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any]:
     """Read a saved tokenizer, checking the format, the version and (if given) the kind."""
-    data = read_json(path)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise InputFileError(f'{path}: not a glassgpt tokenizer file (no "format": "{FORMAT}")')
-    version = data.get("version")
-    if version != VERSION:
-        raise InputFileError(
-            f"{path}: tokenizer file version {version!r} is not supported (this glassgpt reads version {VERSION})"
-        )
+    data = check_format(
+        read_json(path),
+        path,
+        FORMAT,
+        VERSION,
+        what="tokenizer file",
+        not_ours=f'not a glassgpt tokenizer file (no "format": "{FORMAT}")',
+    )
     if kind is not None and data.get("kind") != kind:
         raise InputFileError(f"{path}: holds a {data.get('kind')!r} tokenizer, not {kind!r}")
     return data

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from glassgpt.data.reading import PIECE_BYTES, Piece, file_size, iter_pieces, safe_cut
 from glassgpt.data.shards import (
@@ -141,6 +140,8 @@ def prepare(
     except OSError as e:
         raise GlassError(f"{out}: cannot create the output folder ({e.strerror or e})") from None
     sink = _Sink(out, encode, n_vocab, dtype, shard_tokens, batch_bytes, sep_ids, sep_bytes)
+    from tqdm.auto import tqdm  # on use: it costs a quarter second, and the CLI imports this module
+
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     try:
         cut_at = total - val_bytes(total, val_fraction)  # global byte offset where val starts
@@ -313,7 +314,7 @@ def char_tokenizer(files: Sequence[str | Path]) -> Any:
 
     The newline is added so that it can always separate documents.
     """
-    alphabet = sorted(char_set(files) | {"\n"})
-    from glassgpt.tokenizer import CharTokenizer
+    from glassgpt.tokenizer.char import CharTokenizer  # on use: the CLI imports this module
 
+    alphabet = sorted(char_set(files) | {"\n"})
     return CharTokenizer(alphabet)

@@ -319,7 +319,7 @@ class DataDir:
 
     def load_tokenizer(self) -> Any:
         """The tokenizer saved with the shards (checked against the recorded fingerprint)."""
-        from glassgpt.tokenizer import load_tokenizer
+        from glassgpt.tokenizer.loading import load_tokenizer  # on use: regex is not cheap
 
         path = self.path / TOKENIZER
         if not path.is_file():

@@ -16,8 +16,11 @@ from typing import Any, Literal
 import numpy as np
 
 from glassgpt.errors import GlassError
+from glassgpt.model.accounting import count_parameters
 from glassgpt.scaling.compute import training_flops
 from glassgpt.scaling.law import ScalingLaw, fit_scaling_law
+from glassgpt.storage import atomic_write
+from glassgpt.train.config import load_run_config
 
 NKind = Literal["non_embedding", "total"]
 
@@ -98,8 +101,6 @@ def fit_results(
 
 
 def save_report(report: FitReport, out: str | Path) -> Path:
-    from glassgpt.storage import atomic_write
-
     path = Path(out) / "law.json"
     atomic_write(path, json.dumps(report.to_dict(), indent=1).encode("utf-8"))
     return path
@@ -189,9 +190,6 @@ def predict_for_config(
     level: float = 0.9,
 ) -> str:
     """The predicted validation loss of a run config before training it, as printable lines."""
-    from glassgpt.model.accounting import count_parameters
-    from glassgpt.train.config import load_run_config
-
     law, n_kind = load_law(law_path)
     cfg = load_run_config(preset=preset, config_file=config_file, overrides=overrides)
     n = count_parameters(cfg.model, non_embedding=n_kind == "non_embedding")

@@ -37,10 +37,7 @@ _LOW = 0x558  # with regex 2026.11 and tiktoken 0.14 the first character they cl
 _warned: set[str] = set()
 _agreed: set[str] = set()  # characters both engines class alike
 _differ: set[str] = set()  # characters they class differently
-
-
-# tiktoken needs a pattern; for "no split" one chunk is the whole text.
-_WHOLE_TEXT = r"[\s\S]+"
+_WHOLE_TEXT = r"[\s\S]+"  # tiktoken needs a pattern; for "no split" one chunk is the whole text
 
 
 class Vocabulary(Protocol):
@@ -89,12 +86,13 @@ def build(tok: Vocabulary) -> Any | None:
 def tiktoken_agrees(tok: Vocabulary) -> str | None:
     """None if tiktoken encodes every text as ``tok`` does; else the first reason it may not.
 
-    The condition of :func:`~glassgpt.interop.tiktoken_format.tiktoken_mismatches`, checked faster with our own merge loop:
-    when merge order is id order and every token of two or more bytes is made by a merge,
-    the rank-based loop on token c's bytes with ranks below c's ends in c's two parts
-    exactly when our loop on c's bytes ends in ``[c]``, given that this holds for every
-    lower rank (by induction: up to that rank the two loops take the same steps, and ours
-    applies merges in increasing rank, so it reaches ``[c]`` only through c's own merge).
+    The condition of :func:`~glassgpt.interop.tiktoken_format.tiktoken_mismatches`, checked
+    faster with our own merge loop: when merge order is id order and every token of two or
+    more bytes is made by a merge, the rank-based loop on token c's bytes with ranks below
+    c's ends in c's two parts exactly when our loop on c's bytes ends in ``[c]``, given that
+    this holds for every lower rank (by induction: up to that rank the two loops take the
+    same steps, and ours applies merges in increasing rank, so it reaches ``[c]`` only
+    through c's own merge).
 
     >>> from glassgpt.tokenizer import Tokenizer
     >>> tiktoken_agrees(Tokenizer.from_merges([(b"a", b"b"), (b"ab", b"c")])) is None

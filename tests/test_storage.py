@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from glassgpt.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
 from glassgpt.errors import InputFileError
 from glassgpt.storage import inside
-from glassgpt.train.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
 
 
 @pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../x", "", 3, None, "a\x00b"])

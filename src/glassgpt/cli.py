@@ -15,8 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from glassgpt import __version__
 from glassgpt.errors import GlassError
+from glassgpt.version import __version__
 
 COMMAND_MODULES = (
     "glassgpt.tokenizer.commands",

@@ -13,6 +13,7 @@ import pytest
 import tomllib
 import torch
 
+from glassgpt import checkpoint
 from glassgpt.cli import main
 from glassgpt.inspect import commands
 from glassgpt.tokenizer import CharTokenizer
@@ -129,8 +130,6 @@ def test_end_to_end_from_a_training_checkpoint(
     tmp_path: Path, tiny: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A checkpoint written by the trainer's writer, read back by ``glassgpt.load``."""
-    pytest.importorskip("glassgpt.sample.loading", reason="glassgpt.load is not in this build")
-    checkpoint = pytest.importorskip("glassgpt.train.checkpoint", reason="no trainer in this build")
     tok = CharTokenizer.train([TEXT])
     cfg = tiny.config(n_vocab=tok.n_vocab, n_ctx=12)
     model = tiny.model(cfg, dtype=torch.float32)

@@ -15,7 +15,7 @@ CHARS = sorted(set("abcdefghijklmnopqrstuvwxyz ,.!?\n"))
 
 def write_run(out: Path, model: GPT, tok: CharTokenizer, steps: tuple[int, ...] = (5, 10)) -> Path:
     """``out/ckpt/step_*`` (and ``best``) as ``glassgpt.train`` writes them."""
-    from glassgpt.train.checkpoint import CheckpointManager
+    from glassgpt.checkpoint import CheckpointManager
     from glassgpt.train.config import dump_toml
 
     tok_path = out / "tok.json"

@@ -89,12 +89,21 @@ def test_train_char(corpus: Path, tmp_path: Path, capsys, monkeypatch) -> None:
 
 
 def test_gpt2_by_name_and_folder(gpt2_files, capsys, monkeypatch) -> None:
-    monkeypatch.setenv("GLASSGPT_SHARED_DATA", str(gpt2_files[0].parent.parent))
+    monkeypatch.chdir(gpt2_files[0].parent.parent)  # "gpt2": the folder, by a relative path
     for spec in ("gpt2", str(gpt2_files[0].parent)):
         code, out, _ = run(
             ["tokenizer", "encode", "--tokenizer", spec], capsys, monkeypatch, b"Hello world"
         )
         assert code == 0 and out.split() == ["15496", "995"]
+
+
+def test_gpt2_names_a_folder_not_a_place_glassgpt_searches(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """``--tokenizer gpt2`` where no ``gpt2`` folder is: one line asking for the folder."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["tokenizer", "encode", "--tokenizer", "gpt2"], capsys, monkeypatch, b"a")
+    assert_one_line_error(code, err, "--tokenizer gpt2", "encoder.json and vocab.bpe")
 
 
 def test_encode_special_policies(gpt2_files, capsys, monkeypatch) -> None:

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from tests.interop.test_tokenizer_export import _merges_from_draws
 from tests.tokenizer.strategies import texts
 
-from glassgpt.interop.tiktoken_format import tiktoken_agrees, tiktoken_mismatches
+from glassgpt.interop.tiktoken_format import tiktoken_mismatches
 from glassgpt.tokenizer import Tokenizer, engine
-from glassgpt.tokenizer.engine import EngineFallbackWarning
+from glassgpt.tokenizer.engine import EngineFallbackWarning, tiktoken_agrees
 
 pytest.importorskip("tiktoken")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from glassgpt.checkpoint import find_resumable, step_folders
 from glassgpt.cli import main
-from glassgpt.train.checkpoint import find_resumable, step_folders
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SETS = ["train.progress=false", "train.threads=1", "train.batch_size=4", "train.eval_batches=1",

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from glassgpt.checkpoint import find_resumable
 from glassgpt.cli import main
-from glassgpt.train.checkpoint import find_resumable
 from glassgpt.train.lock import LOCK_NAME, RunFolderBusy, RunLock
 from glassgpt.train.metrics import read_metrics
 

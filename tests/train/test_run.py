@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from glassgpt.checkpoint import find_resumable
 from glassgpt.cli import main
-from glassgpt.train.checkpoint import find_resumable
 from glassgpt.train.config import build_run_config
 from glassgpt.train.metrics import read_metrics
 

@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from standins import TinyLM, WindowSampler, markov_tokens
 
-from glassgpt.train.checkpoint import find_resumable, load_checkpoint, step_folders
+from glassgpt.checkpoint import find_resumable, load_checkpoint, step_folders
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.metrics import read_metrics
 from glassgpt.train.trainer import Trainer, TrainingDiverged

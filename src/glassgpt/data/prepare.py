@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from glassgpt.data.reading import PIECE_BYTES, file_size, iter_pieces, safe_cut
+from glassgpt.data.reading import PIECE_BYTES, Piece, file_size, iter_pieces, safe_cut
 from glassgpt.data.shards import (
     META,
     SHARD_TOKENS,
@@ -126,15 +126,9 @@ def prepare(
     files = [Path(p) for p in inputs]
     sizes = input_sizes(files)
     total = sum(sizes)
-    n_val = math.ceil(val_fraction * total) if val_fraction > 0 else 0
-    if n_val and total >= 2:
-        n_val = min(max(n_val, 1), total - 1)
-    cut_at = total - n_val  # global byte offset where val starts
-
     n_vocab = int(tokenizer.n_vocab)
     dtype = dtype_for(n_vocab)
     sep_kind, sep_text, sep_ids = separator(tokenizer)
-    sep_array = np.asarray(sep_ids, dtype=np.int64)
     sep_bytes = len(sep_text.encode("utf-8")) if sep_kind == "text" else 0
     tok_json, tok_kind, fingerprint = saved_tokenizer(tokenizer)
     encode = ordinary_encoder(tokenizer, workers)
@@ -145,61 +139,13 @@ def prepare(
         _clear_output(out, overwrite)
     except OSError as e:
         raise GlassError(f"{out}: cannot create the output folder ({e.strerror or e})") from None
-    writers = {s: ShardWriter(out, s, dtype, shard_tokens) for s in ("train", "val")}
-    counts = {s: {"bytes": 0, "documents": 0} for s in ("train", "val")}
-
-    def flush(batch: list[tuple[str, str, bool]]) -> None:
-        if not batch:
-            return
-        for (_, split, last), ids in zip(batch, encode([t for t, _, _ in batch])):
-            arr = np.asarray(ids, dtype=np.int64)
-            if arr.size and (arr.min() < 0 or arr.max() >= n_vocab):
-                raise GlassError(f"the tokenizer produced an id outside [0, {n_vocab})")
-            writers[split].write(arr)
-            if last:
-                writers[split].write(sep_array)
-                counts[split]["bytes"] += sep_bytes
-                counts[split]["documents"] += 1
-        batch.clear()
-
-    from tqdm.auto import tqdm
+    sink = _Sink(out, encode, n_vocab, dtype, shard_tokens, batch_bytes, sep_ids, sep_bytes)
+    from tqdm.auto import tqdm  # on use: it costs a quarter second, and the CLI imports this module
 
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     try:
-        batch: list[tuple[str, str, bool]] = []  # (text, split, ends its document)
-        batch_size = 0
-        base = 0  # global offset of the current file
-        for path in files:
-            read = 0
-            for piece in iter_pieces(path, piece_bytes):
-                read += piece.n_bytes
-                start = base + piece.offset
-                split = "train" if start < cut_at else "val"
-                parts = [(piece.text, piece.n_bytes, piece.last, split)]
-                if start < cut_at < start + piece.n_bytes:
-                    data = piece.text.encode("utf-8")
-                    local = safe_cut(data, cut_at - start - CUT_WINDOW, cut_at - start)
-                    if local == 0:  # the cut fell inside the first character: train takes it,
-                        local = len(piece.text[0].encode("utf-8"))  # unless nothing follows
-                        if local == piece.n_bytes and start + local >= total:
-                            local = 0
-                    parts = [
-                        (data[:local].decode("utf-8"), local, False, "train"),
-                        (data[local:].decode("utf-8"), piece.n_bytes - local, piece.last, "val"),
-                    ]
-                for text, n_bytes, last, part_split in parts:
-                    if n_bytes or last:
-                        counts[part_split]["bytes"] += n_bytes
-                        batch.append((text, part_split, last))
-                        batch_size += n_bytes
-                if batch_size >= batch_bytes:
-                    flush(batch)
-                    batch_size = 0
-                bar.update(piece.n_bytes)
-            base += read
-        flush(batch)
-        for w in writers.values():
-            w.close()
+        cut_at = total - val_bytes(total, val_fraction)  # global byte offset where val starts
+        _feed(files, cut_at, total, piece_bytes, sink, bar.update)
         meta = DataMeta(
             dtype=str(dtype),
             n_vocab=n_vocab,
@@ -208,10 +154,7 @@ def prepare(
             separator_kind=sep_kind,
             separator_text=sep_text,
             separator_ids=tuple(sep_ids),
-            splits={
-                s: Split(w.tokens, counts[s]["bytes"], counts[s]["documents"], tuple(w.shards))
-                for s, w in writers.items()
-            },
+            splits=sink.close(),
             sources=tuple((str(p), n) for p, n in zip(files, sizes)),
             shard_tokens=shard_tokens,
             val_fraction=val_fraction,
@@ -221,10 +164,7 @@ def prepare(
             out / META, (json.dumps(meta.to_json(), indent=1, ensure_ascii=False) + "\n").encode()
         )
     except BaseException as e:
-        for w in writers.values():
-            w.close()
-            for p in w.written:
-                p.unlink(missing_ok=True)
+        sink.discard()
         (out / TOKENIZER).unlink(missing_ok=True)
         if isinstance(e, OSError) and not isinstance(e, GlassError):
             raise GlassError(f"{out}: cannot write the data ({e.strerror or e})") from None
@@ -232,6 +172,132 @@ def prepare(
     finally:
         bar.close()
     return DataDir.open(out)
+
+
+def val_bytes(total: int, val_fraction: float) -> int:
+    """⌈f·B⌉ bytes of B for val, at least one when f > 0 and at most B − 1 (B ≥ 2).
+
+    >>> val_bytes(1000, 0.1), val_bytes(3, 0.01), val_bytes(1000, 0.0)
+    (100, 1, 0)
+    """
+    n_val = math.ceil(val_fraction * total) if val_fraction > 0 else 0
+    if n_val and total >= 2:
+        n_val = min(max(n_val, 1), total - 1)
+    return n_val
+
+
+Part = tuple[str, int, bool, str]  # (text, its bytes, ends its document, split)
+
+
+def split_piece(piece: Piece, start: int, cut_at: int, total: int) -> list[Part]:
+    """A piece (at global offset ``start``) as one part, or two where the val cut falls in it.
+
+    The cut moves back to a safe point (:func:`~glassgpt.data.reading.safe_cut`).
+    """
+    split = "train" if start < cut_at else "val"
+    if not start < cut_at < start + piece.n_bytes:
+        return [(piece.text, piece.n_bytes, piece.last, split)]
+    data = piece.text.encode("utf-8")
+    local = safe_cut(data, cut_at - start - CUT_WINDOW, cut_at - start)
+    if local == 0:  # the cut fell inside the first character: train takes it,
+        local = len(piece.text[0].encode("utf-8"))  # unless nothing follows
+        if local == piece.n_bytes and start + local >= total:
+            local = 0
+    return [
+        (data[:local].decode("utf-8"), local, False, "train"),
+        (data[local:].decode("utf-8"), piece.n_bytes - local, piece.last, "val"),
+    ]
+
+
+def _feed(
+    files: Sequence[Path],
+    cut_at: int,
+    total: int,
+    piece_bytes: int,
+    sink: _Sink,
+    advance: Callable[[int], Any],
+) -> None:
+    """Read the files in pieces and hand their parts to ``sink``, which encodes in batches."""
+    base = 0  # global offset of the current file
+    for path in files:
+        read = 0
+        for piece in iter_pieces(path, piece_bytes):
+            read += piece.n_bytes
+            for text, n_bytes, last, split in split_piece(
+                piece, base + piece.offset, cut_at, total
+            ):
+                if n_bytes or last:
+                    sink.add(text, n_bytes, last, split)
+            sink.flush_if_full()
+            advance(piece.n_bytes)
+        base += read
+    sink.flush()
+
+
+class _Sink:
+    """Texts in, ids out: batches of about ``batch_bytes`` encoded at once and written to the
+    train or val shards, each document followed by the separator; bytes and documents counted."""
+
+    def __init__(
+        self,
+        out: Path,
+        encode: Callable[[list[str]], list[Any]],
+        n_vocab: int,
+        dtype: Any,
+        shard_tokens: int,
+        batch_bytes: int,
+        sep_ids: Sequence[int],
+        sep_bytes: int,
+    ) -> None:
+        self.encode, self.n_vocab, self.batch_bytes = encode, n_vocab, batch_bytes
+        self.sep_array, self.sep_bytes = np.asarray(sep_ids, dtype=np.int64), sep_bytes
+        self.writers = {s: ShardWriter(out, s, dtype, shard_tokens) for s in ("train", "val")}
+        self.counts = {s: {"bytes": 0, "documents": 0} for s in ("train", "val")}
+        self.batch: list[tuple[str, str, bool]] = []  # (text, split, ends its document)
+        self.batch_size = 0
+
+    def add(self, text: str, n_bytes: int, last: bool, split: str) -> None:
+        self.counts[split]["bytes"] += n_bytes
+        self.batch.append((text, split, last))
+        self.batch_size += n_bytes
+
+    def flush_if_full(self) -> None:
+        if self.batch_size >= self.batch_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Encode the batch and write its ids (and separators)."""
+        if self.batch:
+            texts = [t for t, _, _ in self.batch]
+            for (_, split, last), ids in zip(self.batch, self.encode(texts)):
+                arr = np.asarray(ids, dtype=np.int64)
+                if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
+                    raise GlassError(f"the tokenizer produced an id outside [0, {self.n_vocab})")
+                self.writers[split].write(arr)
+                if last:
+                    self.writers[split].write(self.sep_array)
+                    self.counts[split]["bytes"] += self.sep_bytes
+                    self.counts[split]["documents"] += 1
+        self.batch.clear()
+        self.batch_size = 0
+
+    def close(self) -> dict[str, Split]:
+        """Close the shards; what each split holds."""
+        for w in self.writers.values():
+            w.close()
+        return {
+            s: Split(
+                w.tokens, self.counts[s]["bytes"], self.counts[s]["documents"], tuple(w.shards)
+            )
+            for s, w in self.writers.items()
+        }
+
+    def discard(self) -> None:
+        """Close the shards and remove every file written."""
+        for w in self.writers.values():
+            w.close()
+            for p in w.written:
+                p.unlink(missing_ok=True)
 
 
 def char_set(files: Sequence[str | Path], piece_bytes: int = PIECE_BYTES) -> set[str]:
@@ -248,7 +314,7 @@ def char_tokenizer(files: Sequence[str | Path]) -> Any:
 
     The newline is added so that it can always separate documents.
     """
-    alphabet = sorted(char_set(files) | {"\n"})
-    from glassgpt.tokenizer import CharTokenizer
+    from glassgpt.tokenizer.char import CharTokenizer  # on use: the CLI imports this module
 
+    alphabet = sorted(char_set(files) | {"\n"})
     return CharTokenizer(alphabet)

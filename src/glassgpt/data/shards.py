@@ -33,9 +33,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from glassgpt import __version__
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.formats import check_format
 from glassgpt.storage import inside
+from glassgpt.version import __version__
 
 FORMAT = "glassgpt-data"
 VERSION = 1
@@ -276,13 +277,14 @@ class DataDir:
             raw = json.loads(meta_path.read_bytes())
         except (OSError, ValueError) as e:
             raise InputFileError(f"{meta_path}: unreadable ({e})") from None
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            raise InputFileError(f"{meta_path}: not a {FORMAT} meta file")
-        if raw.get("version") != VERSION:
-            raise InputFileError(
-                f"{meta_path}: data format version {raw.get('version')!r} is not supported "
-                f"(this glassgpt reads version {VERSION})"
-            )
+        raw = check_format(
+            raw,
+            meta_path,
+            FORMAT,
+            VERSION,
+            what="data format",
+            not_ours=f"not a {FORMAT} meta file",
+        )
         try:
             meta = DataMeta.from_json(raw)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
@@ -317,7 +319,7 @@ class DataDir:
 
     def load_tokenizer(self) -> Any:
         """The tokenizer saved with the shards (checked against the recorded fingerprint)."""
-        from glassgpt.tokenizer import load_tokenizer
+        from glassgpt.tokenizer.loading import load_tokenizer  # on use: regex is not cheap
 
         path = self.path / TOKENIZER
         if not path.is_file():

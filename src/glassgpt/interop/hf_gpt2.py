@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.storage import inside
+from glassgpt.storage import atomic_write, inside
 
 # transformers' activation names → our MLP kinds (the tanh forms differ only in rounding)
 HF_ACTIVATIONS = {
@@ -277,9 +279,6 @@ def state_dict_to_hf(model: GPT) -> dict[str, Tensor]:
 def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """config.json and the weights of a ``save_pretrained`` folder (safetensors, sharded
     safetensors, or pytorch_model.bin read with weights_only=True)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     if not folder.is_dir():
         raise InputFileError(f"not a folder: {folder}")
     config_path = folder / "config.json"
@@ -354,10 +353,6 @@ def from_hf(
 def to_hf(model: GPT, folder: str | os.PathLike) -> Path:
     """Write ``config.json`` and ``model.safetensors`` that
     ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads as the same function."""
-    from safetensors.torch import save
-
-    from glassgpt.storage import atomic_write
-
     if not isinstance(model, GPT):
         raise GlassError(f"to_hf: expected a glassgpt GPT, got {type(model).__name__}")
     hf_config = config_to_hf(model.config)

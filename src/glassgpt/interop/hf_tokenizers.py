@@ -27,13 +27,12 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from glassgpt.errors import GlassError
+from glassgpt.tokenizer.bpe import Tokenizer
 from glassgpt.tokenizer.files import read_json, str_to_token, token_to_str, write_json
-
-if TYPE_CHECKING:
-    from glassgpt.tokenizer import Tokenizer
+from glassgpt.tokenizer.pretokenize import PATTERNS
 
 __all__ = [
     "load_tokenizer_json",
@@ -214,8 +213,6 @@ def _pattern(pre: Any) -> str | None:
 
 def _named(regex: str) -> str:
     """A pattern we wrote for Oniguruma, named back ("gpt4"), or ``regex`` itself."""
-    from glassgpt.tokenizer.pretokenize import PATTERNS
-
     for name, pattern in PATTERNS.items():
         if regex in (pattern, onig_pattern(pattern)):
             return name
@@ -245,8 +242,6 @@ def load_tokenizer_json(path: str | os.PathLike[str]) -> Tokenizer:
 
     Ids are kept: ordinary tokens must have ids 0..n-1 and added (special) tokens ids ≥ n.
     """
-    from glassgpt.tokenizer import Tokenizer
-
     name = Path(path)
     data = read_json(name)
     if not isinstance(data, dict):

@@ -19,7 +19,7 @@ corpus we have tried; a hand-made one can fail (see docs/tokenizer-training.md).
 
 The format holds neither the split pattern nor the special tokens: pass them to
 :func:`load_tiktoken`, or build the whole ``tiktoken.Encoding`` with
-:func:`to_tiktoken_encoding`.
+:func:`to_tiktoken_encoding` (from :mod:`glassgpt.tokenizer.engine`, which encodes with it).
 """
 
 from __future__ import annotations
@@ -31,13 +31,12 @@ import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.storage import atomic_write
+from glassgpt.tokenizer.bpe import Tokenizer
+from glassgpt.tokenizer.engine import to_tiktoken_encoding
 from glassgpt.tokenizer.files import read_text
-
-if TYPE_CHECKING:
-    from glassgpt.tokenizer import Tokenizer
 
 __all__ = [
     "TiktokenMismatchWarning",
@@ -46,13 +45,9 @@ __all__ = [
     "rank_bpe",
     "read_ranks",
     "save_tiktoken",
-    "tiktoken_agrees",
     "tiktoken_mismatches",
     "to_tiktoken_encoding",
 ]
-
-# tiktoken needs a pattern; for "no split" one chunk is the whole text.
-_WHOLE_TEXT = r"[\s\S]+"
 
 
 class TiktokenMismatchWarning(UserWarning):
@@ -129,43 +124,6 @@ def tiktoken_mismatches(tok: Tokenizer) -> list[str]:
     return problems
 
 
-def tiktoken_agrees(tok: Tokenizer) -> str | None:
-    """None if tiktoken encodes every text as ``tok`` does; else the first reason it may not.
-
-    The condition of :func:`tiktoken_mismatches`, checked faster with our own merge loop:
-    when merge order is id order and every token of two or more bytes is made by a merge,
-    the rank-based loop on token c's bytes with ranks below c's ends in c's two parts
-    exactly when our loop on c's bytes ends in ``[c]``, given that this holds for every
-    lower rank (by induction: up to that rank the two loops take the same steps, and ours
-    applies merges in increasing rank, so it reaches ``[c]`` only through c's own merge).
-
-    >>> from glassgpt.tokenizer import Tokenizer
-    >>> tiktoken_agrees(Tokenizer.from_merges([(b"a", b"b"), (b"ab", b"c")])) is None
-    True
-    >>> tiktoken_agrees(Tokenizer.from_merges([(b"b", b"c"), (b"a", b"b"), (b"ab", b"c")]))
-    "token 258 b'abc' is not reached by its merge (b'ab' + b'c'): our loop gives 2 tokens"
-    """
-    from glassgpt.tokenizer.merge import bpe
-
-    made = [new for new in tok.merges.values()]
-    if made != sorted(made):
-        return "merge order differs from id order (tiktoken's rank is the id)"
-    n_long = sum(len(t) > 1 for t in tok.vocab)
-    if n_long != len(made):
-        return f"{n_long - len(made)} tokens of two or more bytes are made by no merge"
-    byte_ids, ranks, vocab = tok._byte_ids, tok._ranks, tok.vocab
-    for (a, b), new in tok.merges.items():
-        if len(vocab[new]) == 2:  # two bytes: their pair is this merge
-            continue
-        ids = bpe([byte_ids[x] for x in vocab[new]], ranks)
-        if ids != [new]:
-            return (
-                f"token {new} {tok.vocab[new]!r} is not reached by its merge "
-                f"({tok.vocab[a]!r} + {tok.vocab[b]!r}): our loop gives {len(ids)} tokens"
-            )
-    return None
-
-
 def _describe(
     vocab: list[bytes], new: int, ours: tuple[int, int], theirs: tuple[int, int] | None, rank: int
 ) -> str:
@@ -194,8 +152,6 @@ def save_tiktoken(tok: Tokenizer, path: str | os.PathLike[str], *, check: bool =
     lines = [
         f"{base64.b64encode(token).decode('ascii')} {i}\n" for i, token in enumerate(tok.vocab)
     ]
-    from glassgpt.storage import atomic_write
-
     atomic_write(path, "".join(lines).encode("ascii"))
 
 
@@ -236,25 +192,9 @@ def load_tiktoken(
     ``pattern`` ("gpt2", "gpt4", a regex, or None) and ``special_tokens`` ({string: id},
     ids after the ordinary ones) are not in the file and must be given.
     """
-    from glassgpt.tokenizer import Tokenizer
-
     vocab = read_ranks(path)
     try:
         merges = merges_from_ranks(vocab)
         return Tokenizer(vocab, merges, pattern=pattern, special_tokens=dict(special_tokens or {}))
     except GlassError as err:
         raise GlassError(f"{Path(path)}: {err}") from None
-
-
-def to_tiktoken_encoding(tok: Tokenizer, name: str = "glassgpt") -> Any:
-    """The ``tiktoken.Encoding`` with ``tok``'s tokens, pattern and special tokens."""
-    try:
-        import tiktoken
-    except ImportError:
-        raise GlassError("tiktoken is not installed (pip install tiktoken)") from None
-    return tiktoken.Encoding(
-        name,
-        pat_str=tok.pattern if tok.pattern is not None else _WHOLE_TEXT,
-        mergeable_ranks={token: i for i, token in enumerate(tok.vocab)},
-        special_tokens=dict(tok.special_tokens),
-    )

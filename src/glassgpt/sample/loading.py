@@ -110,7 +110,7 @@ def _from_checkpoint(folder: Path) -> tuple[Any, Any]:
 
 def _choose_checkpoint(folder: Path) -> Any:
     """The verified checkpoint that ``folder`` names (see the module docstring)."""
-    from glassgpt.train import checkpoint as ckpt
+    from glassgpt import checkpoint as ckpt
 
     if (folder / ckpt.STATE).is_file():
         return ckpt.load_checkpoint(folder)

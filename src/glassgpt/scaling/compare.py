@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from glassgpt.errors import GlassError
+from glassgpt.scaling.sweep import load_results
+from glassgpt.storage import atomic_write
 
 METRICS = ("val_bpb", "val_loss", "best_val_loss")
 
@@ -157,9 +159,6 @@ def compare_sweep(
     sweep: str | Path, *, by: str | None = None, metric: str = "val_bpb"
 ) -> tuple[Comparison, Path, Path]:
     """Compare a sweep folder's finished runs; write ``comparison.md`` and ``comparison.png``."""
-    from glassgpt.scaling.sweep import load_results
-    from glassgpt.storage import atomic_write
-
     sweep = Path(sweep)
     comparison = compare_results(load_results(sweep), by=by, metric=metric)
     md = sweep / "comparison.md"

@@ -29,6 +29,7 @@ optional ``description`` says what the grid studies. Built-in grids (the studies
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -203,6 +204,4 @@ def _toml_value(v: Any) -> str:
 
 
 def _replace(grid: Grid, **changes: Any) -> Grid:
-    import dataclasses
-
     return dataclasses.replace(grid, **changes)

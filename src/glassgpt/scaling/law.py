@@ -7,7 +7,8 @@ Fitting follows the Chinchilla paper's third approach: with A = e^a, B = e^b, E 
 
 minimise Σ_i Huber_δ(log L̂(N_i, D_i) − log L_i) with L-BFGS from the best points of a grid of
 starting values and keep the best optimum. Confidence intervals come from refitting on bootstrap resamples of the
-runs. For a compute budget C ≈ 6 N D, the loss-optimal allocation is
+runs. For a compute budget C ≈ 6 N D (:mod:`~glassgpt.scaling.compute`), the loss-optimal
+allocation is
 
     N_opt(C) = G (C/6)^(β/(α+β)),   D_opt(C) = G⁻¹ (C/6)^(α/(α+β)),   G = (αA / (βB))^(1/(α+β)).
 """
@@ -25,6 +26,7 @@ from scipy.optimize import minimize
 from scipy.special import logsumexp, softmax
 
 from glassgpt.errors import GlassError
+from glassgpt.scaling.compute import FLOPS_PER_PARAM_TOKEN
 
 PARAMS = ("E", "A", "B", "alpha", "beta")
 MIN_RUNS = 5  # five free parameters
@@ -81,7 +83,7 @@ class ScalingLaw:
         >>> [float(x) for x in law.compute_optimal(6e8)]
         [10000.0, 10000.0]
         """
-        c6 = np.asarray(flops, float) / 6.0
+        c6 = np.asarray(flops, float) / FLOPS_PER_PARAM_TOKEN
         a, b = self.alpha, self.beta
         g = (a * self.A / (b * self.B)) ** (1.0 / (a + b))
         return g * c6 ** (b / (a + b)), c6 ** (a / (a + b)) / g

@@ -16,7 +16,11 @@ from typing import Any, Literal
 import numpy as np
 
 from glassgpt.errors import GlassError
+from glassgpt.model.accounting import count_parameters
+from glassgpt.scaling.compute import training_flops
 from glassgpt.scaling.law import ScalingLaw, fit_scaling_law
+from glassgpt.storage import atomic_write
+from glassgpt.train.config import load_run_config
 
 NKind = Literal["non_embedding", "total"]
 
@@ -97,8 +101,6 @@ def fit_results(
 
 
 def save_report(report: FitReport, out: str | Path) -> Path:
-    from glassgpt.storage import atomic_write
-
     path = Path(out) / "law.json"
     atomic_write(path, json.dumps(report.to_dict(), indent=1).encode("utf-8"))
     return path
@@ -147,7 +149,7 @@ def plot_report(report: FitReport, out: str | Path) -> list[Path]:
     paths.append(_save(fig, out / "loss_vs_n.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    flops = 6 * n_all * d_all
+    flops = training_flops(n_all, d_all)
     ax.scatter(flops[~held], loss[~held], label="fitted runs")
     ax.scatter(flops[held], loss[held], marker="*", s=120, label="held out")
     grid_c = np.geomspace(flops.min() / 2, flops.max() * 4, 100)
@@ -188,9 +190,6 @@ def predict_for_config(
     level: float = 0.9,
 ) -> str:
     """The predicted validation loss of a run config before training it, as printable lines."""
-    from glassgpt.model.accounting import count_parameters
-    from glassgpt.train.config import load_run_config
-
     law, n_kind = load_law(law_path)
     cfg = load_run_config(preset=preset, config_file=config_file, overrides=overrides)
     n = count_parameters(cfg.model, non_embedding=n_kind == "non_embedding")

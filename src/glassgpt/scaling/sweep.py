@@ -29,6 +29,7 @@ from typing import Any
 
 from glassgpt.config import load_toml
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.scaling.compute import training_flops
 from glassgpt.scaling.grid import Grid, RunSpec
 
 RESULT = "result.json"
@@ -166,7 +167,7 @@ def collect(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
         "n_params": n_total,
         "n_params_non_embedding": n_non_emb,
         "tokens": tokens,
-        "flops": 6.0 * n_total * tokens,
+        "flops": training_flops(n_total, tokens),
         "wall_s": wall_s if wall_s is not None else records[-1].get("elapsed_s"),
         "config": config,
     }

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from glassgpt.tokenizer.bpe import Tokenizer
-    from glassgpt.tokenizer.char import CharTokenizer, load_tokenizer
+    from glassgpt.tokenizer.char import CharTokenizer
+    from glassgpt.tokenizer.loading import load_tokenizer
     from glassgpt.tokenizer.special import SpecialTokenError
 
 __all__ = ["CharTokenizer", "SpecialTokenError", "Tokenizer", "load_tokenizer"]
@@ -25,7 +26,7 @@ __all__ = ["CharTokenizer", "SpecialTokenError", "Tokenizer", "load_tokenizer"]
 _HOMES = {
     "Tokenizer": "glassgpt.tokenizer.bpe",
     "CharTokenizer": "glassgpt.tokenizer.char",
-    "load_tokenizer": "glassgpt.tokenizer.char",
+    "load_tokenizer": "glassgpt.tokenizer.loading",
     "SpecialTokenError": "glassgpt.tokenizer.special",
 }
 

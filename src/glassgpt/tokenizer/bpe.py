@@ -22,21 +22,27 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 from operator import itemgetter
-from pathlib import Path
 from typing import Any
 
-from glassgpt.errors import GlassError
+from glassgpt.errors import ConfigError, GlassError
 from glassgpt.tokenizer import files
+from glassgpt.tokenizer.bpe_train import train_merges
 from glassgpt.tokenizer.caches import BAD, Cache, PieceCache
 from glassgpt.tokenizer.corpus import TextOrPath, count_chunks, fix_surrogates
 from glassgpt.tokenizer.engine import build as build_engine
 from glassgpt.tokenizer.engine import same_classes
-from glassgpt.tokenizer.merge import HEAP_MIN_LEN, bpe, bpe_heap, check_merge_order, pack
+from glassgpt.tokenizer.merge import HEAP_MIN_LEN, bpe, bpe_heap, check_tables, rank_table
+from glassgpt.tokenizer.parallel import encode_batch
 from glassgpt.tokenizer.pretokenize import SAFE_SPACE, resolve_pattern, splitter
-from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve, split_special
+from glassgpt.tokenizer.special import (
+    SpecialSet,
+    check_disallowed,
+    encode_with_specials,
+    resolve,
+)
 
 
-class Tokenizer:
+class Tokenizer(files.SavedAsJson):
     """A byte-level BPE tokenizer.
 
     ``Tokenizer(vocab, merges, *, pattern="gpt2", special_tokens=())`` builds one from:
@@ -64,6 +70,8 @@ class Tokenizer:
     'abc<|end|>'
     """
 
+    kind = "bpe"
+
     def __init__(
         self,
         vocab: Sequence[bytes],
@@ -80,12 +88,12 @@ class Tokenizer:
         if not isinstance(special_tokens, Mapping):
             special_tokens = {s: len(self.vocab) + i for i, s in enumerate(special_tokens)}
         self.special_tokens: dict[str, int] = dict(special_tokens)
-        self._check()
+        check_tables(self.vocab, self.merges, self.special_tokens)
         ids = {t: i for i, t in enumerate(self.vocab)}
         byte_ids = [ids[bytes([b])] for b in range(256)]
         self._byte_table = bytes(byte_ids) if max(byte_ids) < 256 else None
         self._byte_ids = byte_ids
-        self._ranks = {pair: pack(rank, c) for rank, (pair, c) in enumerate(self.merges.items())}
+        self._ranks = rank_table(self.merges)
         # ids 0..n_vocab-1, then n_vocab Nones, where a negative id lands (-> TypeError)
         self._decode_table: list[bytes | None] = [
             *self.vocab,
@@ -101,36 +109,6 @@ class Tokenizer:
         self._pieces = PieceCache(self._encode_spaced) if self.pattern_name else None
         self.fast = True
         self._engine: Any = None  # tiktoken.Encoding, built on first use; False: none
-
-    def _check(self) -> None:
-        n = len(self.vocab)
-        seen: dict[bytes, int] = {}
-        for i, t in enumerate(self.vocab):
-            if not t:
-                raise GlassError(f"vocab: token {i} is empty")
-            if t in seen:
-                raise GlassError(f"vocab: tokens {seen[t]} and {i} are both {t!r}")
-            seen[t] = i
-        missing = [b for b in range(256) if bytes([b]) not in seen]
-        if missing:
-            raise GlassError(
-                f"vocab: byte {missing[0]:#04x} is not a token ({len(missing)} bytes missing)"
-            )
-        check_merge_order(self.merges, n)
-        for rank, ((a, b), c) in enumerate(self.merges.items()):
-            if self.vocab[a] + self.vocab[b] != self.vocab[c]:
-                raise GlassError(
-                    f"merge {rank}: {self.vocab[a]!r} + {self.vocab[b]!r} is not token {c} {self.vocab[c]!r}"
-                )
-        special_ids: dict[int, str] = {}
-        for s, i in self.special_tokens.items():
-            if not isinstance(s, str) or not s:
-                raise GlassError(f"special token {s!r} must be a non-empty str")
-            if not isinstance(i, int) or i < n or i in special_ids:
-                raise GlassError(
-                    f"special token {s!r} has id {i!r}; ids must be distinct and >= {n} (after the vocab)"
-                )
-            special_ids[i] = s
 
     @property
     def n_vocab(self) -> int:
@@ -240,12 +218,7 @@ class Tokenizer:
             check_disallowed(text, disallowed)
         if not allowed:
             return self.encode_ordinary(text)
-        parts = split_special(text, allowed)
-        out = self.encode_ordinary(parts[0])
-        for k in range(1, len(parts), 2):
-            out.append(self.special_tokens[parts[k]])
-            out += self.encode_ordinary(parts[k + 1])
-        return out
+        return encode_with_specials(text, allowed, self.special_tokens, self.encode_ordinary)
 
     def encode_batch(
         self,
@@ -256,8 +229,6 @@ class Tokenizer:
         disallowed_special: SpecialSet = "all",
     ) -> list[list[int]]:
         """``[encode(t) for t in texts]``, on all cores (processes) when the input is large."""
-        from glassgpt.tokenizer.parallel import encode_batch
-
         return encode_batch(
             self,
             texts,
@@ -351,9 +322,6 @@ class Tokenizer:
 
         Fewer merges result when the corpus runs out of pairs. See :mod:`.corpus`.
         """
-        from glassgpt.errors import ConfigError
-        from glassgpt.tokenizer.bpe_train import train_merges
-
         special_tokens = list(dict.fromkeys(special_tokens))
         n_merges = vocab_size - 256 - len(special_tokens)
         if not isinstance(vocab_size, int) or n_merges < 0:
@@ -368,14 +336,10 @@ class Tokenizer:
         merges = train_merges(counts, n_merges, progress=progress)
         return cls.from_merges(merges, pattern=pattern, special_tokens=special_tokens)
 
-    # ---- files ----------------------------------------------------------------------------
+    # ---- files (save, load, to_dict, from_dict: files.SavedAsJson) ----------------------
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document :meth:`save` writes (format described in docs/tokenizer.md)."""
+    def _fields(self) -> dict[str, Any]:
         return {
-            "format": files.FORMAT,
-            "version": files.VERSION,
-            "kind": "bpe",
             "pattern_name": self.pattern_name,
             "pattern": self.pattern,
             "special_tokens": self.special_tokens,
@@ -384,34 +348,16 @@ class Tokenizer:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "tokenizer") -> Tokenizer:
-        """Inverse of :meth:`to_dict`; a malformed document raises :class:`GlassError`."""
-        try:
-            vocab = [files.str_to_token(t) for t in data["vocab"]]
-            merges = {(a, b): c for a, b, c in data["merges"]}
-            if len(merges) != len(data["merges"]):
-                raise ValueError("a pair is merged twice")
-            bad = next((m for m in data["merges"] for x in m if type(x) is not int), None)
-            if bad is not None:
-                raise ValueError(f"merge {bad!r} is not three integer ids")
-            pattern, specials = data["pattern"], dict(data["special_tokens"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise GlassError(
-                f"{source}: malformed bpe tokenizer ({type(e).__name__}: {e})"
-            ) from None
-        try:
-            return cls(vocab, merges, pattern=pattern, special_tokens=specials)
-        except GlassError as e:
-            raise GlassError(f"{source}: {e}") from None
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the tokenizer as versioned JSON (``{"format": "glassgpt-tokenizer", ...}``)."""
-        files.write_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
-        """Read a file written by :meth:`save`."""
-        return cls.from_dict(files.read_tokenizer_json(path, "bpe"), str(Path(path)))
+    def _from_fields(cls, data: Mapping[str, Any]) -> Tokenizer:
+        vocab = [files.str_to_token(t) for t in data["vocab"]]
+        merges = {(a, b): c for a, b, c in data["merges"]}
+        if len(merges) != len(data["merges"]):
+            raise ValueError("a pair is merged twice")
+        bad = next((m for m in data["merges"] for x in m if type(x) is not int), None)
+        if bad is not None:
+            raise ValueError(f"merge {bad!r} is not three integer ids")
+        pattern, specials = data["pattern"], dict(data["special_tokens"])
+        return cls(vocab, merges, pattern=pattern, special_tokens=specials)
 
 
 def gather_bytes(table: Sequence[bytes | None], ids: Sequence[int], block: int = 4096) -> bytes:

@@ -16,19 +16,25 @@ so a character model swaps one for the other. A character outside ``chars`` is a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from glassgpt.errors import GlassError
 from glassgpt.tokenizer import files
 from glassgpt.tokenizer.corpus import TextOrPath, iter_texts
-from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve, split_special
+from glassgpt.tokenizer.special import (
+    SpecialSet,
+    check_disallowed,
+    encode_with_specials,
+    resolve,
+    split_special,
+)
 
 
-class CharTokenizer:
+class CharTokenizer(files.SavedAsJson):
     """``CharTokenizer(chars, *, special_tokens=())``: ids 0.. the characters, then the specials."""
+
+    kind = "char"
 
     def __init__(self, chars: Sequence[str], *, special_tokens: Sequence[str] = ()) -> None:
         self.chars: list[str] = list(chars)
@@ -99,12 +105,7 @@ class CharTokenizer:
         """Encode ``text``; special tokens follow tiktoken's policy, as in ``Tokenizer``."""
         allowed, disallowed = resolve(self.special_tokens, allowed_special, disallowed_special)
         check_disallowed(text, disallowed)
-        parts = split_special(text, allowed)
-        out = self.encode_ordinary(parts[0])
-        for k in range(1, len(parts), 2):
-            out.append(self.special_tokens[parts[k]])
-            out += self.encode_ordinary(parts[k + 1])
-        return out
+        return encode_with_specials(text, allowed, self.special_tokens, self.encode_ordinary)
 
     def encode_batch(self, texts: Sequence[str], **kw: Any) -> list[list[int]]:
         """``[encode(t) for t in texts]`` (one process: character lookup is already fast)."""
@@ -127,45 +128,9 @@ class CharTokenizer:
         """``decode(ids)`` as UTF-8."""
         return self.decode(ids).encode("utf-8", errors="surrogatepass")
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document :meth:`save` writes."""
-        return {
-            "format": files.FORMAT,
-            "version": files.VERSION,
-            "kind": "char",
-            "chars": self.chars,
-            "special_tokens": list(self.special_tokens),
-        }
+    def _fields(self) -> dict[str, Any]:
+        return {"chars": self.chars, "special_tokens": list(self.special_tokens)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "tokenizer") -> CharTokenizer:
-        """Inverse of :meth:`to_dict`; a malformed document raises :class:`GlassError`."""
-        try:
-            return cls(list(data["chars"]), special_tokens=list(data["special_tokens"]))
-        except (KeyError, TypeError) as e:
-            raise GlassError(
-                f"{source}: malformed char tokenizer ({type(e).__name__}: {e})"
-            ) from None
-        except GlassError as e:
-            raise GlassError(f"{source}: {e}") from None
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the tokenizer as versioned JSON (``"kind": "char"``)."""
-        files.write_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> CharTokenizer:
-        """Read a file written by :meth:`save`."""
-        return cls.from_dict(files.read_tokenizer_json(path, "char"), str(Path(path)))
-
-
-def load_tokenizer(path: str | os.PathLike[str]) -> Any:
-    """Read a saved tokenizer of either kind: a ``Tokenizer`` or a ``CharTokenizer``."""
-    from glassgpt.tokenizer.bpe import Tokenizer
-
-    data = files.read_tokenizer_json(path)
-    kinds = {"bpe": Tokenizer, "char": CharTokenizer}
-    kind = data.get("kind")
-    if kind not in kinds:
-        raise GlassError(f"{path}: unknown tokenizer kind {kind!r} (expected 'bpe' or 'char')")
-    return kinds[kind].from_dict(data, str(Path(path)))
+    def _from_fields(cls, data: Mapping[str, Any]) -> CharTokenizer:
+        return cls(list(data["chars"]), special_tokens=list(data["special_tokens"]))

@@ -7,15 +7,14 @@
     glassgpt tokenizer stats  --tokenizer tok.json PATH...
 
 Ids are written and read as whitespace-separated integers. ``--tokenizer`` takes a saved
-tokenizer (either kind), a folder holding GPT-2's ``encoder.json`` and ``vocab.bpe``, or
-``gpt2`` for those files in the shared data folder (``$GLASSGPT_SHARED_DATA/gpt2`` or
-``../shared/data/gpt2``). Only argparse is imported here; the work is imported on use.
+tokenizer (either kind) or a folder holding GPT-2's ``encoder.json`` and ``vocab.bpe``;
+glassgpt looks nowhere else for them. Only argparse is imported here; the work is imported
+on use.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -77,19 +76,8 @@ def _tokenizer_arg(parser: argparse.ArgumentParser) -> None:
         "--tokenizer",
         required=True,
         metavar="PATH",
-        help="tokenizer JSON, a folder with GPT-2's files, or 'gpt2'",
+        help="tokenizer JSON, or a folder with GPT-2's encoder.json and vocab.bpe",
     )
-
-
-def _gpt2_dirs() -> list[Path]:
-    dirs = (
-        [Path(os.environ["GLASSGPT_SHARED_DATA"]) / "gpt2"]
-        if "GLASSGPT_SHARED_DATA" in os.environ
-        else []
-    )
-    dirs.append(Path("..") / "shared" / "data" / "gpt2")
-    dirs.append(Path(__file__).resolve().parents[4] / "shared" / "data" / "gpt2")
-    return dirs
 
 
 def open_tokenizer(spec: str) -> Any:
@@ -101,13 +89,9 @@ def open_tokenizer(spec: str) -> Any:
 
     path = Path(spec)
     if spec == "gpt2" and not path.exists():
-        folders = _gpt2_dirs()
-        for folder in folders:
-            if gpt2_in(folder):
-                return Tokenizer.from_gpt2(folder / "encoder.json", folder / "vocab.bpe")
-        where = ", ".join(map(str, folders))
         raise InputFileError(
-            f"--tokenizer gpt2: GPT-2's encoder.json and vocab.bpe are in none of {where}"
+            "--tokenizer gpt2: give the folder that holds GPT-2's encoder.json and vocab.bpe "
+            "(e.g. --tokenizer ../shared/data/gpt2)"
         )
     if path.is_dir():
         if gpt2_in(path):

@@ -8,8 +8,7 @@ module only makes it fast, and only where the ids provably stay the same:
 - the pattern is ``"gpt2"`` or ``"gpt4"``, which tiktoken's regex engine reads as the
   ``regex`` module does (a custom regex may not be read the same way; ``None``, one chunk
   per text, would hit tiktoken's merge loop, quadratic in the chunk length);
-- tiktoken's merges by rank of concatenation are our pair merges
-  (:func:`~glassgpt.interop.tiktoken_format.tiktoken_agrees`);
+- tiktoken's merges by rank of concatenation are our pair merges (:func:`tiktoken_agrees`);
 - the text holds no character that the two engines' Unicode tables class differently
   (``regex`` ships a newer Unicode: e.g. U+0558 is a letter there only); such a text is
   encoded by the Python loop.
@@ -23,13 +22,14 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import regex
 
-if TYPE_CHECKING:
-    from glassgpt.tokenizer.bpe import Tokenizer
+from glassgpt.errors import GlassError
+from glassgpt.tokenizer.merge import bpe, rank_table
 
 FAST_PATTERNS = ("gpt2", "gpt4")
 _CLASSES = (r"\p{L}", r"\p{N}", r"\s")
@@ -37,6 +37,17 @@ _LOW = 0x558  # with regex 2026.11 and tiktoken 0.14 the first character they cl
 _warned: set[str] = set()
 _agreed: set[str] = set()  # characters both engines class alike
 _differ: set[str] = set()  # characters they class differently
+_WHOLE_TEXT = r"[\s\S]+"  # tiktoken needs a pattern; for "no split" one chunk is the whole text
+
+
+class Vocabulary(Protocol):
+    """What the engine reads of a tokenizer (:class:`~glassgpt.tokenizer.Tokenizer` has it)."""
+
+    vocab: Sequence[bytes]
+    merges: Mapping[tuple[int, int], int]
+    pattern: str | None
+    pattern_name: str | None
+    special_tokens: Mapping[str, int]
 
 
 class EngineFallbackWarning(UserWarning):
@@ -54,10 +65,8 @@ def fall_back(reason: str) -> None:
         )
 
 
-def build(tok: Tokenizer) -> Any | None:
+def build(tok: Vocabulary) -> Any | None:
     """The ``tiktoken.Encoding`` giving ``tok``'s ids, or None (after a warning) if none can."""
-    from glassgpt.interop.tiktoken_format import tiktoken_agrees, to_tiktoken_encoding
-
     if tok.pattern_name not in FAST_PATTERNS:
         what = "no pattern" if tok.pattern is None else "a custom pattern"
         fall_back(f"tokenizer with {what}: tiktoken's core is used only for 'gpt2' and 'gpt4'")
@@ -72,6 +81,57 @@ def build(tok: Tokenizer) -> Any | None:
         fall_back(f"tiktoken's rank order would give other ids ({problem})")
         return None
     return to_tiktoken_encoding(tok)
+
+
+def tiktoken_agrees(tok: Vocabulary) -> str | None:
+    """None if tiktoken encodes every text as ``tok`` does; else the first reason it may not.
+
+    The condition of :func:`~glassgpt.interop.tiktoken_format.tiktoken_mismatches`, checked
+    faster with our own merge loop: when merge order is id order and every token of two or
+    more bytes is made by a merge, the rank-based loop on token c's bytes with ranks below
+    c's ends in c's two parts exactly when our loop on c's bytes ends in ``[c]``, given that
+    this holds for every lower rank (by induction: up to that rank the two loops take the
+    same steps, and ours applies merges in increasing rank, so it reaches ``[c]`` only
+    through c's own merge).
+
+    >>> from glassgpt.tokenizer import Tokenizer
+    >>> tiktoken_agrees(Tokenizer.from_merges([(b"a", b"b"), (b"ab", b"c")])) is None
+    True
+    >>> tiktoken_agrees(Tokenizer.from_merges([(b"b", b"c"), (b"a", b"b"), (b"ab", b"c")]))
+    "token 258 b'abc' is not reached by its merge (b'ab' + b'c'): our loop gives 2 tokens"
+    """
+    made = [new for new in tok.merges.values()]
+    if made != sorted(made):
+        return "merge order differs from id order (tiktoken's rank is the id)"
+    n_long = sum(len(t) > 1 for t in tok.vocab)
+    if n_long != len(made):
+        return f"{n_long - len(made)} tokens of two or more bytes are made by no merge"
+    vocab, ranks = tok.vocab, rank_table(tok.merges)
+    byte_ids = {t[0]: i for i, t in enumerate(vocab) if len(t) == 1}
+    for (a, b), new in tok.merges.items():
+        if len(vocab[new]) == 2:  # two bytes: their pair is this merge
+            continue
+        ids = bpe([byte_ids[x] for x in vocab[new]], ranks)
+        if ids != [new]:
+            return (
+                f"token {new} {tok.vocab[new]!r} is not reached by its merge "
+                f"({tok.vocab[a]!r} + {tok.vocab[b]!r}): our loop gives {len(ids)} tokens"
+            )
+    return None
+
+
+def to_tiktoken_encoding(tok: Vocabulary, name: str = "glassgpt") -> Any:
+    """The ``tiktoken.Encoding`` with ``tok``'s tokens, pattern and special tokens."""
+    try:
+        import tiktoken
+    except ImportError:
+        raise GlassError("tiktoken is not installed (pip install tiktoken)") from None
+    return tiktoken.Encoding(
+        name,
+        pat_str=tok.pattern if tok.pattern is not None else _WHOLE_TEXT,
+        mergeable_ranks={token: i for i, token in enumerate(tok.vocab)},
+        special_tokens=dict(tok.special_tokens),
+    )
 
 
 def same_classes(text: str) -> bool:

@@ -15,11 +15,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from glassgpt.errors import InputFileError
+from glassgpt.errors import GlassError, InputFileError
+from glassgpt.formats import check_format
+from glassgpt.storage import atomic_write
+
+if TYPE_CHECKING:
+    from typing import Self
 
 FORMAT = "glassgpt-tokenizer"
 VERSION = 1
@@ -170,21 +176,63 @@ def dumps(data: dict[str, Any]) -> str:
 def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     """Write ``data`` as JSON (UTF-8, see :func:`dumps`), atomically; OS errors become one-line
     :class:`GlassError`."""
-    from glassgpt.storage import atomic_write
-
     atomic_write(path, (dumps(data) + "\n").encode("utf-8"))  # an old file survives a failure
 
 
 def read_tokenizer_json(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any]:
     """Read a saved tokenizer, checking the format, the version and (if given) the kind."""
-    data = read_json(path)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise InputFileError(f'{path}: not a glassgpt tokenizer file (no "format": "{FORMAT}")')
-    version = data.get("version")
-    if version != VERSION:
-        raise InputFileError(
-            f"{path}: tokenizer file version {version!r} is not supported (this glassgpt reads version {VERSION})"
-        )
+    data = check_format(
+        read_json(path),
+        path,
+        FORMAT,
+        VERSION,
+        what="tokenizer file",
+        not_ours=f'not a glassgpt tokenizer file (no "format": "{FORMAT}")',
+    )
     if kind is not None and data.get("kind") != kind:
         raise InputFileError(f"{path}: holds a {data.get('kind')!r} tokenizer, not {kind!r}")
     return data
+
+
+class SavedAsJson:
+    """``save``/``load`` and ``to_dict``/``from_dict`` in our versioned JSON, for each kind.
+
+    A tokenizer class names its ``kind`` (``"bpe"``, ``"char"``) and gives ``_fields()``, its
+    part of the document, and ``_from_fields(data)``, a tokenizer from that part (a malformed
+    part raises ``KeyError``, ``TypeError`` or ``ValueError``). The format is described in
+    docs/tokenizer.md.
+    """
+
+    kind: ClassVar[str]
+
+    def _fields(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def _from_fields(cls, data: Mapping[str, Any]) -> Self:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document :meth:`save` writes."""
+        return {"format": FORMAT, "version": VERSION, "kind": self.kind, **self._fields()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "tokenizer") -> Self:
+        """Inverse of :meth:`to_dict`; a malformed document raises :class:`GlassError`."""
+        try:
+            return cls._from_fields(data)
+        except GlassError as e:
+            raise GlassError(f"{source}: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise GlassError(
+                f"{source}: malformed {cls.kind} tokenizer ({type(e).__name__}: {e})"
+            ) from None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the tokenizer as versioned JSON (``{"format": "glassgpt-tokenizer", ...}``)."""
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Self:
+        """Read a file written by :meth:`save`."""
+        return cls.from_dict(read_tokenizer_json(path, cls.kind), str(Path(path)))

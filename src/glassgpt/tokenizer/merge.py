@@ -25,7 +25,7 @@ A pair's rank and merged id travel packed in one int, ``rank << 32 | merged id``
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
 
 from glassgpt.errors import GlassError
@@ -40,6 +40,15 @@ HEAP_MIN_LEN = 400  # chunks longer than this use bpe_heap
 def pack(rank: int, new: int) -> int:
     """``rank`` and merged id in one int that sorts by rank."""
     return rank << 32 | new
+
+
+def rank_table(merges: Mapping[tuple[int, int], int]) -> dict[tuple[int, int], int]:
+    """``{pair: pack(rank, merged id)}`` for merges in rank order, as :func:`bpe` reads them.
+
+    >>> rank_table({(1, 2): 4, (4, 3): 5}) == {(1, 2): pack(0, 4), (4, 3): pack(1, 5)}
+    True
+    """
+    return {pair: pack(rank, new) for rank, (pair, new) in enumerate(merges.items())}
 
 
 def bpe(ids: list[int], ranks: Ranks) -> list[int]:
@@ -137,3 +146,48 @@ def check_merge_order(merges: Mapping[tuple[int, int], int], n_vocab: int) -> No
                 raise GlassError(
                     f"merge {rank} ({a}, {b}) -> {new} uses token {t}, which merge {made_at[t]} makes"
                 )
+
+
+def check_tables(
+    vocab: Sequence[bytes], merges: Mapping[tuple[int, int], int], special_tokens: Mapping[str, int]
+) -> None:
+    """Raise :class:`GlassError` unless the tables make a byte-level BPE tokenizer.
+
+    Each token non-empty and distinct, every single byte a token, merges in order
+    (:func:`check_merge_order`) with ``vocab[c] == vocab[a] + vocab[b]``, and special ids
+    distinct and after the vocab.
+
+    >>> check_tables([bytes([b]) for b in range(256)] + [b"ab"], {(97, 98): 256}, {"<|e|>": 257})
+    >>> check_tables([bytes([b]) for b in range(256)], {}, {"<|e|>": 3})
+    Traceback (most recent call last):
+    ...
+    glassgpt.errors.GlassError: special token '<|e|>' has id 3; ids must be distinct and >= 256 (after the vocab)
+    """
+    n = len(vocab)
+    seen: dict[bytes, int] = {}
+    for i, t in enumerate(vocab):
+        if not t:
+            raise GlassError(f"vocab: token {i} is empty")
+        if t in seen:
+            raise GlassError(f"vocab: tokens {seen[t]} and {i} are both {t!r}")
+        seen[t] = i
+    missing = [b for b in range(256) if bytes([b]) not in seen]
+    if missing:
+        raise GlassError(
+            f"vocab: byte {missing[0]:#04x} is not a token ({len(missing)} bytes missing)"
+        )
+    check_merge_order(merges, n)
+    for rank, ((a, b), c) in enumerate(merges.items()):
+        if vocab[a] + vocab[b] != vocab[c]:
+            raise GlassError(
+                f"merge {rank}: {vocab[a]!r} + {vocab[b]!r} is not token {c} {vocab[c]!r}"
+            )
+    special_ids: dict[int, str] = {}
+    for s, i in special_tokens.items():
+        if not isinstance(s, str) or not s:
+            raise GlassError(f"special token {s!r} must be a non-empty str")
+        if not isinstance(i, int) or i < n or i in special_ids:
+            raise GlassError(
+                f"special token {s!r} has id {i!r}; ids must be distinct and >= {n} (after the vocab)"
+            )
+        special_ids[i] = s

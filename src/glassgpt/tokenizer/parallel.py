@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import chain
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,8 +31,21 @@ from glassgpt.errors import GlassError
 from glassgpt.tokenizer.pretokenize import WHITESPACE
 from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve
 
-if TYPE_CHECKING:
-    from glassgpt.tokenizer.bpe import Tokenizer
+
+class Tokenizer(Protocol):
+    """What batch encoding asks of a tokenizer (:class:`~glassgpt.tokenizer.Tokenizer` has it)."""
+
+    special_tokens: dict[str, int]
+    pattern_name: str | None
+
+    def encode(
+        self, text: str, *, allowed_special: SpecialSet, disallowed_special: SpecialSet
+    ) -> list[int]: ...
+
+    def encode_ordinary_many(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def engine(self) -> Any | None: ...
+
 
 PARALLEL_MIN_CHARS = 1 << 18  # below this, one process is faster
 

@@ -14,7 +14,7 @@ Unlike tiktoken, a name that is not a special token of this tokenizer is an erro
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -90,3 +90,22 @@ def split_special(text: str, allowed: frozenset[str]) -> list[str]:
     ['a', '<|e|>', 'b', '<|e|>', '']
     """
     return special_regex(allowed).split(text) if allowed else [text]
+
+
+def encode_with_specials(
+    text: str,
+    allowed: frozenset[str],
+    special_tokens: Mapping[str, int],
+    encode_ordinary: Callable[[str], list[int]],
+) -> list[int]:
+    """The ids of ``text``: each allowed special's id, ``encode_ordinary`` of the text between.
+
+    >>> encode_with_specials("ab<|e|>c", frozenset({"<|e|>"}), {"<|e|>": 9}, lambda t: [len(t)])
+    [2, 9, 1]
+    """
+    parts = split_special(text, allowed)
+    out = encode_ordinary(parts[0])
+    for k in range(1, len(parts), 2):
+        out.append(special_tokens[parts[k]])
+        out += encode_ordinary(parts[k + 1])
+    return out

@@ -3,7 +3,7 @@
 - :mod:`~glassgpt.train.config`: ``RunConfig`` = seed + model + train + data, presets;
 - :mod:`~glassgpt.train.optim`: AdamW groups and the warmup + cosine schedule;
 - :mod:`~glassgpt.train.trainer`: the generic ``Trainer`` (any ``model(x, y) -> (logits, loss)``);
-- :mod:`~glassgpt.train.checkpoint`: atomic, checksummed checkpoints;
+- checkpoints: :mod:`glassgpt.checkpoint` (below both ``train`` and ``sample``, which reads them);
 - :mod:`~glassgpt.train.distributed`: torchrun / DDP;
 - :mod:`~glassgpt.train.run`: ``glassgpt train``, composing data, model and trainer.
 

@@ -15,7 +15,10 @@ launch runs the same NCCL and DDP code as a larger one.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import platform
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,26 +80,34 @@ def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+# glibc's mallopt(3) parameters (<malloc.h>) and the values the trainer sets on CPUs.
+M_TRIM_THRESHOLD = -1  # free memory above this at the top of the heap goes back to the kernel
+M_MMAP_THRESHOLD = -3  # blocks of this size or more get their own mmap, unmapped on free
+KEEP_BLOCKS_UP_TO = 32 << 20  # 32 MiB: activation buffers of the models trained on CPUs
+TRIM_ABOVE = 1 << 30  # 1 GiB
+
+
 def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep freed blocks of up to 32 MB instead of returning them.
+    """Ask glibc's malloc to keep freed blocks of up to 32 MiB instead of returning them.
 
-    A training step on a CPU frees and reallocates the same activation buffers every step;
-    glibc hands blocks above its mmap threshold back to the kernel on free, so each step
-    page-faults them in again (in a small model that was ~20% of the step, much of it system
-    time). Raising the mmap and trim thresholds (``mallopt``, the knobs behind
+    The CPU trainer's allocator setting, applied by ``glassgpt train`` on CPU devices right
+    after :func:`init_distributed` (and by ``bench/train.py``), never by importing or by
+    setting up a process group. Why: a training step on a CPU frees and reallocates the same
+    activation buffers every step; glibc hands blocks at or above its mmap threshold back to
+    the kernel on free, so each step page-faults them in again (in a small model that was
+    ~20% of the step, much of it system time). Raising ``M_MMAP_THRESHOLD`` to
+    ``KEEP_BLOCKS_UP_TO`` and ``M_TRIM_THRESHOLD`` to ``TRIM_ABOVE`` (the knobs behind
     ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``) keeps them in the heap, as the
-    jemalloc/tcmalloc advice in PyTorch's performance guide does. Returns whether it applied.
+    jemalloc/tcmalloc advice in PyTorch's performance guide does. Process-wide; returns
+    whether it applied (False off glibc Linux).
     """
-    import ctypes
-    import ctypes.util
-    import platform
-
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        ok = libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)
+        ok = libc.mallopt(M_MMAP_THRESHOLD, KEEP_BLOCKS_UP_TO) and libc.mallopt(
+            M_TRIM_THRESHOLD, TRIM_ABOVE
+        )
     except (OSError, AttributeError):
         return False
     return bool(ok)
@@ -121,14 +132,16 @@ def launched_by_torchrun() -> bool:
 def init_distributed(
     device_preference: str = "auto", threads: int | None = None, *, tf32: bool = True
 ) -> DistContext:
-    """Read torchrun's environment, join its process group, set device and threads."""
+    """Read torchrun's environment, join its process group, set device and threads.
+
+    The allocator is left alone: on CPUs the caller decides about :func:`keep_freed_memory`.
+    """
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size if world_size > 1 else 1)
     device = resolve_device(device_preference, local_rank)
     if device.type == "cpu":
-        keep_freed_memory()
         cores = os.cpu_count() or 1
         torch.set_num_threads(threads or max(1, cores // max(1, local_world_size)))
     else:

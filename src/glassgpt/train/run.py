@@ -22,11 +22,10 @@ from typing import Any
 
 import torch
 
-from glassgpt import __version__
+from glassgpt import checkpoint as ckpt
 from glassgpt.config import apply_overrides, load_toml, merge
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.storage import atomic_write
-from glassgpt.train import checkpoint as ckpt
 from glassgpt.train import distributed as D
 from glassgpt.train import rng
 from glassgpt.train.config import (
@@ -39,6 +38,7 @@ from glassgpt.train.config import (
 )
 from glassgpt.train.inputs import check_memory, resolve_data
 from glassgpt.train.lock import LOCK_NAME, RunLock
+from glassgpt.version import __version__
 
 
 @torch.no_grad()
@@ -173,6 +173,8 @@ def train_main(
     if out_dir.exists() and not out_dir.is_dir():
         raise InputFileError(f"--out {out_dir}: a file is there, not a run folder")
     ctx = D.init_distributed(first.train.device, first.train.threads, tf32=first.train.tf32)
+    if ctx.device.type == "cpu":
+        D.keep_freed_memory()  # the CPU trainer's allocator setting: see its docstring
     lock = RunLock(out_dir, note=_note) if ctx.is_main else None
     try:
         if lock is not None:

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from glassgpt import checkpoint as ckpt
 from glassgpt.errors import ConfigError, GlassError
-from glassgpt.train import checkpoint as ckpt
 from glassgpt.train import rng
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.distributed import DistContext, all_reduce_mean, any_rank, gather_objects

@@ -33,9 +33,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from glassgpt import __version__
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.formats import check_format
 from glassgpt.storage import atomic_write, fsync_dir, fsync_file, inside, write_failed
+from glassgpt.version import __version__
 
 FORMAT = "glassgpt-checkpoint"
 VERSION = 1
@@ -161,13 +162,15 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
         state = json.loads(state_path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{state_path}: truncated or corrupt ({e})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{state_path}: not a glassgpt checkpoint")
-    if state.get("version") != VERSION:
-        raise CheckpointError(
-            f"{state_path}: checkpoint format version {state.get('version')!r} is not "
-            f"supported (this glassgpt reads version {VERSION})"
-        )
+    state = check_format(
+        state,
+        state_path,
+        FORMAT,
+        VERSION,
+        what="checkpoint format",
+        not_ours="not a glassgpt checkpoint",
+        error=CheckpointError,
+    )
     files: dict[str, bytes] = {}
     listed = state.get("files", {})
     if not isinstance(listed, dict):

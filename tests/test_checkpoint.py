@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from glassgpt.train.checkpoint import (
+from glassgpt.checkpoint import (
     CheckpointError,
     CheckpointManager,
     atomic_write,

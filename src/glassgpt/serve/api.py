@@ -159,7 +159,10 @@ async def _completion_body(
         if logprobs is not None:
             ids, infos = list(c.ids), list(c.infos)
             if echo is not None:
-                ids, infos = c.prompt + ids, await _prompt_logprobs(state, c.prompt, logprobs) + infos
+                ids, infos = (
+                    c.prompt + ids,
+                    await _prompt_logprobs(state, c.prompt, logprobs) + infos,
+                )
             lp = _completion_logprobs(state, ids, infos)
         if echo is not None:
             text = echo[c.index // n] + text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -79,10 +80,8 @@ class Run:
                 )
 
     def _emit(self, loop: asyncio.AbstractEventLoop, index: int, kind: str, payload: Any) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop has closed (server shutting down)
             loop.call_soon_threadsafe(self.queue.put_nowait, (index, kind, payload))
-        except RuntimeError:  # the loop has closed (server shutting down)
-            pass
 
     async def events(self, request: Any = None) -> AsyncIterator[tuple[Choice, str, str]]:
         """(choice, "token" | "done" | "error", new text) until every choice has finished.

@@ -84,6 +84,7 @@ class Scheduler:
         self.lock = threading.Lock()
         self.inbox: queue.Queue[Job | None] = queue.Queue()
         self.active: list[_Seq] = []  # active[b] lives in slot b
+        self.waiting: list[Job] = []  # received, not yet admitted
         self.steps = 0  # batched decode steps so far (for tests and stats)
         self.widest = 0  # the largest batch decoded in one step
         self.dropped = 0  # sequences ended because their client went away
@@ -112,7 +113,7 @@ class Scheduler:
 
     # -- the loop -------------------------------------------------------------------------
     def _run(self) -> None:
-        waiting: list[Job] = []
+        waiting = self.waiting
         while not self._stop.is_set():
             block = not self.active and not waiting
             try:
@@ -125,7 +126,7 @@ class Scheduler:
                 pass
             self._retire_cancelled()
             self.dropped += sum(j.cancelled.is_set() for j in waiting)
-            waiting = [j for j in waiting if not j.cancelled.is_set()]
+            waiting[:] = [j for j in waiting if not j.cancelled.is_set()]
             while waiting and len(self.active) < self.cache.slots:
                 self._guarded(waiting.pop(0), self._admit)
             if self.active:

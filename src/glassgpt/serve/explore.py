@@ -5,6 +5,7 @@
     POST /api/attribution  direct logit attribution of one token at one position
     POST /api/circuits     the top QK and OV token pairs of one head
     GET  /api/info         the model's shape and its head scores
+    GET  /api/vocab        the text of every token id
 
 Patterns travel as bytes (round(255 · p), base64), logits as float32 (base64): a 64-token
 prompt on GPT-2 small is 590k pattern values. The last prompts' analyses are kept, so moving
@@ -60,6 +61,7 @@ class Explorer:
         self.cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.cache_lock = threading.Lock()
         self._scores: dict[str, Any] | None = None
+        self._vocab: list[str] | None = None
 
     def _entry(self, prompt: str) -> dict[str, Any]:
         with self.cache_lock:
@@ -166,6 +168,12 @@ class Explorer:
                 out[name] = [[x, y, round(v, 4)] for x, y, (_, _, v) in zip(a, b, pairs)]
         return out
 
+    def vocab(self) -> list[str]:
+        """The text of every id (the page labels distributions with it)."""
+        if self._vocab is None:
+            self._vocab = token_texts(self.tok, range(self.state.n_valid))
+        return self._vocab
+
     def info(self) -> dict[str, Any]:
         if self._scores is None:
             with self.lock, torch.no_grad():
@@ -189,6 +197,7 @@ def make_router(state: ServeState, guard: list[Any]) -> APIRouter:
     explorer = Explorer(state)
     router = APIRouter(prefix="/api")
     router.add_api_route("/info", explorer.info, methods=["GET"])
+    router.add_api_route("/vocab", explorer.vocab, methods=["GET"], dependencies=guard)
     for name in ("analyze", "logits", "attribution", "circuits"):
         fn = _endpoint(getattr(explorer, name))
         router.add_api_route(f"/{name}", fn, methods=["POST"], dependencies=guard)

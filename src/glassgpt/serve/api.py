@@ -27,7 +27,7 @@ from glassgpt.serve.schemas import (
     CHAT_STOPS,
     ChatRequest,
     CompletionRequest,
-    _Common,
+    RequestBase,
     chat_prompt,
 )
 from glassgpt.serve.state import ServeState
@@ -54,7 +54,7 @@ def make_router(state: ServeState) -> APIRouter:
         echo = texts if body.echo else None
         if body.stream:
             chunks = _completion_chunks(state, run, meta, echo, body.include_usage)
-            return _sse(chunks)
+            return _sse(chunks, run)
         choices = await run.finish(request)
         return await _completion_body(state, meta, choices, echo, body.logprobs)
 
@@ -68,7 +68,7 @@ def make_router(state: ServeState) -> APIRouter:
         run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, k, CHAT_STOPS))
         meta = _meta("chatcmpl", "chat.completion", state)
         if body.stream:
-            return _sse(_chat_chunks(state, run, meta, body.include_usage))
+            return _sse(_chat_chunks(state, run, meta, body.include_usage), run)
         choices = await run.finish(request)
         _raise_errors(choices)
         out = [
@@ -114,7 +114,9 @@ def _prompts(state: ServeState, prompt: Any) -> tuple[list[list[int]], list[str]
     return out, texts
 
 
-def _settings(body: _Common, logprobs: int | None, extra_stops: tuple[str, ...] = ()) -> Settings:
+def _settings(
+    body: RequestBase, logprobs: int | None, extra_stops: tuple[str, ...] = ()
+) -> Settings:
     sampling = SamplingConfig(
         temperature=body.temperature,
         top_k=body.top_k,
@@ -269,13 +271,16 @@ async def _chat_chunks(
         yield {**meta, "choices": [], "usage": _usage(run.choices)}
 
 
-def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+def _sse(chunks: AsyncIterator[dict[str, Any]], run: Run) -> StreamingResponse:
+    """Server-sent events; however the stream ends (done, disconnect, error), ``run`` stops."""
+
     async def lines() -> AsyncIterator[str]:
         try:
             async for c in chunks:
                 yield f"data: {json.dumps(c, ensure_ascii=False)}\n\n"
             yield "data: [DONE]\n\n"
         finally:
+            run.cancel()
             await chunks.aclose()  # type: ignore[attr-defined]
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -25,7 +25,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--checkpoint", "-c", metavar="DIR", required=True, type=Path,
                    help="run folder, checkpoint folder, or HF model folder")  # fmt: skip
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, …")
     p.add_argument("--api-key", metavar="KEY", default=None,

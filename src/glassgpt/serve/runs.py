@@ -116,8 +116,12 @@ class Run:
                 choice.text.append(piece)
                 yield choice, kind, piece
         finally:
-            for job in self.jobs:
-                job.cancel()
+            self.cancel()
+
+    def cancel(self) -> None:
+        """Stop every job (the client has gone); the scheduler drops them before its next step."""
+        for job in self.jobs:
+            job.cancel()
 
     async def finish(self, request: Any = None) -> list[Choice]:
         """Every choice, complete."""

@@ -20,7 +20,7 @@ Ids = list[StrictInt]
 Prompt = str | list[str] | Ids | list[Ids]
 
 
-class _Common(BaseModel):
+class RequestBase(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
@@ -48,7 +48,7 @@ class _Common(BaseModel):
         return bool((self.stream_options or {}).get("include_usage"))
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(RequestBase):
     """``POST /v1/completions``."""
 
     prompt: Prompt = ""
@@ -64,7 +64,7 @@ class Message(BaseModel):
     content: str
 
 
-class ChatRequest(_Common):
+class ChatRequest(RequestBase):
     """``POST /v1/chat/completions``."""
 
     messages: Annotated[list[Message], Field(min_length=1)]

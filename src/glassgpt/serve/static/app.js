@@ -100,6 +100,7 @@ function setLogits(d) {
   let best = 0;
   for (let i = 1; i < S.logits.length; i++) if (S.logits[i] > S.logits[best]) best = i;
   S.token = best;
+  S.order = Array.from(S.logits.keys()).sort((a, b) => S.logits[b] - S.logits[a]);  // once per position
 }
 
 async function selectPos(p) {
@@ -152,7 +153,7 @@ function hoverToken(i) {
 function distribution() {
   const z = S.logits, V = z.length;
   const T = +$("temperature").value, k = +$("top-k").value, topP = +$("top-p").value;
-  const order = Array.from(z.keys()).sort((a, b) => z[b] - z[a]);
+  const order = S.order;
   const softmax = (vals) => {
     const m = Math.max(...vals.filter(Number.isFinite));
     const e = vals.map((v) => (Number.isFinite(v) ? Math.exp(v - m) : 0));

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, StrictInt
 
@@ -28,7 +29,7 @@ from glassgpt.errors import GlassError
 from glassgpt.inspect.cache import evaluating, run_with_cache
 from glassgpt.inspect.circuits import ov_circuit, qk_circuit
 from glassgpt.inspect.heads import head_scores
-from glassgpt.inspect.lens import direct_logit_attribution, logit_lens
+from glassgpt.inspect.lens import direct_logit_attribution
 from glassgpt.inspect.report import encode_prompt, token_texts
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.state import ServeState
@@ -45,6 +46,24 @@ class Ask(BaseModel):
     token: StrictInt | None = None
     layer: StrictInt = 0
     head: StrictInt = 0
+
+
+def lens_top(model: Any, resid: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top k (probabilities, ids) [L + 1, T, k] of the logit lens, from the residual
+    stream [L + 1, T, d_model] at ``glassgpt.inspect.logit_lens``'s sites.
+
+    The same unembedding as ``logit_lens`` (N_f, then W_U and b_U), one layer at a time, so
+    the memory is T · n_vocab, not (L + 1) · T · n_vocab (1.3 GB for 500 tokens of GPT-2).
+    """
+    probs, ids = [], []
+    for x in resid:
+        if model.ln_final is not None:
+            x = model.ln_final(x)
+        z = F.linear(x, model.W_U.T, model.unembed.b_U)  # [T, n_vocab]
+        p, i = torch.softmax(z.float(), dim=-1).topk(k, dim=-1)
+        probs.append(p)
+        ids.append(i)
+    return torch.stack(probs), torch.stack(ids)
 
 
 def _b64(t: torch.Tensor) -> str:
@@ -72,11 +91,14 @@ class Explorer:
             ids = encode_prompt(self.model, self.tok, prompt)
         except GlassError as e:
             raise APIError(400, str(e), param="prompt") from None
+        L = self.model.config.n_layers
+        names = ["blocks.0.resid_pre"] + [f"blocks.{layer}.resid_post" for layer in range(L)]
         with self.lock, evaluating(self.model), torch.no_grad():
-            logits, acts = run_with_cache(self.model, ids, "pattern")
-            lens = logit_lens(self.model, ids)
-        entry = {"ids": ids, "logits": logits[0].float(), "patterns": acts.stack("pattern")}
-        entry["lens"] = lens
+            logits, acts = run_with_cache(self.model, ids, ["pattern", *names])
+            resid = torch.stack([acts[n][0] for n in names])  # [L + 1, T, d_model]
+            lens = lens_top(self.model, resid, 3)
+        entry = {"ids": ids, "logits": logits[0].float(), "patterns": acts.stack("pattern"),
+                 "lens": (names, *lens)}  # fmt: skip
         with self.cache_lock:
             self.cache[prompt] = entry
             while len(self.cache) > KEEP:
@@ -95,17 +117,17 @@ class Explorer:
         ids = e["ids"]
         texts = token_texts(self.tok, ids)
         pat = e["patterns"][:, 0].float()  # [L, H, T, T]
-        probs, top = e["lens"].top(3)  # [L + 1, 1, T, 3]
+        names, probs, top = e["lens"]  # [L + 1, T, 3] each
         lens_rows = [
             {
                 "name": name,
                 "cells": [
-                    {"top": token_texts(self.tok, top[r, 0, t].tolist()),
-                     "p": [round(x, 4) for x in probs[r, 0, t].tolist()]}
+                    {"top": token_texts(self.tok, top[r, t].tolist()),
+                     "p": [round(x, 4) for x in probs[r, t].tolist()]}
                     for t in range(len(ids))
                 ],
             }
-            for r, name in enumerate(e["lens"].names)
+            for r, name in enumerate(names)
         ]  # fmt: skip
         return {
             "tokens": [
@@ -178,6 +200,7 @@ class Explorer:
         if self._scores is None:
             with self.lock, torch.no_grad():
                 s = head_scores(self.model, batch=4)
+                qk_circuit(self.model, 0, 0).top_pairs(1, rows=[0])  # warm: the first costs ~1 s
             self._scores = {k: v.tolist() for k, v in s.as_dict().items()}
         cfg = self.model.config
         return {"model": self.state.name, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,

@@ -72,6 +72,20 @@ def test_completion_equals_generate(live: Any, oracle: Any, kw: dict[str, Any]) 
     assert r.choices[0].finish_reason == ("length" if len(want) == 24 else "stop")
 
 
+def test_past_the_context_the_window_slides_as_in_generate(live: Any, oracle: Any) -> None:
+    import warnings
+
+    prompt = "Longer than the context:"  # 24 tokens; n_ctx = 64
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        runs = ((s, expected(oracle, prompt, 100, s, temperature=0.9)) for s in range(40))
+        seed, want = next((s, w) for s, w in runs if len(w) > 64 - 24 + 8)  # no early <|eot|>
+    assert any("sliding the window" in str(w.message) for w in seen)
+    r = client(live).completions.create(model="tiny", prompt=prompt, max_tokens=100, seed=seed,
+                                        temperature=0.9)  # fmt: skip
+    assert r.choices[0].text == oracle[1].decode(want)
+
+
 def test_streaming_completion_equals_whole(live: Any, oracle: Any) -> None:
     kw = {"model": "tiny", "prompt": "Once upon", "max_tokens": 30, "seed": 3, "temperature": 0.9}
     whole = client(live).completions.create(**kw)

@@ -41,7 +41,7 @@ class Settings:
     """The per-request generation settings (already validated)."""
 
     sampling: SamplingConfig
-    max_tokens: int | None  # None: until the context is full
+    max_tokens: int | None  # None: until the context is full (then the window slides)
     n: int
     seed: int | None
     stop: tuple[str, ...]
@@ -70,7 +70,7 @@ class Run:
                     Job(
                         prompt=ids,
                         sampling=s.sampling,
-                        max_tokens=s.max_tokens or n_ctx,
+                        max_tokens=s.max_tokens or max(1, n_ctx - len(ids)),
                         seed=base + index,
                         emit=partial(self._emit, loop, index),
                         stop=s.stop,

@@ -4,6 +4,8 @@
                    copy its keys and values into a free slot
            step    feed every active sequence its last token in one batch [B, 1]
                    (``SlotCache``: each row at its own position), sample one token per row
+           slide   a sequence whose context is full re-encodes its last ⌊3·n_ctx/4⌋ tokens
+                   alone (as ``generate`` slides its window) and samples from them
            retire  sequences that stopped, ran out of tokens or were cancelled free their slot
 
 Sampling is per sequence, with the sequence's own settings and ``torch.Generator``, by the
@@ -67,7 +69,7 @@ class _Seq:
             ids = torch.tensor(job.prompt, device=device)
             self.counts = torch.bincount(ids, minlength=n_vocab)[None].float()
         self.made = 0  # tokens sampled so far
-        self.length = len(job.prompt)  # tokens in the context (cached + pending)
+        self.history = list(job.prompt)  # every token so far (prompt + sampled)
         self.pending = 0  # the last sampled token, not yet fed
         self.infos: list[tuple[int, Any]] = []  # (id, logprob info) sampled, not yet released
 
@@ -129,6 +131,9 @@ class Scheduler:
             waiting[:] = [j for j in waiting if not j.cancelled.is_set()]
             while waiting and len(self.active) < self.cache.slots:
                 self._guarded(waiting.pop(0), self._admit)
+            for b in reversed(range(len(self.active))):  # _free(b) moves a later one into b
+                if int(self.cache.lengths[b]) >= self.config.n_ctx:  # no room for the next feed
+                    self._guarded(self.active[b].job, lambda _, b=b: self._slide(b))
             if self.active:
                 self._guarded(None, lambda _: self._step())
 
@@ -141,6 +146,9 @@ class Scheduler:
             victims = [job] if job is not None else [s.job for s in self.active]
             if job is None:
                 self.active.clear()
+            else:
+                for b in [b for b, s in enumerate(self.active) if s.job is job]:
+                    self._free(b)
             for j in victims:
                 j.emit("error", message)
 
@@ -173,6 +181,19 @@ class Scheduler:
         for b in reversed(range(B)):
             if finished[b]:
                 self._free(b)
+
+    def _slide(self, b: int) -> None:
+        """The context is full: re-encode the last ``window`` tokens of slot b's sequence
+        (as ``generate`` slides, window = ⌊3·n_ctx/4⌋) and sample from their logits."""
+        seq = self.active[b]
+        window = seq.history[-max(1, 3 * self.config.n_ctx // 4) :]
+        prefill = KVCache.for_model(self.model, 1, self.config.n_ctx, last_only=True)
+        tokens = torch.tensor([window], dtype=torch.long, device=self.device)
+        with self.lock, torch.inference_mode():
+            logits = self.model(tokens, cache=prefill)  # [1, 1, V]
+        self.cache.load(b, prefill)
+        if self._sample(seq, logits[0, -1]):
+            self._free(b)
 
     def _retire_cancelled(self) -> None:
         for b in reversed(range(len(self.active))):
@@ -221,8 +242,8 @@ class Scheduler:
                 return True
         else:
             self._release(seq, [nxt])
-        seq.length += 1
-        if seq.made >= job.max_tokens or seq.length > self.config.n_ctx:
+        seq.history.append(nxt)
+        if seq.made >= job.max_tokens:
             self._release(seq, seq.matcher.flush() if seq.matcher else [])
             job.emit("done", "length")
             return True

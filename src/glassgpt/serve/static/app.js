@@ -51,7 +51,7 @@ function pattern(layer, head) {  // [T, T] view of the uint8 patterns, as a func
   return (q, k) => S.patterns[base + q * T + k] / 255;
 }
 
-function heat(p) {  // white → deep blue
+function heat(p) {  // white → deep blue, for p in [0, 1]
   const c = (a, b) => Math.round(a + (b - a) * p);
   return `rgb(${c(255, 30)},${c(255, 64)},${c(255, 175)})`;
 }
@@ -240,7 +240,7 @@ function paint(canvas, layer, head, size) {
     for (let k = 0; k <= q; k++) {
       const on = h === null || q === h || k === h;
       g.globalAlpha = on ? 1 : 0.18;
-      g.fillStyle = heat(A(q, k));
+      g.fillStyle = heat(Math.sqrt(A(q, k)));  // √p: weak attention stays visible
       g.fillRect(k * c, q * c, Math.ceil(c), Math.ceil(c));
     }
   }

@@ -158,7 +158,7 @@ def load_level(
             "tok50": pct(per_token, 50), "tok99": pct(per_token, 99)}  # fmt: skip
 
 
-def bench_model(name: str, folder: Path, args: argparse.Namespace) -> None:
+def bench_model(name: str, folder: Path, args: argparse.Namespace) -> tuple[list[dict], tuple]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     cmd = [sys.executable, "-m", "glassgpt", "serve", "--checkpoint", str(folder), "--port",
@@ -181,18 +181,27 @@ def bench_model(name: str, folder: Path, args: argparse.Namespace) -> None:
         server.terminate()
         server.wait(timeout=30)
     one = next((r["tok_s"] for r in rows if r["clients"] == 1), rows[0]["tok_s"])
-    print(f"\n## {name}  ({args.seconds:g} s per level, prompt {args.prompt_tokens} tokens, "
-          f"{args.max_tokens} new)")  # fmt: skip
-    print("| clients | requests | tokens/s | × 1 client | TTFT p50 | TTFT p99 | "
-          "per token p50 | per token p99 | errors |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['clients']} | {r['requests']} | {r['tok_s']:.0f} | {r['tok_s'] / one:.2f} | "
-              f"{1e3 * r['ttft50']:.0f} ms | {1e3 * r['ttft99']:.0f} ms | "
-              f"{1e3 * r['tok50']:.1f} ms | {1e3 * r['tok99']:.1f} ms | {r['errors']} |")  # fmt: skip
-    change = 100 * (after - before) / before
-    print(f"\nserver RSS: {before:.0f} MiB after warm-up, {after:.0f} MiB after the load "
-          f"({change:+.1f}%; target within ±10%)")  # fmt: skip
+        r["model"], r["ratio"] = name, r["tok_s"] / one
+    return rows, (before, after)
+
+
+def report(results: list[tuple[list[dict], tuple[float, float]]], args: argparse.Namespace) -> None:
+    print(f"\n{args.seconds:g} s per level; prompts of {args.prompt_tokens} tokens, "
+          f"{args.max_tokens} new tokens, temperature 1, streaming\n")  # fmt: skip
+    print("| model | clients | requests | tokens/s | × 1 client | TTFT p50 | TTFT p99 | "
+          "per token p50 | per token p99 | errors |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for rows, _ in results:
+        for r in rows:
+            print(f"| {r['model']} | {r['clients']} | {r['requests']} | {r['tok_s']:.0f} | "
+                  f"{r['ratio']:.2f} | {1e3 * r['ttft50']:.0f} ms | {1e3 * r['ttft99']:.0f} ms | "
+                  f"{1e3 * r['tok50']:.1f} ms | {1e3 * r['tok99']:.1f} ms | {r['errors']} |")  # fmt: skip
+    print()
+    for rows, (before, after) in results:
+        change = 100 * (after - before) / before
+        print(f"{rows[0]['model']}: server RSS {before:.0f} MiB after warm-up, {after:.0f} MiB "
+              f"after the load ({change:+.1f}%; target within ±10%)")  # fmt: skip
 
 
 def main() -> None:
@@ -208,11 +217,12 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "src"))
     print(f"bench/serve.py on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     if args.checkpoint is not None:
-        bench_model(str(args.checkpoint), args.checkpoint, args)
+        report([bench_model(args.checkpoint.name, args.checkpoint, args)], args)
         return
     with tempfile.TemporaryDirectory(prefix="glassgpt-serve-bench-") as tmp:
-        for kind in args.models.split(","):
-            bench_model(f"{kind} shape, random weights", write_model(Path(tmp) / kind, kind), args)
+        results = [bench_model(f"{kind} (random weights)", write_model(Path(tmp) / kind, kind), args)
+                   for kind in args.models.split(",")]  # fmt: skip
+    report(results, args)
 
 
 if __name__ == "__main__":

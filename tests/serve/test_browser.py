@@ -43,6 +43,9 @@ def test_explorer(live: Server, browser: Any, tmp_path: Path) -> None:
     page.on("console", lambda m: m.type == "error" and problems.append(m.text))
     page.on("pageerror", lambda e: problems.append(str(e)))
     page.goto(live.url + "/")
+    page.wait_for_function(
+        "() => document.querySelector('#status').textContent.includes('analysed')"
+    )
 
     prompt = "abc abc abc"
     page.fill("#prompt", prompt)

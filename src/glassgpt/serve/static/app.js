@@ -63,7 +63,7 @@ async function boot() {
   $("model-info").textContent = `${i.model} · ${i.n_layers} layers × ${i.n_heads} heads · ` +
     `d_model ${i.d_model} · n_ctx ${i.n_ctx} · ${i.n_vocab} tokens`;
   $("api-key").hidden = !i.auth;
-  $("prompt").value = "The quick brown fox jumps over the lazy dog. The quick brown fox";
+  if (!$("prompt").value) $("prompt").value = "The quick brown fox jumps over the lazy dog. The quick brown fox";
   drawScores();
   await analyze();
 }

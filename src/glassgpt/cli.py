@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "glassgpt.sample.commands",
     "glassgpt.inspect.commands",
     "glassgpt.scaling.commands",
+    "glassgpt.serve.commands",
 )
 
 

@@ -22,6 +22,10 @@ code, .tok { font-family: ui-monospace, monospace; white-space: pre; }
 figure { margin: 0.8em 0; } figure img { max-width: 100%; height: auto; }
 figcaption { font-size: 0.85em; color: #555; }
 p.note { color: #555; font-size: 0.9em; }
+.scroll { overflow-x: auto; }
+table.heat td, table.heat th { text-align: center; border-color: #fff; padding: 2px 4px; }
+table.heat td { font-family: ui-monospace, monospace; white-space: pre; }
+table.heat td small { display: block; font-size: 0.75em; opacity: 0.8; }
 """
 
 
@@ -71,6 +75,28 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def heat_table(
+    rows: Sequence[str], cols: Sequence[str], cells: Sequence[Sequence[tuple[str, float]]]
+) -> str:
+    """A table of (text, p) cells, each shaded by p in [0, 1] (white → blue), p shown below.
+
+    >>> heat_table(["L0"], ["a"], [[("b", 0.5)]]).count("<td")
+    1
+    """
+    head = "<th></th>" + "".join(f"<th>{tok(c)}</th>" for c in cols)
+    body = []
+    for name, row in zip(rows, cells):
+        tds = []
+        for text, p in row:
+            shade = ",".join(str(round(255 + (b - 255) * p)) for b in (30, 64, 175))
+            ink = "#fff" if p > 0.55 else "#111"
+            tds.append(f'<td style="background:rgb({shade});color:{ink}">{esc(text)}'
+                       f"<small>{100 * p:.0f}%</small></td>")  # fmt: skip
+        body.append(f"<tr><th>{esc(name)}</th>{''.join(tds)}</tr>")
+    rows_html = "".join(body)
+    return f'<div class="scroll"><table class="heat"><tr>{head}</tr>{rows_html}</table></div>'
 
 
 def section(title: str, *parts: str, anchor: str = "") -> str:

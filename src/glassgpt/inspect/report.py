@@ -179,6 +179,8 @@ def _lens(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
     top_labels = [[fig.token_label(by_id[int(i)], 6) for i in row] for row in top_i]
     rows = ["embed"] + [f"after L{layer}" for layer in range(model.config.n_layers)]
     png = fig.logit_lens_figure(p_next, top_labels, rows, labels)
+    p_top = probs.max(-1).values.tolist()  # [L + 1][T]
+    cells = [[(by_id[int(i)], p) for i, p in zip(r, ps)] for r, ps in zip(top_i.tolist(), p_top)]
     return P.section(
         "Logit lens",
         P.note(
@@ -186,6 +188,11 @@ def _lens(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
             "(through the final norm for pre-norm models). The last row is the model's output."
         ),
         P.figure(png, "logit lens grid"),
+        P.note(
+            "The most likely next token at each layer (row) and position (column), "
+            "shaded by its probability:"
+        ),
+        P.heat_table(rows, token_texts(tokenizer, ids), cells),
         anchor="lens",
     )
 

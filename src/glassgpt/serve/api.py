@@ -1,0 +1,287 @@
+"""The OpenAI-compatible endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+
+Responses have the shapes of the OpenAI API reference, so the official ``openai`` client
+works with ``base_url``. ``stream: true`` sends server-sent events, one JSON chunk per
+``data:`` line, ending with ``data: [DONE]``. ``usage`` counts the prompt's tokens and the
+tokens each choice returned. ``finish_reason`` is ``stop`` (a stop string, the chat
+template's next turn or ``<|endoftext|>``) or ``length`` (``max_tokens``, or the context full).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import torch
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from glassgpt.sample.filters import SamplingConfig
+from glassgpt.serve.errors import APIError
+from glassgpt.serve.runs import Choice, Run, Settings
+from glassgpt.serve.schemas import (
+    CHAT_STOPS,
+    ChatRequest,
+    CompletionRequest,
+    RequestBase,
+    chat_prompt,
+)
+from glassgpt.serve.state import ServeState
+
+
+def make_router(state: ServeState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [state.model_card()]}
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        state.check_model(model_id)
+        return state.model_card()
+
+    @router.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        state.check_model(body.model)
+        prompts, texts = _prompts(state, body.prompt)
+        run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, body.logprobs))
+        meta = _meta("cmpl", "text_completion", state)
+        echo = texts if body.echo else None
+        if body.stream:
+            chunks = _completion_chunks(state, run, meta, echo, body.include_usage)
+            return _sse(chunks, run)
+        choices = await run.finish(request)
+        return await _completion_body(state, meta, choices, echo, body.logprobs)
+
+    @router.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatRequest, request: Request) -> Any:
+        state.check_model(body.model)
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        prompts, _ = _prompts(state, chat_prompt(body.messages))
+        k = (body.top_logprobs or 0) if body.logprobs else None
+        run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, k, CHAT_STOPS))
+        meta = _meta("chatcmpl", "chat.completion", state)
+        if body.stream:
+            return _sse(_chat_chunks(state, run, meta, body.include_usage), run)
+        choices = await run.finish(request)
+        _raise_errors(choices)
+        out = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": "".join(c.text)},
+                "logprobs": {"content": _chat_logprobs(state, c)} if k is not None else None,
+                "finish_reason": c.finish,
+            }
+            for c in choices
+        ]
+        return {**meta, "choices": out, "usage": _usage(choices)}
+
+    return router
+
+
+# -- requests -----------------------------------------------------------------------------
+def _prompts(state: ServeState, prompt: Any) -> tuple[list[list[int]], list[str]]:
+    """(ids of each prompt, its text); raises a 400 for ids out of range or too many tokens."""
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        items = [list(prompt)]
+    else:
+        items = list(prompt) or [""]
+    out, texts = [], []
+    for item in items:
+        if isinstance(item, str):
+            ids = state.tokenizer.encode(item, allowed_special="all")
+        else:
+            ids = list(item)
+            bad = [t for t in ids if not 0 <= t < state.n_valid]
+            if bad:
+                raise APIError(400, f"token id {bad[0]} is out of range [0, {state.n_valid})",
+                               param="prompt", code="invalid_token_id")  # fmt: skip
+        texts.append(item if isinstance(item, str) else state.text(ids))
+        ids = ids or [state.start_id]
+        if len(ids) > state.n_ctx:
+            raise APIError(400, f"the prompt is {len(ids)} tokens, longer than the model's "
+                           f"context of {state.n_ctx}", param="prompt",
+                           code="context_length_exceeded")  # fmt: skip
+        out.append(ids)
+    return out, texts
+
+
+def _settings(
+    body: RequestBase, logprobs: int | None, extra_stops: tuple[str, ...] = ()
+) -> Settings:
+    sampling = SamplingConfig(
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p if body.top_p < 1.0 else None,
+        frequency_penalty=body.frequency_penalty,
+    )
+    stops = tuple(body.stop or ()) + extra_stops  # type: ignore[arg-type]
+    return Settings(sampling, body.max_tokens, body.n, body.seed, stops, logprobs)
+
+
+def _meta(prefix: str, kind: str, state: ServeState) -> dict[str, Any]:
+    return {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind,
+            "created": int(time.time()), "model": state.name}  # fmt: skip
+
+
+def _usage(choices: list[Choice]) -> dict[str, int]:
+    prompt = sum(len(c.prompt) for c in {id(c.prompt): c for c in choices}.values())
+    made = sum(len(c.ids) for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made}
+
+
+def _raise_errors(choices: list[Choice]) -> None:
+    for c in choices:
+        if c.error is not None:
+            raise APIError(500, f"generation failed: {c.error}", type="server_error")
+
+
+# -- completions --------------------------------------------------------------------------
+async def _completion_body(
+    state: ServeState,
+    meta: dict[str, Any],
+    choices: list[Choice],
+    echo: list[str] | None,
+    logprobs: int | None,
+) -> dict[str, Any]:
+    _raise_errors(choices)
+    n = len(choices) // max(1, len(echo or [1]))
+    out = []
+    for c in choices:
+        text = "".join(c.text)
+        lp = None
+        if logprobs is not None:
+            ids, infos = list(c.ids), list(c.infos)
+            if echo is not None:
+                ids, infos = (
+                    c.prompt + ids,
+                    await _prompt_logprobs(state, c.prompt, logprobs) + infos,
+                )
+            lp = _completion_logprobs(state, ids, infos)
+        if echo is not None:
+            text = echo[c.index // n] + text
+        out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish})
+    return {**meta, "choices": out, "usage": _usage(choices)}
+
+
+async def _prompt_logprobs(state: ServeState, ids: list[int], k: int) -> list[Any]:
+    """The logprob infos of a prompt's tokens (echo with logprobs): one full forward."""
+
+    def compute() -> list[Any]:
+        tokens = torch.tensor([ids], device=state.scheduler.device)
+        with state.scheduler.lock, torch.inference_mode():
+            logp = torch.log_softmax(state.model(tokens)[0].float(), dim=-1)  # [T, V]
+        infos: list[Any] = [None]
+        for t in range(1, len(ids)):
+            values, top = torch.topk(logp[t - 1], k) if k else (torch.zeros(0), torch.zeros(0))
+            top_pairs = list(zip(top.tolist(), values.tolist()))
+            infos.append({"logprob": float(logp[t - 1, ids[t]]), "top": top_pairs})
+        return infos
+
+    return await anyio.to_thread.run_sync(compute)
+
+
+def _completion_logprobs(state: ServeState, ids: list[int], infos: list[Any]) -> dict[str, Any]:
+    """The legacy completions ``logprobs`` object (null where a token has none)."""
+    tokens = [state.text([t]) for t in ids]
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [None if i is None else i["logprob"] for i in infos],
+        "top_logprobs": [
+            None if i is None else {state.text([t]): lp for t, lp in i["top"]} for i in infos
+        ],
+        "text_offset": offsets,
+    }
+
+
+async def _completion_chunks(
+    state: ServeState,
+    run: Run,
+    meta: dict[str, Any],
+    echo: list[str] | None,
+    usage: bool,
+) -> AsyncIterator[dict[str, Any]]:
+    def chunk(index: int, text: str, finish: str | None = None, lp: Any = None) -> Any:
+        return {**meta, "choices": [{"index": index, "text": text, "logprobs": lp,
+                                     "finish_reason": finish}]}  # fmt: skip
+
+    n = len(run.choices) // max(1, len(echo or [1]))
+    if echo is not None:
+        for c in run.choices:
+            yield chunk(c.index, echo[c.index // n])
+    async for c, kind, piece in run.events():
+        if kind == "error":
+            yield {"error": {"message": c.error, "type": "server_error", "param": None,
+                             "code": None}}  # fmt: skip
+        elif kind == "done" or piece:
+            yield chunk(c.index, piece, c.finish if kind == "done" else None)
+    if usage:
+        yield {**meta, "choices": [], "usage": _usage(run.choices)}
+
+
+# -- chat ---------------------------------------------------------------------------------
+def _chat_logprobs(state: ServeState, c: Choice) -> list[dict[str, Any]]:
+    def entry(t: int, lp: float) -> dict[str, Any]:
+        raw = state.tokenizer.decode_bytes([t])
+        return {"token": state.text([t]), "logprob": lp, "bytes": list(raw)}
+
+    out = []
+    for t, info in zip(c.ids, c.infos):
+        if info is None:
+            continue
+        top = [entry(a, lp) for a, lp in info["top"]]
+        out.append({**entry(t, info["logprob"]), "top_logprobs": top})
+    return out
+
+
+async def _chat_chunks(
+    state: ServeState, run: Run, meta: dict[str, Any], usage: bool
+) -> AsyncIterator[dict[str, Any]]:
+    meta = {**meta, "object": "chat.completion.chunk"}
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> Any:
+        return {**meta, "choices": [{"index": index, "delta": delta, "logprobs": None,
+                                     "finish_reason": finish}]}  # fmt: skip
+
+    for c in run.choices:
+        yield chunk(c.index, {"role": "assistant", "content": ""})
+    async for c, kind, piece in run.events():
+        if kind == "error":
+            yield {"error": {"message": c.error, "type": "server_error", "param": None,
+                             "code": None}}  # fmt: skip
+        elif kind == "done":
+            if piece:
+                yield chunk(c.index, {"content": piece})
+            yield chunk(c.index, {}, c.finish)
+        elif piece:
+            yield chunk(c.index, {"content": piece})
+    if usage:
+        yield {**meta, "choices": [], "usage": _usage(run.choices)}
+
+
+def _sse(chunks: AsyncIterator[dict[str, Any]], run: Run) -> StreamingResponse:
+    """Server-sent events; however the stream ends (done, disconnect, error), ``run`` stops."""
+
+    async def lines() -> AsyncIterator[str]:
+        try:
+            async for c in chunks:
+                yield f"data: {json.dumps(c, ensure_ascii=False)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            run.cancel()
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(lines(), media_type="text/event-stream", headers=headers)

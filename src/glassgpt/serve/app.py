@@ -1,0 +1,79 @@
+"""The web app: the OpenAI-compatible API, the explorer's JSON and its page, on one server.
+
+    app = create_app(model, tokenizer, name="my-model", api_key=None)
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+The scheduler thread starts with the app and stops with it. With ``api_key``, every
+``/v1`` and ``/api`` request (but ``/api/info``, which the page reads first) needs
+``Authorization: Bearer <key>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from glassgpt.serve import api, errors, explore
+from glassgpt.serve.errors import APIError
+from glassgpt.serve.scheduler import Scheduler
+from glassgpt.serve.state import ServeState
+
+STATIC = resources.files("glassgpt.serve") / "static"
+
+
+def create_app(
+    model: Any,
+    tokenizer: Any,
+    *,
+    name: str = "glassgpt",
+    api_key: str | None = None,
+    slots: int = 16,
+) -> FastAPI:
+    """The FastAPI app serving ``model`` (in eval mode) with ``tokenizer``."""
+    if tokenizer is None:
+        raise APIError(500, "serving needs a tokenizer")
+    model.eval()
+    scheduler = Scheduler(model, tokenizer, slots=slots)
+    state = ServeState(model, tokenizer, name, scheduler, api_key)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        scheduler.start()
+        try:
+            yield
+        finally:
+            scheduler.close()
+
+    app = FastAPI(title="glassgpt serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.glassgpt = state
+    errors.install(app)
+
+    async def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, "a wrong or missing API key (send Authorization: Bearer KEY)",
+                           type="authentication_error", code="invalid_api_key")  # fmt: skip
+
+    guard = [Depends(check_key)]
+    app.include_router(api.make_router(state), dependencies=guard)
+    app.include_router(explore.make_router(state, guard))
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(str(STATIC / "index.html"), headers={"Cache-Control": "no-cache"})
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> RedirectResponse:
+        return RedirectResponse("/static/favicon.svg")
+
+    return app

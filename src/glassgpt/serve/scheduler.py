@@ -1,0 +1,267 @@
+"""Continuous batching: one thread decodes every active sequence in one forward per step.
+
+    loop:  admit   each new request: prefill its prompt alone, sample its first token,
+                   copy its keys and values into a free slot
+           step    feed every active sequence its last token in one batch [B, 1]
+                   (``SlotCache``: each row at its own position), sample one token per row
+           slide   a sequence whose context is full re-encodes its last ⌊3·n_ctx/4⌋ tokens
+                   alone (as ``generate`` slides its window) and samples from them
+           retire  sequences that stopped, ran out of tokens or were cancelled free their slot
+
+Sampling is per sequence, with the sequence's own settings and ``torch.Generator``, by the
+same functions and in the same order as ``glassgpt.sample.generate`` (penalties, temperature,
+top-k, top-p, min-p on float32 logits; one uniform draw per token from the generator seeded
+``seed``), so a request gives the tokens ``generate`` gives for the same prompt and seed,
+whether it runs alone or beside others (up to the float rounding of a batched matmul).
+
+Results go back through a callback (the API hands them to its asyncio queue). A cancelled
+sequence (the client went away) is dropped before the next step, so no work continues.
+Every forward holds ``lock``, which the explorer's analyses share: hooks are per model.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from glassgpt.sample.cache import KVCache
+from glassgpt.sample.filters import SamplingConfig, draw, next_token_logits
+from glassgpt.sample.stops import StopMatcher
+from glassgpt.serve.slots import SlotCache
+
+Emit = Callable[[str, Any], None]  # ("token", (id, info)) | ("done", reason) | ("error", text)
+
+
+@dataclass
+class Job:
+    """One sequence to generate: its prompt, settings and where its results go."""
+
+    prompt: list[int]
+    sampling: SamplingConfig
+    max_tokens: int
+    seed: int
+    emit: Emit
+    stop: Sequence[str] = ()
+    stop_ids: frozenset[int] = frozenset()
+    logprobs: int | None = None  # top alternatives to report per token (None: no logprobs)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class _Seq:
+    """A job being decoded: its generator, counts, stop matcher and the token to feed next."""
+
+    def __init__(self, job: Job, tokenizer: Any, n_vocab: int, device: torch.device) -> None:
+        self.job = job
+        self.gen = torch.Generator().manual_seed(job.seed)
+        self.matcher = StopMatcher(tokenizer, job.stop) if job.stop else None
+        self.counts: Tensor | None = None
+        if job.sampling.penalised:
+            ids = torch.tensor(job.prompt, device=device)
+            self.counts = torch.bincount(ids, minlength=n_vocab)[None].float()
+        self.made = 0  # tokens sampled so far
+        self.history = list(job.prompt)  # every token so far (prompt + sampled)
+        self.pending = 0  # the last sampled token, not yet fed
+        self.infos: list[tuple[int, Any]] = []  # (id, logprob info) sampled, not yet released
+
+
+class Scheduler:
+    """Owns the model while serving; ``submit`` jobs from any thread."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, slots: int = 16) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        self.n_valid = min(self.config.n_vocab, getattr(tokenizer, "n_vocab", 10**12))
+        self.cache = SlotCache.for_model(model, slots)
+        self.lock = threading.Lock()
+        self.inbox: queue.Queue[Job | None] = queue.Queue()
+        self.active: list[_Seq] = []  # active[b] lives in slot b
+        self.waiting: list[Job] = []  # received, not yet admitted
+        self.steps = 0  # batched decode steps so far (for tests and stats)
+        self.widest = 0  # the largest batch decoded in one step
+        self.dropped = 0  # sequences ended because their client went away
+        self.admitting: Job | None = None  # the job being prefilled now
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- life cycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="glassgpt-scheduler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def submit(self, job: Job) -> None:
+        self.inbox.put(job)
+
+    @property
+    def busy(self) -> int:
+        """Sequences being decoded now."""
+        return len(self.active)
+
+    # -- the loop -------------------------------------------------------------------------
+    def _run(self) -> None:
+        waiting = self.waiting
+        while not self._stop.is_set():
+            block = not self.active and not waiting
+            try:
+                item = self.inbox.get(block=block, timeout=0.5 if block else None)
+                while True:
+                    if item is not None:
+                        waiting.append(item)
+                    item = self.inbox.get_nowait()
+            except queue.Empty:
+                pass
+            self._retire_cancelled()
+            self.dropped += sum(j.cancelled.is_set() for j in waiting)
+            waiting[:] = [j for j in waiting if not j.cancelled.is_set()]
+            while waiting and len(self.active) < self.cache.slots:
+                self._guarded(waiting.pop(0), self._admit)
+            for b in reversed(range(len(self.active))):  # _free(b) moves a later one into b
+                if int(self.cache.lengths[b]) >= self.config.n_ctx:  # no room for the next feed
+                    self._guarded(self.active[b].job, lambda _, b=b: self._slide(b))
+            if self.active:
+                self._guarded(None, lambda _: self._step())
+
+    def _guarded(self, job: Job | None, fn: Callable[[Any], None]) -> None:
+        """Run ``fn``; an exception ends the affected sequences with an error, not the loop."""
+        try:
+            fn(job)
+        except Exception as e:  # reported to the clients, never raised into the thread
+            message = str(e).splitlines()[0] if str(e) else type(e).__name__
+            victims = [job] if job is not None else [s.job for s in self.active]
+            if job is None:
+                self.active.clear()
+            else:
+                for b in [b for b, s in enumerate(self.active) if s.job is job]:
+                    self._free(b)
+            for j in victims:
+                j.emit("error", message)
+
+    def _admit(self, job: Job) -> None:
+        seq = _Seq(job, self.tokenizer, self.config.n_vocab, self.device)
+        T, n_ctx = len(job.prompt), self.config.n_ctx
+        capacity = max(min(n_ctx, T + job.max_tokens - 1), T)  # as generate sizes its cache
+        prefill = KVCache.for_model(self.model, 1, capacity, last_only=True)
+        tokens = torch.tensor([job.prompt], dtype=torch.long, device=self.device)
+        self.admitting = job
+        try:
+            with self.lock, torch.inference_mode():
+                logits = self.model(tokens, cache=prefill)  # [1, 1, V]
+        finally:
+            self.admitting = None
+        if self._sample(seq, logits[0, -1]):
+            return
+        slot = len(self.active)
+        self.cache.load(slot, prefill)
+        self.active.append(seq)
+
+    def _step(self) -> None:
+        B = len(self.active)
+        self.widest = max(self.widest, B)
+        fed = torch.tensor([[s.pending] for s in self.active], device=self.device)  # [B, 1]
+        with self.lock, torch.inference_mode():
+            logits = self.model(fed, cache=self.cache)  # [B, 1, V]
+        self.steps += 1
+        finished = [self._sample(s, logits[b, -1]) for b, s in enumerate(self.active)]
+        for b in reversed(range(B)):
+            if finished[b]:
+                self._free(b)
+
+    def _slide(self, b: int) -> None:
+        """The context is full: re-encode the last ``window`` tokens of slot b's sequence
+        (as ``generate`` slides, window = ⌊3·n_ctx/4⌋) and sample from their logits."""
+        seq = self.active[b]
+        window = seq.history[-max(1, 3 * self.config.n_ctx // 4) :]
+        prefill = KVCache.for_model(self.model, 1, self.config.n_ctx, last_only=True)
+        tokens = torch.tensor([window], dtype=torch.long, device=self.device)
+        with self.lock, torch.inference_mode():
+            logits = self.model(tokens, cache=prefill)  # [1, 1, V]
+        self.cache.load(b, prefill)
+        if self._sample(seq, logits[0, -1]):
+            self._free(b)
+
+    def _retire_cancelled(self) -> None:
+        for b in reversed(range(len(self.active))):
+            if self.active[b].job.cancelled.is_set():
+                self.dropped += 1
+                self._free(b)
+
+    def _free(self, b: int) -> None:
+        last = len(self.active) - 1
+        if b != last:
+            self.cache.move(last, b)
+            self.active[b] = self.active[last]
+        self.active.pop()
+
+    # -- one token of one sequence --------------------------------------------------------
+    def _sample(self, seq: _Seq, logits: Tensor) -> bool:
+        """Draw the next token from ``logits`` [V]; emit what is final; True when finished."""
+        job = seq.job
+        if job.cancelled.is_set():
+            self.dropped += 1
+            return True
+        last = logits[None]  # [1, V]
+        if self.n_valid < last.shape[-1]:
+            beyond = torch.arange(self.n_valid, last.shape[-1], device=last.device)
+            last = last.float().index_fill(-1, beyond, -math.inf)
+        z = next_token_logits(last, job.sampling, seq.counts)  # [1, V] float32
+        if not bool(torch.isfinite(z).any()):
+            job.emit("error", "the model produced no finite logits (NaN or inf weights?)")
+            return True
+        nxt = int(z.argmax(-1)) if job.sampling.greedy else int(draw(z, [seq.gen])[0])
+        seq.made += 1
+        seq.pending = nxt
+        info = _logprobs(last[0], nxt, job.logprobs) if job.logprobs is not None else None
+        if seq.counts is not None:
+            seq.counts[0, nxt] += 1
+        if nxt in job.stop_ids:
+            self._release(seq, seq.matcher.flush() if seq.matcher else [])
+            job.emit("done", "stop")
+            return True
+        seq.infos.append((nxt, info))
+        if seq.matcher is not None:
+            out, stopped = seq.matcher.push(nxt)
+            self._release(seq, out)
+            if stopped:
+                job.emit("done", "stop")
+                return True
+        else:
+            self._release(seq, [nxt])
+        seq.history.append(nxt)
+        if seq.made >= job.max_tokens:
+            self._release(seq, seq.matcher.flush() if seq.matcher else [])
+            job.emit("done", "length")
+            return True
+        return False
+
+    def _release(self, seq: _Seq, ids: list[int]) -> None:
+        for t in ids:
+            info = None
+            if seq.infos and seq.infos[0][0] == t:
+                info = seq.infos.pop(0)[1]
+            seq.job.emit("token", (t, info))
+
+
+def _logprobs(logits: Tensor, chosen: int, k: int) -> dict[str, Any]:
+    """log softmax of the model's logits: the chosen token's and the top k (id, logprob)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    out: dict[str, Any] = {"logprob": float(logp[chosen]), "top": []}
+    if k > 0:
+        values, ids = torch.topk(logp, min(k, logp.shape[-1]))
+        out["top"] = list(zip(ids.tolist(), values.tolist()))
+    return out

@@ -1,0 +1,137 @@
+"""A KV cache of fixed slots, one sequence per slot, each with its own length.
+
+Continuous batching decodes every active sequence in one forward step, although each has
+seen a different number of tokens. Slot b holds its sequence's keys and values at columns
+0..n_b−1; a decode step of one token per row writes row b's new k, v at column n_b and
+lets its query see exactly the columns j ≤ n_b:
+
+    K_l[b, :, n_b] = k_new[b],   V_l[b, :, n_b] = v_new[b]
+    mask[b, 0, 0, j] = (j ≤ n_b)               for j < m = max_b n_b + 1
+    z_b = softmax(q_b K_l[b, :, :m]ᵀ / √d_head + M_b) V_l[b, :, :m]
+
+and the token's position is n_b (``begin`` returns the per-row positions). Masked columns
+get probability 0, so row b computes what it would compute alone, up to float rounding.
+
+The active sequences always fill slots 0..B−1 (a departing sequence's slot is refilled by
+the last one), so a step reads views, never gathers. A new sequence is prefilled on its own
+(``glassgpt.sample.cache.KVCache``, exactly as ``generate`` prefills) and its keys and
+values are copied into a free slot by :meth:`SlotCache.load`.
+
+The memory, [slots, n_heads, n_ctx, d_head] per layer for k and for v, is allocated and
+touched once, so serving does not grow the process after start-up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class _SlotLayer:
+    """Layer l's view, as ``Attention.forward(..., kv=)`` expects (offset, mask, update)."""
+
+    __slots__ = ("cache", "k", "v")
+
+    def __init__(self, cache: SlotCache, k: Tensor, v: Tensor) -> None:
+        self.cache, self.k, self.v = cache, k, v  # [slots, H, n_ctx, d_head]
+
+    @property
+    def offset(self) -> int:
+        return 0  # unused: every step passes its own mask
+
+    @property
+    def mask(self) -> Tensor | None:
+        return self.cache.mask
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write row b's k, v [B, H, 1, d_head] at column n_b; return [B, H, m, d_head] views."""
+        c = self.cache
+        B, m = k.shape[0], c.step_width
+        rows = c.rows[:B]
+        self.k[rows, :, c.step_lengths] = k[:, :, 0]
+        self.v[rows, :, c.step_lengths] = v[:, :, 0]
+        return self.k[:B, :, :m], self.v[:B, :, :m]
+
+
+class SlotCache:
+    """``slots`` sequences of up to n_ctx positions; ``lengths[b]`` positions cached in slot b.
+
+    >>> from glassgpt.model import GPT, GPTConfig
+    >>> from glassgpt.sample.cache import KVCache
+    >>> torch.manual_seed(0) and None
+    >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=8, d_model=8, n_layers=1, n_heads=2)).eval()
+    >>> slots = SlotCache.for_model(model, slots=2)
+    >>> for b, prompt in enumerate([[1, 2, 3], [4]]):
+    ...     pre = KVCache.for_model(model, 1, len(prompt))
+    ...     _ = model(torch.tensor([prompt]), cache=pre)
+    ...     slots.load(b, pre)
+    >>> step = model(torch.tensor([[5], [6]]), cache=slots)      # one token per row
+    >>> alone = model(torch.tensor([[4, 6]]))[0, -1]
+    >>> slots.lengths.tolist(), bool(torch.allclose(step[1, -1], alone, atol=1e-5))
+    ([4, 2], True)
+    """
+
+    last_only = True  # GPT.forward unembeds only the new position
+
+    def __init__(
+        self,
+        config: Any,
+        slots: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        H, dh = config.n_heads, config.d_head
+        shape = (slots, H, config.n_ctx, dh)
+        self.config, self.slots, self.capacity = config, slots, config.n_ctx
+        self.layers = []
+        for _ in range(config.n_layers):
+            k = torch.empty(shape, dtype=dtype, device=device).zero_()  # touched now
+            v = torch.empty(shape, dtype=dtype, device=device).zero_()
+            self.layers.append(_SlotLayer(self, k, v))
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.rows = torch.arange(slots, device=device)
+        self.mask: Tensor | None = None
+        self.step_lengths = self.lengths[:0]
+        self.step_width = 0
+
+    @classmethod
+    def for_model(cls, model: Any, slots: int) -> SlotCache:
+        p = next(model.parameters())
+        return cls(model.config, slots, dtype=p.dtype, device=p.device)
+
+    def load(self, slot: int, prefill: Any) -> None:
+        """Copy a one-row cache (``KVCache`` after its prefill) into ``slot``."""
+        n = prefill.length
+        for mine, theirs in zip(self.layers, prefill.layers, strict=True):
+            mine.k[slot, :, :n] = theirs.k[0, :, :n]
+            mine.v[slot, :, :n] = theirs.v[0, :, :n]
+        self.lengths[slot] = n
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot ``src``'s sequence into slot ``dst`` (to keep the active slots contiguous)."""
+        n = int(self.lengths[src])
+        for layer in self.layers:
+            layer.k[dst, :, :n] = layer.k[src, :, :n]
+            layer.v[dst, :, :n] = layer.v[src, :, :n]
+        self.lengths[dst] = n
+
+    def begin(self, B: int, T: int) -> Tensor:
+        """A decode step of one token for slots 0..B−1: the mask and positions [B, 1]."""
+        if T != 1:
+            raise ValueError(f"a slot cache decodes one token per row, got {T}")
+        lengths = self.lengths[:B]
+        if bool((lengths >= self.capacity).any()):
+            raise ValueError(f"a slot is full (n_ctx={self.capacity})")
+        m = int(lengths.max()) + 1
+        self.step_lengths, self.step_width = lengths, m
+        cols = torch.arange(m, device=lengths.device)
+        self.mask = (cols[None, :] <= lengths[:, None])[:, None, None, :]  # [B, 1, 1, m]
+        return lengths[:, None].clone()  # positions [B, 1]
+
+    def end(self, T: int) -> None:
+        B = self.step_lengths.shape[0]
+        self.lengths[:B] += T
+        self.mask = None

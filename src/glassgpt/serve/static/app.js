@@ -1,0 +1,397 @@
+// glassgpt explorer: the page over /api/* (analyses) and /v1/completions (generation).
+// Plain JS, no build step. State lives in `S`; each panel has one draw function.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const S = {
+  info: null, vocab: null, data: null, prompt: "", pos: 0, token: null,
+  layer: 0, head: 0, hover: null, patterns: null, logits: null, seq: 0,
+};
+
+// ---- helpers ---------------------------------------------------------------------------
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = $("api-key").value;
+  if (key) h["Authorization"] = "Bearer " + key;
+  return h;
+}
+
+async function api(path, body) {
+  const r = await fetch(path, body === undefined ? { headers: headers() }
+    : { method: "POST", headers: headers(), body: JSON.stringify(body) });
+  const out = await r.json();
+  if (!r.ok) throw new Error(out.error ? out.error.message : r.statusText);
+  return out;
+}
+
+function b64bytes(s) {
+  const bin = atob(s), out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+function show(text) {  // whitespace made visible in a token label
+  return text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
+}
+
+function el(tag, attrs = {}, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v;
+    else if (k === "style") e.style.cssText = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v);
+  }
+  for (const k of kids) e.append(k);
+  return e;
+}
+
+function pattern(layer, head) {  // [T, T] view of the uint8 patterns, as a function
+  const T = S.data.tokens.length, base = ((layer * S.info.n_heads) + head) * T * T;
+  return (q, k) => S.patterns[base + q * T + k] / 255;
+}
+
+function heat(p) {  // white → deep blue, for p in [0, 1]
+  const c = (a, b) => Math.round(a + (b - a) * p);
+  return `rgb(${c(255, 30)},${c(255, 64)},${c(255, 175)})`;
+}
+
+// ---- loading ---------------------------------------------------------------------------
+async function boot() {
+  S.info = await api("/api/info");
+  const i = S.info;
+  $("model-info").textContent = `${i.model} · ${i.n_layers} layers × ${i.n_heads} heads · ` +
+    `d_model ${i.d_model} · n_ctx ${i.n_ctx} · ${i.n_vocab} tokens`;
+  $("api-key").hidden = !i.auth;
+  if (!$("prompt").value) $("prompt").value = "The quick brown fox jumps over the lazy dog. The quick brown fox";
+  drawScores();
+  await analyze();
+}
+
+let timer = null;
+function schedule() {
+  clearTimeout(timer);
+  timer = setTimeout(analyze, 250);
+}
+
+async function analyze() {
+  const prompt = $("prompt").value;
+  if (!prompt) { $("status").textContent = "Type a prompt to see inside the model."; return; }
+  const seq = ++S.seq, t0 = performance.now();
+  try {
+    if (!S.vocab) S.vocab = await api("/api/vocab");
+    const data = await api("/api/analyze", { prompt });
+    if (seq !== S.seq) return;  // a newer prompt is on its way
+    S.data = data; S.prompt = prompt;
+    S.patterns = b64bytes(data.patterns);
+    S.pos = data.tokens.length - 1; S.hover = null;
+    setLogits(data);
+    $("status").textContent = `${data.tokens.length} tokens · analysed in ` +
+      `${Math.round(performance.now() - t0)} ms`;
+    $("status").classList.remove("error");
+    drawAll();
+  } catch (e) {
+    $("status").textContent = e.message; $("status").classList.add("error");
+  }
+}
+
+function setLogits(d) {
+  S.logits = new Float32Array(b64bytes(d.logits).buffer);
+  let best = 0;
+  for (let i = 1; i < S.logits.length; i++) if (S.logits[i] > S.logits[best]) best = i;
+  S.token = best;
+  S.order = Array.from(S.logits.keys()).sort((a, b) => S.logits[b] - S.logits[a]);  // once per position
+}
+
+async function selectPos(p) {
+  S.pos = p;
+  const d = await api("/api/logits", { prompt: S.prompt, pos: p });
+  setLogits(d);
+  drawChips(); drawDist(); drawDLA();
+}
+
+function failed(id) {  // a panel whose data could not be fetched says why
+  return (e) => { const box = $(id); box.textContent = ""; box.append(el("span", { class: "error" }, e.message)); };
+}
+
+function drawAll() {
+  drawChips(); drawDist(); drawDLA(); drawGrid(); drawBig(); drawLens(); drawCircuits();
+  $("out-prompt").textContent = S.prompt;
+}
+
+// ---- tokens ----------------------------------------------------------------------------
+function drawChips() {
+  const box = $("chips"); box.textContent = "";
+  const toks = S.data.tokens, h = S.hover;
+  const A = pattern(S.layer, S.head);
+  toks.forEach((t, i) => {
+    const hex = t.bytes.map((b) => b.toString(16).padStart(2, "0")).join(" ");
+    const chip = el("span", { class: "chip", "data-i": i,
+      title: `#${i} · id ${t.id} · bytes ${hex || "(none)"}` }, show(t.text));
+    if (i === S.pos) chip.classList.add("selected");
+    if (h !== null) {
+      if (i === h) chip.classList.add("hovered");
+      const to = i <= h ? A(h, i) : 0, by = i >= h ? A(i, h) : 0;
+      chip.style.background = `rgba(37, 99, 235, ${(0.85 * to).toFixed(3)})`;
+      if (to > 0.5) chip.style.color = "#fff";
+      chip.style.setProperty("--under", `rgba(234, 88, 12, ${by.toFixed(3)})`);
+    }
+    chip.addEventListener("mouseenter", () => hoverToken(i));
+    chip.addEventListener("mouseleave", () => hoverToken(null));
+    chip.addEventListener("click", () => selectPos(i));
+    box.append(chip);
+  });
+}
+
+function hoverToken(i) {
+  if (S.hover === i) return;
+  S.hover = i;
+  drawChips(); drawGrid(); drawBig();
+}
+
+// ---- next-token distribution (seed 002's temperature equation, live) -----------------
+function distribution() {
+  const z = S.logits, V = z.length;
+  const T = +$("temperature").value, k = +$("top-k").value, topP = +$("top-p").value;
+  const order = S.order;
+  const softmax = (vals) => {
+    const m = Math.max(...vals.filter(Number.isFinite));
+    const e = vals.map((v) => (Number.isFinite(v) ? Math.exp(v - m) : 0));
+    const s = e.reduce((a, b) => a + b, 0);
+    return e.map((x) => x / s);
+  };
+  const base = softmax(Array.from(z));
+  let p;
+  if (T === 0) {
+    p = new Array(V).fill(0); p[order[0]] = 1;
+  } else {
+    let zt = Array.from(z, (v) => v / T);
+    if (k > 0 && k < V) {
+      const kth = zt[order[k - 1]];
+      zt = zt.map((v) => (v < kth ? -Infinity : v));
+    }
+    if (topP < 1) {
+      const q = softmax(zt);
+      let before = 0;
+      for (const i of order) { if (before >= topP) zt[i] = -Infinity; before += q[i]; }
+    }
+    p = softmax(zt);
+  }
+  return { p, base, order };
+}
+
+function drawDist() {
+  const T = +$("temperature").value, k = +$("top-k").value, topP = +$("top-p").value;
+  $("temperature-out").textContent = T.toFixed(2) + (T === 0 ? " (greedy)" : "");
+  $("top-k-out").textContent = k ? String(k) : "off";
+  $("top-p-out").textContent = topP.toFixed(2);
+  const t = S.data.tokens[S.pos];
+  $("dist-where").textContent = `after #${S.pos} “${show(t.text)}”`;
+  const { p, base, order } = distribution();
+  const box = $("dist"); box.textContent = "";
+  const top = order.slice(0, 12).sort((a, b) => p[b] - p[a] || base[b] - base[a]);
+  const scale = Math.max(p[top[0]], base[order[0]]);
+  for (const i of top) {
+    const row = { class: "clickable" + (i === S.token ? " chosen" : ""),
+      onclick: () => { S.token = i; drawDist(); drawDLA(); } };
+    box.append(
+      el("span", { ...row, class: "label " + row.class }, show(S.vocab[i])),
+      el("span", { class: "track", onclick: row.onclick },
+        el("span", { class: "ghost", style: `width:${(100 * base[i] / scale).toFixed(1)}%` }),
+        el("span", { class: "fill", style: `width:${(100 * p[i] / scale).toFixed(1)}%` })),
+      el("span", { class: "num" }, (100 * p[i]).toFixed(1) + "%"));
+  }
+  const kept = p.filter((x) => x > 0).length;
+  const H = -p.reduce((a, x) => a + (x > 0 ? x * Math.log2(x) : 0), 0);
+  $("dist-stats").textContent = `${kept} of ${p.length} tokens kept · entropy ${H.toFixed(2)} bits`;
+}
+
+// ---- direct logit attribution ----------------------------------------------------------
+function drawDLA() { return attribution().catch(failed("dla")); }
+
+let dlaTicket = 0;
+async function attribution() {
+  const ticket = ++dlaTicket;
+  const d = await api("/api/attribution", { prompt: S.prompt, pos: S.pos, token: S.token });
+  if (ticket !== dlaTicket) return;  // a newer request has been made
+  $("dla-where").textContent = `of “${show(d.text)}” after #${d.pos}`;
+  const box = $("dla"); box.textContent = "";
+  const scale = Math.max(...d.bars.map((b) => Math.abs(b.value)), Math.abs(d.total), 1e-9);
+  const bar = (name, v, cls = "") => {
+    const w = (50 * Math.abs(v) / scale).toFixed(1);
+    const left = v >= 0 ? 50 : 50 - w;
+    box.append(
+      el("span", { class: "label " + cls }, name),
+      el("span", { class: "track" }, el("span", { class: "mid", style: "left:50%" }),
+        el("span", { class: "fill " + (v >= 0 ? "pos" : "neg"), style: `left:${left}%;width:${w}%` })),
+      el("span", { class: "num " + cls }, v.toFixed(3)));
+  };
+  for (const b of d.bars) bar(b.name.replace("blocks.", "L").replace(".attn.h", " H").replace(".attn.", " attn ").replace(".mlp", " mlp"), b.value);
+  bar(`Σ = logit ${d.logit.toFixed(3)}`, d.total, "total");
+}
+
+// ---- attention -------------------------------------------------------------------------
+function paint(canvas, layer, head, size) {
+  const T = S.data.tokens.length, A = pattern(layer, head);
+  canvas.width = canvas.height = size;
+  const g = canvas.getContext("2d"), c = size / T, h = S.hover;
+  g.fillStyle = "#fff"; g.fillRect(0, 0, size, size);
+  for (let q = 0; q < T; q++) {
+    for (let k = 0; k <= q; k++) {
+      const on = h === null || q === h || k === h;
+      g.globalAlpha = on ? 1 : 0.18;
+      g.fillStyle = heat(Math.sqrt(A(q, k)));  // √p: weak attention stays visible
+      g.fillRect(k * c, q * c, Math.ceil(c), Math.ceil(c));
+    }
+  }
+  g.globalAlpha = 1;
+  if (h !== null) {
+    g.strokeStyle = "#ea580c"; g.lineWidth = Math.max(1, size / 160);
+    g.strokeRect(0, h * c, (h + 1) * c, c);
+    g.strokeRect(h * c, h * c, c, (T - h) * c);
+  }
+}
+
+function drawGrid() {
+  const grid = $("grid"), i = S.info;
+  grid.style.gridTemplateColumns = `28px repeat(${i.n_heads}, 66px)`;
+  grid.textContent = "";
+  grid.append(el("span"));
+  for (let h = 0; h < i.n_heads; h++) grid.append(el("span", { class: "hdr" }, "H" + h));
+  for (let l = 0; l < i.n_layers; l++) {
+    grid.append(el("span", { class: "hdr" }, "L" + l));
+    for (let h = 0; h < i.n_heads; h++) {
+      const c = el("canvas", { title: `layer ${l}, head ${h}`, "data-head": `${l}.${h}` });
+      if (l === S.layer && h === S.head) c.classList.add("selected");
+      c.addEventListener("click", () => selectHead(l, h));
+      paint(c, l, h, 128);
+      grid.append(c);
+    }
+  }
+}
+
+function drawBig() {
+  $("head-name").textContent = `L${S.layer}H${S.head}`;
+  const canvas = $("big"), T = S.data.tokens.length;
+  const size = 880, pad = T <= 40 ? 120 : 0, inner = size - pad;
+  const tmp = document.createElement("canvas");
+  paint(tmp, S.layer, S.head, inner);
+  canvas.width = canvas.height = size;
+  const g = canvas.getContext("2d");
+  g.fillStyle = "#fff"; g.fillRect(0, 0, size, size);
+  g.drawImage(tmp, pad, pad);
+  if (!pad) return;
+  const c = inner / T;
+  g.fillStyle = "#374151"; g.font = `${Math.min(22, c * 0.8)}px monospace`;
+  g.textBaseline = "middle";
+  S.data.tokens.forEach((t, i) => {
+    const label = show(t.text).slice(0, 6);
+    g.textAlign = "right"; g.fillText(label, pad - 8, pad + (i + 0.5) * c);
+    g.save(); g.translate(pad + (i + 0.5) * c, pad - 8); g.rotate(-Math.PI / 2);
+    g.textAlign = "left"; g.fillText(label, 0, 0); g.restore();
+  });
+}
+
+function selectHead(l, h) {
+  S.layer = l; S.head = h;
+  drawChips(); drawGrid(); drawBig(); drawScores(); drawCircuits();
+}
+
+// ---- logit lens, head scores, circuits -------------------------------------------------
+function drawLens() {
+  const t = $("lens"); t.textContent = "";
+  const head = el("tr", {}, el("th", { class: "row" }, "layer \\ token"));
+  S.data.tokens.forEach((tok, i) => head.append(el("th", { class: "col", title: `#${i}` }, show(tok.text))));
+  t.append(head);
+  for (const row of S.data.lens) {
+    const name = row.name.replace("blocks.0.resid_pre", "embed").replace(/blocks\.(\d+)\.resid_post/, "after L$1");
+    const tr = el("tr", {}, el("th", { class: "row" }, name));
+    row.cells.forEach((c) => {
+      const p = c.p[0];
+      const alts = c.top.map((x, j) => `${show(x)} ${(100 * c.p[j]).toFixed(1)}%`).join("  ");
+      tr.append(el("td", { style: `background:${heat(p)};color:${p > 0.55 ? "#fff" : "#111"}`, title: alts },
+        show(c.top[0]), el("span", { class: "p" }, (100 * p).toFixed(0) + "%")));
+    });
+    t.append(tr);
+  }
+}
+
+function drawScores() {  // one layer × head table per score; a cell selects its head
+  const box = $("scores"), i = S.info, s = i.head_scores; box.textContent = "";
+  for (const [key, title] of [["previous_token", "previous token"], ["induction", "induction"], ["duplicate_token", "duplicate token"]]) {
+    const t = el("table", { class: "scores" }, el("caption", {}, title));
+    const hdr = el("tr", {}, el("th"));
+    for (let h = 0; h < i.n_heads; h++) hdr.append(el("th", {}, "H" + h));
+    t.append(hdr);
+    for (let l = 0; l < i.n_layers; l++) {
+      const tr = el("tr", {}, el("th", {}, "L" + l));
+      for (let h = 0; h < i.n_heads; h++) {
+        const v = s[key][l][h];
+        const td = el("td", { class: "head" + (l === S.layer && h === S.head ? " selected" : ""),
+          title: `L${l}H${h} ${title}: ${v.toFixed(3)}`,
+          style: `background:${heat(v)};color:${v > 0.55 ? "#fff" : "#111"}` }, v.toFixed(2));
+        td.addEventListener("click", () => selectHead(l, h));
+        tr.append(td);
+      }
+      t.append(tr);
+    }
+    box.append(t);
+  }
+}
+
+function drawCircuits() { return circuits().catch(failed("qk")); }
+
+let circuitTicket = 0;
+async function circuits() {
+  const ticket = ++circuitTicket, l = S.layer, h = S.head;
+  const d = await api("/api/circuits", { prompt: S.prompt, layer: l, head: h });
+  if (ticket !== circuitTicket) return;
+  $("circuit-name").textContent = `of L${l}H${h}`;
+  const table = (id, title, cols, rows) => {
+    const t = $(id); t.textContent = "";
+    t.append(el("caption", {}, title), el("tr", {}, ...cols.map((c) => el("th", {}, c))));
+    for (const [a, b, v] of rows) t.append(el("tr", {}, el("td", { class: "t" }, show(a)), el("td", { class: "t" }, show(b)), el("td", { class: "v" }, v.toFixed(3))));
+  };
+  table("qk", "QK: top pairs", ["query", "key", "score"], d.qk);
+  table("ov", "OV: top pairs", ["source", "output", "logit"], d.ov);
+}
+
+// ---- generation over the API -----------------------------------------------------------
+async function generate() {
+  const btn = $("generate"), out = $("out-new");
+  btn.disabled = true; out.textContent = ""; $("out-prompt").textContent = S.prompt;
+  const body = { model: S.info.model, prompt: $("prompt").value, stream: true,
+    max_tokens: +$("max-tokens").value || 64, temperature: +$("temperature").value,
+    top_p: +$("top-p").value, seed: +$("seed").value };
+  if (+$("top-k").value) body.top_k = +$("top-k").value;
+  try {
+    const r = await fetch("/v1/completions", { method: "POST", headers: headers(), body: JSON.stringify(body) });
+    if (!r.ok) throw new Error((await r.json()).error.message);
+    const reader = r.body.getReader(), dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const line = buf.slice(0, cut); buf = buf.slice(cut + 2);
+        if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+        const chunk = JSON.parse(line.slice(6));
+        if (chunk.error) throw new Error(chunk.error.message);
+        for (const c of chunk.choices) out.textContent += c.text;
+      }
+    }
+  } catch (e) {
+    out.append(el("span", { class: "error" }, " [" + e.message + "]"));
+  } finally {
+    btn.disabled = false;
+  }
+}
+
+// ---- wiring ----------------------------------------------------------------------------
+$("prompt").addEventListener("input", schedule);
+for (const id of ["temperature", "top-k", "top-p"]) $(id).addEventListener("input", () => S.data && drawDist());
+$("generate").addEventListener("click", generate);
+$("api-key").addEventListener("change", () => { S.vocab = null; analyze(); });
+boot().catch((e) => { $("status").textContent = e.message; $("status").classList.add("error"); });

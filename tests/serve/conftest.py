@@ -1,0 +1,129 @@
+"""A live ``glassgpt serve`` on an ephemeral localhost port, over a tiny random checkpoint.
+
+The checkpoint is written as the trainer writes one and loaded back with ``glassgpt.load``;
+uvicorn runs the app in a background thread on a socket bound to 127.0.0.1:0 and is shut
+down at the end of the session.
+"""
+
+from __future__ import annotations
+
+import socket
+import string
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.tokenizer import CharTokenizer
+
+CHARS = sorted(set(string.ascii_letters + string.digits + " ,.:;!?'\n-"))
+KEY = "test-key"
+
+
+def write_checkpoint(out: Path, model: GPT, tok: CharTokenizer) -> Path:
+    """``out/ckpt/step_000001`` as ``glassgpt.train`` writes it."""
+    from glassgpt.train.checkpoint import CheckpointManager
+    from glassgpt.train.config import dump_toml
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(out / "tok.json")
+    files = {
+        "config.toml": dump_toml({"seed": 1, "model": model.config.to_dict()}).encode(),
+        "tokenizer.json": (out / "tok.json").read_bytes(),
+    }
+    CheckpointManager(out / "ckpt", keep_last=1).save(
+        1, tensors={"model.safetensors": model.state_dict()}, files=files, state={"trainer": {}}
+    )
+    return out
+
+
+def tiny_run(folder: Path, positional: str = "learned", n_ctx: int = 64) -> Path:
+    tok = CharTokenizer(CHARS, special_tokens=["<|endoftext|>"])
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_vocab=tok.n_vocab, n_ctx=n_ctx, d_model=32, n_layers=2, n_heads=4,
+                    positional=positional)  # fmt: skip
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # larger weights than the init: peaked distributions, few near-ties
+        for p in model.parameters():
+            p.normal_(0.0, 0.25)
+    return write_checkpoint(folder, model, tok)
+
+
+@dataclass
+class Server:
+    url: str
+    app: Any
+    run: Path
+
+    @property
+    def scheduler(self) -> Any:
+        return self.app.state.glassgpt.scheduler
+
+
+def start_server(app: Any) -> tuple[Any, threading.Thread, str]:
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    from glassgpt.sample.loading import load
+    from glassgpt.serve.app import create_app
+
+    run = tiny_run(tmp_path_factory.mktemp("serve") / "tiny")
+    model, tok = load(run)
+    torch.set_num_threads(1)
+    app = create_app(model, tok, name="tiny", slots=8)
+    server, thread, url = start_server(app)
+    yield Server(url, app, run)
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def oracle(live: Server) -> tuple[Any, Any]:
+    """The same checkpoint loaded again, for ``glassgpt.sample.generate`` to compare with."""
+    from glassgpt.sample.loading import load
+
+    return load(live.run)
+
+
+def request(
+    url: str, path: str, body: Any = None, *, method: str = "POST", headers: Any = None
+) -> tuple[int, Any]:
+    """(status, parsed JSON) of one request by the standard library's client."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+    conn.request(method, path, body=data,
+                 headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    try:
+        return resp.status, json.loads(raw)
+    except ValueError:
+        return resp.status, raw.decode("utf-8", "replace")

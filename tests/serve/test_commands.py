@@ -1,0 +1,37 @@
+"""``glassgpt serve``'s bad input: one line on stderr, exit status 2, no server started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from glassgpt.cli import main
+
+
+def test_serve_is_a_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--api-key" in out and "--host" in out and "127.0.0.1" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--port", "70000"], "--port"),
+        (["--max-batch", "0"], "--max-batch"),
+        (["--threads", "0"], "--threads"),
+    ],
+)
+def test_bad_flags(live: object, extra: list[str], message: str,
+                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    assert main(["serve", "--checkpoint", str(live.run), *extra]) == 2  # type: ignore[attr-defined]
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("glassgpt: error:") and message in err and "\n" not in err
+
+
+def test_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--checkpoint", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no such checkpoint" in err and "\n" not in err

@@ -1,0 +1,51 @@
+"""The slot cache: rows of different lengths decoded in one step give each row's own logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.sample.cache import KVCache
+from glassgpt.serve.slots import SlotCache
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope", "none"])
+def test_batched_steps_equal_whole_sequences(positional: str) -> None:
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_vocab=23, n_ctx=24, d_model=16, n_layers=2, n_heads=2,
+                    positional=positional)  # fmt: skip
+    model = GPT(cfg).eval()
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 23, (n,), generator=gen).tolist() for n in (3, 9, 1, 14)]
+    cache = SlotCache.for_model(model, slots=5)
+    with torch.no_grad():
+        for b, s in enumerate(seqs):
+            pre = KVCache.for_model(model, 1, len(s))
+            model(torch.tensor([s]), cache=pre)
+            cache.load(b, pre)
+        for _ in range(6):  # six batched steps; each row continues with a random token
+            new = torch.randint(0, 23, (len(seqs),), generator=gen).tolist()
+            got = model(torch.tensor(new)[:, None], cache=cache)[:, -1]  # [B, V]
+            for b, t in enumerate(new):
+                seqs[b].append(t)
+                whole = model(torch.tensor([seqs[b]]))[0, -1]
+                torch.testing.assert_close(got[b], whole, atol=2e-5, rtol=1e-4)
+    assert cache.lengths[:4].tolist() == [len(s) for s in seqs]
+
+
+def test_move_keeps_the_sequence() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_vocab=11, n_ctx=12, d_model=8, n_layers=1, n_heads=2)).eval()
+    seqs = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    cache = SlotCache.for_model(model, slots=2)
+    with torch.no_grad():
+        for b, s in enumerate(seqs):
+            pre = KVCache.for_model(model, 1, len(s))
+            model(torch.tensor([s]), cache=pre)
+            cache.load(b, pre)
+        cache.move(1, 0)  # the second sequence now alone, in slot 0
+        got = model(torch.tensor([[9]]), cache=cache)[0, -1]
+        torch.testing.assert_close(got, model(torch.tensor([[*seqs[1], 9]]))[0, -1],
+                                   atol=2e-5, rtol=1e-4)  # fmt: skip
+    assert cache.lengths[0] == 6

@@ -28,7 +28,7 @@ KEY = "test-key"
 
 def write_checkpoint(out: Path, model: GPT, tok: CharTokenizer) -> Path:
     """``out/ckpt/step_000001`` as ``glassgpt.train`` writes it."""
-    from glassgpt.train.checkpoint import CheckpointManager
+    from glassgpt.checkpoint import CheckpointManager
     from glassgpt.train.config import dump_toml
 
     out.mkdir(parents=True, exist_ok=True)

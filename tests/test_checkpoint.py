@@ -86,8 +86,10 @@ def test_rewriting_a_step_replaces_it_and_stale_temporaries_are_removed(tmp_path
     manager = CheckpointManager(root)
     save(manager, 3)
     (root / ".tmp-step_000009-123").mkdir()  # a write killed halfway by an earlier process
+    (root / ".latest.tmp-123").write_text("step_000003")  # killed before the pointer's rename
     manager = CheckpointManager(root)
     assert not (root / ".tmp-step_000009-123").exists()
+    assert not (root / ".latest.tmp-123").exists() and manager.removed == 2
     manager.save(3, tensors={}, files={"note.txt": b"new"}, state={"x": -1})
     ck = load_checkpoint(root / "step_000003")
     assert (

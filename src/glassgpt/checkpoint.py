@@ -252,11 +252,17 @@ class CheckpointManager:
     def __init__(self, root: str | Path, keep_last: int = 3) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
-        self.removed = 0  # leftovers of writes killed halfway (.tmp-*, .old-*), removed here
+        # leftovers of writes killed halfway, removed here: checkpoint folders (.tmp-*, .old-*)
+        # and the ``latest`` pointer's atomic_write temporary (.latest.tmp-*)
+        self.removed = 0
         if self.root.is_dir():
-            for stale in [*self.root.glob(".tmp-*"), *self.root.glob(".old-*")]:
-                shutil.rmtree(stale, ignore_errors=True)
-                self.removed += 1
+            for pattern in (".tmp-*", ".old-*", ".*.tmp-*"):
+                for stale in self.root.glob(pattern):
+                    if stale.is_dir():
+                        shutil.rmtree(stale, ignore_errors=True)
+                    else:
+                        stale.unlink(missing_ok=True)
+                    self.removed += 1
 
     def save(
         self,

@@ -104,6 +104,7 @@ def config_from_hf(hf: Mapping[str, Any] | Any, *, dropout: float | None = None)
             "norm": "layernorm",
             "norm_placement": "pre",
             "bias": True,
+            "unembed_bias": False,
         }
     )
 
@@ -228,7 +229,8 @@ def state_dict_from_hf(state: Mapping[str, Tensor], config: GPTConfig) -> dict[s
                 "n_vocab", f"lm_head.weight has shape {tuple(head.shape)}, expected {(V, d)}"
             )
         out["unembed.W_U"] = head.T
-    out["unembed.b_U"] = torch.zeros(V, dtype=out["embed.W_E"].dtype)
+    if c.bias and c.unembed_bias:
+        out["unembed.b_U"] = torch.zeros(V, dtype=out["embed.W_E"].dtype)
     if hf:
         raise InputFileError(f"GPT-2 weights: unexpected key {sorted(hf)[0]}")
     return out

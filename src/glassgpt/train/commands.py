@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from glassgpt.arguments import add_output, add_run_source
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -17,9 +19,11 @@ def register(subparsers: Any) -> None:
             "the same command trains with DistributedDataParallel."
         ),
     )
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--preset", metavar="NAME", help="a run preset (default: default)")
-    source.add_argument("--config", metavar="FILE", help="a TOML run config")
+    add_run_source(
+        p,
+        preset_help="a preset (default: default; glassgpt presets lists them)",
+        example="train.max_steps=500 model.n_layers=2",
+    )
     p.add_argument(
         "--data",
         metavar="PATH",
@@ -27,21 +31,18 @@ def register(subparsers: Any) -> None:
         action="extend",
         help="text files or folders, or one prepared data folder (default: the stdlib corpus)",
     )
-    p.add_argument("--out", metavar="DIR", help="run folder (default: runs/<preset>)")
-    p.add_argument(
-        "--set",
-        metavar="KEY=VALUE",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        help="override a config key, e.g. --set train.max_steps=500 model.n_layers=2",
-    )
+    add_output(p, metavar="DIR", help="run folder (default: runs/<preset>)")
     p.add_argument("--resume", metavar="DIR", help="continue a run from its latest checkpoint")
+    p.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="fine-tune: start from a glassgpt run or an HF GPT-2 folder (its weights, "
+        "architecture and tokenizer); --set may change only shape-free model fields",
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace what --out already holds (a fresh run never mixes with an old one)",
+        help="replace what --output already holds (a fresh run never mixes with an old one)",
     )
     p.set_defaults(func=_handle)
 
@@ -53,9 +54,10 @@ def _handle(args: argparse.Namespace) -> int:
         preset=args.preset,
         config_file=args.config,
         data_paths=args.data,
-        out=args.out,
+        out=args.output,
         overrides=args.overrides,
         resume=args.resume,
         argv=sys.argv,
         overwrite=args.overwrite,
+        init_from=args.init_from,
     )

@@ -16,10 +16,8 @@ import argparse
 from typing import Any
 
 
-def add_checkpoint(
-    p: argparse.ArgumentParser, *, required: bool = True, help: str | None = None
-) -> None:
-    """``-c/--checkpoint DIR`` (into ``args.checkpoint``)."""
+def add_checkpoint(p: Any, *, required: bool = True, help: str | None = None) -> None:
+    """``-c/--checkpoint DIR`` (into ``args.checkpoint``) on a parser or argument group."""
     p.add_argument(
         "-c",
         "--checkpoint",

@@ -244,7 +244,10 @@ def state_dict_to_hf(model: GPT) -> dict[str, Tensor]:
     ours = {k: v.detach() for k, v in model.state_dict().items()}
     b_U = ours.get("unembed.b_U")
     if b_U is not None and bool(b_U.any()):
-        raise GlassError("unembed.b_U is not zero: GPT-2's lm_head has no bias")
+        raise GlassError(
+            "unembed.b_U is not zero: GPT-2's lm_head has no bias (train with --set "
+            "model.unembed_bias=false to export)"
+        )
     d, dm = c.d_model, c.d_mlp or 0
     zeros = torch.zeros_like(ours["embed.W_E"][0])  # [d]
     bias = lambda key, n: ours.get(key, zeros.new_zeros(n))  # noqa: E731

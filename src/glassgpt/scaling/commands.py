@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from glassgpt.arguments import add_output, add_run_source
+
 
 def register(subparsers: Any) -> None:
     from glassgpt.scaling.grid import study_names
@@ -21,7 +23,7 @@ def register(subparsers: Any) -> None:
         metavar="FILE|NAME",
         help=f"a grid TOML file, or a built-in study: {studies}",
     )
-    p.add_argument("--output", metavar="DIR", help="the sweep folder")
+    add_output(p, metavar="DIR", help="the sweep folder")
     p.add_argument(
         "--data",
         nargs="+",
@@ -77,18 +79,7 @@ def register(subparsers: Any) -> None:
 
     q = sub.add_parser("predict", help="predict a run's loss before training it")
     q.add_argument("--law", required=True, metavar="PATH", help="law.json or its sweep folder")
-    src = q.add_mutually_exclusive_group()
-    src.add_argument("--preset", metavar="NAME", help="a run preset")
-    src.add_argument("--config", metavar="FILE", help="a TOML run config")
-    q.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config overrides",
-    )
+    add_run_source(q, example="model.n_layers=8")
     q.add_argument(
         "--tokens",
         type=float,

@@ -33,7 +33,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
+    _register_scaling(subparsers)
 
+
+def _register_scaling(subparsers: Any) -> None:
     s = subparsers.add_parser("scaling", help="fit L(N, D) to a sweep and predict loss")
     sub = s.add_subparsers(dest="scaling_command", metavar="COMMAND", required=True)
     f = sub.add_parser("fit", help="fit L(N, D) = E + A/N^alpha + B/D^beta to a sweep's runs")

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 WINDOW = 50  # steps the rate is measured over
@@ -47,6 +48,17 @@ def format_duration(seconds: float) -> str:
     s = round(seconds)
     h, m, s = s // 3600, s // 60 % 60, s % 60
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+@dataclass
+class StepClock:
+    """tok/s over the steps since the last logged one, timed on the device's own clock (a
+    GPU's events), so that reading a step late does not skew it."""
+
+    since: Any  # a device Stamp (glassgpt.train.device)
+    tokens: int
+    start: float = field(default_factory=time.perf_counter)
+    cpu_start: float = field(default_factory=time.process_time)
 
 
 class Progress:

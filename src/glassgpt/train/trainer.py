@@ -25,7 +25,6 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,7 +54,7 @@ from glassgpt.train.optim import (
     optimizer_tensors,
     set_lr,
 )
-from glassgpt.train.progress import Progress, stop_on_signals
+from glassgpt.train.progress import Progress, StepClock, stop_on_signals
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -72,17 +71,6 @@ class BatchSource(Protocol):
 
 class TrainingDiverged(GlassError):
     """The loss became NaN or infinite."""
-
-
-@dataclass
-class _Clock:
-    """tok/s over the steps since the last logged one, timed on the device's own clock (a
-    GPU's events), so that reading a step late does not skew it."""
-
-    since: Stamp
-    tokens: int
-    start: float = field(default_factory=time.perf_counter)
-    cpu_start: float = field(default_factory=time.process_time)
 
 
 class Trainer:
@@ -313,7 +301,7 @@ class Trainer:
         bar = Progress(
             cfg.max_steps, self.step, enabled=cfg.progress and self.ctx.is_main, log=self.log
         )
-        clock = _Clock(stamp(self.ctx.device), self.tokens)
+        clock = StepClock(stamp(self.ctx.device), self.tokens)
         record: dict[str, Any] = {"step": self.step}
         ended = "max_steps"
         pending: PendingStep | None = None
@@ -354,7 +342,7 @@ class Trainer:
         }
 
     def _finish(
-        self, pending: PendingStep, bar: Progress, clock: _Clock, do_eval: bool = False
+        self, pending: PendingStep, bar: Progress, clock: StepClock, do_eval: bool = False
     ) -> dict[str, Any]:
         """Read a launched step's metrics; log, evaluate and write them as due."""
         cfg = self.cfg

@@ -14,8 +14,8 @@ def register(subparsers: Any) -> None:
         "train",
         help="train a GPT on text (no arguments: a small model of the Python stdlib)",
         description=(
-            "Train a GPT. With no arguments: a character-level model of this Python's standard "
-            "library sources, a few minutes on 2 CPU cores. Under `torchrun --nproc_per_node=N` "
+            "Train a GPT. With no arguments: a byte-level BPE tokenizer (512 ids) and a small "
+            "GPT on this Python's standard library sources, a few minutes on 2 CPU cores. Under `torchrun --nproc_per_node=N` "
             "the same command trains with DistributedDataParallel."
         ),
     )

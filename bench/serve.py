@@ -47,9 +47,9 @@ def write_model(folder: Path, kind: str) -> Path:
     GPT-2 small (GPT-2's BPE from ../shared/data when present, else bytes)."""
     import torch
 
+    from glassgpt.checkpoint import CheckpointManager
     from glassgpt.model import GPT, GPTConfig
     from glassgpt.tokenizer import CharTokenizer, Tokenizer
-    from glassgpt.train.checkpoint import CheckpointManager
     from glassgpt.train.config import dump_toml
 
     if kind == "default":

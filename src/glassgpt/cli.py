@@ -10,23 +10,32 @@ bug and shows its traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Sequence
 
+from glassgpt.data import commands as data_commands
 from glassgpt.errors import GlassError
+from glassgpt.inspect import commands as inspect_commands
+from glassgpt.interop import commands as interop_commands
+from glassgpt.model import commands as model_commands
+from glassgpt.sample import commands as sample_commands
+from glassgpt.scaling import commands as scaling_commands
+from glassgpt.serve import commands as serve_commands
+from glassgpt.tokenizer import commands as tokenizer_commands
+from glassgpt.train import commands as train_commands
 from glassgpt.version import __version__
 
 COMMAND_MODULES = (
-    "glassgpt.tokenizer.commands",
-    "glassgpt.model.commands",
-    "glassgpt.data.commands",
-    "glassgpt.train.commands",
-    "glassgpt.sample.commands",
-    "glassgpt.inspect.commands",
-    "glassgpt.scaling.commands",
-    "glassgpt.serve.commands",
+    tokenizer_commands,
+    model_commands,
+    data_commands,
+    train_commands,
+    sample_commands,
+    inspect_commands,
+    scaling_commands,
+    interop_commands,
+    serve_commands,
 )
 
 
@@ -40,13 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show the traceback of an error (or GLASSGPT_DEBUG=1)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:  # a stage not built yet
-            if e.name == name:
-                continue
-            raise
+    for module in COMMAND_MODULES:
         module.register(sub)
     return parser
 

@@ -85,9 +85,9 @@ def test_model_object_loads_with_equal_logits_and_loss(shape, hf_model) -> None:
     _, loss = model(x[:, :-1], targets=x[:, 1:])
     assert abs(float(loss) - float(hf_model(x, labels=x).loss)) <= 1e-5
     assert model.config.tie_embeddings == shape[7]
-    assert sum(p.numel() for p in model.parameters()) - model.config.n_vocab == sum(
+    assert sum(p.numel() for p in model.parameters()) == sum(
         p.numel() for p in hf_model.parameters()
-    )
+    )  # no unembedding bias, as GPT-2
 
 
 @torch.no_grad()
@@ -273,7 +273,7 @@ def test_export_writes_gpt2_config_json(tmp_path) -> None:
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "gpt2" and config["architectures"] == ["GPT2LMHeadModel"]
     assert (config["resid_pdrop"], config["embd_pdrop"], config["attn_pdrop"]) == (0.1,) * 3
-    assert config_from_hf(config) == model.config
+    assert config_from_hf(config) == model.config.replace(unembed_bias=False)  # b_U = 0 dropped
 
 
 @torch.no_grad()

@@ -78,11 +78,36 @@ def test_parameter_shapes_are_the_state_dict_of_gpt(variant) -> None:
 def test_parameter_count_matches_transformers_gpt2(shape) -> None:
     hf = _hf(**shape)
     n_inner = shape.pop("n_inner", None)
-    config = GPTConfig(**{**TINY, **shape}, d_mlp=n_inner)
-    # GPT-2 has no unembedding bias: our b_U (n_vocab numbers) is the only difference.
+    config = GPTConfig(**{**TINY, **shape}, d_mlp=n_inner, unembed_bias=False)
+    # GPT-2 has no unembedding bias; with one, b_U (n_vocab numbers) is the only difference.
     hf_count = sum(p.numel() for p in hf.parameters())
-    assert count_parameters(config) - config.n_vocab == hf_count
+    assert count_parameters(config) == hf_count
+    assert count_parameters(config.replace(unembed_bias=True)) - config.n_vocab == hf_count
     assert count_parameters(config.replace(bias=False)) < hf_count
+
+
+@pytest.mark.parametrize(
+    ("preset", "n_embd", "n_layer", "n_head"),
+    [
+        ("gpt2", 768, 12, 12),
+        ("gpt2-medium", 1024, 24, 16),
+        ("gpt2-large", 1280, 36, 20),
+        ("gpt2-xl", 1600, 48, 25),
+    ],
+)
+def test_gpt2_presets_have_transformers_parameter_count(preset, n_embd, n_layer, n_head) -> None:
+    # Built on the meta device: shapes only, no memory (gpt2-xl has 1.5 billion parameters).
+    hf_config = transformers.GPT2Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head)
+    with torch.device("meta"):
+        hf = transformers.GPT2LMHeadModel(hf_config)
+    hf_count = sum(p.numel() for p in hf.parameters())  # tied lm_head counted once
+    config = GPTConfig.preset(preset)
+    assert count_parameters(config) == hf_count
+    with torch.device("meta"):
+        from glassgpt.model import GPT
+
+        ours = GPT(config)
+    assert sum(p.numel() for p in ours.parameters()) == hf_count
 
 
 def test_non_embedding_count_drops_exactly_the_embedding_matrices() -> None:

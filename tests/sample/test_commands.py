@@ -122,3 +122,24 @@ def test_generation_past_the_context_warns_once_and_slides(char_run: Run, capsys
     code, _, err = sample(capsys, "-c", str(run), "-p", "ab", "-m", "60", "--overflow", "error",
                           "--no-stop-eos")  # fmt: skip
     assert code == 2 and "exceed the model's context n_ctx=48" in err
+
+
+def test_the_sliding_window_is_said_once_before_the_text(char_run: Run) -> None:
+    import os
+    import subprocess
+    import sys
+
+    run, _, _ = char_run
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    argv = ["-c", str(run), "-p", "ab", "-m", "60", "--no-stop-eos", "--seed", "0"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "glassgpt", "sample", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one stream, as a terminal shows them
+        text=True,
+        env=env,
+        check=True,
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("glassgpt: warning: ") and "sliding the window" in lines[0]
+    assert proc.stdout.count("glassgpt: warning") == 1 and lines[1].startswith("ab")

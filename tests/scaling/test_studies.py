@@ -102,8 +102,8 @@ def test_with_data_points_every_run_at_other_data(tmp_path: Path, monkeypatch) -
     Path("corpus.txt").write_text("hello\n", encoding="utf-8")
     grid = Grid.resolve("tying").with_data(["corpus.txt"])
     assert grid.data == (str(tmp_path / "corpus.txt"),)
-    _, cfg = configs_of(grid)[0]
-    assert cfg.data.paths == (str(tmp_path / "corpus.txt"),)
+    _, run = configs_of(grid)[0]
+    assert run.config.data.paths == (str(tmp_path / "corpus.txt"),)
 
 
 def configs_of(grid: Grid):

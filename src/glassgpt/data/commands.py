@@ -13,6 +13,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from glassgpt.arguments import add_output
+
 SEPARATOR_SPECIAL = "<|endoftext|>"
 
 
@@ -38,7 +40,7 @@ def register(subparsers: Any) -> None:
         metavar="VOCAB_SIZE",
         help=f"train a byte-level BPE tokenizer (with {SEPARATOR_SPECIAL}) on the input",
     )
-    p.add_argument("--output", type=Path, required=True, metavar="DIR", help="data folder")
+    add_output(p, required=True, metavar="DIR", help="data folder")
     p.add_argument(
         "--val-fraction", type=float, default=0.1, help="last fraction of the text (0.1)"
     )
@@ -83,7 +85,7 @@ def _prepare(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer(args, files)
     data = prepare(
         files,
-        args.output,
+        Path(args.output),
         tokenizer,
         val_fraction=args.val_fraction,
         shard_tokens=args.shard_tokens,

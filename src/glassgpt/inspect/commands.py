@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from glassgpt.arguments import add_checkpoint, add_output
 from glassgpt.errors import GlassError, InputFileError
 
 
@@ -19,12 +20,12 @@ def register(sub: Any) -> None:
             "patterns, head scores, composition scores and one head's QK/OV circuits."
         ),
     )
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="checkpoint or HF folder")
+    add_checkpoint(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="the text to inspect")
     src.add_argument("--prompt-file", metavar="FILE", help="read the text from FILE (UTF-8)")
-    p.add_argument(
-        "--output", default="report.html", metavar="FILE", help="where to write the page"
+    add_output(
+        p, metavar="FILE", help="where to write the page (default: report.html in the run folder)"
     )
     p.add_argument("--layer", type=int, help="layer of the head whose circuits are detailed")
     p.add_argument("--head", type=int, help="head (in --layer) to detail; default: best induction")
@@ -57,22 +58,29 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def load_model(path: str, device: str = "cpu") -> tuple[Any, Any]:
-    """(model, tokenizer) through ``glassgpt.load``, on ``device``."""
+    """(model, tokenizer) through ``glassgpt.sample.loading.load``, on ``device``."""
     if not Path(path).exists():
         raise InputFileError(f"{path}: no such checkpoint folder")
-    import glassgpt
-    from glassgpt.sample.loading import parse_device
+    from glassgpt.sample.loading import load, parse_device
 
-    where = parse_device(device)
-    try:
-        model, tokenizer = glassgpt.load(path, device=where)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("glassgpt"):
-            raise GlassError(f"cannot load {path}: this build has no checkpoint loader") from None
-        raise
+    model, tokenizer = load(path, device=parse_device(device))
     if tokenizer is None:
         raise GlassError(f"{path}: has no tokenizer, so a text prompt cannot be encoded")
     return model, tokenizer
+
+
+def default_output(checkpoint: str | Path) -> Path:
+    """``report.html`` in the run folder of a checkpoint (or in the folder given).
+
+    >>> default_output("runs/x/ckpt/step_000100").as_posix(), default_output("hf").as_posix()
+    ('runs/x/report.html', 'hf/report.html')
+    """
+    p = Path(checkpoint)
+    if p.parent.name == "ckpt":
+        p = p.parent.parent
+    elif p.name == "ckpt":
+        p = p.parent
+    return p / "report.html"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +98,6 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         title=f"glassgpt inspect: {args.checkpoint}",
     )
-    out = write_report(args.output, html)
+    out = write_report(args.output or default_output(args.checkpoint), html)
     print(f"wrote {out} ({len(html) / 1e6:.1f} MB, {html.count('<img ')} figures)")
     return 0

@@ -11,7 +11,6 @@ Every number comes from ``glassgpt.inspect`` on the model's own forward pass.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -331,14 +330,14 @@ def _device(model: GPT) -> torch.device:
 
 
 def write_report(path: str | os.PathLike[str], html_text: str) -> Path:
-    """Write the page atomically (temp file, rename); errors name the file."""
+    """Write the page atomically (temp file, rename), with the permissions any file the user
+    writes gets (the umask's); errors name the file."""
+    from glassgpt.storage import atomic_write
+
     out = Path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html_text)
-        os.replace(tmp, out)
     except OSError as e:
         raise InputFileError(f"{out}: cannot write the report ({e.strerror or e})") from None
+    atomic_write(out, html_text.encode("utf-8"))
     return out

@@ -106,6 +106,7 @@ def config_from_hf(hf: Mapping[str, Any] | Any, *, dropout: float | None = None)
             "norm": "layernorm",
             "norm_placement": "pre",
             "bias": True,
+            "unembed_bias": False,
         }
     )
 
@@ -230,7 +231,8 @@ def state_dict_from_hf(state: Mapping[str, Tensor], config: GPTConfig) -> dict[s
                 "n_vocab", f"lm_head.weight has shape {tuple(head.shape)}, expected {(V, d)}"
             )
         out["unembed.W_U"] = head.T
-    out["unembed.b_U"] = torch.zeros(V, dtype=out["embed.W_E"].dtype)
+    if c.bias and c.unembed_bias:
+        out["unembed.b_U"] = torch.zeros(V, dtype=out["embed.W_E"].dtype)
     if hf:
         raise InputFileError(f"GPT-2 weights: unexpected key {sorted(hf)[0]}")
     return out
@@ -244,7 +246,10 @@ def state_dict_to_hf(model: GPT) -> dict[str, Tensor]:
     ours = {k: v.detach() for k, v in model.state_dict().items()}
     b_U = ours.get("unembed.b_U")
     if b_U is not None and bool(b_U.any()):
-        raise GlassError("unembed.b_U is not zero: GPT-2's lm_head has no bias")
+        raise GlassError(
+            "unembed.b_U is not zero: GPT-2's lm_head has no bias (train with --set "
+            "model.unembed_bias=false to export)"
+        )
     d, dm = c.d_model, c.d_mlp or 0
     zeros = torch.zeros_like(ours["embed.W_E"][0])  # [d]
     bias = lambda key, n: ours.get(key, zeros.new_zeros(n))  # noqa: E731

@@ -119,7 +119,7 @@ def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
             shapes["ln_final.b"] = (d,)
     if not c.tie_embeddings:
         shapes["unembed.W_U"] = (d, V)
-    if c.bias:
+    if c.bias and c.unembed_bias:
         shapes["unembed.b_U"] = (V,)
     return shapes
 
@@ -131,9 +131,9 @@ def _is_embedding(name: str) -> bool:
 def count_parameters(config: GPTConfig, *, non_embedding: bool = False) -> int:
     """N = Σ numel over the state_dict; ``non_embedding`` drops W_E, W_P, W_U and b_U (Kaplan's N).
 
-    >>> c = GPTConfig.preset("gpt2")  # GPT-2 small, plus the unembedding bias b_U
+    >>> c = GPTConfig.preset("gpt2")  # GPT-2 small: tied W_U, no b_U
     >>> count_parameters(c), count_parameters(c, non_embedding=True)
-    (124490065, 85056000)
+    (124439808, 85056000)
     """
     return sum(
         math.prod(shape)

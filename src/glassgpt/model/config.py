@@ -15,7 +15,8 @@ Variants, each one field on one code path:
   ((σ(x W_gate + b_gate) ⊙ σ'(x W_in + b_in)) W_out + b_out, σ = ``mlp_gate``,
   σ' = ``mlp_value``); ``swiglu`` (σ = silu, σ' = identity) and ``geglu`` (σ = gelu,
   σ' = identity) are the named cases.
-- ``tie_embeddings``: W_U = W_Eᵀ. ``bias``: every b_* present or absent.
+- ``tie_embeddings``: W_U = W_Eᵀ. ``bias``: every b_* present or absent; ``unembed_bias``:
+  b_U present when ``bias`` is (GPT-2 has no b_U: its presets set it false).
 - ``attn_only``: blocks without the MLP sublayer (x_out = x_mid; no ln2, no mlp weights), the
   attention-only models of the circuits literature.
 """
@@ -72,6 +73,7 @@ class GPTConfig:
     mlp_value: Activation = "sigmoid"  # σ' on the value arm x W_in + b_in (mlp = "gated")
     tie_embeddings: bool = True
     bias: bool = True
+    unembed_bias: bool = True  # b_U (only where bias is true)
     attn_only: bool = False  # no MLP sublayer in any block
     dropout: float = 0.0
     init_std: float = 0.02
@@ -192,7 +194,13 @@ ACTIVATIONS: tuple[str, ...] = (
     "identity",
 )
 
-_GPT2 = {"n_vocab": 50257, "n_ctx": 1024, "mlp": "gelu_tanh", "tie_embeddings": True}
+_GPT2 = {
+    "n_vocab": 50257,
+    "n_ctx": 1024,
+    "mlp": "gelu_tanh",
+    "tie_embeddings": True,
+    "unembed_bias": False,  # GPT-2's lm_head has no bias
+}
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": {**_GPT2, "d_model": 768, "n_layers": 12, "n_heads": 12},

@@ -102,7 +102,8 @@ def _maps(c: GPTConfig) -> Section:
     pe = {"learned": ("W_P[:n]", "W_P[{:}n]"), "sinusoidal": ("PE[:n]", "PE[{:}n]")}
     pe_u, pe_t = (f" + {pe[c.positional][i]}" if c.positional in pe else "" for i in (0, 1))
     wu = Math("W_Eᵀ", r"W_E^{\top}") if c.tie_embeddings else Math("W_U", "W_U")
-    bu, bo = (" + b_U", " + b_O") if c.bias else ("", "")
+    bu = " + b_U" if c.bias and c.unembed_bias else ""
+    bo = " + b_O" if c.bias else ""
     rows = [
         (Math("onehot", r"\operatorname{onehot}"), Math("V^n", r"\mathcal{V}^n"), X01,
          Math("X[i, t_i] = 1", r"X_{i,t_i} = 1")),
@@ -187,7 +188,7 @@ def _equations(c: GPTConfig) -> Section:
         )
     eqs += [mid, out]  # fmt: skip
     wu_u, wu_t = ("W_Eᵀ", r"W_E^{\top}") if c.tie_embeddings else ("W_U", "W_U")
-    bu = " + b_U" if b else ""
+    bu = " + b_U" if b and c.unembed_bias else ""
     nf_u, nf_t = ("N_f(x_L)", "N_f(x_L)") if c.final_norm else ("x_L", "x_L")
     eqs.append(
         Math(

@@ -97,7 +97,7 @@ class Unembed(nn.Module):
         super().__init__()
         d, v = config.d_model, config.n_vocab
         self.W_U = None if config.tie_embeddings else nn.Parameter(torch.empty(d, v))
-        self.b_U = nn.Parameter(torch.zeros(v)) if config.bias else None
+        self.b_U = nn.Parameter(torch.zeros(v)) if config.bias and config.unembed_bias else None
 
     def forward(self, x: Tensor, W_E: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, n_vocab]
         if self.W_U is None:

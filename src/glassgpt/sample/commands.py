@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from glassgpt.arguments import add_checkpoint
+
 SMALL_MODEL = 8_000_000  # parameters; below this a decoding step is too short to split
 
 
@@ -27,8 +29,7 @@ def register(subparsers: Any) -> None:
         description="Sample text from a trained glassgpt checkpoint (a run folder, its ckpt/ "
         "folder or one checkpoint folder) or an exported HF GPT-2 folder.",
     )
-    p.add_argument("--checkpoint", "-c", metavar="DIR", required=True, type=Path,
-                   help="run folder, checkpoint folder, or HF model folder")  # fmt: skip
+    add_checkpoint(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", "-p", metavar="TEXT", help="the text to continue")
     src.add_argument("--prompt-file", metavar="FILE", type=Path, help="read the prompt from FILE")
@@ -116,9 +117,12 @@ def run_sample(args: argparse.Namespace) -> int:
     import torch
 
     threads = torch.get_num_threads()  # restored at the end: main() may run in-process
+    from glassgpt.sample.generation import ContextWarning
+
     with warnings.catch_warnings():
         warnings.showwarning = show
         warnings.simplefilter("default")
+        warnings.simplefilter("ignore", ContextWarning)  # said once, before the text (_samples)
         try:
             return _run(args, prompt, opts)
         finally:
@@ -171,6 +175,7 @@ def _samples(
 
     ids = tok.encode(prompt, allowed_special="all")
     out = sys.stdout
+    _warn_overflow(model.config.n_ctx, len(ids), opts, args)
     for i in range(args.num_samples):
         if i:
             out.write("\n" + "-" * 40 + "\n")
@@ -187,6 +192,24 @@ def _samples(
         if args.stats:
             dt, n = time.perf_counter() - start, count[0]
             print(f"glassgpt: {n} tokens in {dt:.2f} s ({n / dt:.1f} tokens/s)", file=sys.stderr)
+
+
+def _warn_overflow(n_ctx: int, n_prompt: int, opts: dict[str, Any], args: Any) -> None:
+    """Once per command, before any text: the window will slide past the context."""
+    total = n_prompt + opts["max_new_tokens"]
+    if total <= n_ctx or opts["overflow"] == "error" or getattr(args, "_warned", False):
+        return
+    if n_prompt > n_ctx and opts["overflow"] != "truncate":
+        return  # an error, which names the prompt's length
+    window = min(opts["window"] or max(1, 3 * n_ctx // 4), n_ctx)
+    print(
+        f"glassgpt: warning: {n_prompt} prompt + {opts['max_new_tokens']} new tokens exceed the "
+        f"model's context n_ctx={n_ctx}: sliding the window (re-encoding the last {window} "
+        "tokens when it fills; --overflow error stops instead)",
+        file=sys.stderr,
+        flush=True,
+    )
+    args._warned = True
 
 
 def _counted(ids: Any, count: list[int]) -> Any:

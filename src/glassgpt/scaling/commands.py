@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from glassgpt.arguments import add_output, add_run_source
+
 
 def register(subparsers: Any) -> None:
     from glassgpt.scaling.grid import study_names
@@ -21,7 +23,7 @@ def register(subparsers: Any) -> None:
         metavar="FILE|NAME",
         help=f"a grid TOML file, or a built-in study: {studies}",
     )
-    p.add_argument("--output", metavar="DIR", help="the sweep folder")
+    add_output(p, metavar="DIR", help="the sweep folder")
     p.add_argument(
         "--data",
         nargs="+",
@@ -31,7 +33,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_sweep)
+    _register_scaling(subparsers)
 
+
+def _register_scaling(subparsers: Any) -> None:
     s = subparsers.add_parser("scaling", help="fit L(N, D) to a sweep and predict loss")
     sub = s.add_subparsers(dest="scaling_command", metavar="COMMAND", required=True)
     f = sub.add_parser("fit", help="fit L(N, D) = E + A/N^alpha + B/D^beta to a sweep's runs")
@@ -77,18 +82,7 @@ def register(subparsers: Any) -> None:
 
     q = sub.add_parser("predict", help="predict a run's loss before training it")
     q.add_argument("--law", required=True, metavar="PATH", help="law.json or its sweep folder")
-    src = q.add_mutually_exclusive_group()
-    src.add_argument("--preset", metavar="NAME", help="a run preset")
-    src.add_argument("--config", metavar="FILE", help="a TOML run config")
-    q.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config overrides",
-    )
+    add_run_source(q, example="model.n_layers=8")
     q.add_argument(
         "--tokens",
         type=float,

@@ -27,10 +27,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from glassgpt.config import load_toml
+from glassgpt.config import load_toml, merge
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.scaling.compute import training_flops
 from glassgpt.scaling.grid import Grid, RunSpec
+from glassgpt.storage import atomic_write
+from glassgpt.train.config import dump_toml
 
 RESULT = "result.json"
 COLUMNS = (
@@ -47,22 +49,26 @@ COLUMNS = (
 
 
 DATA = "data"
+CONFIGS = "configs"  # OUT/configs/<run>.toml: the table each run trains with
 
 
 def run_configs(grid: Grid) -> list[tuple[RunSpec, Any]]:
-    """Every run of the grid with its validated ``RunConfig``, checked before anything starts."""
-    from glassgpt.train.config import build_run_config, raw_run_config
+    """Every run of the grid with its ``ResolvedRun`` (raw table and validated RunConfig),
+    each checked before anything starts."""
+    from glassgpt.train.resolve import resolve_run
 
-    out = []
-    for run in grid.runs():
-        raw = raw_run_config(
-            preset=grid.preset,
-            config_file=grid.config,
-            data_paths=list(grid.data) or None,
-            overrides=run.set_args,
+    return [
+        (
+            run,
+            resolve_run(
+                preset=grid.preset,
+                config_file=grid.config,
+                data_paths=list(grid.data) or None,
+                overrides=run.set_args,
+            ),
         )
-        out.append((run, build_run_config(raw)))
-    return out
+        for run in grid.runs()
+    ]
 
 
 def validate(grid: Grid) -> list[RunSpec]:
@@ -116,27 +122,23 @@ def prepare_shared(out: Path, data: Any, log: Callable[[str], None] = print) -> 
     return folder
 
 
-def train_command(
-    grid: Grid, run: RunSpec, run_dir: Path, threads: int, data: Path | None = None
-) -> list[str]:
-    """The ``glassgpt train`` command line for one run (a resume if it has a checkpoint).
-
-    ``data``, a prepared folder, replaces the run's data paths (its other data keys stay in
-    its config, as a record of what the folder holds).
-    """
-    cmd = [sys.executable, "-m", "glassgpt", "train"]
-    if (run_dir / "ckpt").is_dir():
-        return [*cmd, "--resume", str(run_dir)]
-    if grid.preset:
-        cmd += ["--preset", grid.preset]
-    if grid.config:
-        cmd += ["--config", grid.config]
-    if grid.data:
-        cmd += ["--data", *grid.data]
-    sets = [*run.set_args, f"train.threads={threads}", "train.progress=false"]
+def run_table(resolved: Any, threads: int, data: Path | None = None) -> dict[str, Any]:
+    """The config table one run trains with: its resolved table, with the sweep's threads, no
+    progress bar, and ``data`` (a shared prepared folder) in place of its data paths (its
+    other data keys stay, as a record of what the folder holds)."""
+    extra: dict[str, Any] = {"train": {"threads": threads, "progress": False}}
     if data is not None:
-        sets.append(f"data.paths={json.dumps([str(data)])}")
-    return [*cmd, "--out", str(run_dir), "--set", *sets]
+        extra["data"] = {"paths": [str(data)]}
+    return merge(resolved.raw, extra)
+
+
+def train_command(run_dir: Path, config_file: Path | None) -> list[str]:
+    """The ``glassgpt train`` command line for one run: its config file, or a resume if it
+    has a checkpoint."""
+    cmd = [sys.executable, "-m", "glassgpt", "train"]
+    if (run_dir / "ckpt").is_dir() or config_file is None:
+        return [*cmd, "--resume", str(run_dir)]
+    return [*cmd, "--config", str(config_file), "--output", str(run_dir)]
 
 
 def collect(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
@@ -187,15 +189,17 @@ def run_sweep(
     configs = run_configs(grid)
     runs = [run for run, _ in configs]
     (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / CONFIGS).mkdir(exist_ok=True)
     (out / "grid.json").write_text(json.dumps([r.overrides for r in runs], indent=1), "utf-8")
     threads = max(1, (os.cpu_count() or 1) // grid.parallel)
     todo = [r for r in runs if not (out / "runs" / r.name / RESULT).is_file()]
     if len(todo) < len(runs):
         log(f"sweep: {len(runs) - len(todo)} of {len(runs)} runs already finished, skipped")
     shared: dict[str, Path | None] = {}
-    for run, cfg in configs:
+    for run, resolved in configs:
         if run in todo and not (out / "runs" / run.name / "ckpt").is_dir():
-            shared[run.name] = prepare_shared(out, cfg.data, log)
+            shared[run.name] = prepare_shared(out, resolved.config.data, log)
+    tables = {run.name: run_table(res, threads, shared.get(run.name)) for run, res in configs}
     failures: list[str] = []
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress, unit="run")
 
@@ -204,7 +208,9 @@ def run_sweep(
         if run_dir.exists() and not (run_dir / "ckpt").is_dir():
             shutil.rmtree(run_dir)  # killed before its first checkpoint: start it again
         start = time.perf_counter()
-        cmd = train_command(grid, run, run_dir, threads, shared.get(run.name))
+        config_file = out / CONFIGS / f"{run.name}.toml"
+        atomic_write(config_file, dump_toml(tables[run.name]).encode())
+        cmd = train_command(run_dir, config_file)
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "sweep.log").write_text(proc.stdout + proc.stderr, "utf-8")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from glassgpt.arguments import add_output
 from glassgpt.errors import GlassError, InputFileError
 
 
@@ -30,9 +31,7 @@ def register(subparsers: Any) -> None:
 
     t = sub.add_parser("train", help="learn a tokenizer from text files")
     t.add_argument("--input", nargs="+", required=True, metavar="PATH", help="UTF-8 text files")
-    t.add_argument(
-        "--output", required=True, metavar="PATH", help="where to write the tokenizer JSON"
-    )
+    add_output(t, required=True, help="where to write the tokenizer JSON")
     t.add_argument(
         "--kind", choices=["bpe", "char"], default="bpe", help="byte-level BPE or characters"
     )

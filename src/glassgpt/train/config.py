@@ -297,9 +297,35 @@ def load_run_config(
     return build_run_config(raw)
 
 
+# Fields that apply only to some variants: (section, field) → does it apply to this config?
+_APPLIES: dict[tuple[str, str], Any] = {
+    ("data", "vocab_size"): lambda c: c["data"]["tokenizer"] == "bpe",
+    ("model", "rope_base"): lambda c: c["model"]["positional"] == "rope",
+    ("model", "mlp_gate"): lambda c: c["model"]["mlp"] == "gated",
+    ("model", "mlp_value"): lambda c: c["model"]["mlp"] == "gated",
+    ("model", "unembed_bias"): lambda c: c["model"]["bias"],
+}
+
+
+def applicable(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A resolved config (``RunConfig.to_dict()``) without the fields its variants ignore: no
+    ``vocab_size`` for a character tokenizer, no ``rope_base`` with learned positions.
+
+    >>> shown = applicable(load_run_config(preset="cpu-tiny").to_dict())
+    >>> "vocab_size" in shown["data"], "rope_base" in shown["model"]
+    (False, False)
+    """
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in config.items()}
+    for (section, name), applies in _APPLIES.items():
+        if name in out.get(section, {}) and not applies(config):
+            del out[section][name]
+    return out
+
+
 def config_diff(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
-    """Dotted keys whose values differ between two configs: ``{key: (old, new)}``."""
-    a, b = _flatten(old.to_dict()), _flatten(new.to_dict())
+    """Dotted keys whose values differ between two configs (fields that apply to them):
+    ``{key: (old, new)}``."""
+    a, b = _flatten(applicable(old.to_dict())), _flatten(applicable(new.to_dict()))
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 

@@ -4,9 +4,38 @@ optimizer step s (log-scaled loss axis), with the learning rate η(s) below, as 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from glassgpt.train.metrics import read_metrics
+
+NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+
+
+def log_ticks(lo: float, hi: float, most: int = 8) -> list[float]:
+    """Labelled ticks for a log axis over [lo, hi]: round values (1, 1.2, 1.5, 2, … × 10^k),
+    at most ``most`` of them, evenly spread in log space, the ends always covered.
+
+    >>> log_ticks(1.2, 4.5)
+    [1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0]
+    >>> log_ticks(0.9, 11.0, most=5)
+    [0.8, 1.5, 3.0, 6.0, 12.0]
+    """
+    lo, hi = min(lo, hi), max(lo, hi)
+    if not (lo > 0 and math.isfinite(hi)):
+        return []
+    values = [
+        round(m * 10.0**k, 10)
+        for k in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+        for m in NICE
+    ]
+    below = max([v for v in values if v <= lo], default=values[0])
+    above = min([v for v in values if v >= hi], default=values[-1])
+    inside = [v for v in values if below <= v <= above]
+    if len(inside) <= most:
+        return inside
+    step = (len(inside) - 1) / (most - 1)
+    return [inside[round(i * step)] for i in range(most)]
 
 
 def plot_metrics(metrics: str | Path, output: str | Path) -> Path:
@@ -15,7 +44,7 @@ def plot_metrics(metrics: str | Path, output: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 
     records = read_metrics(metrics)
     train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
@@ -33,8 +62,13 @@ def plot_metrics(metrics: str | Path, output: str | Path) -> Path:
     ax.set_ylabel("cross-entropy (nats / token)")
     if train or val:
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        values = [v for _, v in train + val if v > 0 and math.isfinite(v)]
+        if values:  # round, labelled ticks over the whole range (log's own skip below 10)
+            ticks = log_ticks(min(values), max(values))
+            ax.yaxis.set_major_locator(FixedLocator(ticks))
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.set_ylim(ticks[0], ticks[-1])
         ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(f"{Path(metrics).parent.name}: loss")

@@ -23,12 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
-import signal
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,9 +33,18 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from glassgpt import checkpoint as ckpt
-from glassgpt.errors import ConfigError, GlassError
+from glassgpt.errors import GlassError
 from glassgpt.train import rng
 from glassgpt.train.config import TrainConfig
+from glassgpt.train.device import (  # noqa: F401  (re-exported: the trainer's public helpers)
+    PendingStep,
+    Stamp,
+    cpu_has_bf16,
+    resolve_compile,
+    resolve_precision,
+    seconds_between,
+    stamp,
+)
 from glassgpt.train.distributed import DistContext, all_reduce_mean, any_rank, gather_objects
 from glassgpt.train.metrics import MetricsLog, truncate_after
 from glassgpt.train.optim import (
@@ -49,6 +54,7 @@ from glassgpt.train.optim import (
     optimizer_tensors,
     set_lr,
 )
+from glassgpt.train.progress import Progress, StepClock, stop_on_signals
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -65,96 +71,6 @@ class BatchSource(Protocol):
 
 class TrainingDiverged(GlassError):
     """The loss became NaN or infinite."""
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has bf16 matrix instructions (Linux: the avx512_bf16 or amx_bf16 flag)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = line.split()
-                    return "avx512_bf16" in flags or "amx_bf16" in flags
-    except OSError:
-        pass
-    return False
-
-
-def resolve_precision(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
-    """(autocast dtype or None for float32, whether a GradScaler is needed).
-
-    ``auto``: bf16 on GPUs that have it, fp16 + GradScaler on older GPUs; on CPUs bf16 where
-    the processor multiplies bf16 natively (AVX512-BF16 or AMX), else fp32.
-
-    >>> resolve_precision("bf16", torch.device("cpu"))
-    (torch.bfloat16, False)
-    """
-    cuda = device.type == "cuda"
-    if precision == "auto":
-        if not cuda:
-            return (torch.bfloat16, False) if cpu_has_bf16() else (None, False)
-        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if precision == "fp32":
-        return None, False
-    if precision == "bf16":
-        if cuda and not torch.cuda.is_bf16_supported():
-            raise ConfigError("train.precision", "this GPU has no bf16; use fp16 or fp32")
-        return torch.bfloat16, False
-    if not cuda:
-        raise ConfigError("train.precision", "fp16 needs a GPU; on a CPU use bf16 or fp32")
-    return torch.float16, True
-
-
-Stamp = float | torch.cuda.Event  # a moment: time.perf_counter(), or a timing CUDA event
-
-
-def stamp(device: torch.device) -> Stamp:
-    """Now on ``device``'s clock: a recorded timing event on a GPU (when the work queued so
-    far is done), the host's time elsewhere."""
-    if device.type != "cuda":
-        return time.perf_counter()
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
-
-
-def seconds_between(a: Stamp, b: Stamp) -> float:
-    """Seconds from stamp ``a`` to stamp ``b`` (both finished)."""
-    if isinstance(a, float) or isinstance(b, float):
-        return float(b) - float(a)  # type: ignore[arg-type]
-    return a.elapsed_time(b) / 1e3
-
-
-class PendingStep:
-    """A launched optimizer step whose loss and gradient norm may still be on the device."""
-
-    def __init__(self, record: dict[str, Any], values: torch.Tensor) -> None:
-        self.record = record  # step, lr, tokens: known on the host at launch
-        self._values = values  # [loss, grad_norm]
-        self.done: Stamp | None = None  # when the device finished the step
-        if values.device.type == "cuda":
-            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-            host.copy_(values, non_blocking=True)
-            self.done = stamp(values.device)
-            self._values = host
-
-    def result(self) -> dict[str, Any]:
-        """The step's metrics, waiting for the device if it has not finished the step."""
-        if isinstance(self.done, torch.cuda.Event):
-            self.done.synchronize()
-        else:
-            self.done = time.perf_counter()
-        loss, norm = self._values.tolist()
-        return {**self.record, "loss": loss, "grad_norm": None if math.isnan(norm) else norm}
-
-
-def resolve_compile(compile: bool | None, device: torch.device) -> bool:
-    """``train.compile``: None compiles on CUDA devices (where a C compiler is present)."""
-    if compile is None:
-        return device.type == "cuda" and shutil.which("cc") is not None
-    if compile and shutil.which("c++" if device.type == "cpu" else "cc") is None:
-        raise ConfigError("train.compile", f"torch.compile on {device.type} needs a C compiler")
-    return compile
 
 
 class Trainer:
@@ -376,77 +292,27 @@ class Trainer:
             truncate_after(self.metrics.path, self.step)
 
     # -- the loop ---------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handler(signum: int, frame: Any) -> None:
-            if self._stop is not None:  # a second signal: stop now
-                raise KeyboardInterrupt
-            self._stop = signum
-
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+    def _stop_at(self, signum: int) -> None:
+        self._stop = signum
 
     def fit(self) -> dict[str, Any]:
         """Train to ``max_steps`` (or a signal); returns the last metrics and how it ended."""
-        from tqdm.auto import tqdm
-
         cfg = self.cfg
-        bar = tqdm(
-            total=cfg.max_steps,
-            initial=self.step,
-            unit="step",
-            dynamic_ncols=True,
-            mininterval=0.5 if sys.stderr.isatty() else 30.0,  # a log file gets few lines
-            disable=not (cfg.progress and self.ctx.is_main),
+        bar = Progress(
+            cfg.max_steps, self.step, enabled=cfg.progress and self.ctx.is_main, log=self.log
         )
-        write = bar.write if not bar.disable else self.log
-        start, cpu_start = time.perf_counter(), time.process_time()
-        # tok/s over the steps since the last logged one, timed on the device's own clock (a
-        # GPU's events), so that reading a step late does not skew it
-        window: list[Any] = [stamp(self.ctx.device), self.tokens]
+        clock = StepClock(stamp(self.ctx.device), self.tokens)
         record: dict[str, Any] = {"step": self.step}
         ended = "max_steps"
-
-        def finish(pending: PendingStep, do_eval: bool = False) -> dict[str, Any]:
-            """Read a launched step's metrics; log, evaluate and write them as due."""
-            record = self._checked(pending)
-            step, final = record["step"], record["step"] == cfg.max_steps
-            logged = step % cfg.log_every == 0 or do_eval or final
-            if logged:
-                now = time.perf_counter()
-                seconds = seconds_between(window[0], pending.done)  # type: ignore[arg-type]
-                tok_s = (record["tokens"] - window[1]) / max(seconds, 1e-9)
-                record.update(tok_per_s=tok_s, elapsed_s=now - start)
-                record["cpu_s"] = time.process_time() - cpu_start  # all threads
-                bar.set_postfix_str(f"loss {record['loss']:.4f}, {tok_s:,.0f} tok/s")
-            if do_eval:
-                record.update(self._eval_and_report(write))
-            if logged and self.metrics is not None:
-                self.metrics.write(record)
-            if logged:  # after an evaluation, the window opens when it is done
-                window[:] = [
-                    pending.done if not do_eval else stamp(self.ctx.device),
-                    record["tokens"],
-                ]
-            return record
-
         pending: PendingStep | None = None
         lag = self.ctx.device.type == "cuda"  # read a step's loss one step late (no stall)
-        with self._signals():
+        with stop_on_signals(self._stop_at):
             try:
                 while self.step < cfg.max_steps:
                     launched = self.launch_step()
-                    bar.update(1)
+                    bar.step(self.step)
                     if pending is not None:  # the previous step, while the device runs this one
-                        record = finish(pending)
+                        record = self._finish(pending, bar, clock)
                     pending = launched
                     final = self.step == cfg.max_steps
                     do_eval = self.eval_data is not None and (
@@ -456,15 +322,15 @@ class Trainer:
                     every = cfg.checkpoint_every
                     save = final or stop or bool(every and self.step % every == 0)
                     if do_eval or save or not lag:
-                        record, pending = finish(pending, do_eval), None
+                        record, pending = self._finish(pending, bar, clock, do_eval), None
                     if save:
                         path = self.save_checkpoint()
                         if stop:
                             ended = "signal"
-                            write(f"stopped by a signal at step {self.step}; checkpoint {path}")
+                            bar.write(f"stopped by a signal at step {self.step}; checkpoint {path}")
                             break
                 if pending is not None:
-                    record = finish(pending)
+                    record = self._finish(pending, bar, clock)
             finally:
                 bar.close()
         return {
@@ -472,8 +338,31 @@ class Trainer:
             "ended": ended,
             "signal": self._stop,
             "best_val_loss": self.best_val_loss,
-            "wall_s": time.perf_counter() - start,
+            "wall_s": time.perf_counter() - clock.start,
         }
+
+    def _finish(
+        self, pending: PendingStep, bar: Progress, clock: StepClock, do_eval: bool = False
+    ) -> dict[str, Any]:
+        """Read a launched step's metrics; log, evaluate and write them as due."""
+        cfg = self.cfg
+        record = self._checked(pending)
+        step = record["step"]
+        logged = step % cfg.log_every == 0 or do_eval or step == cfg.max_steps
+        if logged:
+            seconds = seconds_between(clock.since, pending.done)  # type: ignore[arg-type]
+            tok_s = (record["tokens"] - clock.tokens) / max(seconds, 1e-9)
+            record.update(tok_per_s=tok_s, elapsed_s=time.perf_counter() - clock.start)
+            record["cpu_s"] = time.process_time() - clock.cpu_start  # all threads
+            bar.metrics(record["loss"], tok_s)
+        if do_eval:
+            record.update(self._eval_and_report(bar.write))
+        if logged and self.metrics is not None:
+            self.metrics.write(record)
+        if logged:  # after an evaluation, the window opens when it is done
+            clock.since = pending.done if not do_eval else stamp(self.ctx.device)  # type: ignore[assignment]
+            clock.tokens = record["tokens"]
+        return record
 
     def _eval_and_report(self, write: Callable[[str], None]) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.evaluate())

@@ -1,0 +1,304 @@
+"""The steps of one training run, each a function: data → config → files → model → trainer → report.
+
+:func:`glassgpt.train.run.train_main` resolves the run and owns its folder; :func:`train`
+here composes the rest, on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from glassgpt import checkpoint as ckpt
+from glassgpt.errors import ConfigError, GlassError
+from glassgpt.storage import atomic_write
+from glassgpt.train import distributed as D
+from glassgpt.train import rng
+from glassgpt.train.config import RunConfig, applicable, dump_toml
+from glassgpt.train.init_from import InitFrom
+from glassgpt.train.inputs import RunData, check_memory, resolve_data
+from glassgpt.train.resolve import ResolvedRun
+from glassgpt.version import __version__
+
+
+@dataclass
+class Plan:
+    """A resolved run and where it goes: what ``glassgpt train`` was asked to do."""
+
+    run: ResolvedRun
+    out_dir: Path
+    checkpoint: ckpt.Checkpoint | None = None
+    init: InitFrom | None = None
+
+
+def say_on(ctx: D.DistContext) -> Any:
+    return print if ctx.is_main else (lambda *a, **k: None)
+
+
+def prepare_data(plan: Plan, ctx: D.DistContext) -> RunData:
+    """The data folder and tokenizer (rank 0 prepares; the others open what it wrote)."""
+    pre = plan.run.config
+    if plan.checkpoint is not None:
+        tok_json = plan.checkpoint.files.get("tokenizer.json")
+    else:
+        tok_json = plan.init.tokenizer_json if plan.init is not None else None
+    run_data = None
+    if ctx.is_main:
+        plan.out_dir.mkdir(parents=True, exist_ok=True)
+        print(f"glassgpt {__version__}: preparing data in {plan.out_dir}", flush=True)
+        run_data = resolve_data(
+            pre.data, plan.out_dir, tokenizer_json=tok_json, progress=pre.train.progress
+        )
+    D.barrier(ctx)
+    if run_data is None:
+        run_data = resolve_data(pre.data, plan.out_dir, tokenizer_json=tok_json, prepare=False)
+    return run_data
+
+
+def micro_batch(cfg: RunConfig, ctx: D.DistContext) -> int:
+    """Sequences per micro-step on each rank (the global batch split over ranks and steps)."""
+    from glassgpt.train.device import resolve_precision
+
+    world = ctx.world_size * cfg.train.grad_accum
+    if cfg.train.batch_size % world:
+        raise ConfigError(
+            "train.batch_size",
+            f"{cfg.train.batch_size} is not divisible by {ctx.world_size} processes × "
+            f"grad_accum={cfg.train.grad_accum}",
+        )
+    micro = cfg.train.batch_size // world
+    autocast_dtype, _ = resolve_precision(cfg.train.precision, ctx.device)
+    check_memory(cfg, micro, autocast_dtype or torch.float32, ctx.device, ctx.local_world_size)
+    return micro
+
+
+def write_run_files(
+    cfg: RunConfig, plan: Plan, run_data: RunData, ctx: D.DistContext, argv: Sequence[str] | None
+) -> str:
+    """Print and save the resolved config (only the fields that apply) and ``run.json``."""
+    shown = applicable(cfg.to_dict())
+    config_toml = dump_toml(shown)
+    if not ctx.is_main:
+        return config_toml
+    if plan.init is not None:
+        print(f"# fine-tuning {plan.init.path}: its weights, architecture and tokenizer")
+    print(config_toml, end="", flush=True)
+    atomic_write(plan.out_dir / "config.toml", config_toml.encode())
+    info = {
+        "command": list(argv) if argv is not None else sys.argv,
+        "glassgpt_version": __version__,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "world_size": ctx.world_size,
+        "device": str(ctx.device),
+        "device_name": D.device_name(ctx.device),
+        "backend": D.backend(ctx),
+        "resumed_from": str(plan.checkpoint.path) if plan.checkpoint else None,
+        "init_from": str(plan.init.path) if plan.init else None,
+        "data": str(run_data.data.path),
+        "config": shown,
+    }
+    atomic_write(plan.out_dir / "run.json", json.dumps(info, indent=1).encode())
+    return config_toml
+
+
+def build_model(cfg: RunConfig, plan: Plan, ctx: D.DistContext) -> torch.nn.Module:
+    """GPT(cfg.model), seeded; with ``--init-from``, carrying the source's weights."""
+    from glassgpt.model import GPT
+
+    rng.seed_everything(cfg.seed)
+    model = GPT(cfg.model)
+    if plan.init is not None:
+        try:
+            model.load_state_dict(plan.init.state)
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            raise GlassError(f"--init-from {plan.init.path}: weights do not fit: {first}") from None
+    if ctx.rank:
+        torch.manual_seed(cfg.seed + ctx.rank)  # distinct dropout masks per rank
+    return model
+
+
+def describe_run(
+    cfg: RunConfig, model: torch.nn.Module, run_data: RunData, ctx: D.DistContext
+) -> None:
+    """One line: parameters, data, devices, batch."""
+    n_params = sum(p.numel() for p in model.parameters())
+    train_tokens = run_data.data.split("train").tokens
+    where = f"{ctx.world_size} × {ctx.device}"
+    if ctx.device.type == "cuda":
+        where += f" ({D.device_name(ctx.device)})"
+    else:
+        where += f", {torch.get_num_threads()} threads"
+    vocab = f"n_vocab {run_data.tokenizer.n_vocab}"
+    if cfg.model.n_vocab != run_data.tokenizer.n_vocab:
+        vocab += f" (model {cfg.model.n_vocab})"
+    accum = f" in {cfg.train.grad_accum} micro-batches" if cfg.train.grad_accum > 1 else ""
+    say_on(ctx)(
+        f"model: {n_params:,} parameters | data: {train_tokens:,} train tokens, {vocab} | "
+        f"{where} | batch {cfg.train.batch_size} × {cfg.seq_len}{accum}",
+        flush=True,
+    )
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    prompt: Sequence[int],
+    n_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    n_valid: int | None = None,
+) -> list[int]:
+    """Continue ``prompt`` by ``n_tokens`` draws from softmax(logits_T / temperature), top-k.
+
+    A plain loop without a KV cache (glassgpt.sample brings the fast one); it draws from its
+    own ``generator`` so it never moves the training RNG. Only ids below ``n_valid`` (the
+    tokenizer's vocabulary, when the model's is padded) are drawn.
+    """
+    device = next(model.parameters()).device
+    n_ctx = model.config.n_ctx
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)  # [1, T]
+    for _ in range(n_tokens):
+        logits = model(ids[:, -n_ctx:])[0, -1].float() / temperature  # [n_vocab]
+        if n_valid is not None:
+            logits = logits[:n_valid]
+        if top_k is not None and top_k < logits.numel():
+            kth = torch.topk(logits, top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, -float("inf"))
+        probs = torch.softmax(logits, dim=-1)
+        nxt = torch.multinomial(probs, 1, generator=generator)  # [1]
+        ids = torch.cat([ids, nxt[None]], dim=1)
+    return ids[0, len(prompt) :].tolist()
+
+
+def _prompt_ids(tokenizer: Any, text: str, fallback: Sequence[int]) -> list[int]:
+    try:
+        ids = list(tokenizer.encode(text))
+    except (GlassError, KeyError, ValueError):
+        ids = []
+    return ids or list(fallback) or [0]
+
+
+def sampler_at_eval(cfg: RunConfig, run_data: RunData, device: torch.device) -> Any:
+    """``on_eval(model, step)``: a sample of ``train.sample_tokens`` tokens, or None."""
+    tokenizer = run_data.tokenizer
+    prompt = _prompt_ids(tokenizer, cfg.train.sample_prompt, run_data.data.meta.separator_ids)
+
+    def on_eval(m: torch.nn.Module, step: int) -> str | None:
+        if not cfg.train.sample_tokens:
+            return None
+        gen = torch.Generator(device=device).manual_seed(cfg.seed + step)
+        ids = sample(
+            m,
+            prompt,
+            cfg.train.sample_tokens,
+            temperature=cfg.train.sample_temperature,
+            top_k=cfg.train.sample_top_k,
+            generator=gen,
+            n_valid=tokenizer.n_vocab,
+        )
+        return "sample: " + tokenizer.decode(prompt + ids)
+
+    return on_eval
+
+
+def make_trainer(
+    cfg: RunConfig,
+    model: torch.nn.Module,
+    run_data: RunData,
+    micro: int,
+    ctx: D.DistContext,
+    out_dir: Path,
+    config_toml: str,
+) -> Any:
+    """The Trainer over this run's batches and validation windows."""
+    from glassgpt.data import BatchSampler, iter_eval_batches
+    from glassgpt.train.trainer import Trainer
+
+    batches = BatchSampler(
+        run_data.data,
+        "train",
+        batch_size=micro,
+        seq_len=cfg.seq_len,
+        seed=cfg.seed,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        device=ctx.device if ctx.device.type == "cuda" else None,  # pinned, asynchronous copies
+    )
+
+    def eval_data() -> Any:
+        return iter_eval_batches(
+            run_data.data,
+            "val",
+            batch_size=micro,
+            seq_len=cfg.seq_len,
+            max_batches=cfg.train.eval_batches,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+        )
+
+    return Trainer(
+        model,
+        cfg.train,
+        batches,
+        eval_data=eval_data,
+        ctx=ctx,
+        out_dir=out_dir,
+        checkpoint_files={
+            "config.toml": config_toml.encode(),
+            "tokenizer.json": run_data.tokenizer_json,
+        },
+        bytes_per_token=run_data.bytes_per_token,
+        on_eval=sampler_at_eval(cfg, run_data, ctx.device),
+    )
+
+
+def report(result: dict[str, Any], trainer: Any, out_dir: Path, ctx: D.DistContext) -> int:
+    """The loss plot and the closing line; the exit status (128 + signal when stopped)."""
+    from glassgpt.train.plots import plot_metrics
+
+    if ctx.is_main:
+        metrics = out_dir / "metrics.jsonl"
+        if metrics.exists():
+            plot_metrics(metrics, out_dir / "loss.png")
+        print(
+            f"done: step {result['step']}, loss {trainer.last_loss:.4f}, best val loss "
+            f"{result['best_val_loss']:.4f}, {result['wall_s']:.1f} s; weights in "
+            f"{out_dir / 'ckpt' / 'best'}, curves in {out_dir / 'loss.png'}"
+        )
+    if result["ended"] == "signal":
+        return 128 + int(result["signal"])
+    return 0
+
+
+def train(plan: Plan, ctx: D.DistContext, argv: Sequence[str] | None, note: Any) -> int:
+    """Data → config → files → model → trainer → fit → report."""
+    say = say_on(ctx)
+    run_data = prepare_data(plan, ctx)
+    cfg = plan.run.with_vocab(run_data.tokenizer.n_vocab)
+    micro = micro_batch(cfg, ctx)
+    config_toml = write_run_files(cfg, plan, run_data, ctx, argv)
+    model = build_model(cfg, plan, ctx)
+    describe_run(cfg, model, run_data, ctx)
+    trainer = make_trainer(cfg, model, run_data, micro, ctx, plan.out_dir, config_toml)
+    if trainer.checkpoints is not None and trainer.checkpoints.removed:
+        note(f"removed {trainer.checkpoints.removed} leftover(s) of interrupted checkpoint "
+             f"writes in {trainer.checkpoints.root}")  # fmt: skip
+    if trainer.compiled:
+        say("torch.compile: on (the first step compiles the model, about a minute)", flush=True)
+    if plan.checkpoint is not None:
+        trainer.load_checkpoint(plan.checkpoint)
+        say(f"resumed from {plan.checkpoint.path} at step {trainer.step}", flush=True)
+    return report(trainer.fit(), trainer, plan.out_dir, ctx)

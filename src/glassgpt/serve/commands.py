@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from glassgpt.arguments import add_checkpoint
+
 
 def register(subparsers: Any) -> None:
     """Add ``serve`` to the ``glassgpt`` parser."""
@@ -23,8 +25,7 @@ def register(subparsers: Any) -> None:
         "or an HF GPT-2 folder over an OpenAI-compatible API (/v1/completions, "
         "/v1/chat/completions, /v1/models), with an interactive explorer at /.",
     )
-    p.add_argument("--checkpoint", "-c", metavar="DIR", required=True, type=Path,
-                   help="run folder, checkpoint folder, or HF model folder")  # fmt: skip
+    add_checkpoint(p)
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
@@ -57,7 +58,9 @@ def run_serve(args: argparse.Namespace) -> int:
         raise GlassError(f"--max-batch: must be ≥ 1, got {args.max_batch}")
     if args.threads is not None and args.threads < 1:
         raise GlassError(f"--threads: must be ≥ 1, got {args.threads}")
-    model, tok = load(args.checkpoint, tokenizer=args.tokenizer, device=parse_device(args.device))
+    model, tok = load(
+        Path(args.checkpoint), tokenizer=args.tokenizer, device=parse_device(args.device)
+    )
     if tok is None:
         raise GlassError(f"{args.checkpoint}: has no tokenizer; pass --tokenizer FILE")
     small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL

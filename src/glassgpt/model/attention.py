@@ -78,7 +78,7 @@ class Attention(nn.Module):
         self.b_QKV: nn.Parameter | None = None
         self.b_O: nn.Parameter | None = None
         if config.bias:
-            self.b_QKV = nn.Parameter(torch.zeros(3 * H * dh))  # [3·n_heads·d_head]
+            self.b_QKV = nn.Parameter(torch.zeros(3, H, dh))  # [3, n_heads, d_head]
             self.b_O = nn.Parameter(torch.zeros(D))  # [d_model]
         self.dropout = config.dropout
         self.impl = "auto"
@@ -102,7 +102,7 @@ class Attention(nn.Module):
         """b_m [n_heads, d_head] for m in Q, K, V: a view of b_QKV (None without biases)."""
         if self.b_QKV is None:
             return None
-        return self.b_QKV.view(3, self.n_heads, self.d_head)[QKV.index(m)]
+        return self.b_QKV[QKV.index(m)]
 
     @property
     def W_Q(self) -> Tensor:
@@ -143,7 +143,8 @@ class Attention(nn.Module):
         """
         B, T, _ = x.shape
         H, dh = self.n_heads, self.d_head
-        qkv = linear(x, self.W_QKV, self.b_QKV)  # [B, T, 3·H·d_head] = x W_QKV + b_QKV
+        b_QKV = None if self.b_QKV is None else self.b_QKV.flatten()  # [3·H·d_head]
+        qkv = linear(x, self.W_QKV, b_QKV)  # [B, T, 3·H·d_head] = x W_QKV + b_QKV
         q, k, v = qkv.view(B, T, 3, H, dh).unbind(2)  # each [B, T, H, d_head]
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -196,7 +197,7 @@ def _split_qkv(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any
         state[prefix + f"W_{m}"] = W[:, i].transpose(0, 1)
     state[prefix + "W_O"] = mine["W_O"]
     if "b_QKV" in mine:
-        b = mine["b_QKV"].view(3, H, dh)
+        b = mine["b_QKV"]
         for i, m in enumerate(QKV):
             state[prefix + f"b_{m}"] = b[i]
         state[prefix + "b_O"] = mine["b_O"]
@@ -215,7 +216,33 @@ def _fuse_qkv(module: nn.Module, state: dict[str, Any], prefix: str, *_: Any) ->
             continue
         for key in keys:
             del state[key]
-        if kind == "W":
-            state[prefix + fused] = torch.stack([W.transpose(0, 1) for W in parts], 1).flatten(1)
-        else:
-            state[prefix + fused] = torch.stack(parts).flatten()  # type: ignore[arg-type]
+        state[prefix + fused] = fuse_qkv(parts)  # type: ignore[arg-type]
+
+
+def fuse_qkv(parts: list[Tensor]) -> Tensor:
+    """[W_Q, W_K, W_V] (each [n_heads, d_model, d_head]) → W_QKV [d_model, 3·n_heads·d_head],
+    or [b_Q, b_K, b_V] (each [n_heads, d_head]) → b_QKV [3, n_heads, d_head].
+
+    >>> W = [torch.full((2, 3, 4), float(i)) for i in range(3)]
+    >>> fuse_qkv(W).shape, fuse_qkv(W)[0, ::8].tolist()
+    (torch.Size([3, 24]), [0.0, 1.0, 2.0])
+    """
+    if parts[0].ndim == 3:
+        return torch.stack([W.transpose(0, 1) for W in parts], 1).flatten(1)
+    return torch.stack(parts)
+
+
+def fuse_legacy_names(names: list[str]) -> list[str]:
+    """Parameter names of a state saved with W_Q, W_K, W_V (b_Q, b_K, b_V) as parameters,
+    with each such run replaced by W_QKV (b_QKV), the parameters' order kept.
+
+    >>> fuse_legacy_names(["a.W_Q", "a.W_K", "a.W_V", "a.W_O"])
+    ['a.W_QKV', 'a.W_O']
+    """
+    out: list[str] = []
+    for name in names:
+        stem, _, leaf = name.rpartition(".")
+        if leaf in ("W_K", "W_V", "b_K", "b_V"):
+            continue
+        out.append(f"{stem}.{leaf[0]}_QKV" if leaf in ("W_Q", "b_Q") else name)
+    return out

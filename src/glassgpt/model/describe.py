@@ -122,7 +122,8 @@ def _maps(c: GPTConfig) -> Section:
     return Section("Maps", prose=prose, equations=eqs)
 
 
-def _equations(c: GPTConfig) -> Section:
+def _stream_equations(c: GPTConfig) -> list[Math]:
+    """x_0, the block of the configured norm placement, and the logits."""
     eqs: list[Math] = []
     b = c.bias
     pos = {
@@ -170,6 +171,13 @@ def _equations(c: GPTConfig) -> Section:
             rf"\mathrm{{logits}} &= {nf_t}\, {wu_t}{bu}, \quad p = \operatorname{{softmax}}(\mathrm{{logits}})",
         )
     )
+    return eqs
+
+
+def _norm_equation(c: GPTConfig) -> Math:
+    """N(x): LayerNorm or RMSNorm."""
+    eqs: list[Math] = []
+    b = c.bias
     nb_u, nb_t = (" + b", " + b") if b else ("", "")
     if c.norm == "layernorm":
         eqs.append(
@@ -185,6 +193,13 @@ def _equations(c: GPTConfig) -> Section:
                 rf"N(x) &= \frac{{x}}{{\sqrt{{\overline{{x^2}} + \epsilon}}}} \odot w, \quad \epsilon = {_tex_num(c.norm_eps)}",
             )
         )
+    return eqs[0]
+
+
+def _attention_equations(c: GPTConfig) -> list[Math]:
+    """q, k, v per head (RoPE), scores, pattern, z and Attn(x)."""
+    eqs: list[Math] = []
+    b = c.bias
     for m in "qkv":
         bm = f" + b_{m.upper()}[h]" if b else ""
         eqs.append(Math(f"{m}_h = x W_{m.upper()}[h]{bm}", rf"{m}_h &= x W_{m.upper()}[h]{bm}"))
@@ -207,6 +222,13 @@ def _equations(c: GPTConfig) -> Section:
         ),
         Math(f"Attn(x) = Σ_h z_h W_O[h]{bo}", rf"\mathrm{{Attn}}(x) &= \sum_h z_h W_O[h]{bo}"),
     ]
+    return eqs
+
+
+def _mlp_equations(c: GPTConfig) -> list[Math]:
+    """MLP(x) and its activations."""
+    eqs: list[Math] = []
+    b = c.bias
     gate, value = c.mlp_activations
     bi, bg, bout = (" + b_in", " + b_gate", " + b_out") if b else ("", "", "")
     sig = Math(
@@ -233,6 +255,13 @@ def _equations(c: GPTConfig) -> Section:
                 rf"\sigma'(x) &= {_ACT[value][1]} \quad \text{{({value.replace('_', ' ')})}}",
             ),
         ]
+    return eqs
+
+
+def _equations(c: GPTConfig) -> Section:
+    eqs = [*_stream_equations(c), _norm_equation(c), *_attention_equations(c)]
+    eqs += _mlp_equations(c)
+    b = c.bias
     prose: list[Cell] = [
         f"Variant: {c.positional} positions, {c.norm}, {c.norm_placement}-norm, MLP {c.mlp}, "
         f"{'tied' if c.tie_embeddings else 'untied'} embeddings, {'with' if b else 'no'} biases; "

@@ -33,25 +33,16 @@ def _cache(model, tokens, names=None):
 @pytest.mark.parametrize("overrides", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_identity_hooks_leave_logits_bit_identical(overrides: dict, dtype: torch.dtype) -> None:
-    """Reading (returning the input, or None) never changes the computation. Hooking
-    attn_scores or pattern selects the explicit path, so every hook at once gives the
-    explicit path's logits bit for bit; every other hook the fused path's."""
     cfg = tiny_config(**overrides)
     model = random_model(cfg, seed=1, dtype=dtype)
     tokens = random_tokens(cfg, batch=2, length=7)
-    not_pattern = [n for n in model.hook_names() if not n.endswith(("attn_scores", "pattern"))]
     with torch.no_grad():
         plain = model(tokens)
-        model.attn_impl = "explicit"
-        explicit = model(tokens)
-        model.attn_impl = "auto"
         hooked, cache = _cache(model, tokens)
-        fused_hooked, _ = _cache(model, tokens, not_pattern)
         with model.hooks(dict.fromkeys(model.hook_names(), lambda t, name: None)):
             keep_none = model(tokens)
         assert torch.equal(model(tokens), plain)  # hooks detached after the block
-    assert torch.equal(fused_hooked, plain)
-    assert torch.equal(hooked, explicit) and torch.equal(keep_none, explicit)
+    assert torch.equal(hooked, plain) and torch.equal(keep_none, plain)
     assert set(cache) == set(model.hook_names())
 
 

@@ -14,7 +14,8 @@ W_QKV = [W_Q | W_K | W_V] [d_model, 3·n_heads·d_head] (columns: q|k|v, head, d
 q, k, v for all heads come from one product x W_QKV; the state dict holds the three views
 under their own names. z comes from the kernel seam (``glassgpt.kernels.attention``, which
 never materialises the T×T pattern); the explicit path, used when ``attn_scores`` or
-``pattern`` is hooked or ``impl == "explicit"``, builds both and computes z = pattern v.
+``pattern`` is hooked or ``impl == "explicit"``, builds both and computes z = pattern v
+(hooks that only read keep the kernel's z, so reading never changes the logits).
 
 ``offset`` is the absolute position of the first query (0 without a cache): query i may see
 key j iff j ≤ offset + i, which is what a KV cache needs. With a cache (``kv``), the new keys
@@ -166,12 +167,21 @@ class Attention(nn.Module):
     def _explicit(
         self, q: Tensor, k: Tensor, v: Tensor, offset: int, p_drop: float, mask: Tensor | None
     ) -> Tensor:
-        """z = pattern v from the materialised scores and pattern, each handed to its hook."""
-        scores = self.hook_scores(attention_scores(q, k, offset, mask))  # [B, H, T_q, T_k]
-        pattern = self.hook_pattern(torch.softmax(scores, dim=-1))
+        """z = pattern v from the materialised scores and pattern, each handed to its hook.
+
+        Under ``impl == "auto"`` hooks that only read (return their input or None) leave z to
+        the kernel, so that reading never changes the logits: the pattern is then computed
+        for the hooks alone, besides the kernel's own.
+        """
+        scores = attention_scores(q, k, offset, mask)  # [B, H, T_q, T_k]
+        hooked_scores = self.hook_scores(scores)
+        pattern = torch.softmax(hooked_scores, dim=-1)
+        hooked = self.hook_pattern(pattern)
+        if self.impl != "explicit" and hooked_scores is scores and hooked is pattern:
+            return fused_attention(q, k, v, offset, p_drop, mask)
         if p_drop:
-            pattern = F.dropout(pattern, p_drop, training=True)
-        return torch.matmul(pattern.to(v.dtype), v)  # [B, H, T_q, d_head]
+            hooked = F.dropout(hooked, p_drop, training=True)
+        return torch.matmul(hooked.to(v.dtype), v)  # [B, H, T_q, d_head]
 
     def _hooked_result(self, z: Tensor, out: Tensor) -> Tensor:
         """Hand result_h = z_h W_O[h] [B, T, H, d_model] to its hook; a replacement makes

@@ -9,10 +9,7 @@ materialises (the norm scale, per-head results, attention scores and pattern) ar
 only when hooked.
 
 A hook that returns its input (or None) never changes the computation: the logits stay
-bit-identical. The one exception is a choice of path, not of values: hooking ``attn_scores``
-or ``pattern`` makes that layer compute z = pattern v from the pattern it hands to the hook
-(the explicit path, as ``attn_impl = "explicit"``), equal to the fused kernel's z to rounding.
-A hook that returns a new tensor makes everything downstream computed from it.
+bit-identical. A hook that returns a new tensor makes everything downstream computed from it.
 
 Shapes (B batch, T positions, H heads):
 

@@ -61,7 +61,7 @@ def _spy(monkeypatch, names: dict[int, str], calls: list[str]) -> None:
         fn = real(x, W, transposed)
         if fn is None:
             return None
-        return lambda x, b: (calls.append(names.get(id(W), "?")), fn(x, b))[1]
+        return lambda x, W_, b: (calls.append(names.get(id(W), "?")), fn(x, W_, b))[1]
 
     monkeypatch.setattr(dense, "_packed", packed)
 

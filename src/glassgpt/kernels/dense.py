@@ -28,7 +28,7 @@ from torch import Tensor
 
 from glassgpt.kernels.onednn import OneDNNLinear, use_onednn
 
-Product = Callable[[Tensor, Tensor | None], Tensor]  # fn(x, b) = x W + b from a packed copy
+Product = Callable[[Tensor, Tensor, Tensor | None], Tensor]  # fn(x, W, b) = x W + b, packed
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def matmul(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = 
     if _PACKED and not torch.is_grad_enabled():
         fn = _packed(x, W, transposed)
         if fn is not None:
-            return fn(x, b)
+            return fn(x, W, b)
     W2 = W.flatten(0, -2) if W.ndim > 2 else W
     if use_onednn(x, W2):
         return OneDNNLinear.apply(x, W2, b, transposed)
@@ -68,23 +68,43 @@ def matmul(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = 
 
 
 def _onednn_packed(W_out_in: Tensor) -> Product | None:
-    """``fn(x, b) = x W_out_inᵀ + b`` from oneDNN's packed copy of W [d_out, d_in], or None
-    where oneDNN cannot (checked once against F.linear on a probe input)."""
+    """``fn(x, W, b) = x W_out_inᵀ + b`` from oneDNN's packed copy of W [d_out, d_in] (the
+    live W is not read), or None where oneDNN cannot (checked once against F.linear on a
+    probe input)."""
     ops = torch.ops.mkldnn
     if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")):
         return None
     try:
         P = ops._reorder_linear_weight(W_out_in.contiguous(), 1)
 
-        def fn(x: Tensor, b: Tensor | None) -> Tensor:
+        def fn(x: Tensor, _W: Tensor, b: Tensor | None) -> Tensor:
             return ops._linear_pointwise(x, P, b, "none", [], "")
 
         probe = torch.ones(1, W_out_in.shape[1], dtype=W_out_in.dtype)
-        if not torch.allclose(fn(probe, None), F.linear(probe, W_out_in), rtol=1e-2, atol=1e-2):
+        got = fn(probe, W_out_in, None)
+        if not torch.allclose(got, F.linear(probe, W_out_in), rtol=1e-2, atol=1e-2):
             return None
     except RuntimeError:
         return None
     return fn
+
+
+def _row_major(out_in: Tensor, transposed: bool) -> Product:
+    """``fn(x, W, b) = x W + b`` reading W as a row-major [d_in, d_out] matrix: a copy where
+    W is stored the other way round, else W itself (the registry never holds W alive)."""
+    if out_in.T.is_contiguous():  # W is already [d_in, d_out] row-major
+
+        def live(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+            W2 = W.flatten(0, -2) if W.ndim > 2 else W
+            return F.linear(x, W2 if transposed else W2.T, b)
+
+        return live
+    W_io = out_in.T.contiguous()  # [d_in, d_out]
+
+    def copied(x: Tensor, _W: Tensor, b: Tensor | None) -> Tensor:
+        return F.linear(x, W_io.T, b)
+
+    return copied
 
 
 def pack(W: Tensor, *, transposed: bool = False) -> bool:
@@ -101,15 +121,8 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     with torch.inference_mode(False), torch.no_grad():
         W2 = W.flatten(0, -2) if W.ndim > 2 else W
         out_in = W2 if transposed else W2.T  # [d_out, d_in]
-        fn: Product | None
-        if W.dtype == torch.float32:
-            W_io = out_in.T.contiguous()  # [d_in, d_out]
-
-            def fn(x: Tensor, b: Tensor | None, W_io: Tensor = W_io) -> Tensor:
-                return F.linear(x, W_io.T, b)
-
-        else:
-            fn = _onednn_packed(out_in)
+        float32 = W.dtype == torch.float32
+        fn = _row_major(out_in, transposed) if float32 else _onednn_packed(out_in)
         if fn is None:
             return False
     key = id(W)

@@ -10,6 +10,8 @@ thresholds and measurements, live in :mod:`glassgpt.kernels.policy` (pure Python
 ``glassgpt.model.accounting`` asks too, so a memory estimate follows the path the kernel
 takes on the device it is made for. Packed inference weights are registered explicitly
 with :func:`pack` (``glassgpt.sample.precision.cast`` does it for an inference copy).
+``glassgpt.kernels.checks`` checks token ids without stalling a GPU (a device-side
+assertion there).
 
 Importing this package is cheap; torch loads on first use of a function.
 """

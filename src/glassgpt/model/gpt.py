@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glassgpt.errors import ConfigError, GlassError
+from glassgpt.kernels.checks import id_out_of_range
 from glassgpt.model.attention import ATTN_IMPLS, Attention
 from glassgpt.model.cache import KVCacheProtocol, LayerKV
 from glassgpt.model.config import GPTConfig
@@ -267,24 +268,10 @@ class GPT(nn.Module):
         B, T = tokens.shape
         if self.config.n_ctx < T:
             raise TokenError(f"{what}: sequence length {T} exceeds n_ctx={self.config.n_ctx}")
-        # A data-dependent check would split a compiled graph: compiled callers skip it.
-        if tokens.numel() and not torch.compiler.is_compiling():
-            lo, hi = torch.aminmax(tokens)
-            if tokens.device.type == "cuda":
-                # Reading the ids back would make the host wait for the GPU on every forward:
-                # there the check is a device-side assertion (the error surfaces at the next
-                # synchronisation). Callers with host ids (sampling, training data) check them
-                # before they are copied to the device.
-                torch._assert_async(
-                    (lo >= low) & (hi < self.config.n_vocab),
-                    f"{what}: an id is out of range [{low}, {self.config.n_vocab})",
-                )
-                return B, T
-            lo_i, hi_i = int(lo), int(hi)
-            if lo_i < low or hi_i >= self.config.n_vocab:
-                bad = lo_i if lo_i < low else hi_i
-                raise TokenError(
-                    f"{what}: id {bad} is out of range [{low}, {self.config.n_vocab}) "
-                    f"for n_vocab={self.config.n_vocab}"
-                )
+        n_vocab = self.config.n_vocab
+        bad = id_out_of_range(tokens, low, n_vocab, what)  # on a GPU: a device-side assertion
+        if bad is not None:
+            raise TokenError(
+                f"{what}: id {bad} is out of range [{low}, {n_vocab}) for n_vocab={n_vocab}"
+            )
         return B, T

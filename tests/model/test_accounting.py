@@ -12,16 +12,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from glassgpt.errors import ConfigError
 from glassgpt.model.accounting import (
-    activation_bytes,
     count_parameters,
-    estimate_training_memory,
     flops_per_token,
-    itemsize,
     parameter_shapes,
     parameter_table,
-    weight_bytes,
 )
 from glassgpt.model.config import MLPS, NORMS, PLACEMENTS, POSITIONALS, GPTConfig
+from glassgpt.model.memory import activation_bytes, estimate_training_memory, itemsize, weight_bytes
 
 transformers = pytest.importorskip("transformers")
 

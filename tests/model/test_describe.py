@@ -89,7 +89,8 @@ def test_flops_and_memory_sections_follow_the_arguments() -> None:
     md = describe(config, seq_len=128, batch_size=2)
     assert "context T = 128" in md and "B = 2, T = 128" in md
     # the figures in the tables are those of the accounting module
-    from glassgpt.model.accounting import estimate_training_memory, flops_per_token, format_bytes
+    from glassgpt.model.accounting import flops_per_token
+    from glassgpt.model.memory import estimate_training_memory, format_bytes
 
     assert f"| forward | `C_fwd` | {flops_per_token(config, 128).forward:,} |" in md
     mem = estimate_training_memory(config, 2, 128, "bfloat16")

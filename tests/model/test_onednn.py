@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glassgpt.model import onednn, reference
+from glassgpt.kernels import onednn
+from glassgpt.model import reference
 from glassgpt.model.layers import linear
 
 from .helpers import numpy_weights, random_model, random_tokens, tiny_config
@@ -83,7 +84,7 @@ def test_linear_takes_the_onednn_path_for_three_dimensional_weights(monkeypatch)
     real = onednn.OneDNNLinear.apply
     monkeypatch.setattr(onednn, "MIN_MACS", 0)
     monkeypatch.setattr(
-        "glassgpt.model.layers.OneDNNLinear.apply", lambda *a: calls.append(1) or real(*a)
+        "glassgpt.kernels.dense.OneDNNLinear.apply", lambda *a: calls.append(1) or real(*a)
     )
     z, W_O = (t.float() for t in _leaves((2, 5, 4 * 6), (4, 6, 10)))
     out = linear(z, W_O)

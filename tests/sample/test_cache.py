@@ -135,3 +135,12 @@ def test_fused_qkv_copy_follows_in_place_weight_changes() -> None:
         want = fresh(tokens)
     assert (after - before).abs().max().item() > 1e-3
     assert torch.equal(after, want)
+
+
+def test_kv_cache_implements_the_model_protocol() -> None:
+    from glassgpt.model.cache import KVCacheProtocol, LayerKV
+
+    cache = KVCache.for_model(tiny("rope"), 1)
+    assert isinstance(cache, KVCacheProtocol)
+    assert all(isinstance(layer, LayerKV) for layer in cache.layers)
+    assert not isinstance(object(), KVCacheProtocol)

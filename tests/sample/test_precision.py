@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from glassgpt import kernels
 from glassgpt.errors import ConfigError
+from glassgpt.kernels import dense
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.sample import generate
 from glassgpt.sample.precision import attach_kernels, cast, parse_dtype, perplexity
@@ -51,28 +53,41 @@ def test_float32_copy_with_kernels_equals_the_model(tie: bool) -> None:
     )
 
 
-def test_kernels_are_used_and_dropped_when_a_weight_changes() -> None:
+def _spy(monkeypatch, names: dict[int, str], calls: list[str]) -> None:
+    """Record the name of every weight whose product runs on its packed copy."""
+    real = dense._packed
+
+    def packed(x: torch.Tensor, W: torch.Tensor, transposed: bool):
+        fn = real(x, W, transposed)
+        if fn is None:
+            return None
+        return lambda x, W_, b: (calls.append(names.get(id(W), "?")), fn(x, W_, b))[1]
+
+    monkeypatch.setattr(dense, "_packed", packed)
+
+
+def test_kernels_are_used_and_dropped_when_a_weight_changes(monkeypatch) -> None:
     model = cast(model_of(), "bf16")
     W = model.blocks[0].mlp.W_in
-    if not hasattr(W, "kernel"):
+    if not kernels.is_packed(W):
         pytest.skip("this CPU has no oneDNN bf16 packed kernels (they need AVX-512 BW/VL/DQ)")
-    calls = []
-    key, fn = W.kernel
-    W.kernel = (key, lambda x, b: (calls.append(1), fn(x, b))[1])
+    calls: list[str] = []
+    _spy(monkeypatch, {id(W): "W_in"}, calls)
     logits(model, TOKENS)
-    assert calls == [1]
+    assert calls.count("W_in") == 1
     with torch.no_grad():
         W.mul_(0.5)  # in place: the packed copy is now stale and must not be used
     got = logits(model, TOKENS)
-    assert calls == [1]
+    assert calls.count("W_in") == 1 and not kernels.is_packed(W)
     fresh = cast(model_of(), "bf16", pack=False)
     with torch.no_grad():
         fresh.blocks[0].mlp.W_in.mul_(0.5)
     scale = got.abs().max().item()
     assert (got - logits(fresh, TOKENS)).abs().max().item() <= 0.02 * scale
-    with torch.enable_grad():  # training never uses a kernel
-        model.blocks[1].mlp.W_in.kernel = (model.blocks[1].mlp.W_in.kernel[0], None)
+    n = len(calls)
+    with torch.enable_grad():  # training never uses a packed copy
         model(TOKENS)
+    assert len(calls) == n
 
 
 def test_parse_dtype() -> None:
@@ -110,27 +125,17 @@ def test_bf16_perplexity_on_tinyshakespeare_is_within_one_percent(shakespeare_te
     assert abs(p16 - p32) / p32 < 0.01, (p32, p16)
 
 
-def test_every_bf16_projection_runs_on_its_packed_kernel() -> None:
+def test_every_bf16_projection_runs_on_its_packed_kernel(monkeypatch) -> None:
     model = cast(model_of(), "bf16")
     if attach_kernels(model) == 0:
         pytest.skip("oneDNN cannot pack bf16 weights on this machine")
     calls: list[str] = []
-
-    def spy(W: torch.Tensor, name: str) -> None:
-        key, fn = W.kernel
-        W.kernel = (key, lambda x, b: (calls.append(name), fn(x, b))[1])
-
-    for name, p in model.named_parameters():
-        if hasattr(p, "kernel"):
-            spy(p, name)
-    with torch.inference_mode():
-        for i, block in enumerate(model.blocks):
-            spy(block.attn.fused_qkv()[0], f"blocks.{i}.attn.qkv")
+    _spy(monkeypatch, {id(p): name for name, p in model.named_parameters()}, calls)
     generate(model, [1, 2, 3], max_new_tokens=3, temperature=0)
     per_step = {"embed.W_E"} | {
         f"blocks.{i}.{m}"
         for i in range(2)
-        for m in ("attn.qkv", "attn.W_O", "mlp.W_in", "mlp.W_out")
+        for m in ("attn.W_QKV", "attn.W_O", "mlp.W_in", "mlp.W_out")
     }
     assert set(calls) == per_step
     assert len(calls) == 3 * len(per_step)  # prefill and two decoding steps

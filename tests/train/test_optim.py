@@ -6,7 +6,13 @@ import torch
 
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.train.config import TrainConfig
-from glassgpt.train.optim import build_optimizer, lr_at, param_groups
+from glassgpt.train.optim import (
+    build_optimizer,
+    load_optimizer_tensors,
+    lr_at,
+    optimizer_tensors,
+    param_groups,
+)
 
 
 def torch_schedule(cfg: TrainConfig, steps: int) -> list[float]:
@@ -79,3 +85,42 @@ def test_adamw_step_matches_the_equations() -> None:
         # the reference takes the gradients torch computed at torch's weights
         for n, p in model.named_parameters():
             np.testing.assert_allclose(p.detach().double().numpy(), ref[n], rtol=1e-5, atol=1e-6)
+
+
+def test_optimizer_state_saved_with_separate_qkv_parameters_still_loads() -> None:
+    """A checkpoint from before W_Q, W_K, W_V became views of W_QKV names the three (and
+    b_Q, b_K, b_V) in its optimizer state: their moments load fused, as the parameters are."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_vocab=20, n_ctx=8, d_model=16, n_layers=2, n_heads=2))
+    opt = build_optimizer(model, TrainConfig())
+    tokens = torch.randint(0, 20, (2, 8))
+    model(tokens, tokens)[1].backward()
+    opt.step()
+    tensors, groups = optimizer_tensors(opt)
+    legacy: dict[str, torch.Tensor] = {}
+    for key, t in tensors.items():  # split each fused moment into the three it was saved as
+        name, _, field = key.rpartition(".")
+        stem, _, leaf = name.rpartition(".")
+        if leaf not in ("W_QKV", "b_QKV"):
+            legacy[key] = t
+            continue
+        for i, m in enumerate("QKV"):
+            if t.ndim == 0:  # the step count
+                part = t
+            elif leaf == "W_QKV":  # [d_model, 3·H·d_head] → W_m [H, d_model, d_head]
+                part = t.view(16, 3, 2, 8)[:, i].transpose(0, 1)
+            else:  # [3, H, d_head] → b_m [H, d_head]
+                part = t[i]
+            legacy[f"{stem}.{leaf[0]}_{m}.{field}"] = part
+    legacy_groups = []
+    for g in groups:
+        names = []
+        for n in g["names"]:
+            stem, _, leaf = n.rpartition(".")
+            names += [f"{stem}.{leaf[0]}_{m}" for m in "QKV"] if leaf.endswith("QKV") else [n]
+        legacy_groups.append({**g, "names": names})
+    fresh = build_optimizer(model, TrainConfig())
+    load_optimizer_tensors(fresh, legacy, legacy_groups)
+    for p in model.parameters():
+        for field, value in opt.state[p].items():
+            assert torch.equal(fresh.state[p][field], value), field

@@ -137,7 +137,7 @@ def _rotate(model: GPT, q: Tensor, distance: int) -> Tensor:
     n_ctx = model.config.n_ctx
     if not isinstance(distance, int) or not 0 <= distance < n_ctx:
         raise GlassError(f"distance {distance} is out of range 0..{n_ctx - 1} (n_ctx={n_ctx})")
-    cos, sin = model.rotary(1, offset=distance)  # type: ignore[misc]  # each [1, d_head/2]
+    cos, sin = model.rotary(1, distance, device=q.device)  # type: ignore[misc]  # [1, d_head/2]
     flat = q.reshape(1, 1, -1, q.shape[-1])  # [1, T=1, rows as heads, d_head]
     return apply_rope(flat, cos.to(q.dtype), sin.to(q.dtype)).reshape(q.shape)
 

@@ -9,10 +9,13 @@ For each head h (row vectors, x [T, d_model]):
     z           = pattern v                                                  [T, d_head]
     Attn(x)     = Σ_h z_h W_O[h] + b_O                                       [T, d_model]
 
-The code computes q, k, v for all heads with one matmul against the fused matrix
-[W_Q | W_K | W_V] reshaped to [d_model, 3·n_heads·d_head], and z with PyTorch's fused
-``scaled_dot_product_attention`` (never materialising the T×T pattern). The explicit path,
-used when ``attn_scores`` or ``pattern`` is hooked or ``impl == "explicit"``, builds both.
+W_Q, W_K and W_V [n_heads, d_model, d_head] are views of one parameter
+W_QKV = [W_Q | W_K | W_V] [d_model, 3·n_heads·d_head] (columns: q|k|v, head, d_head), so
+q, k, v for all heads come from one product x W_QKV; the state dict holds the three views
+under their own names. z comes from the kernel seam (``glassgpt.kernels.attention``, which
+never materialises the T×T pattern); the explicit path, used when ``attn_scores`` or
+``pattern`` is hooked or ``impl == "explicit"``, builds both and computes z = pattern v
+(hooks that only read keep the kernel's z, so reading never changes the logits).
 
 ``offset`` is the absolute position of the first query (0 without a cache): query i may see
 key j iff j ≤ offset + i, which is what a KV cache needs. With a cache (``kv``), the new keys
@@ -23,27 +26,20 @@ batch passes its own boolean ``mask`` (True = may attend) instead of the causal 
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from glassgpt.model.accounting import EXPLICIT_MAX_KEYS, SMALL_HEAD
+from glassgpt.kernels.sdpa import attention as fused_attention
+from glassgpt.model.cache import LayerKV
 from glassgpt.model.config import GPTConfig
-from glassgpt.model.hooks import Hooks, run_hook
+from glassgpt.model.hooks import HookPoint, Hooks
 from glassgpt.model.layers import apply_rope, linear
 
 ATTN_IMPLS: tuple[str, ...] = ("auto", "explicit")
-
-
-class LayerKV(Protocol):
-    """One layer's view of a KV cache (``glassgpt.sample.cache.KVCache`` provides it)."""
-
-    offset: int  # positions cached before this step
-    mask: Tensor | None  # bool [B, 1, T_q, offset + T_q] (True = may attend), or None: causal
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+QKV = ("Q", "K", "V")
 
 
 def causal_mask(t_q: int, t_k: int, offset: int = 0, device: torch.device | None = None) -> Tensor:
@@ -69,116 +65,71 @@ def attention_scores(q: Tensor, k: Tensor, offset: int = 0, mask: Tensor | None 
     return scores.masked_fill(hidden, float("-inf"))
 
 
-def _cpu_bf16(q: Tensor) -> bool:
-    """q is bf16, or CPU autocast would make the attention kernel bf16."""
-    if q.dtype == torch.bfloat16:
-        return True
-    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-
-
-def fused_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    offset: int = 0,
-    dropout_p: float = 0.0,
-    mask: Tensor | None = None,
-) -> Tensor:
-    """softmax(q kᵀ/√d_head + M) v by the fused kernel; q, k, v [B, H, T, d_head] → z [B, H, T_q, d_head].
-
-    ``mask`` (bool, True = may attend) replaces the causal mask (a padded batch). On CPUs,
-    bf16 heads narrower than 64 take the explicit product up to 128 keys.
-    """
-    if q.device.type == "cpu" and q.shape[-1] < SMALL_HEAD and _cpu_bf16(q):
-        # bf16 CPU heads narrower than 64 avoid PyTorch's bf16 fused kernel (~3x slower than
-        # its float32 one here). Up to 128 keys they take the explicit product in bf16 with the
-        # softmax in float32 (fwd+bwd at B 24, H 4, T 64, d_head 32: 1.4 ms against the float32
-        # kernel's 3.2; in a whole training step 4-8% faster), longer ones the float32 fused
-        # kernel. (In float32 the explicit product measured faster alone but slower inside a
-        # training step.)
-        if mask is None and dropout_p == 0.0 and k.shape[-2] <= EXPLICIT_MAX_KEYS:
-            pattern = torch.softmax(attention_scores(q, k, offset).float(), dim=-1)
-            return torch.matmul(pattern.to(v.dtype), v).to(torch.bfloat16)
-        with torch.autocast("cpu", enabled=False):
-            z = fused_attention(q.float(), k.float(), v.float(), offset, dropout_p, mask)
-        return z.to(torch.bfloat16)
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    if mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    if offset == 0 and t_q == t_k:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    if t_q == 1 and offset >= t_k - 1:  # one new query after every key: nothing to hide
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    allowed = ~causal_mask(t_q, t_k, offset, device=q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-
-
 class Attention(nn.Module):
-    """Multi-head causal self-attention with parameters W_Q, W_K, W_V, W_O (and b_*)."""
+    """Multi-head causal self-attention with parameters W_QKV (viewed as W_Q, W_K, W_V), W_O
+    (and b_QKV viewed as b_Q, b_K, b_V, and b_O)."""
 
     def __init__(self, config: GPTConfig, hooks: Hooks, name: str) -> None:
         super().__init__()
         H, D, dh = config.n_heads, config.d_model, config.d_head
         assert dh is not None
-        self.n_heads, self.d_head = H, dh
-        self.W_Q = nn.Parameter(torch.empty(H, D, dh))  # [n_heads, d_model, d_head]
-        self.W_K = nn.Parameter(torch.empty(H, D, dh))
-        self.W_V = nn.Parameter(torch.empty(H, D, dh))
+        self.n_heads, self.d_model, self.d_head = H, D, dh
+        self.W_QKV = nn.Parameter(torch.empty(D, 3 * H * dh))  # [d_model, 3·n_heads·d_head]
         self.W_O = nn.Parameter(torch.empty(H, dh, D))  # [n_heads, d_head, d_model]
-        self.b_Q: nn.Parameter | None
-        self.b_K: nn.Parameter | None
-        self.b_V: nn.Parameter | None
-        self.b_O: nn.Parameter | None
+        self.b_QKV: nn.Parameter | None = None
+        self.b_O: nn.Parameter | None = None
         if config.bias:
-            self.b_Q = nn.Parameter(torch.zeros(H, dh))  # [n_heads, d_head]
-            self.b_K = nn.Parameter(torch.zeros(H, dh))
-            self.b_V = nn.Parameter(torch.zeros(H, dh))
+            self.b_QKV = nn.Parameter(torch.zeros(3, H, dh))  # [3, n_heads, d_head]
             self.b_O = nn.Parameter(torch.zeros(D))  # [d_model]
-        else:
-            self.b_Q = self.b_K = self.b_V = self.b_O = None
         self.dropout = config.dropout
         self.impl = "auto"
-        self._qkv_cache: tuple[tuple, Tensor, Tensor | None] | None = None
-        self.hooks = hooks
-        self.hook_q, self.hook_k, self.hook_v = (f"{name}.{s}" for s in "qkv")
-        self.hook_scores, self.hook_pattern = f"{name}.attn_scores", f"{name}.pattern"
-        self.hook_z, self.hook_result = f"{name}.z", f"{name}.result"
+        point = lambda site: HookPoint(hooks, f"{name}.{site}")  # noqa: E731
+        self.hook_q, self.hook_k, self.hook_v = point("q"), point("k"), point("v")
+        self.hook_scores, self.hook_pattern = point("attn_scores"), point("pattern")
+        self.hook_z, self.hook_result = point("z"), point("result")
+        self.register_state_dict_post_hook(_split_qkv)
+        self.register_load_state_dict_pre_hook(_fuse_qkv)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, d_head={self.d_head}, impl={self.impl}"
 
-    def fused_qkv(self) -> tuple[Tensor, Tensor | None]:
-        """[W_Q | W_K | W_V] as one [d_model, 3·n_heads·d_head] matrix (columns: q|k|v, head,
-        d_head) and the matching bias, in the autocast dtype when autocast is on.
+    # -- W_Q, W_K, W_V (and their biases) as views of the fused parameters --------------------
+    def qkv_weight(self, m: str) -> Tensor:
+        """W_m [n_heads, d_model, d_head] for m in Q, K, V: a view of W_QKV."""
+        W = self.W_QKV.view(self.d_model, 3, self.n_heads, self.d_head)
+        return W[:, QKV.index(m)].transpose(0, 1)
 
-        Without autograd (``torch.no_grad``/inference) the result is cached until a weight
-        changes (its version counter or storage); change weights through ``p.copy_`` under
-        ``torch.no_grad()`` or an optimizer, not through ``p.data``, which autograd and this
-        cache cannot see.
-        """
-        params: list[Tensor] = [self.W_Q, self.W_K, self.W_V]
-        if self.b_Q is not None and self.b_K is not None and self.b_V is not None:
-            params += [self.b_Q, self.b_K, self.b_V]
-        device = self.W_Q.device.type
-        dtype = self.W_Q.dtype
-        if torch.is_autocast_enabled(device) and dtype != torch.float64:  # autocast skips float64
-            dtype = torch.get_autocast_dtype(device)
-        tracked = torch.is_grad_enabled() and any(p.requires_grad for p in params)
-        key = None
-        if not tracked and not torch.compiler.is_compiling():  # a compiled graph stacks
-            inference = torch.is_inference_mode_enabled()
-            key = (dtype, inference, *((p.data_ptr(), p._version) for p in params))
-            if self._qkv_cache is not None and self._qkv_cache[0] == key:
-                return self._qkv_cache[1], self._qkv_cache[2]
-        self._qkv_cache = None
-        # Cast each weight first (autocast would cast the stacked matrix anyway), then stack:
-        # [d_model, 3, H, d_head] is contiguous, so the flatten is a view.
-        W = torch.stack([W.permute(1, 0, 2).to(dtype) for W in params[:3]], dim=1).flatten(1)
-        b = torch.stack(params[3:]).flatten().to(dtype) if len(params) > 3 else None
-        if key is not None:
-            self._qkv_cache = (key, W, b)
-        return W, b
+    def qkv_bias(self, m: str) -> Tensor | None:
+        """b_m [n_heads, d_head] for m in Q, K, V: a view of b_QKV (None without biases)."""
+        if self.b_QKV is None:
+            return None
+        return self.b_QKV[QKV.index(m)]
 
+    @property
+    def W_Q(self) -> Tensor:
+        return self.qkv_weight("Q")
+
+    @property
+    def W_K(self) -> Tensor:
+        return self.qkv_weight("K")
+
+    @property
+    def W_V(self) -> Tensor:
+        return self.qkv_weight("V")
+
+    @property
+    def b_Q(self) -> Tensor | None:
+        return self.qkv_bias("Q")
+
+    @property
+    def b_K(self) -> Tensor | None:
+        return self.qkv_bias("K")
+
+    @property
+    def b_V(self) -> Tensor | None:
+        return self.qkv_bias("V")
+
+    # -- the function ---------------------------------------------------------------------------
     def forward(
         self,
         x: Tensor,
@@ -192,55 +143,116 @@ class Attention(nn.Module):
         ``update(k, v)`` → every cached key and value [B, H, offset + T, d_head], these included.
         """
         B, T, _ = x.shape
-        H, dh, hooks = self.n_heads, self.d_head, self.hooks
-        W_qkv, b_qkv = self.fused_qkv()
-        qkv = linear(x, W_qkv, b_qkv)  # [B, T, 3·H·d_head]
+        H, dh = self.n_heads, self.d_head
+        b_QKV = None if self.b_QKV is None else self.b_QKV.flatten()  # [3·H·d_head]
+        qkv = linear(x, self.W_QKV, b_QKV)  # [B, T, 3·H·d_head] = x W_QKV + b_QKV
         q, k, v = qkv.view(B, T, 3, H, dh).unbind(2)  # each [B, T, H, d_head]
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if hooks:
-            q = run_hook(hooks, self.hook_q, q)
-            k = run_hook(hooks, self.hook_k, k)
-            v = run_hook(hooks, self.hook_v, v)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         q_BHTD, k_BHTD, v_BHTD = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         mask = None
         if kv is not None:
             offset, mask = kv.offset, kv.mask
             k_BHTD, v_BHTD = kv.update(k_BHTD, v_BHTD)  # [B, H, offset + T, d_head]
         p_drop = self.dropout if self.training else 0.0
-        if self.impl == "explicit" or (
-            hooks and (self.hook_scores in hooks or self.hook_pattern in hooks)
-        ):
+        if self.impl == "explicit" or self.hook_scores.active or self.hook_pattern.active:
             z_BHTD = self._explicit(q_BHTD, k_BHTD, v_BHTD, offset, p_drop, mask)
         else:
             z_BHTD = fused_attention(q_BHTD, k_BHTD, v_BHTD, offset, p_drop, mask)
-        z = z_BHTD.transpose(1, 2)  # [B, T, H, d_head]
-        if hooks:
-            z = run_hook(hooks, self.hook_z, z)
-        out = linear(z.reshape(B, T, H * dh), self.W_O, self.b_O)
-        if hooks and self.hook_result in hooks:
-            out = self._hooked_result(z, out)
-        return out  # [B, T, d_model]
+        z = self.hook_z(z_BHTD.transpose(1, 2))  # [B, T, H, d_head]
+        out = linear(z.reshape(B, T, H * dh), self.W_O, self.b_O)  # [B, T, d_model]
+        return self._hooked_result(z, out) if self.hook_result.active else out
 
     def _explicit(
         self, q: Tensor, k: Tensor, v: Tensor, offset: int, p_drop: float, mask: Tensor | None
     ) -> Tensor:
-        """z from the materialised scores and pattern, each handed to its hook."""
+        """z = pattern v from the materialised scores and pattern, each handed to its hook.
+
+        Under ``impl == "auto"`` hooks that only read (return their input or None) leave z to
+        the kernel, so that reading never changes the logits: the pattern is then computed
+        for the hooks alone, besides the kernel's own.
+        """
         scores = attention_scores(q, k, offset, mask)  # [B, H, T_q, T_k]
-        hooked_scores = run_hook(self.hooks, self.hook_scores, scores) if self.hooks else scores
+        hooked_scores = self.hook_scores(scores)
         pattern = torch.softmax(hooked_scores, dim=-1)
-        hooked = run_hook(self.hooks, self.hook_pattern, pattern) if self.hooks else pattern
+        hooked = self.hook_pattern(pattern)
         if self.impl != "explicit" and hooked_scores is scores and hooked is pattern:
-            # Only read: keep the fused kernel's z, so reading never changes the logits.
             return fused_attention(q, k, v, offset, p_drop, mask)
         if p_drop:
             hooked = F.dropout(hooked, p_drop, training=True)
         return torch.matmul(hooked.to(v.dtype), v)  # [B, H, T_q, d_head]
 
     def _hooked_result(self, z: Tensor, out: Tensor) -> Tensor:
-        result = torch.einsum("bthd,hdm->bthm", z, self.W_O)  # [B, T, H, d_model]
-        new = run_hook(self.hooks, self.hook_result, result)
+        """Hand result_h = z_h W_O[h] [B, T, H, d_model] to its hook; a replacement makes
+        Attn(x) = Σ_h result_h + b_O, an unchanged result keeps ``out``."""
+        result = torch.einsum("bthd,hdm->bthm", z, self.W_O)
+        new = self.hook_result(result)
         if new is result:
             return out
         out = new.sum(2)
         return out if self.b_O is None else out + self.b_O
+
+
+def _split_qkv(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any) -> None:
+    """State-dict post-hook: W_QKV (b_QKV) leave as their views W_Q, W_K, W_V (b_Q, b_K, b_V),
+    the names and shapes of the checkpoint format."""
+    attn = module if isinstance(module, Attention) else None
+    assert attn is not None
+    mine = {key: state.pop(prefix + key) for key in ("W_QKV", "W_O", "b_QKV", "b_O")
+            if prefix + key in state}  # fmt: skip
+    D, H, dh = attn.d_model, attn.n_heads, attn.d_head
+    W = mine["W_QKV"].view(D, 3, H, dh)
+    for i, m in enumerate(QKV):
+        state[prefix + f"W_{m}"] = W[:, i].transpose(0, 1)
+    state[prefix + "W_O"] = mine["W_O"]
+    if "b_QKV" in mine:
+        b = mine["b_QKV"]
+        for i, m in enumerate(QKV):
+            state[prefix + f"b_{m}"] = b[i]
+        state[prefix + "b_O"] = mine["b_O"]
+
+
+def _fuse_qkv(module: nn.Module, state: dict[str, Any], prefix: str, *_: Any) -> None:
+    """Load-state-dict pre-hook: W_Q, W_K, W_V (b_Q, b_K, b_V) of the model's shapes are
+    written into W_QKV (b_QKV); others are left for ``load_state_dict`` to report."""
+    attn = module if isinstance(module, Attention) else None
+    assert attn is not None
+    D, H, dh = attn.d_model, attn.n_heads, attn.d_head
+    for kind, shape, fused in (("W", (H, D, dh), "W_QKV"), ("b", (H, dh), "b_QKV")):
+        keys = [prefix + f"{kind}_{m}" for m in QKV]
+        parts = [state.get(key) for key in keys]
+        if any(not isinstance(t, Tensor) or tuple(t.shape) != shape for t in parts):
+            continue
+        for key in keys:
+            del state[key]
+        state[prefix + fused] = fuse_qkv(parts)  # type: ignore[arg-type]
+
+
+def fuse_qkv(parts: list[Tensor]) -> Tensor:
+    """[W_Q, W_K, W_V] (each [n_heads, d_model, d_head]) → W_QKV [d_model, 3·n_heads·d_head],
+    or [b_Q, b_K, b_V] (each [n_heads, d_head]) → b_QKV [3, n_heads, d_head].
+
+    >>> W = [torch.full((2, 3, 4), float(i)) for i in range(3)]
+    >>> fuse_qkv(W).shape, fuse_qkv(W)[0, ::8].tolist()
+    (torch.Size([3, 24]), [0.0, 1.0, 2.0])
+    """
+    if parts[0].ndim == 3:
+        return torch.stack([W.transpose(0, 1) for W in parts], 1).flatten(1)
+    return torch.stack(parts)
+
+
+def fuse_legacy_names(names: list[str]) -> list[str]:
+    """Parameter names of a state saved with W_Q, W_K, W_V (b_Q, b_K, b_V) as parameters,
+    with each such run replaced by W_QKV (b_QKV), the parameters' order kept.
+
+    >>> fuse_legacy_names(["a.W_Q", "a.W_K", "a.W_V", "a.W_O"])
+    ['a.W_QKV', 'a.W_O']
+    """
+    out: list[str] = []
+    for name in names:
+        stem, _, leaf = name.rpartition(".")
+        if leaf in ("W_K", "W_V", "b_K", "b_V"):
+            continue
+        out.append(f"{stem}.{leaf[0]}_QKV" if leaf in ("W_Q", "b_Q") else name)
+    return out

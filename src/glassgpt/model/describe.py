@@ -4,48 +4,23 @@ f = softmax ∘ U ∘ N_f ∘ B_L ∘ ⋯ ∘ B_1 ∘ E ∘ onehot, each map wit
 shapes, the block equations of the configured variants, the parameter table, FLOPs per token
 and training memory (from :mod:`glassgpt.model.accounting`). The document is built once as
 equations that carry both a Unicode form and a LaTeX form, then rendered as Markdown (Unicode
-equations in text blocks, readable in a terminal) or as a standalone LaTeX document (align*).
+equations in text blocks, readable in a terminal) or as a standalone LaTeX document (align*)
+(the document's parts and both renderers: :mod:`glassgpt.model.document`).
 Pure Python: no torch import.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
 
 from glassgpt.errors import ConfigError
-from glassgpt.model.accounting import (
-    count_parameters,
-    estimate_training_memory,
-    flops_per_token,
-    format_bytes,
-    parameter_table,
-    weight_bytes,
-)
+from glassgpt.model.accounting import count_parameters, flops_per_token, parameter_table
 from glassgpt.model.config import GPTConfig
+from glassgpt.model.document import Cell, Math, Section, latex, markdown
+from glassgpt.model.memory import estimate_training_memory, format_bytes, weight_bytes
 
 Format = Literal["markdown", "latex"]
 FORMATS: tuple[str, ...] = ("markdown", "latex")
-
-
-@dataclass(frozen=True)
-class Math:
-    """One formula in two notations; ``tex`` may hold ``&`` alignment points."""
-
-    text: str
-    tex: str
-
-
-Cell = str | Math
-
-
-@dataclass
-class Section:
-    title: str
-    prose: list[Cell] = field(default_factory=list)  # a paragraph: text and inline formulas
-    equations: list[Math] = field(default_factory=list)
-    header: tuple[str, ...] = ()
-    rows: list[tuple[Cell, ...]] = field(default_factory=list)
 
 
 def _R(*dims: int | str) -> Math:
@@ -148,7 +123,8 @@ def _maps(c: GPTConfig) -> Section:
     return Section("Maps", prose=prose, equations=eqs)
 
 
-def _equations(c: GPTConfig) -> Section:
+def _stream_equations(c: GPTConfig) -> list[Math]:
+    """x_0, the block of the configured norm placement, and the logits."""
     eqs: list[Math] = []
     b = c.bias
     pos = {
@@ -196,6 +172,13 @@ def _equations(c: GPTConfig) -> Section:
             rf"\mathrm{{logits}} &= {nf_t}\, {wu_t}{bu}, \quad p = \operatorname{{softmax}}(\mathrm{{logits}})",
         )
     )
+    return eqs
+
+
+def _norm_equation(c: GPTConfig) -> Math:
+    """N(x): LayerNorm or RMSNorm."""
+    eqs: list[Math] = []
+    b = c.bias
     nb_u, nb_t = (" + b", " + b") if b else ("", "")
     if c.norm == "layernorm":
         eqs.append(
@@ -211,6 +194,13 @@ def _equations(c: GPTConfig) -> Section:
                 rf"N(x) &= \frac{{x}}{{\sqrt{{\overline{{x^2}} + \epsilon}}}} \odot w, \quad \epsilon = {_tex_num(c.norm_eps)}",
             )
         )
+    return eqs[0]
+
+
+def _attention_equations(c: GPTConfig) -> list[Math]:
+    """q, k, v per head (RoPE), scores, pattern, z and Attn(x)."""
+    eqs: list[Math] = []
+    b = c.bias
     for m in "qkv":
         bm = f" + b_{m.upper()}[h]" if b else ""
         eqs.append(Math(f"{m}_h = x W_{m.upper()}[h]{bm}", rf"{m}_h &= x W_{m.upper()}[h]{bm}"))
@@ -233,6 +223,13 @@ def _equations(c: GPTConfig) -> Section:
         ),
         Math(f"Attn(x) = Σ_h z_h W_O[h]{bo}", rf"\mathrm{{Attn}}(x) &= \sum_h z_h W_O[h]{bo}"),
     ]
+    return eqs
+
+
+def _mlp_equations(c: GPTConfig) -> list[Math]:
+    """MLP(x) and its activations."""
+    eqs: list[Math] = []
+    b = c.bias
     gate, value = c.mlp_activations
     bi, bg, bout = (" + b_in", " + b_gate", " + b_out") if b else ("", "", "")
     sig = Math(
@@ -259,6 +256,13 @@ def _equations(c: GPTConfig) -> Section:
                 rf"\sigma'(x) &= {_ACT[value][1]} \quad \text{{({value.replace('_', ' ')})}}",
             ),
         ]
+    return eqs
+
+
+def _equations(c: GPTConfig) -> Section:
+    eqs = [*_stream_equations(c), _norm_equation(c), *_attention_equations(c)]
+    eqs += _mlp_equations(c)
+    b = c.bias
     prose: list[Cell] = [
         f"Variant: {c.positional} positions, {c.norm}, {c.norm_placement}-norm, MLP {c.mlp}, "
         f"{'tied' if c.tie_embeddings else 'untied'} embeddings, {'with' if b else 'no'} biases; "
@@ -368,82 +372,4 @@ def describe(
     if fmt not in FORMATS:
         raise ConfigError("format", f"must be one of {', '.join(FORMATS)}; got {fmt!r}")
     sections = build(config, seq_len=seq_len, batch_size=batch_size, name=name)
-    return _markdown(sections) if fmt == "markdown" else _latex(sections)
-
-
-def _markdown(sections: list[Section]) -> str:
-    out: list[str] = []
-    for i, s in enumerate(sections):
-        out += ["#" * (1 if i == 0 else 2) + " " + s.title, ""]
-        if s.prose:
-            out += ["".join(f"`{p.text}`" if isinstance(p, Math) else p for p in s.prose), ""]
-        if s.equations:
-            out += ["```text", *(e.text for e in s.equations), "```", ""]
-        if s.header:
-            out.append("| " + " | ".join(s.header) + " |")
-            out.append("|" + "|".join(" --- " for _ in s.header) + "|")
-            for row in s.rows:
-                out.append(
-                    "| "
-                    + " | ".join(f"`{c.text}`" if isinstance(c, Math) else c for c in row)
-                    + " |"
-                )
-            out.append("")
-    return "\n".join(out)
-
-
-_TEX_ESCAPES = {
-    "\\": r"\textbackslash{}",
-    "_": r"\_",
-    "%": r"\%",
-    "&": r"\&",
-    "#": r"\#",
-    "{": r"\{",
-    "}": r"\}",
-    "$": r"\$",
-    "^": r"\^{}",
-    "~": r"\~{}",
-}
-
-
-_TEX_SYMBOLS = {"×": r"$\times$", "·": r"$\cdot$", "…": r"\ldots{}", "≈": r"$\approx$"}
-
-
-def tex_escape(text: str) -> str:
-    r"""Text for LaTeX's text mode.
-
-    >>> tex_escape("blocks.{l}.attn.W_Q: 10%")
-    'blocks.\\{l\\}.attn.W\\_Q: 10\\%'
-    """
-    return "".join(_TEX_ESCAPES.get(ch, _TEX_SYMBOLS.get(ch, ch)) for ch in text)
-
-
-def _latex(sections: list[Section]) -> str:
-    out = [r"\documentclass{article}", r"\usepackage{amsmath,amssymb}", r"\begin{document}", ""]
-    for i, s in enumerate(sections):
-        out += [(r"\section*{" if i == 0 else r"\subsection*{") + tex_escape(s.title) + "}", ""]
-        if s.prose:
-            out += [
-                "".join(f"${p.tex}$" if isinstance(p, Math) else tex_escape(p) for p in s.prose),
-                "",
-            ]
-        if s.equations:
-            out += [
-                r"\begin{align*}",
-                " \\\\\n".join(e.tex for e in s.equations),
-                r"\end{align*}",
-                "",
-            ]
-        if s.header:
-            out += [
-                r"\begin{tabular}{l" + "r" * (len(s.header) - 1) + "}",
-                " & ".join(tex_escape(h) for h in s.header) + r" \\ \hline",
-            ]
-            for row in s.rows:
-                out.append(
-                    " & ".join(f"${c.tex}$" if isinstance(c, Math) else tex_escape(c) for c in row)
-                    + r" \\"
-                )
-            out += [r"\end{tabular}", ""]
-    out.append(r"\end{document}")
-    return "\n".join(out) + "\n"
+    return markdown(sections) if fmt == "markdown" else latex(sections)

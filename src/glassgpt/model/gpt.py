@@ -18,16 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glassgpt.errors import ConfigError, GlassError
-from glassgpt.model.attention import ATTN_IMPLS, Attention, LayerKV
+from glassgpt.kernels.checks import id_out_of_range
+from glassgpt.model.attention import ATTN_IMPLS, Attention
+from glassgpt.model.cache import KVCacheProtocol, LayerKV
 from glassgpt.model.config import GPTConfig
-from glassgpt.model.hooks import HookFn, Hooks, attach, hook_names, run_hook
+from glassgpt.model.hooks import HookFn, HookPoint, Hooks, attach, hook_names
 from glassgpt.model.layers import (
     MLP,
     Embed,
@@ -46,46 +48,62 @@ class TokenError(GlassError, ValueError):
 
 
 class Block(nn.Module):
-    """One residual block: attention then MLP, each wrapped by a norm (pre or post)."""
+    """One residual block: attention then MLP, each wrapped by a norm (pre or post); the
+    subclasses hold the two equations. An attention-only block has MLP ≡ 0 and N₂ = id."""
 
     def __init__(self, config: GPTConfig, hooks: Hooks, layer: int) -> None:
         super().__init__()
         p = f"blocks.{layer}."
         self.ln1 = Norm(config, hooks, p + "ln1")
         self.attn = Attention(config, hooks, p + "attn")
-        self.ln2: Norm | None = None if config.attn_only else Norm(config, hooks, p + "ln2")
-        self.mlp: MLP | None = None if config.attn_only else MLP(config, hooks, p + "mlp")
-        self.pre_norm = config.norm_placement == "pre"
+        self.ln2: Norm | nn.Identity = nn.Identity()
+        self.mlp: MLP | None = None
+        if not config.attn_only:
+            self.ln2, self.mlp = Norm(config, hooks, p + "ln2"), MLP(config, hooks, p + "mlp")
         self.dropout = config.dropout
-        self.hooks = hooks
-        self.hook_resid_pre, self.hook_attn_out = p + "resid_pre", p + "attn_out"
-        self.hook_resid_mid, self.hook_mlp_out = p + "resid_mid", p + "mlp_out"
-        self.hook_resid_post = p + "resid_post"
+        point = lambda site: HookPoint(hooks, p + site)  # noqa: E731
+        self.hook_resid_pre, self.hook_attn_out = point("resid_pre"), point("attn_out")
+        self.hook_resid_mid, self.hook_mlp_out = point("resid_mid"), point("mlp_out")
+        self.hook_resid_post = point("resid_post")
 
-    def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, kv: LayerKV | None = None
-    ) -> Tensor:
-        hooks = self.hooks
-        if hooks:
-            x = run_hook(hooks, self.hook_resid_pre, x)
-        a = self.attn(self.ln1(x) if self.pre_norm else x, rope, kv=kv)  # [B, T, d_model]
-        if hooks:
-            a = run_hook(hooks, self.hook_attn_out, a)
-        x = x + self._drop(a) if self.pre_norm else self.ln1(x + self._drop(a))
-        if hooks:
-            x = run_hook(hooks, self.hook_resid_mid, x)
-        if self.mlp is None or self.ln2 is None:  # attention-only: x_out = x_mid
-            return run_hook(hooks, self.hook_resid_post, x) if hooks else x
-        m = self.mlp(self.ln2(x) if self.pre_norm else x)  # [B, T, d_model]
-        if hooks:
-            m = run_hook(hooks, self.hook_mlp_out, m)
-        x = x + self._drop(m) if self.pre_norm else self.ln2(x + self._drop(m))
-        if hooks:
-            x = run_hook(hooks, self.hook_resid_post, x)
-        return x
+    def attn_out(self, u: Tensor, rope: tuple[Tensor, Tensor] | None, kv: LayerKV | None) -> Tensor:
+        """Attn(u) [B, T, d_model], hooked, then dropped out (train mode)."""
+        return self._drop(self.hook_attn_out(self.attn(u, rope, kv=kv)))
+
+    def mlp_out(self, u: Tensor) -> Tensor:
+        """MLP(u) [B, T, d_model], hooked, then dropped out (train mode); 0 without an MLP."""
+        if self.mlp is None:
+            return torch.zeros_like(u)
+        return self._drop(self.hook_mlp_out(self.mlp(u)))
 
     def _drop(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.dropout, training=True) if self.dropout and self.training else x
+
+
+class PreNormBlock(Block):
+    """resid_mid = resid_pre + Attn(N₁(resid_pre)),  resid_post = resid_mid + MLP(N₂(resid_mid))."""
+
+    def forward(
+        self, resid_pre: Tensor, rope: tuple[Tensor, Tensor] | None = None,
+        kv: LayerKV | None = None,
+    ) -> Tensor:  # fmt: skip
+        resid_pre = self.hook_resid_pre(resid_pre)  # [B, T, d_model]
+        resid_mid = self.hook_resid_mid(resid_pre + self.attn_out(self.ln1(resid_pre), rope, kv))
+        resid_post = resid_mid + self.mlp_out(self.ln2(resid_mid))
+        return self.hook_resid_post(resid_post)
+
+
+class PostNormBlock(Block):
+    """resid_mid = N₁(resid_pre + Attn(resid_pre)),  resid_post = N₂(resid_mid + MLP(resid_mid))."""
+
+    def forward(
+        self, resid_pre: Tensor, rope: tuple[Tensor, Tensor] | None = None,
+        kv: LayerKV | None = None,
+    ) -> Tensor:  # fmt: skip
+        resid_pre = self.hook_resid_pre(resid_pre)  # [B, T, d_model]
+        resid_mid = self.hook_resid_mid(self.ln1(resid_pre + self.attn_out(resid_pre, rope, kv)))
+        resid_post = self.ln2(resid_mid + self.mlp_out(resid_mid))
+        return self.hook_resid_post(resid_post)
 
 
 class GPT(nn.Module):
@@ -123,19 +141,34 @@ class GPT(nn.Module):
             self.pos_embed = SinusoidalPE(config)
         elif config.positional == "rope":
             self.rotary = Rotary(config)
-        self.blocks = nn.ModuleList(Block(config, hooks, layer) for layer in range(config.n_layers))
+        block = PreNormBlock if config.norm_placement == "pre" else PostNormBlock
+        self.blocks = nn.ModuleList(block(config, hooks, layer) for layer in range(config.n_layers))
         self.ln_final = Norm(config, hooks, "ln_final") if config.final_norm else None
+        self.hook_embed, self.hook_pos_embed = (
+            HookPoint(hooks, "embed"),
+            HookPoint(hooks, "pos_embed"),
+        )
+        self.hook_final = HookPoint(hooks, "ln_final.out")
         self.unembed = Unembed(config)  # W_U [d_model, n_vocab] unless tied, b_U
         self.reset_parameters()
 
     # -- parameters -----------------------------------------------------------------------
     def reset_parameters(self) -> None:
         """GPT-2 init: matrices N(0, init_std²), W_O and W_out N(0, (init_std/√(2L))²),
-        biases 0, norm weights 1."""
+        biases 0, norm weights 1. W_Q, W_K and W_V are drawn one after the other, each as
+        its own [n_heads, d_model, d_head] matrix (a seed gives the weights it always gave)."""
         std, std_resid = self.config.init_std, residual_std(self.config)
         for name, p in self.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
-            if leaf.startswith("W_"):
+            if leaf == "W_QKV":
+                attn = self.get_submodule(name.rsplit(".", 1)[0])
+                for m in ("Q", "K", "V"):
+                    W = attn.qkv_weight(m)  # a view of W_QKV
+                    drawn = torch.empty(W.shape, dtype=W.dtype, device=W.device)
+                    init_normal_(drawn, std)
+                    with torch.no_grad():
+                        W.copy_(drawn)
+            elif leaf.startswith("W_"):
                 init_normal_(p, std_resid if leaf in ("W_O", "W_out") else std)
             else:
                 with torch.no_grad():
@@ -175,57 +208,52 @@ class GPT(nn.Module):
 
     # -- the function ---------------------------------------------------------------------
     def forward(
-        self, tokens: Tensor, targets: Tensor | None = None, *, cache: Any = None
-    ) -> Tensor | tuple[Tensor, Tensor]:
+        self, tokens: Tensor, targets: Tensor | None = None, *,
+        cache: KVCacheProtocol | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
         """tokens [B, T] int → logits [B, T, n_vocab], or (logits, mean cross-entropy loss).
 
-        ``cache`` (a ``glassgpt.sample.cache.KVCache``): the tokens continue the cached
-        sequence; their keys and values are appended to it (logits [B, 1, n_vocab] for the
-        last position only when ``cache.last_only``).
+        ``cache`` (see ``glassgpt.model.cache``; ``glassgpt.sample.cache.KVCache``): the tokens
+        continue the cached sequence; their keys and values are appended to it (logits
+        [B, 1, n_vocab] for the last position only when ``cache.last_only``).
         """
         B, T = self._check_tokens(tokens, "tokens", low=0)
-        hooks = self._hook_fns
-        offset: int | Tensor = 0  # the first position, or per-row positions [B, T]
-        if cache is not None:
-            offset = cache.begin(B, T)
-        x = self.embed(tokens)  # [B, T, d_model] = X W_E
-        if hooks:
-            x = run_hook(hooks, "embed", x)
-        if self.pos_embed is not None:
-            pos = self.pos_embed(T, offset)  # [T, d_model]: W_P[offset:offset+T] or PE[…]
-            if hooks:
-                pos = run_hook(hooks, "pos_embed", pos.expand(B, T, -1))
-            x = x + pos
+        offset = 0 if cache is None else cache.begin(B, T)  # first position, or per row [B, T]
+        x = self.hook_embed(self.embed(tokens))  # [B, T, d_model] = X W_E
+        if self.pos_embed is not None:  # W_P[offset:offset+T] or PE[…], [T, d_model]
+            pos = self.pos_embed(T, offset, dtype=x.dtype, device=x.device)
+            x = x + self.hook_pos_embed(pos.expand(B, T, -1))
         if self.config.dropout and self.training:
             x = F.dropout(x, self.config.dropout, training=True)
-        rope = self.rotary(T, offset) if self.rotary is not None else None
-        if cache is None:
-            for block in self.blocks:
-                x = block(x, rope)
-        else:
-            for block, kv in zip(self.blocks, cache.layers, strict=True):
-                x = block(x, rope, kv)
+        rope = None
+        if self.rotary is not None:
+            rope = self.rotary(T, offset, dtype=x.dtype, device=x.device)
+        layers = [None] * len(self.blocks) if cache is None else cache.layers
+        for block, kv in zip(self.blocks, layers, strict=True):
+            x = block(x, rope, kv)
+        if cache is not None:
             cache.end(T)
             if cache.last_only:
                 x = x[:, -1:]  # [B, 1, d_model]: only the next token's logits are needed
         if self.ln_final is not None:
-            x = self.ln_final(x)
-            if hooks:
-                x = run_hook(hooks, "ln_final.out", x)
+            x = self.hook_final(self.ln_final(x))
         logits = self.unembed(x, self.embed.W_E)  # [B, T, n_vocab]
         if targets is None:
             return logits
+        return logits, self._loss(logits, tokens, targets)
+
+    def _loss(self, logits: Tensor, tokens: Tensor, targets: Tensor) -> Tensor:
+        """Mean cross-entropy over positions whose target is not −1, in at least float32."""
         if not isinstance(targets, Tensor) or targets.shape != tokens.shape:
             raise TokenError(
                 f"targets must be a tensor of the tokens' shape {tuple(tokens.shape)}, "
                 f"got {getattr(targets, 'shape', type(targets).__name__)}"
             )
         self._check_tokens(targets, "targets", low=-1)
-        flat = logits.flatten(0, 1)  # [B·T, n_vocab]; the loss in at least float32
+        flat = logits.flatten(0, 1)  # [B·T, n_vocab]
         if flat.dtype in (torch.float16, torch.bfloat16):
             flat = flat.float()
-        loss = F.cross_entropy(flat, targets.flatten(), ignore_index=-1)
-        return logits, loss
+        return F.cross_entropy(flat, targets.flatten(), ignore_index=-1)
 
     def _check_tokens(self, tokens: Tensor, what: str, low: int) -> tuple[int, int]:
         """Raise TokenError unless ``tokens`` is an integer [B, T] tensor with ids in range."""
@@ -240,24 +268,10 @@ class GPT(nn.Module):
         B, T = tokens.shape
         if self.config.n_ctx < T:
             raise TokenError(f"{what}: sequence length {T} exceeds n_ctx={self.config.n_ctx}")
-        # A data-dependent check would split a compiled graph: compiled callers skip it.
-        if tokens.numel() and not torch.compiler.is_compiling():
-            lo, hi = torch.aminmax(tokens)
-            if tokens.device.type == "cuda":
-                # Reading the ids back would make the host wait for the GPU on every forward:
-                # there the check is a device-side assertion (the error surfaces at the next
-                # synchronisation). Callers with host ids (sampling, training data) check them
-                # before they are copied to the device.
-                torch._assert_async(
-                    (lo >= low) & (hi < self.config.n_vocab),
-                    f"{what}: an id is out of range [{low}, {self.config.n_vocab})",
-                )
-                return B, T
-            lo_i, hi_i = int(lo), int(hi)
-            if lo_i < low or hi_i >= self.config.n_vocab:
-                bad = lo_i if lo_i < low else hi_i
-                raise TokenError(
-                    f"{what}: id {bad} is out of range [{low}, {self.config.n_vocab}) "
-                    f"for n_vocab={self.config.n_vocab}"
-                )
+        n_vocab = self.config.n_vocab
+        bad = id_out_of_range(tokens, low, n_vocab, what)  # on a GPU: a device-side assertion
+        if bad is not None:
+            raise TokenError(
+                f"{what}: id {bad} is out of range [{low}, {n_vocab}) for n_vocab={n_vocab}"
+            )
         return B, T

@@ -3,9 +3,10 @@
 Each intermediate value of f_θ has a name (``blocks.0.attn.pattern``, ``blocks.3.resid_mid``…).
 A hook is a function ``fn(tensor, name) -> tensor | None`` attached for the duration of a
 ``with model.hooks({name: fn}):`` block; it sees the activation as it is computed and may
-return a replacement (None keeps it). The model checks one dict per site, so hooks cost
-nothing when none is attached, and values that the fast path never materialises (the norm
-scale, per-head results, attention scores and pattern) are computed only when hooked.
+return a replacement (None keeps it). Each site is one :class:`HookPoint` call, a dict
+lookup that does nothing when nothing is attached; values that the fast path never
+materialises (the norm scale, per-head results, attention scores and pattern) are computed
+only when hooked.
 
 A hook that returns its input (or None) never changes the computation: the logits stay
 bit-identical. A hook that returns a new tensor makes everything downstream computed from it.
@@ -91,6 +92,38 @@ def run_hook(hooks: Hooks, name: str, x: Tensor) -> Tensor:
         return x
     out = fn(x, name)
     return x if out is None else out
+
+
+class HookPoint:
+    """One named activation: ``point(x)`` is x, or what the hook attached under ``name``
+    makes of it (None from the hook keeps x). Nothing happens when nothing is attached.
+
+    >>> hooks: Hooks = {}
+    >>> point = HookPoint(hooks, "blocks.0.resid_mid")
+    >>> import torch
+    >>> x = torch.ones(2)
+    >>> point(x) is x, point.active
+    (True, False)
+    >>> hooks["blocks.0.resid_mid"] = lambda t, name: 2 * t
+    >>> point(x).tolist(), point.active
+    ([2.0, 2.0], True)
+    """
+
+    __slots__ = ("hooks", "name")
+
+    def __init__(self, hooks: Hooks, name: str) -> None:
+        self.hooks, self.name = hooks, name  # the model's shared dict, by reference
+
+    @property
+    def active(self) -> bool:
+        """Whether a hook is attached here (values the fast path never forms are then built)."""
+        return self.name in self.hooks
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return run_hook(self.hooks, self.name, x)
+
+    def __repr__(self) -> str:
+        return f"HookPoint({self.name!r})"
 
 
 @contextmanager

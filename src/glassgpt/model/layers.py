@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from glassgpt.kernels.dense import matmul
 from glassgpt.model.config import GPTConfig
-from glassgpt.model.hooks import Hooks, run_hook
-from glassgpt.model.onednn import OneDNNLinear, use_onednn
+from glassgpt.model.hooks import HookPoint, Hooks
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
@@ -50,33 +50,13 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def weight_key(W: Tensor) -> tuple[int, ...]:
-    """(version counter, storage address) of W; inference tensors have no version counter."""
-    return (W.data_ptr(),) if W.is_inference() else (W._version, W.data_ptr())
-
-
 def linear(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = False) -> Tensor:
     """x W + b for W [d_in, d_out] (a 3-D W such as W_O [H, d_head, d_model] is read as
     [H·d_head, d_model]); ``transposed``: W is [d_out, d_in] and the product is x Wᵀ + b.
 
-    A weight may carry an inference kernel, ``W.kernel = (key, fn)`` (attached by
-    ``glassgpt.sample.precision``): ``fn(x, b)`` computes the same product from a pre-packed
-    copy of W. It is used only without autograd, for inputs of W's dtype, and while W is the
-    tensor it was built from (``key`` = ``weight_key(W)`` when it was attached). Float32 products
-    on CPUs go through oneDNN when that is faster (``glassgpt.model.onednn``).
+    The kernel that computes it is the kernel seam's choice (``glassgpt.kernels.matmul``).
     """
-    kernel = getattr(W, "kernel", None)
-    if (
-        kernel is not None
-        and not torch.is_grad_enabled()
-        and x.dtype == W.dtype
-        and kernel[0] == weight_key(W)
-    ):
-        return kernel[1](x, b)
-    W2 = W.flatten(0, -2) if W.ndim > 2 else W
-    if use_onednn(x, W2):
-        return OneDNNLinear.apply(x, W2, b, transposed)
-    return F.linear(x, W2 if transposed else W2.T, b)
+    return matmul(x, W, b, transposed=transposed)
 
 
 class Embed(nn.Module):
@@ -121,8 +101,7 @@ class Norm(nn.Module):
         self.b = (
             nn.Parameter(torch.zeros(d)) if config.bias and config.norm == "layernorm" else None
         )
-        self.hooks = hooks
-        self.hook_scale = f"{name}.scale"
+        self.hook_scale = HookPoint(hooks, f"{name}.scale")
 
     def extra_repr(self) -> str:
         return f"{self.kind}, d={self.w.shape[0]}, eps={self.eps}"
@@ -132,9 +111,7 @@ class Norm(nn.Module):
             out = F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
         else:
             out = F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
-        if self.hooks and self.hook_scale in self.hooks:
-            out = self._hooked(x, out)
-        return out
+        return self._hooked(x, out) if self.hook_scale.active else out
 
     def _hooked(self, x: Tensor, out: Tensor) -> Tensor:
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
@@ -144,7 +121,7 @@ class Norm(nn.Module):
         else:
             centred = xf
             scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        new = run_hook(self.hooks, self.hook_scale, scale)
+        new = self.hook_scale(scale)
         if new is scale:
             return out
         y = centred * new * self.w
@@ -171,9 +148,11 @@ class MLP(nn.Module):
         self.b_out = nn.Parameter(torch.zeros(d)) if config.bias else None
         self.act = ACTIVATION_FNS[act]
         self.value_act = ACTIVATION_FNS[value_act] if value_act is not None else None
-        self.hooks = hooks
-        self.hook_pre, self.hook_post = f"{name}.pre", f"{name}.post"
-        self.hook_pre_gate = f"{name}.pre_gate"
+        self.hook_pre, self.hook_post = (
+            HookPoint(hooks, f"{name}.pre"),
+            HookPoint(hooks, f"{name}.post"),
+        )
+        self.hook_pre_gate = HookPoint(hooks, f"{name}.pre_gate")
         self.kind = config.mlp
 
     def extra_repr(self) -> str:
@@ -181,39 +160,39 @@ class MLP(nn.Module):
         return f"{self.kind}, {d} → {m} → {d}"
 
     def forward(self, x: Tensor) -> Tensor:  # [B, T, d_model] -> [B, T, d_model]
-        hooks = self.hooks
-        pre = linear(x, self.W_in, self.b_in)  # [B, T, d_mlp]
-        if hooks:
-            pre = run_hook(hooks, self.hook_pre, pre)
+        pre = self.hook_pre(linear(x, self.W_in, self.b_in))  # [B, T, d_mlp]
         if self.gated:
-            gate = linear(x, self.W_gate, self.b_gate)  # [B, T, d_mlp]
-            if hooks:
-                gate = run_hook(hooks, self.hook_pre_gate, gate)
+            gate = self.hook_pre_gate(linear(x, self.W_gate, self.b_gate))  # [B, T, d_mlp]
             post = self.act(gate) * self.value_act(pre)  # type: ignore[misc]
         else:
             post = self.act(pre)
-        if hooks:
-            post = run_hook(hooks, self.hook_post, post)
-        return linear(post, self.W_out, self.b_out)
+        return linear(self.hook_post(post), self.W_out, self.b_out)
 
 
-def sinusoidal_table(n_ctx: int, d_model: int) -> Tensor:
-    """PE [n_ctx, d_model] in float64: PE[p, 2i] = sin(p/10000^(2i/d)), PE[p, 2i+1] = cos(·).
+def positions(T: int, offset: int | Tensor, device: torch.device | None) -> Tensor:
+    """The absolute positions offset … offset + T − 1 [T], or per-row positions [B, T] as given."""
+    if isinstance(offset, Tensor):
+        return offset
+    return torch.arange(offset, offset + T, device=device)
 
-    >>> sinusoidal_table(3, 4)[:, 0].tolist() == [0.0, math.sin(1.0), math.sin(2.0)]
+
+def sinusoidal_table(pos: Tensor, d_model: int) -> Tensor:
+    """PE [..., d_model] in float64 at integer positions ``pos`` [...]:
+    PE[p, 2i] = sin(p/10000^(2i/d)), PE[p, 2i+1] = cos(·).
+
+    >>> sinusoidal_table(torch.arange(3), 4)[:, 0].tolist() == [0.0, math.sin(1.0), math.sin(2.0)]
     True
     """
-    p = torch.arange(n_ctx, dtype=torch.float64)[:, None]  # [n_ctx, 1]
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # [d_model/2]
-    angle = p / torch.pow(10000.0, two_i / d_model)  # [n_ctx, d_model/2]
-    return torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(n_ctx, d_model)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=pos.device)  # [d_model/2]
+    angle = pos[..., None].double() / torch.pow(10000.0, two_i / d_model)  # [..., d_model/2]
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
 
 
-def rope_tables(n_ctx: int, d_head: int, base: float) -> tuple[Tensor, Tensor]:
-    """cos and sin of the RoPE angles p · base^(−2i/d_head), each [n_ctx, d_head/2], float64."""
-    p = torch.arange(n_ctx, dtype=torch.float64)[:, None]
-    inv_freq = torch.pow(base, -torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
-    angle = p * inv_freq  # [n_ctx, d_head/2]
+def rope_tables(pos: Tensor, d_head: int, base: float) -> tuple[Tensor, Tensor]:
+    """cos and sin of the RoPE angles p · base^(−2i/d_head) at positions ``pos`` [...],
+    each [..., d_head/2], float64."""
+    two_i = torch.arange(0, d_head, 2, dtype=torch.float64, device=pos.device)
+    angle = pos[..., None].double() * torch.pow(base, -two_i / d_head)  # [..., d_head/2]
     return angle.cos(), angle.sin()
 
 
@@ -229,43 +208,23 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
 
 
-class _Table(nn.Module):
-    """Holds fixed tables as non-persistent buffers, rebuilt in float64 on every ``.to()``.
-
-    Rebuilding (instead of casting) keeps full precision when a model is moved from float32
-    to float64, so the float64 model matches the NumPy reference to rounding.
-    """
-
-    def _tables(self) -> dict[str, Tensor]:
-        raise NotImplementedError
-
-    def _build(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
-        for key, table in self._tables().items():
-            self.register_buffer(key, table.to(device=device, dtype=dtype), persistent=False)
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> _Table:
-        super()._apply(fn, recurse)
-        ref = next(iter(self.buffers()))
-        self._build(ref.device, ref.dtype)
-        return self
-
-
-class SinusoidalPE(_Table):
-    """The fixed table PE [n_ctx, d_model] (buffer ``PE``, not in the state dict)."""
-
-    PE: Tensor
+class SinusoidalPE(nn.Module):
+    """The fixed table PE [n_ctx, d_model] (no parameter: its rows are computed in float64 at
+    the positions asked for, then rounded once to the model's dtype)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_ctx, self.d_model = config.n_ctx, config.d_model
-        self._build(dtype=torch.get_default_dtype())
 
-    def _tables(self) -> dict[str, Tensor]:
-        return {"PE": sinusoidal_table(self.n_ctx, self.d_model)}
+    def extra_repr(self) -> str:
+        return f"n_ctx={self.n_ctx}, d_model={self.d_model}"
 
-    def forward(self, T: int, offset: int | Tensor = 0) -> Tensor:  # -> [T, d_model]
-        """PE[offset : offset + T], or PE[positions] [B, T, d_model] for per-row positions."""
-        return self.PE[offset] if isinstance(offset, Tensor) else self.PE[offset : offset + T]
+    def forward(
+        self, T: int, offset: int | Tensor = 0, *, dtype: torch.dtype = torch.float64,
+        device: torch.device | None = None,
+    ) -> Tensor:  # fmt: skip
+        """PE[offset : offset + T] [T, d_model], or PE[positions] [B, T, d_model] per row."""
+        return sinusoidal_table(positions(T, offset, device), self.d_model).to(dtype)
 
 
 class LearnedPE(nn.Module):
@@ -275,32 +234,34 @@ class LearnedPE(nn.Module):
         super().__init__()
         self.W_P = nn.Parameter(torch.empty(config.n_ctx, config.d_model))
 
-    def forward(self, T: int, offset: int | Tensor = 0) -> Tensor:  # -> [T, d_model]
-        """W_P[offset : offset + T], or W_P[positions] [B, T, d_model] for per-row positions."""
+    def forward(
+        self, T: int, offset: int | Tensor = 0, *, dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
+    ) -> Tensor:  # fmt: skip
+        """W_P[offset : offset + T] [T, d_model], or W_P[positions] [B, T, d_model] per row
+        (``dtype`` and ``device`` are W_P's own; the arguments match the fixed tables')."""
         return self.W_P[offset] if isinstance(offset, Tensor) else self.W_P[offset : offset + T]
 
 
-class Rotary(_Table):
-    """The RoPE tables cos, sin [n_ctx, d_head/2] (buffers, not in the state dict)."""
-
-    cos: Tensor
-    sin: Tensor
+class Rotary(nn.Module):
+    """The RoPE angles (no parameter: cos and sin computed in float64 at the positions asked
+    for, then rounded once to the model's dtype)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         assert config.d_head is not None
         self.n_ctx, self.d_head, self.base = config.n_ctx, config.d_head, config.rope_base
-        self._build(dtype=torch.get_default_dtype())
 
-    def _tables(self) -> dict[str, Tensor]:
-        cos, sin = rope_tables(self.n_ctx, self.d_head, self.base)
-        return {"cos": cos, "sin": sin}
+    def extra_repr(self) -> str:
+        return f"d_head={self.d_head}, base={self.base}"
 
-    def forward(self, T: int, offset: int | Tensor = 0) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, T: int, offset: int | Tensor = 0, *, dtype: torch.dtype = torch.float64,
+        device: torch.device | None = None,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
         """cos, sin [T, d_head/2] from ``offset``, or [B, T, d_head/2] at per-row positions."""
-        if isinstance(offset, Tensor):
-            return self.cos[offset], self.sin[offset]
-        return self.cos[offset : offset + T], self.sin[offset : offset + T]
+        cos, sin = rope_tables(positions(T, offset, device), self.d_head, self.base)
+        return cos.to(dtype), sin.to(dtype)
 
 
 def init_normal_(t: Tensor, std: float) -> None:

@@ -16,7 +16,8 @@ A left-padded batch (prompts of different lengths) gives each row ``pad[b]`` lea
 slots: row b's token at column c has position c − pad[b], and no query attends to a pad key
 (a pad query attends only to itself, which keeps its softmax finite; its output is unused).
 
-``GPT.forward(tokens, cache=cache)`` drives it through ``begin``/``layers``/``end``.
+``GPT.forward(tokens, cache=cache)`` drives it through ``begin``/``layers``/``end`` (the
+members of ``glassgpt.model.cache.KVCacheProtocol``, which this class implements).
 """
 
 from __future__ import annotations

@@ -13,15 +13,13 @@ from __future__ import annotations
 import copy
 import math
 import typing
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from glassgpt import kernels
 from glassgpt.errors import ConfigError, GlassError
-from glassgpt.model.layers import weight_key
 
 if TYPE_CHECKING:
     from glassgpt.model.gpt import GPT, Block
@@ -48,8 +46,8 @@ def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True) -> GPT:
     """An inference copy of ``model`` (eval mode) with weights and computation in ``dtype``.
 
     The original is left as it is. With ``pack`` (on a CPU with oneDNN), the copy's
-    projections carry pre-packed kernels (see :func:`attach_kernels`): the same products,
-    read from a layout the CPU's GEMV kernels stream fastest.
+    projections' products read pre-packed copies (see :func:`attach_kernels`): the same
+    products, from a layout the CPU's GEMV kernels stream fastest.
     """
     dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     p = next(model.parameters())
@@ -61,76 +59,35 @@ def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True) -> GPT:
     return copy_
 
 
-def _packed_fn(W_out_in: Tensor) -> Callable[[Tensor, Tensor | None], Tensor] | None:
-    """``fn(x, b) = x W_out_inᵀ + b`` from oneDNN's packed copy of W [d_out, d_in], or None
-    where oneDNN cannot (checked once against F.linear on a probe input)."""
-    ops = torch.ops.mkldnn
-    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")):
-        return None
-    try:
-        P = ops._reorder_linear_weight(W_out_in.contiguous(), 1)
-
-        def fn(x: Tensor, b: Tensor | None) -> Tensor:
-            return ops._linear_pointwise(x, P, b, "none", [], "")
-
-        probe = torch.ones(1, W_out_in.shape[1], dtype=W_out_in.dtype)
-        if not torch.allclose(fn(probe, None), F.linear(probe, W_out_in), rtol=1e-2, atol=1e-2):
-            return None
-    except RuntimeError:
-        return None
-    return fn
-
-
-def _attach(W: Tensor, fn: Callable[[Tensor, Tensor | None], Tensor]) -> None:
-    W.kernel = (weight_key(W), fn)  # type: ignore[attr-defined]
-
-
 def attach_kernels(model: GPT) -> int:
-    """Give the projections of an inference model (CPU) faster kernels; returns how many.
+    """Register packed copies of an inference model's projections (CPU) with the kernel seam
+    (``glassgpt.kernels.pack``); returns how many.
 
-    - bfloat16: every projection (fused W_QKV, W_O, W_in, W_gate, W_out, the unembedding)
-      gets oneDNN's pre-packed copy; plain bf16 GEMV re-packs the weight on every call.
+    - bfloat16: every projection (W_QKV, W_O, W_in, W_gate, W_out, the unembedding) gets
+      oneDNN's pre-packed copy; plain bf16 GEMV re-packs the weight on every call.
     - float32: the unembedding reads a contiguous copy of W_U (= W_Eᵀ when tied), the layout
       in which one token's x W_U streams fastest; the other projections already have it.
 
     The weights themselves are untouched (so hooks, training and the embedding see them);
-    a kernel is skipped as soon as its weight changes (``glassgpt.model.layers.linear``).
+    a packed copy goes unused as soon as its weight changes in place.
     """
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
         return 0
-    config = model.config
-    n = 0
-    with torch.inference_mode(False), torch.no_grad():
-        W_U = model.unembed.W_U
-        unembed: Tensor = model.embed.W_E if W_U is None else W_U
-        out_in = unembed if config.tie_embeddings else unembed.T  # [n_vocab, d_model]
-        if p.dtype == torch.float32:
-            W_dv = out_in.T.contiguous()  # [d_model, n_vocab]
-
-            def unembed_fn(x: Tensor, b: Tensor | None, W_dv: Tensor = W_dv) -> Tensor:
-                return F.linear(x, W_dv.T, b)
-
-            _attach(unembed, unembed_fn)
-            return 1
-        fn = _packed_fn(out_in)
-        if fn is None:
-            return 0
-        _attach(unembed, fn)
-        n = 1
-        for block in _blocks(model):
-            mlp, attn = block.mlp, block.attn
-            mats = [mlp.W_in, mlp.W_out, attn.W_O] + ([mlp.W_gate] if mlp.gated else [])
-            for W in mats:
-                if (fn := _packed_fn((W.flatten(0, -2) if W.ndim > 2 else W).T)) is not None:
-                    _attach(W, fn)
-                    n += 1
-    with torch.inference_mode():  # the fused QKV is cached per mode: build the decoding one
-        for block in _blocks(model):
-            W_qkv, _ = block.attn.fused_qkv()
-            if (fn := _packed_fn(W_qkv.T)) is not None:
-                _attach(W_qkv, fn)
-                n += 1
+    tied = model.unembed.W_U is None
+    unembed = model.embed.W_E if tied else model.unembed.W_U
+    assert unembed is not None
+    if not kernels.pack(unembed, transposed=tied):
+        return 0
+    if p.dtype == torch.float32:
+        return 1
+    n = 1
+    for block in _blocks(model):
+        mlp, attn = block.mlp, block.attn
+        mats = [attn.W_QKV, attn.W_O]
+        if mlp is not None:
+            mats += [mlp.W_in, mlp.W_out] + ([mlp.W_gate] if mlp.gated else [])
+        n += sum(kernels.pack(W) for W in mats)
     return n
 
 

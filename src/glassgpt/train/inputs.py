@@ -162,9 +162,11 @@ def check_memory(cfg: RunConfig, micro_batch: int, dtype: Any, device: Any, rank
 
     ``ranks`` processes on one CPU machine share its memory; on GPUs each has its own.
     """
-    from glassgpt.model.accounting import estimate_training_memory, format_bytes
+    from glassgpt.model.memory import estimate_training_memory, format_bytes
 
-    estimate = estimate_training_memory(cfg.model, micro_batch, cfg.seq_len, dtype)
+    estimate = estimate_training_memory(
+        cfg.model, micro_batch, cfg.seq_len, dtype, device=device.type
+    )
     need = estimate.total * (ranks if device.type == "cpu" else 1)
     available = available_memory(device)
     if available is None or need <= available:

@@ -121,6 +121,8 @@ def load_optimizer_tensors(
     """Inverse of :func:`optimizer_tensors` (parameters matched by name)."""
     current = [g["names"] for g in opt.param_groups]
     if [g["names"] for g in groups] != current:
+        groups, tensors = _fused_qkv_state(groups, tensors)
+    if [g["names"] for g in groups] != current:
         raise GlassError("the checkpoint's optimizer holds different parameters")
     by_name: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
@@ -137,3 +139,25 @@ def load_optimizer_tensors(
         saved_groups.append({**g, "params": list(range(index, index + n))})
         index += n
     opt.load_state_dict({"state": state, "param_groups": saved_groups})
+
+
+def _fused_qkv_state(
+    groups: list, tensors: Mapping[str, torch.Tensor]
+) -> tuple[list, dict[str, torch.Tensor]]:
+    """A checkpoint from before W_Q, W_K, W_V became views of W_QKV: the same state with
+    each triple's moments fused as the parameters are (``glassgpt.model.attention``)."""
+    from glassgpt.model.attention import fuse_legacy_names, fuse_qkv
+
+    out = dict(tensors)
+    for key in list(tensors):
+        stem, _, rest = key.partition(".attn.")
+        leaf, _, field = rest.partition(".")
+        if leaf not in ("W_Q", "b_Q"):
+            continue
+        names = [f"{stem}.attn.{leaf[0]}_{m}.{field}" for m in "QKV"]
+        if not all(n in tensors for n in names):
+            continue
+        parts = [out.pop(n) for n in names]
+        fused = parts[0] if parts[0].ndim == 0 else fuse_qkv(parts)
+        out[f"{stem}.attn.{leaf[0]}_QKV.{field}"] = fused
+    return [{**g, "names": fuse_legacy_names(list(g["names"]))} for g in groups], out

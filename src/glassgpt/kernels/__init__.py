@@ -1,0 +1,51 @@
+"""glassgpt.kernels: every hardware-specific path of the GPT function, behind one seam.
+
+``glassgpt.model`` states the math and calls two functions here for its products:
+
+    matmul(x, W, b)             x W + b          (packed copy | oneDNN | F.linear)
+    attention(q, k, v, offset)  softmax(q kᵀ/√d_head + M) v   (fused | explicit bf16 | …)
+
+Each picks its kernel from the device and dtype of its inputs: the rules, with their
+thresholds and measurements, live in :mod:`glassgpt.kernels.policy` (pure Python), which
+``glassgpt.model.accounting`` asks too, so a memory estimate follows the path the kernel
+takes on the device it is made for. Packed inference weights are registered explicitly
+with :func:`pack` (``glassgpt.sample.precision.cast`` does it for an inference copy).
+``glassgpt.kernels.checks`` checks token ids without stalling a GPU (a device-side
+assertion there).
+
+Importing this package is cheap; torch loads on first use of a function.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from glassgpt.kernels.policy import EXPLICIT_MAX_KEYS, SMALL_HEAD, attention_path
+
+if TYPE_CHECKING:
+    from glassgpt.kernels.dense import is_packed, matmul, pack, unpack
+    from glassgpt.kernels.sdpa import attention
+
+__all__ = [
+    "EXPLICIT_MAX_KEYS",
+    "SMALL_HEAD",
+    "attention",
+    "attention_path",
+    "is_packed",
+    "matmul",
+    "pack",
+    "unpack",
+]
+
+_LAZY = {"attention": "sdpa", "matmul": "dense", "pack": "dense", "unpack": "dense",
+         "is_packed": "dense"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"glassgpt.kernels.{_LAZY[name]}"), name)
+        globals()[name] = value  # looked up once
+        return value
+    raise AttributeError(f"module 'glassgpt.kernels' has no attribute {name!r}")

@@ -1,0 +1,143 @@
+"""y = x W + b (row vectors) by the fastest kernel this device has for the shape.
+
+W is [d_in, d_out] (a 3-D W such as W_O [H, d_head, d_model] is read as [H·d_head, d_model]);
+``transposed``: W is [d_out, d_in] and the product is x Wᵀ + b (the tied unembedding W_Eᵀ).
+The kernel, first that applies:
+
+1. a packed copy of W registered by :func:`pack` (inference only: no autograd, x in W's
+   dtype, W unchanged since it was packed);
+2. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
+3. ``F.linear``.
+
+Every kernel computes the same products; only the summation order (and so the rounding)
+differs. Packed copies live in this module's registry, keyed by the weight tensor itself
+(held weakly) and the weight's version counter at packing: an in-place change through
+``copy_``, ``mul_`` or an optimizer makes the copy stale and unused. A write through
+``W.data`` bypasses the version counter: call :func:`unpack` (or :func:`pack` again) after one.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from glassgpt.kernels.onednn import OneDNNLinear, use_onednn
+
+Product = Callable[[Tensor, Tensor, Tensor | None], Tensor]  # fn(x, W, b) = x W + b, packed
+
+
+@dataclass(frozen=True)
+class _Packed:
+    weight: weakref.ref  # the tensor it was packed from
+    version: int  # the weight's version counter when packed (0 for inference tensors)
+    transposed: bool
+    fn: Product
+
+
+_PACKED: dict[int, _Packed] = {}  # id(W) → its packed copy
+
+
+def _version(W: Tensor) -> int:
+    return 0 if W.is_inference() else W._version
+
+
+def _packed(x: Tensor, W: Tensor, transposed: bool) -> Product | None:
+    entry = _PACKED.get(id(W))
+    if entry is None or entry.weight() is not W or entry.transposed != transposed:
+        return None
+    if x.dtype != W.dtype or entry.version != _version(W):
+        return None
+    return entry.fn
+
+
+def matmul(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = False) -> Tensor:
+    """x W + b for x [..., d_in] (x Wᵀ + b when ``transposed``) → [..., d_out]."""
+    if _PACKED and not torch.is_grad_enabled():
+        fn = _packed(x, W, transposed)
+        if fn is not None:
+            return fn(x, W, b)
+    W2 = W.flatten(0, -2) if W.ndim > 2 else W
+    if use_onednn(x, W2):
+        return OneDNNLinear.apply(x, W2, b, transposed)
+    return F.linear(x, W2 if transposed else W2.T, b)
+
+
+def _onednn_packed(W_out_in: Tensor) -> Product | None:
+    """``fn(x, W, b) = x W_out_inᵀ + b`` from oneDNN's packed copy of W [d_out, d_in] (the
+    live W is not read), or None where oneDNN cannot (checked once against F.linear on a
+    probe input)."""
+    ops = torch.ops.mkldnn
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")):
+        return None
+    try:
+        P = ops._reorder_linear_weight(W_out_in.contiguous(), 1)
+
+        def fn(x: Tensor, _W: Tensor, b: Tensor | None) -> Tensor:
+            return ops._linear_pointwise(x, P, b, "none", [], "")
+
+        probe = torch.ones(1, W_out_in.shape[1], dtype=W_out_in.dtype)
+        got = fn(probe, W_out_in, None)
+        if not torch.allclose(got, F.linear(probe, W_out_in), rtol=1e-2, atol=1e-2):
+            return None
+    except RuntimeError:
+        return None
+    return fn
+
+
+def _row_major(out_in: Tensor, transposed: bool) -> Product:
+    """``fn(x, W, b) = x W + b`` reading W as a row-major [d_in, d_out] matrix: a copy where
+    W is stored the other way round, else W itself (the registry never holds W alive)."""
+    if out_in.T.is_contiguous():  # W is already [d_in, d_out] row-major
+
+        def live(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+            W2 = W.flatten(0, -2) if W.ndim > 2 else W
+            return F.linear(x, W2 if transposed else W2.T, b)
+
+        return live
+    W_io = out_in.T.contiguous()  # [d_in, d_out]
+
+    def copied(x: Tensor, _W: Tensor, b: Tensor | None) -> Tensor:
+        return F.linear(x, W_io.T, b)
+
+    return copied
+
+
+def pack(W: Tensor, *, transposed: bool = False) -> bool:
+    """Register a packed copy of a CPU weight for inference products; returns whether one was made.
+
+    - bfloat16: oneDNN's pre-packed layout (plain bf16 GEMV re-packs the weight every call);
+    - float32: a contiguous [d_in, d_out] copy, the layout in which one row's x W streams
+      fastest (worth it where W is stored the other way round, as the tied W_E).
+
+    The weight itself is untouched (hooks, training and the embedding still read it).
+    """
+    if W.device.type != "cpu" or W.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    with torch.inference_mode(False), torch.no_grad():
+        W2 = W.flatten(0, -2) if W.ndim > 2 else W
+        out_in = W2 if transposed else W2.T  # [d_out, d_in]
+        float32 = W.dtype == torch.float32
+        fn = _row_major(out_in, transposed) if float32 else _onednn_packed(out_in)
+        if fn is None:
+            return False
+    key = id(W)
+    ref = weakref.ref(W, lambda _, key=key: _PACKED.pop(key, None))
+    _PACKED[key] = _Packed(ref, _version(W), transposed, fn)
+    return True
+
+
+def unpack(W: Tensor) -> None:
+    """Forget W's packed copy (if any): its products go back to the ordinary kernels."""
+    entry = _PACKED.get(id(W))
+    if entry is not None and entry.weight() is W:
+        del _PACKED[id(W)]
+
+
+def is_packed(W: Tensor, *, transposed: bool = False) -> bool:
+    """Whether W has a packed copy that its products would use now (registered, not stale)."""
+    return _packed(W.new_empty(0), W, transposed) is not None

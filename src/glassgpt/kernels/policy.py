@@ -1,0 +1,67 @@
+"""Which attention kernel a shape takes on a device: the rule, its thresholds, no torch.
+
+``glassgpt.kernels.attention`` dispatches by this rule and ``glassgpt.model.accounting``
+asks it which tensors autograd will keep, so the two cannot disagree. Pure Python: no torch
+import (``describe`` and the trainer's memory check stay cheap).
+
+On a CPU (measured with PyTorch 2.x):
+
+- dropout on the pattern sends PyTorch's fused kernel to its float32 math fallback;
+- bf16 heads narrower than ``SMALL_HEAD`` avoid PyTorch's bf16 fused kernel, about 3x slower
+  there than its float32 one: up to ``EXPLICIT_MAX_KEYS`` keys (no mask of their own) they
+  take the explicit product in bf16 with the softmax in float32 (forward + backward at
+  B 24, H 4, T 64, d_head 32: 1.4 ms against the float32 kernel's 3.2; a whole training step
+  4-8% faster), longer ones the float32 fused kernel. (In float32 the explicit product
+  measured faster alone but slower inside a training step, so float32 keeps the fused one.)
+
+On a GPU every shape takes PyTorch's fused kernel in the compute dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+SMALL_HEAD = 64  # below this d_head, CPU bf16 attention avoids PyTorch's bf16 fused kernel ...
+EXPLICIT_MAX_KEYS = 128  # ... and up to this many keys runs the explicit product
+
+AttentionPath = Literal["fused", "math", "explicit_bf16", "fused_float32"]
+
+
+def is_bf16(dtype: Any) -> bool:
+    """Whether ``dtype`` (a ``torch.dtype`` or a name) is bfloat16.
+
+    >>> is_bf16("bf16"), is_bf16("float32")
+    (True, False)
+    """
+    return str(dtype).removeprefix("torch.").lower() in ("bfloat16", "bf16")
+
+
+def attention_path(
+    device: str, dtype: Any, d_head: int, n_keys: int, *, masked: bool = False,
+    dropout: bool = False,
+) -> AttentionPath:  # fmt: skip
+    """The kernel that computes z = softmax(q kᵀ/√d_head + M) v on ``device`` (a device type,
+    ``"cpu"`` or ``"cuda"``) with compute ``dtype``, for heads of ``d_head`` and ``n_keys`` keys.
+
+    ``masked``: the caller's own mask (a padded batch) replaces the causal one; ``dropout``:
+    dropout on the pattern.
+
+    - ``fused``: PyTorch's fused kernel in ``dtype``;
+    - ``math``: the same call, which PyTorch sends to its math fallback (CPU, dropout);
+    - ``explicit_bf16``: the explicit product in bf16, softmax in float32 (CPU, small bf16
+      heads, no mask of the caller's, no dropout, up to ``EXPLICIT_MAX_KEYS`` keys);
+    - ``fused_float32``: the fused kernel on float32 copies (CPU, the other small bf16 heads;
+      with dropout that is the float32 math fallback).
+
+    >>> attention_path("cpu", "bf16", 32, 64), attention_path("cpu", "bf16", 32, 256)
+    ('explicit_bf16', 'fused_float32')
+    >>> attention_path("cuda", "bf16", 32, 64), attention_path("cpu", "float32", 32, 64)
+    ('fused', 'fused')
+    """
+    if device != "cpu":
+        return "fused"
+    if is_bf16(dtype) and d_head < SMALL_HEAD:
+        if not masked and not dropout and n_keys <= EXPLICIT_MAX_KEYS:
+            return "explicit_bf16"
+        return "fused_float32"  # with dropout: the float32 math fallback
+    return "math" if dropout else "fused"

@@ -1,0 +1,223 @@
+"""Training memory of the GPT function: bytes of one AdamW step at batch B × T.
+
+    weights   = N · s_param
+    gradients = N · s_param
+    optimizer = 2 · 4 · N            (first and second moments in float32)
+              + 4 · N if s_param < 4 (a float32 master copy of low-precision weights)
+    activations: see :func:`activation_bytes` (what autograd saves for the backward).
+
+N from :func:`glassgpt.model.accounting.count_parameters`. What attention keeps depends on
+the kernel it takes on the device, which :mod:`glassgpt.kernels.policy` decides.
+Pure Python: no torch import (``describe`` and the trainer's batch check stay cheap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from glassgpt.errors import ConfigError
+from glassgpt.kernels.policy import attention_path
+from glassgpt.model.accounting import _int, count_parameters
+from glassgpt.model.config import GPTConfig
+
+_ITEMSIZE = {
+    "float64": 8,
+    "double": 8,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+}
+
+
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of a floating dtype given by name or as a ``torch.dtype``.
+
+    >>> [itemsize(d) for d in ("float32", "bf16", "float64")]
+    [4, 2, 8]
+    """
+    name = str(dtype).removeprefix("torch.").lower()
+    if name not in _ITEMSIZE:
+        raise ConfigError(
+            "dtype", f"unknown floating dtype {dtype!r}; known: {', '.join(_ITEMSIZE)}"
+        )
+    return _ITEMSIZE[name]
+
+
+def weight_bytes(config: GPTConfig, dtype: Any = "float32") -> int:
+    """N · itemsize(dtype).
+
+    >>> weight_bytes(GPTConfig.preset("gpt2", bias=False), "bf16")
+    248675328
+    """
+    return count_parameters(config) * itemsize(dtype)
+
+
+_SAVES_INPUT = ("gelu", "gelu_tanh", "silu")  # the others' backward needs only their output
+
+
+def activation_bytes(
+    config: GPTConfig,
+    batch_size: int,
+    seq_len: int,
+    dtype: Any = "float32",
+    *,
+    param_dtype: Any = "float32",
+    attn_impl: str = "sdpa",
+    device: str = "cpu",
+) -> int:
+    """Bytes autograd keeps from the forward pass for the backward, at batch B × T, on
+    ``device`` (a device type: the attention kernel, and so what it keeps, depends on it).
+
+    r = itemsize of the weights (and so of the residual stream), s = of the compute dtype
+    (s < r under autocast). Per token and block:
+
+    - each norm: its input (r·d), its output as the next matmul's input (s·d), float32
+      statistics; RMSNorm (a composite kernel) also keeps x/rms (r·d);
+    - attention, fused kernel: the q|k|v buffer and z (s·4·H·d_head), a float32 log-sum-exp
+      per head, and with RoPE the rotated q and k (s·2·H·d_head); the explicit path keeps
+      q, k, v, z and the pattern (s·H·T), with dropout also its mask and the dropped
+      pattern (s·2·H·T); on a CPU (``glassgpt.kernels.policy``) dropout on the pattern sends
+      the fused kernel to its float32 fallback, which keeps q, k, v, the pattern, its mask
+      and the dropped pattern (4 bytes), and bf16 heads narrower than 64 take the explicit
+      product up to 128 keys, which keeps q, k, v, z, the float32 softmax (4·H·T) and its
+      bf16 copy (s·H·T), and the float32 fused kernel beyond;
+    - MLP: the matmul input of W_out and each activation's input (GELU, SiLU) or output
+      (ReLU, sigmoid, tanh): s·2·d_mlp (ReLU s·d_mlp); gated: σ(gate), σ'(value) and
+      their product, plus each arm's pre-activation where its σ keeps its input; under
+      autocast the two arms cast their input separately (s·d);
+    - dropout > 0: a mask like each residual branch (s·d each) and like x₀ (r·d).
+
+    Then the post-norm model's x₀ (s·d), the final norm (pre-norm), the logits (s·n_vocab,
+    held by the caller), the cross-entropy's float32 log-probabilities and the int64
+    tokens and targets. Once per step, under autocast: the s-byte copy of every matmul weight
+    (W_QKV, W_O, the MLP's, the unembedding). ``tests/model/test_accounting.py`` checks this
+    against what autograd saves.
+    """
+    c = config
+    s, r = itemsize(dtype), itemsize(param_dtype)
+    for field, value in (("batch_size", batch_size), ("seq_len", seq_len)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ConfigError(field, f"must be a positive integer, got {value!r}")
+    if attn_impl not in ("sdpa", "explicit"):
+        raise ConfigError("attn_impl", f"must be 'sdpa' or 'explicit', got {attn_impl!r}")
+    d, H, dh, dm, T, V = c.d_model, c.n_heads, _int(c.d_head), _int(c.d_mlp), seq_len, c.n_vocab
+    dropout, autocast = c.dropout > 0.0, s < r
+    norm = r * d + s * d + (8 if c.norm == "layernorm" else 4 + r * d)
+    attn = _attention_bytes(c, T, s, autocast, dropout, attn_impl, device)
+    gate, value = c.mlp_activations
+    if value is None:
+        mlp = s * dm * (2 if gate in _SAVES_INPUT else 1)
+    else:
+        kept_inputs = (gate in _SAVES_INPUT) + (value in _SAVES_INPUT)
+        mlp = s * dm * (3 + kept_inputs) + (s * d if autocast else 0)
+    if c.attn_only:  # no MLP sublayer and no second norm
+        per_block = norm + attn + (s * d if dropout else 0)
+    else:
+        per_block = 2 * norm + attn + mlp + (2 * s * d if dropout else 0)
+    per_token = c.n_layers * per_block + s * V + 4 * V + 2 * 8
+    per_token += norm if c.final_norm else s * d
+    per_token += r * d if dropout else 0
+    weights = 0
+    if autocast:  # a low-precision copy of each matmul weight, kept for the backward
+        mlp_w = 0 if c.attn_only else (3 if c.gated else 2) * d * dm
+        weights = s * (c.n_layers * (4 * H * dh * d + mlp_w) + d * V)
+    return batch_size * seq_len * per_token + weights
+
+
+def _attention_bytes(
+    c: GPTConfig, T: int, s: int, autocast: bool, dropout: bool, attn_impl: str, device: str
+) -> int:
+    """Bytes one attention sublayer keeps per token (see :func:`activation_bytes`)."""
+    H, dh = c.n_heads, _int(c.d_head)
+    path = attention_path(device, "bfloat16" if s == 2 else "float32", dh, T, dropout=dropout)
+    if attn_impl == "explicit":
+        return s * (4 * H * dh + H * T * (3 if dropout else 1))
+    if dropout and path in ("math", "fused_float32"):
+        # the fused kernel falls back to float32 math: q, k, v, pattern, mask, dropped
+        return 4 * (3 * H * dh + 3 * H * T) + s * H * dh
+    if path == "explicit_bf16":
+        # q, k, v, z and the pattern in bf16 plus the softmax's float32 output
+        return s * 4 * H * dh + (4 + s) * H * T
+    if path == "fused_float32" and autocast:
+        # float32 q, k, v and z, the bf16 z for W_O, the log-sum-exp
+        # (measured: tests/model/test_accounting.py)
+        return 4 * 4 * H * dh + s * H * dh + 4 * H
+    return s * (4 * H * dh + (2 * H * dh if c.positional == "rope" else 0)) + 4 * H
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of one training step by component (see the module docstring for the formulas)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def as_dict(self) -> dict[str, int]:
+        """Each component and the total."""
+        return {**asdict(self), "total": self.total}
+
+
+def estimate_training_memory(
+    config: GPTConfig,
+    batch_size: int,
+    seq_len: int,
+    dtype: Any = "float32",
+    *,
+    param_dtype: Any = "float32",
+    attn_impl: str = "sdpa",
+    device: str = "cpu",
+) -> MemoryEstimate:
+    """Bytes for one AdamW step at batch B × T, with activations in ``dtype`` (the autocast
+    dtype, or the weights' dtype without autocast) and weights stored in ``param_dtype``, on
+    ``device`` (a device type, ``"cpu"`` or ``"cuda"``).
+
+    >>> m = estimate_training_memory(GPTConfig.preset("gpt2"), 8, 1024, "bfloat16")
+    >>> m.optimizer == 2 * m.weights, format_bytes(m.weights), format_bytes(m.activations)
+    (True, '475 MiB', '5.10 GiB')
+    """
+    n = count_parameters(config)
+    p = itemsize(param_dtype)
+    master = 4 * n if p < 4 else 0
+    return MemoryEstimate(
+        weights=n * p,
+        gradients=n * p,
+        optimizer=8 * n + master,
+        activations=activation_bytes(
+            config,
+            batch_size,
+            seq_len,
+            dtype,
+            param_dtype=param_dtype,
+            attn_impl=attn_impl,
+            device=device,
+        ),
+    )
+
+
+def format_bytes(n: int) -> str:
+    """Binary units, three significant figures.
+
+    >>> format_bytes(3 * 2**30), format_bytes(1536), format_bytes(12), format_bytes(500 * 2**20)
+    ('3.00 GiB', '1.50 KiB', '12 B', '500 MiB')
+    """
+    if n < 1024:
+        return f"{n} B"
+    value, unit = n / 1024, "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
+        if value < 1000:
+            break
+        value, unit = value / 1024, bigger
+    decimals = 2 if value < 10 else 1 if value < 100 else 0
+    return f"{value:.{decimals}f} {unit}"

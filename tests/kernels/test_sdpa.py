@@ -1,0 +1,62 @@
+"""The attention kernel's CPU small-head paths against float64 softmax(q kᵀ/√d + M) v."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from glassgpt.kernels import attention_path
+
+
+def test_policy_follows_the_device() -> None:
+    """The same bf16 small-head shape takes the explicit product on a CPU, the fused kernel
+    on a GPU; float32 and wide heads take the fused kernel everywhere."""
+    assert attention_path("cpu", "bfloat16", 16, 64) == "explicit_bf16"
+    assert attention_path("cpu", "bfloat16", 16, 129) == "fused_float32"
+    assert attention_path("cpu", "bfloat16", 16, 64, masked=True) == "fused_float32"
+    assert attention_path("cuda", "bfloat16", 16, 64) == "fused"
+    assert attention_path("cpu", "float32", 16, 64) == "fused"
+    assert attention_path("cpu", "bfloat16", 64, 64) == "fused"
+    assert attention_path("cpu", "float32", 64, 64, dropout=True) == "math"
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16-autocast", "fp32"])
+@pytest.mark.parametrize("offset", [0, 7])
+@pytest.mark.parametrize("length", [40, 130])  # explicit product (≤ 128 keys), fused float32
+def test_small_cpu_heads_match_float64(length: int, offset: int, bf16: bool, monkeypatch) -> None:
+    """On CPUs, heads narrower than 64 under bf16 autocast take the explicit product up to 128
+    keys and the float32 fused kernel beyond (float32 heads always the fused kernel); each
+    agrees with the float64 softmax(q kᵀ/√d + M) v to the precision's accuracy, forward and
+    backward (``offset``: queries after cached keys)."""
+    from glassgpt.kernels import sdpa
+
+    fused_calls = []
+    real_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        sdpa.F,
+        "scaled_dot_product_attention",
+        lambda *a, **k: fused_calls.append(a[0].dtype) or real_sdpa(*a, **k),
+    )
+    gen = torch.Generator().manual_seed(length + offset)
+    t_q, t_k = length - offset, length
+    shapes = [(2, 3, t_q, 16), (2, 3, t_k, 16), (2, 3, t_k, 16)]
+    q64, k64, v64 = (torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes)
+    g = torch.randn(2, 3, t_q, 16, generator=gen, dtype=torch.float64)
+    leaves = [t.float().requires_grad_() for t in (q64, k64, v64)]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        z = sdpa.attention(*leaves, offset=offset)
+    z.backward(g.float())
+    assert z.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    assert fused_calls == ([] if t_k <= 128 and bf16 else [torch.float32])
+
+    leaves64 = [t.requires_grad_() for t in (q64, k64, v64)]
+    hidden = torch.ones(t_q, t_k, dtype=torch.bool).triu(offset + 1)
+    scores = (leaves64[0] @ leaves64[1].transpose(-1, -2)) / 4.0  # √16
+    z64 = torch.softmax(scores.masked_fill(hidden, float("-inf")), -1) @ leaves64[2]
+    z64.backward(g)
+    # bf16 keeps 8 bits of mantissa: relative errors of a few 1e-3 per entry
+    tol = 2e-2 if bf16 else 1e-5
+    assert (z.double() - z64).norm() / z64.norm() < tol
+    for got, want in zip(leaves, leaves64, strict=True):
+        assert (got.grad.double() - want.grad).norm() / want.grad.norm() < 1.5 * tol

@@ -171,17 +171,21 @@ def test_empty_prompt_starts_from_endoftext_or_id_zero() -> None:
 
 
 @pytest.mark.parametrize("positional", ["learned", "rope"])
-def test_sliding_window_equals_recomputing_the_window(positional: str) -> None:
-    """Past n_ctx, each token is predicted from the last ``window`` tokens re-encoded:
-    with window = n_ctx − 1 that is nanoGPT's crop, checked by full forward passes."""
+@pytest.mark.parametrize("window", [10, 7])
+def test_sliding_window_equals_recomputing_the_window(positional: str, window: int) -> None:
+    """Past n_ctx, the last ``window`` tokens are re-encoded and the cache grows again to
+    n_ctx; with window = n_ctx that is nanoGPT's crop. Checked by full forward passes."""
     model = tiny(positional, n_ctx=10)
     prompt = [1, 2, 3, 4, 5, 6, 7]
     with pytest.warns(ContextWarning, match="n_ctx=10"):
-        got = generate(model, prompt, max_new_tokens=15, temperature=0, window=9)
-    seq = list(prompt)
+        got = generate(model, prompt, max_new_tokens=15, temperature=0, window=window)
+    seq, seen = list(prompt), list(prompt)  # seen: the tokens the model conditions on
     with torch.no_grad():
         for _ in range(15):
-            seq.append(int(model(torch.tensor([seq[-10:]]))[0, -1].argmax()))
+            seq.append(int(model(torch.tensor([seen]))[0, -1].argmax()))
+            seen = [*seen, seq[-1]] if len(seen) < 10 else seq[-window:]
+            if window == 10:  # nanoGPT's crop: always the last n_ctx tokens
+                assert seen == seq[-10:]
     assert got == seq[len(prompt) :]
     with pytest.raises(ContextOverflowError):
         generate(model, prompt, max_new_tokens=15, temperature=0, overflow="error")

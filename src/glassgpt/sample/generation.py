@@ -14,8 +14,8 @@ Context overflow policy: a model sees at most n_ctx positions.
 - ``overflow="slide"`` (default): when the cache is full, the window slides: the last
   ``window`` tokens (default ⌊3·n_ctx/4⌋) are re-encoded and generation continues, so every
   token is predicted from at least ``window`` tokens of context; a ``ContextWarning`` says
-  so once. ``window = n_ctx − 1`` gives nanoGPT's crop-every-step semantics (recomputing
-  every step). A prompt longer than n_ctx is refused (``ContextOverflowError``): it is the
+  so once. ``window = n_ctx`` gives nanoGPT's crop-every-step semantics (every token
+  predicted from the last n_ctx tokens, recomputed every step). A prompt longer than n_ctx is refused (``ContextOverflowError``): it is the
   user's input, and dropping part of it silently would be a surprise.
 - ``overflow="truncate"``: as ``slide``, and a prompt longer than n_ctx keeps its last
   ``window`` tokens (with the warning).

@@ -25,6 +25,7 @@ said once per reason and process with an :class:`EngineFallbackWarning`.
 
 from __future__ import annotations
 
+import importlib
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -74,10 +75,9 @@ def fall_back(reason: str, instead: str = PYTHON_LOOP) -> None:
 def compiled() -> Any | None:
     """The ``_fastbpe`` extension module, or None when it was not built."""
     try:
-        from glassgpt.tokenizer import _fastbpe
+        return importlib.import_module("glassgpt.tokenizer._fastbpe")
     except ImportError:
         return None
-    return _fastbpe
 
 
 def build(tok: Vocabulary) -> Any | None:

@@ -114,6 +114,7 @@ def test_without_the_extension_tiktoken_encodes_after_one_warning(
         assert other.encode_ordinary("a b'll") == ref.encode_ordinary("a b'll")
 
 
+@pytest.mark.filterwarnings("ignore:the compiled encoder")
 def test_characters_the_engines_class_differently_fall_back(no_compiled, gpt2_tok, gpt2_ref):
     tok = fresh(gpt2_tok)
     text = "Ֆ\u0558 x\U0003ed9b1 \u0558"  # U+0558 and U+3ED9B are letters for regex only

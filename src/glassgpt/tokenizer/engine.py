@@ -116,14 +116,15 @@ class CompiledEngine:
     """``_fastbpe.Engine`` over ``tok``'s tables; lone surrogates become U+FFFD, as in :mod:`.bpe`."""
 
     def __init__(self, ext: Any, tok: Vocabulary) -> None:
-        merges = [(a, b, c) for (a, b), c in tok.merges.items()]
+        pairs = tok.merges  # not tok: the engine is held by tok, so no reference back (no cycle)
+        merges = [(a, b, c) for (a, b), c in pairs.items()]
         vocab = list(tok.vocab)
         byte_ids = {t[0]: i for i, t in reversed(list(enumerate(vocab))) if len(t) == 1}
         ranks: dict[tuple[int, int], int] = {}
 
         def long_bpe(data: bytes) -> list[int]:  # merge.py's O(n log n) loop, for long pieces
             if not ranks:
-                ranks.update(rank_table(tok.merges))
+                ranks.update(rank_table(pairs))
             return bpe_heap([byte_ids[x] for x in data], ranks)
 
         self.engine = ext.Engine(vocab, merges, class_table(), tok.pattern_name == "gpt4", long_bpe)

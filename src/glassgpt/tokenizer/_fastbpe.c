@@ -285,6 +285,7 @@ static int encode_piece(Engine *e, Call *c, const uint8_t *s, Py_ssize_t a, Py_s
 }
 
 static PyObject *Engine_encode(Engine *e, PyObject *text) {
+    if (!e->blob) return PyErr_Format(PyExc_RuntimeError, "Engine was not built (__init__)");
     if (!PyUnicode_Check(text)) return PyErr_Format(PyExc_TypeError, "encode takes a str");
     Py_ssize_t n;
     const uint8_t *s = (const uint8_t *)PyUnicode_AsUTF8AndSize(text, &n); /* lone surrogates: UnicodeEncodeError */

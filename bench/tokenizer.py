@@ -8,6 +8,9 @@ Encoding uses GPT-2's original files, read three ways: ``Tokenizer.from_gpt2``, 
 ``Encoding`` built offline (mergeable_ranks from encoder.json), and an HF ``tokenizers`` BPE
 with a ByteLevel pre-tokenizer. Their ids are checked equal in the same run.
 
+The cold rows are repeated with byte-level BPE tokenizers glassgpt trains (patterns
+``gpt2`` and ``gpt4``), beside tiktoken built from the same tokens.
+
 Encoding is timed *cold*, as a user meets it: every repeat builds a fresh tokenizer object
 of each kind (outside the timer) and times its first pass over the text, so no cache of
 any library has seen the text (HF's BPE keeps a word cache; glassgpt's Python loop keeps
@@ -174,6 +177,38 @@ def bench_codec(
     return rows
 
 
+def bench_trained(name: str, text: str, vocab_size: int, repeats: int) -> list[tuple]:
+    """Cold encoding with tokenizers glassgpt trains (each pattern), beside tiktoken built from them.
+
+    Trained on the first 1 MB of Tiny Shakespeare (not on ``text``); HF has no row here.
+    """
+    from glassgpt.tokenizer import Tokenizer
+    from glassgpt.tokenizer.engine import to_tiktoken_encoding
+
+    sample = (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8")[:1_000_000]
+    mb = len(text.encode("utf-8")) / 1e6
+    rows = []
+    for pattern in ("gpt2", "gpt4"):
+        trained = Tokenizer.train([sample], vocab_size, pattern=pattern)
+        saved = trained.to_dict()
+
+        def fresh_tok(saved: dict = saved) -> Any:
+            tok = Tokenizer.from_dict(saved)
+            tok.engine()
+            return tok
+
+        (t_ours, ids), (t_tk, ids_tk) = cold(
+            [
+                (fresh_tok, lambda t: t.encode_ordinary(text)),
+                (lambda t=trained: to_tiktoken_encoding(t), lambda t: t.encode_ordinary(text)),
+            ],
+            repeats,
+        )
+        what = f"trained {pattern}, {vocab_size} ids: cold (MB/s)"
+        rows.append((name, what, mb / t_ours, mb / t_tk, None, ids == ids_tk))
+    return rows
+
+
 def bench_train(name: str, text: str, sizes: list[int], tmp: Path) -> list[tuple]:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers, trainers
@@ -232,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         "--train-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 32768]
     )
     p.add_argument("--no-train", action="store_true")
+    p.add_argument(
+        "--trained-size", type=int, default=8192, help="ids of the tokenizers trained for cold rows"
+    )
     args = p.parse_args(argv)
 
     encoder_json, vocab_bpe = SHARED / "gpt2" / "encoder.json", SHARED / "gpt2" / "vocab.bpe"
@@ -252,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.corpus:
             text = corpora[name]()
             rows += bench_codec(name, text, tok, tk, hf, args.repeats, args.threads)
+            rows += bench_trained(name, text, args.trained_size, args.repeats)
             if not args.no_train:
                 rows += bench_train(name, text, args.train_sizes, Path(tmp))
     header = f"{'corpus':<12} {'measure':<36} {'glassgpt':>9} {'tiktoken':>9} {'HF':>9} {'vs tiktoken':>11} {'vs HF':>7}  same ids"

@@ -1,7 +1,14 @@
-"""The fast engine (tiktoken's core) against the reference: the Python merge loop of bpe.py."""
+"""The fast engines against the reference, the Python merge loop of bpe.py.
+
+The compiled engine (``_fastbpe``) encodes where it is built; the tests marked with the
+``no_compiled`` fixture hide it, as an install without a C compiler would, so that
+tiktoken's core (the fallback) is held to the same ids. test_fastbpe.py tests the compiled
+engine in depth.
+"""
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -43,6 +50,17 @@ def fresh_warnings(monkeypatch) -> None:
     monkeypatch.setattr(engine, "_warned", set())
 
 
+@pytest.fixture
+def no_compiled(monkeypatch) -> None:
+    """As if the extension were not built: ``from glassgpt.tokenizer import _fastbpe`` fails."""
+    monkeypatch.setitem(sys.modules, "glassgpt.tokenizer._fastbpe", None)
+
+
+def fresh(tok: Tokenizer) -> Tokenizer:
+    """The same tokenizer, with no engine built yet."""
+    return Tokenizer(tok.vocab, tok.merges, pattern=tok.pattern, special_tokens=tok.special_tokens)
+
+
 def test_gpt2_and_trained_tokenizers_use_the_engine(gpt2_tok, trained) -> None:
     for tok in (gpt2_tok, trained[0]):
         assert tiktoken_agrees(tok) is None
@@ -82,12 +100,36 @@ def test_whole_corpora_equal_reference(gpt2_tok, gpt2_ref, trained, shakespeare_
     )
 
 
-def test_characters_the_engines_class_differently_fall_back(gpt2_tok, gpt2_ref) -> None:
+def test_without_the_extension_tiktoken_encodes_after_one_warning(
+    no_compiled, gpt2_tok, gpt2_ref, trained
+) -> None:
+    tok = fresh(gpt2_tok)
+    with pytest.warns(EngineFallbackWarning, match="_fastbpe is not built.*tiktoken's core"):
+        assert type(tok.engine()).__name__ == "Encoding"  # tiktoken's
+    assert tok.encode_ordinary("a b'll") == gpt2_ref.encode_ordinary("a b'll")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once only
+        other, ref = fresh(trained[0]), trained[1]
+        assert type(other.engine()).__name__ == "Encoding"
+        assert other.encode_ordinary("a b'll") == ref.encode_ordinary("a b'll")
+
+
+@pytest.mark.filterwarnings("ignore:the compiled encoder")
+def test_characters_the_engines_class_differently_fall_back(no_compiled, gpt2_tok, gpt2_ref):
+    tok = fresh(gpt2_tok)
     text = "Ֆ\u0558 x\U0003ed9b1 \u0558"  # U+0558 and U+3ED9B are letters for regex only
     with pytest.warns(EngineFallbackWarning, match="Unicode tables"):
-        ids = gpt2_tok.encode_ordinary(text)
+        ids = tok.encode_ordinary(text)
     assert ids == gpt2_ref.encode_ordinary(text)
-    assert gpt2_tok.engine() is not None  # other texts still use it
+    assert tok.engine() is not None  # other texts still use it
+
+
+def test_the_compiled_engine_classes_as_regex_does(gpt2_tok, gpt2_ref) -> None:
+    pytest.importorskip("glassgpt.tokenizer._fastbpe", reason="the extension is not built")
+    text = "Ֆ\u0558 x\U0003ed9b1 \u0558"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback: the classes are regex's own
+        assert gpt2_tok.encode_ordinary(text) == gpt2_ref.encode_ordinary(text)
 
 
 def test_lone_surrogates_equal_reference(gpt2_tok, gpt2_ref) -> None:
@@ -97,7 +139,7 @@ def test_lone_surrogates_equal_reference(gpt2_tok, gpt2_ref) -> None:
 
 @pytest.mark.parametrize(
     ("pattern", "why"), [(None, "no pattern"), (r"\w+|\W+", "a custom pattern")]
-)
+)  # the same with or without the extension
 def test_other_patterns_warn_once_and_use_the_python_loop(pattern, why) -> None:
     tok = Tokenizer.from_merges([(b"a", b"b")], pattern=pattern)
     with pytest.warns(EngineFallbackWarning, match=why):
@@ -108,7 +150,7 @@ def test_other_patterns_warn_once_and_use_the_python_loop(pattern, why) -> None:
     assert tok.engine() is None
 
 
-def test_vocab_tiktoken_cannot_reproduce_warns_and_keeps_the_reference_ids() -> None:
+def test_vocab_tiktoken_cannot_reproduce_warns_and_keeps_the_reference_ids(no_compiled) -> None:
     # 'abc' is merge ab + c, but our loop on "abc" merges b + c first: tiktoken would make
     # 'abc' from a + bc, and so encode "abc" as one token where we give two.
     tok = Tokenizer.from_merges([(b"b", b"c"), (b"a", b"b"), (b"ab", b"c")])

@@ -1,35 +1,43 @@
-"""The fast encoder: tiktoken's Rust core, built from the tokenizer's own tokens.
+"""The fast encoder: a compiled extension of our own, built from the tokenizer's tables.
 
     engine.encode_ordinary(text) == the merge loop of :mod:`.bpe` on text     (same ids)
 
 :mod:`.bpe` is the definition (regex split, then pair merges by rank, in Python); this
-module only makes it fast, and only where the ids provably stay the same:
+module only makes it fast. For the ``"gpt2"`` and ``"gpt4"`` patterns, ``_fastbpe`` (C,
+``tokenizer/_fastbpe.c``) splits with a hand-written scanner per pattern and merges with
+the same loop; its Unicode classes (``\\p{L}``, ``\\p{N}``, ``\\s``, and which letters
+``(?i:s)`` etc. match) come from a table built once per process with the ``regex`` module
+itself (:func:`class_table`), so they are the reference's by construction. It releases
+the GIL while it encodes, so threads run it on every core. Its cache of pieces lives for
+one call: every call is cold.
 
-- the pattern is ``"gpt2"`` or ``"gpt4"``, which tiktoken's regex engine reads as the
-  ``regex`` module does (a custom regex may not be read the same way; ``None``, one chunk
-  per text, would hit tiktoken's merge loop, quadratic in the chunk length);
+Where the compiled extension is missing (installed without a C compiler), tiktoken's Rust
+core encodes instead, only where the ids provably stay the same:
+
 - tiktoken's merges by rank of concatenation are our pair merges (:func:`tiktoken_agrees`);
 - the text holds no character that the two engines' Unicode tables class differently
   (``regex`` ships a newer Unicode: e.g. U+0558 is a letter there only); such a text is
   encoded by the Python loop.
 
-Where one of these fails, a :class:`EngineFallbackWarning` says which, once per reason
-and process, and the Python loop encodes. tiktoken releases the GIL while it encodes, so
-threads run it on every core.
+Other patterns (a custom regex, or None) are encoded by the Python loop. Each fallback is
+said once per reason and process with an :class:`EngineFallbackWarning`.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import warnings
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
+import numpy as np
 import regex
 
 from glassgpt.errors import GlassError
-from glassgpt.tokenizer.merge import bpe, rank_table
+from glassgpt.tokenizer.corpus import fix_surrogates
+from glassgpt.tokenizer.merge import bpe, bpe_heap, rank_table
 
 FAST_PATTERNS = ("gpt2", "gpt4")
 _CLASSES = (r"\p{L}", r"\p{N}", r"\s")
@@ -51,36 +59,104 @@ class Vocabulary(Protocol):
 
 
 class EngineFallbackWarning(UserWarning):
-    """The fast engine cannot give the reference ids here; the Python loop encodes."""
+    """The compiled engine cannot encode here; a slower one (same ids) does."""
 
 
-def fall_back(reason: str) -> None:
-    """Warn once per ``reason`` (and process) that the Python loop encodes instead."""
+PYTHON_LOOP = "encoding with the Python merge loop (slower, same ids)"
+
+
+def fall_back(reason: str, instead: str = PYTHON_LOOP) -> None:
+    """Warn once per ``reason`` (and process) that another engine encodes instead."""
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(
-            f"{reason}; encoding with the Python merge loop (slower, same ids)",
-            EngineFallbackWarning,
-            stacklevel=4,
-        )
+        warnings.warn(f"{reason}; {instead}", EngineFallbackWarning, stacklevel=4)
+
+
+def compiled() -> Any | None:
+    """The ``_fastbpe`` extension module, or None when it was not built."""
+    try:
+        return importlib.import_module("glassgpt.tokenizer._fastbpe")
+    except ImportError:
+        return None
 
 
 def build(tok: Vocabulary) -> Any | None:
-    """The ``tiktoken.Encoding`` giving ``tok``'s ids, or None (after a warning) if none can."""
+    """An object whose ``encode_ordinary`` gives ``tok``'s ids, or None (after a warning)."""
     if tok.pattern_name not in FAST_PATTERNS:
         what = "no pattern" if tok.pattern is None else "a custom pattern"
-        fall_back(f"tokenizer with {what}: tiktoken's core is used only for 'gpt2' and 'gpt4'")
+        fall_back(f"tokenizer with {what}: the fast engines know only 'gpt2' and 'gpt4'")
         return None
+    ext = compiled()
+    if ext is not None:
+        return CompiledEngine(ext, tok)
     try:
         import tiktoken  # noqa: F401
     except ImportError:
-        fall_back("tiktoken is not installed")
+        fall_back(
+            "the compiled encoder glassgpt.tokenizer._fastbpe is not built and tiktoken "
+            "is not installed"
+        )
         return None
     problem = tiktoken_agrees(tok)
     if problem is not None:
-        fall_back(f"tiktoken's rank order would give other ids ({problem})")
+        fall_back(
+            f"the compiled encoder is not built, and tiktoken's rank order would give "
+            f"other ids ({problem})"
+        )
         return None
+    fall_back(
+        "the compiled encoder glassgpt.tokenizer._fastbpe is not built (installed without a "
+        "C compiler?)",
+        "encoding with tiktoken's core (same ids)",
+    )
     return to_tiktoken_encoding(tok)
+
+
+class CompiledEngine:
+    """``_fastbpe.Engine`` over ``tok``'s tables; lone surrogates become U+FFFD, as in :mod:`.bpe`."""
+
+    def __init__(self, ext: Any, tok: Vocabulary) -> None:
+        pairs = tok.merges  # not tok: the engine is held by tok, so no reference back (no cycle)
+        merges = [(a, b, c) for (a, b), c in pairs.items()]
+        vocab = list(tok.vocab)
+        byte_ids = {t[0]: i for i, t in reversed(list(enumerate(vocab))) if len(t) == 1}
+        ranks: dict[tuple[int, int], int] = {}
+
+        def long_bpe(data: bytes) -> list[int]:  # merge.py's O(n log n) loop, for long pieces
+            if not ranks:
+                ranks.update(rank_table(pairs))
+            return bpe_heap([byte_ids[x] for x in data], ranks)
+
+        self.engine = ext.Engine(vocab, merges, class_table(), tok.pattern_name == "gpt4", long_bpe)
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        try:
+            return self.engine.encode(text)
+        except UnicodeEncodeError:
+            return self.engine.encode(fix_surrogates(text))
+
+
+@lru_cache(maxsize=1)
+def class_table() -> bytes:
+    """For each code point: bits 0-1 its group (0 other, 1 ``\\p{L}``, 2 ``\\p{N}``, 3 ``\\s``),
+    bits 2-5 which of ``(?i:s)``, ``(?i:d)``, ``(?i:m)``, ``(?i:t)``, ``(?i:l)``, ``(?i:v)``,
+    ``(?i:e)``, ``(?i:r)`` it matches (1-8; 0 none), all as the ``regex`` module reads them.
+
+    >>> t = class_table()
+    >>> [t[ord(c)] & 3 for c in "a1 .\u0558"], [t[ord(c)] >> 2 for c in "sSE\u017fx"]
+    ([1, 2, 3, 0, 1], [1, 1, 7, 1, 0])
+    """
+    everything = "".join(map(chr, range(0x110000)))  # surrogates included; never looked up
+    table = np.zeros(0x110000, dtype=np.uint8)
+    for group, cls in ((1, r"\p{L}+"), (2, r"\p{N}+"), (3, r"\s+")):
+        for m in regex.finditer(cls, everything):
+            table[m.start() : m.end()] = group
+    letters = "sdmtlver"
+    for m in regex.finditer(f"(?i:[{letters}])", everything):
+        c = m.group()
+        k = next(k for k, x in enumerate(letters) if regex.fullmatch(f"(?i:{x})", c))
+        table[ord(c)] |= (k + 1) << 2
+    return table.tobytes()
 
 
 def tiktoken_agrees(tok: Vocabulary) -> str | None:
@@ -137,10 +213,12 @@ def to_tiktoken_encoding(tok: Vocabulary, name: str = "glassgpt") -> Any:
 def same_classes(text: str) -> bool:
     """Whether ``regex`` and tiktoken class every character of ``text`` alike (\\p{L}, \\p{N}, \\s).
 
-    >>> same_classes("naïve 日本語 🙂"), same_classes("\u0558")
-    (True, False)
+    Always True where the compiled engine encodes (it reads the ``regex`` module's classes).
+
+    >>> same_classes("naïve 日本語 🙂")
+    True
     """
-    if text.isascii():
+    if text.isascii() or compiled() is not None:
         return True
     new = set(_beyond_agreed().findall(text)) - _agreed
     if not new:

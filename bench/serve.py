@@ -88,8 +88,10 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def stream_once(port: int, body: dict) -> tuple[float, list[float], int]:
-    """(time to first token, token arrival times, completion tokens) of one request."""
+def stream_once(port: int, body: dict) -> tuple[float | None, list[float], int]:
+    """(time to first token, token arrival times, completion tokens) of one request; no
+    first token when the model's first draw was its end-of-text token (finish_reason stop:
+    with random weights that is about one request in n_vocab, and not an error)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     start = time.perf_counter()
     conn.request("POST", "/v1/completions", body=json.dumps(body),
@@ -97,7 +99,7 @@ def stream_once(port: int, body: dict) -> tuple[float, list[float], int]:
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-    arrivals, tokens = [], 0
+    arrivals, tokens, finish = [], 0, None
     for raw in resp:
         line = raw.strip()
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -107,11 +109,15 @@ def stream_once(port: int, body: dict) -> tuple[float, list[float], int]:
             raise RuntimeError(chunk["error"]["message"])
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
-        elif chunk["choices"] and chunk["choices"][0]["text"]:
-            arrivals.append(time.perf_counter() - start)
+        elif chunk["choices"]:
+            finish = chunk["choices"][0].get("finish_reason") or finish
+            if chunk["choices"][0]["text"]:
+                arrivals.append(time.perf_counter() - start)
     conn.close()
     if not arrivals:
-        raise RuntimeError("no tokens")
+        if finish == "stop":
+            return None, [], tokens
+        raise RuntimeError(f"no tokens (finish_reason {finish})")
     return arrivals[0], arrivals, tokens
 
 
@@ -131,14 +137,17 @@ def load_level(
                     "stream_options": {"include_usage": True}}  # fmt: skip
             try:
                 first, arrivals, n = stream_once(port, body)
-            except Exception:
+            except Exception as e:
                 with lock:
                     errors[0] += 1
+                    if errors[0] <= 3:
+                        print(f"  error ({clients} clients): {e}", file=sys.stderr)
                 continue
             with lock:
                 requests[0] += 1
                 tokens[0] += n
-                ttft.append(first)
+                if first is not None:
+                    ttft.append(first)
                 if len(arrivals) > 1:
                     per_token.append((arrivals[-1] - arrivals[0]) / (len(arrivals) - 1))
 

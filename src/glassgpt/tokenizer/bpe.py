@@ -8,8 +8,9 @@ merge loop (:mod:`~glassgpt.tokenizer.merge`), so ``decode(encode(s)) == s`` for
 With GPT-2's files the ids are tiktoken's ``gpt2`` ids.
 
 The merge loop here is the definition. For speed, :meth:`Tokenizer.encode_ordinary` hands
-the text to tiktoken's Rust core built from the same tokens (:mod:`.engine`) wherever that
-provably gives the same ids, and says once when it cannot. The Python loop (``fast =
+the text to glassgpt's compiled encoder for the ``gpt2`` and ``gpt4`` patterns (or, where it
+was not built, tiktoken's Rust core where that provably gives the same ids) built from the
+same tokens (:mod:`.engine`), and says once when neither can. The Python loop (``fast =
 False``) keeps its own speed-ups, again without changing a single id: a cache chunk → ids
 (most chunks repeat), and for the named patterns a second cache over whole space-separated
 pieces, cut at *safe spaces* (:func:`~glassgpt.tokenizer.pretokenize.space_segments`), so
@@ -57,7 +58,7 @@ class Tokenizer(files.SavedAsJson):
     Importers of other formats (tiktoken, HF ``tokenizer.json``) build it the same way.
     Public attributes: ``vocab``, ``merges``, ``special_tokens``, ``pattern`` (regex
     source or None), ``pattern_name`` (``"gpt2"``, ``"gpt4"`` or None), ``n_vocab``, and
-    ``fast``: True (default) to encode with tiktoken's core where it gives the same ids
+    ``fast``: True (default) to encode with the compiled engine where it gives the same ids
     (:mod:`.engine`), False for the Python merge loop alone.
 
     >>> vocab = [bytes([b]) for b in range(256)] + [b"ab", b"abc"]
@@ -108,7 +109,7 @@ class Tokenizer(files.SavedAsJson):
         self._special_names = frozenset(self.special_tokens)
         self._pieces = PieceCache(self._encode_spaced) if self.pattern_name else None
         self.fast = True
-        self._engine: Any = None  # tiktoken.Encoding, built on first use; False: none
+        self._engine: Any = None  # the fast encoder, built on first use; False: none
 
     @property
     def n_vocab(self) -> int:
@@ -141,10 +142,11 @@ class Tokenizer(files.SavedAsJson):
         return tuple(chain.from_iterable(map(self._chunks.__getitem__, self._split(text))))
 
     def engine(self) -> Any | None:
-        """The ``tiktoken.Encoding`` that gives this tokenizer's ids, or None (Python loop).
+        """The fast encoder that gives this tokenizer's ids (the compiled engine, else a
+        ``tiktoken.Encoding``), or None (Python loop).
 
-        Built on first use; None when ``fast`` is False or when :mod:`.engine` finds that
-        tiktoken could give other ids (it warns once, naming why).
+        Built on first use; None when ``fast`` is False or when :mod:`.engine` finds no
+        engine that gives the same ids (it warns once, naming why).
         """
         if not self.fast:
             return None

@@ -11,6 +11,7 @@ setup(
         Extension(
             "glassgpt.tokenizer._fastbpe",
             ["src/glassgpt/tokenizer/_fastbpe.c"],
+            depends=["src/glassgpt/tokenizer/_fastbpe_scan.h"],
             extra_compile_args=["-O3"],
             optional=True,
         )

@@ -13,6 +13,8 @@ import asyncio
 import codecs
 import contextlib
 import random
+import threading
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -20,6 +22,45 @@ from typing import Any
 
 from glassgpt.sample.filters import SamplingConfig
 from glassgpt.serve.scheduler import Job, Scheduler
+
+
+class _Mailbox:
+    """Results from the scheduler thread into one event loop, one wake-up per batch.
+
+    The scheduler emits an item per sequence per step; waking the loop for each one (a
+    self-pipe write and a callback) costs more than the item. Items wait in a list, and only
+    the first of a batch schedules the drain that hands them to their queues, in order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.lock = loop, threading.Lock()
+        self.items: list[tuple[asyncio.Queue[Any], Any]] = []
+
+    def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        with self.lock:
+            self.items.append((queue, item))
+            first = len(self.items) == 1
+        if first:
+            with contextlib.suppress(RuntimeError):  # the loop has closed (shutting down)
+                self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+    weakref.WeakKeyDictionary()
+)
+_GONE = -1  # the index of the watcher's message: the client has disconnected
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
+    box = _mailboxes.get(loop)
+    if box is None:
+        box = _mailboxes[loop] = _Mailbox(loop)
+    return box
 
 
 @dataclass
@@ -56,7 +97,7 @@ class Run:
     ) -> None:
         self.scheduler, self.tokenizer = scheduler, tokenizer
         self.queue: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        self.mailbox = _mailbox(asyncio.get_running_loop())
         base = s.seed if s.seed is not None else random.randrange(2**62)
         eos = (getattr(tokenizer, "special_tokens", None) or {}).get("<|endoftext|>")
         n_ctx = scheduler.config.n_ctx
@@ -72,16 +113,21 @@ class Run:
                         sampling=s.sampling,
                         max_tokens=s.max_tokens or max(1, n_ctx - len(ids)),
                         seed=base + index,
-                        emit=partial(self._emit, loop, index),
+                        emit=partial(self._emit, index),
                         stop=s.stop,
                         stop_ids=frozenset() if eos is None else frozenset([eos]),
                         logprobs=s.logprobs,
                     )
                 )
 
-    def _emit(self, loop: asyncio.AbstractEventLoop, index: int, kind: str, payload: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop has closed (server shutting down)
-            loop.call_soon_threadsafe(self.queue.put_nowait, (index, kind, payload))
+    def _emit(self, index: int, kind: str, payload: Any) -> None:
+        self.mailbox.post(self.queue, (index, kind, payload))
+
+    async def _watch(self, request: Any) -> None:
+        """Twice a second: has the client gone? Then end :meth:`events`."""
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.5)
+        self.queue.put_nowait((_GONE, "gone", None))
 
     async def events(self, request: Any = None) -> AsyncIterator[tuple[Choice, str, str]]:
         """(choice, "token" | "done" | "error", new text) until every choice has finished.
@@ -90,16 +136,12 @@ class Run:
         for job in self.jobs:
             self.scheduler.submit(job)
         remaining = len(self.jobs)
+        watcher = None if request is None else asyncio.create_task(self._watch(request))
         try:
             while remaining:
-                try:
-                    index, kind, payload = await asyncio.wait_for(
-                        self.queue.get(), None if request is None else 0.5
-                    )
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return
-                    continue
+                index, kind, payload = await self.queue.get()
+                if index == _GONE:
+                    return
                 choice = self.choices[index]
                 if kind == "token":
                     t, info = payload
@@ -116,6 +158,8 @@ class Run:
                 choice.text.append(piece)
                 yield choice, kind, piece
         finally:
+            if watcher is not None:
+                watcher.cancel()
             self.cancel()
 
     def cancel(self) -> None:

@@ -15,6 +15,14 @@ Medians over repeats, glassgpt and transformers interleaved to share the machine
 Then a quality check: perplexity on held-out tinyshakespeare of a small character model
 (trained here for --train-steps, or --checkpoint DIR) in float32 and in bf16.
 Nothing is asserted; targets (float32 ≥ 1.2×, bf16 ≥ 2× transformers' float32) are printed.
+
+CTranslate2 (on by default when ``ctranslate2`` is installed) runs in the same
+interleaved loop: glassgpt's weights are exported with ``glassgpt.interop.to_hf`` beside a
+GPT-2 tokenizer built from ../shared/data/gpt2 (the converter needs a vocabulary and
+bos/eos/unk tokens), then converted by its ``TransformersConverter`` to float32 and int8.
+Its rows give the share of the measured bandwidth limit (weight bytes per step over the
+step time, against the memory bandwidth) and glassgpt's ratio to it at the same precision;
+a last table gives ms/step at contexts 64, 256 and 1,024 for every engine.
 On a GPU (``--device cuda``) the same table compares both libraries on the GPU (transformers
 with SDPA attention), and GB/s is beside the GPU's device-to-device copy rate; timings
 include every host-device synchronisation each library makes.
@@ -23,6 +31,7 @@ include every host-device synchronisation each library makes.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -34,7 +43,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from glassgpt.interop import from_hf  # noqa: E402
+from glassgpt.interop import from_hf, to_hf  # noqa: E402
 from glassgpt.sample import generate  # noqa: E402
 from glassgpt.sample.precision import cast, perplexity  # noqa: E402
 
@@ -67,6 +76,70 @@ def hf_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[
     return out[:, prompts.shape[1] :].tolist()
 
 
+class CT2:
+    """A CTranslate2 ``Generator`` over glassgpt's weights, exported to an HF folder first."""
+
+    def __init__(self, model: torch.nn.Module, quantization: str, threads: int, work: Path) -> None:
+        import ctranslate2
+
+        hf_dir = work / "hf"
+        if not (hf_dir / "tokenizer.json").is_file():
+            to_hf(model, hf_dir)
+            self.vocab = save_gpt2_tokenizer(hf_dir)
+        else:
+            self.vocab = load_vocab(hf_dir)
+        out = work / f"ct2-{quantization}"
+        ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(
+            str(out), quantization=quantization, force=True
+        )
+        self.generator = ctranslate2.Generator(
+            str(out), device="cpu", inter_threads=1, intra_threads=threads
+        )
+        self.bytes_per_param = 4 if quantization == "float32" else 1
+
+    def __call__(self, prompts: torch.Tensor, n: int) -> list[list[int]]:
+        tokens = [[self.vocab[i] for i in row] for row in prompts.tolist()]
+        results = self.generator.generate_batch(
+            tokens, max_length=n, min_length=n, sampling_topk=1, include_prompt_in_result=False
+        )
+        return [r.sequences_ids[0] for r in results]
+
+
+def save_gpt2_tokenizer(folder: Path) -> list[str]:
+    """Write GPT-2's tokenizer (from ../shared/data/gpt2) into ``folder``; return id → token.
+
+    Built from a ``tokenizers.Tokenizer``: with transformers 5, ``GPT2TokenizerFast(vocab_file=,
+    merges_file=)`` comes out with a vocabulary of one token, which CTranslate2 cannot use."""
+    import json
+
+    import tokenizers
+    import transformers
+
+    files = REPO.parent / "shared/data/gpt2"
+    if not (files / "encoder.json").is_file():
+        sys.exit(f"CTranslate2 needs GPT-2's tokenizer files: {files} not found (or --no-ct2)")
+    vocab = json.loads((files / "encoder.json").read_text(encoding="utf-8"))
+    lines = (files / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
+    merges = [tuple(line.split()) for line in lines if line]
+    tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, merges))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = tokenizers.decoders.ByteLevel()
+    eos = "<|endoftext|>"
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token=eos, eos_token=eos, unk_token=eos
+    )
+    fast.save_pretrained(folder)
+    return load_vocab(folder)
+
+
+def load_vocab(folder: Path) -> list[str]:
+    import json
+
+    model = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    by_id = {i: t for t, i in model["vocab"].items()}
+    return [by_id[i] for i in range(len(by_id))]
+
+
 def prefix_agreement(a: list[list[int]], b: list[list[int]]) -> float:
     """Share of generated tokens before the first difference, over the rows (greedy decoding
     diverges for good once one argmax flips: expected in bf16, where kernels round differently)."""
@@ -83,78 +156,110 @@ def timed(fn, *args) -> tuple[float, object]:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t, out
 
 
-def speed_table(args: argparse.Namespace) -> None:
+def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int]:
+    """name → (call(prompts, n), dtype label, bytes per parameter); and the parameter count."""
     import transformers
 
     dev = args.device
     torch.manual_seed(0)
     hf_kw = {"attn_implementation": "sdpa"} if dev != "cpu" else {}
     hf32 = transformers.GPT2LMHeadModel._from_config(transformers.GPT2Config(), **hf_kw).eval()
-    hf32.generation_config.eos_token_id = None
-    hf32.generation_config.pad_token_id = 0
     hfbf = transformers.GPT2LMHeadModel._from_config(transformers.GPT2Config(), **hf_kw).eval()
     hfbf.load_state_dict(hf32.state_dict())
     hfbf = hfbf.to(torch.bfloat16)
-    hfbf.generation_config.eos_token_id = None
-    hfbf.generation_config.pad_token_id = 0
+    for m in (hf32, hfbf):
+        m.generation_config.eos_token_id = None
+        m.generation_config.pad_token_id = 0
     base = from_hf(hf32).to(dev)
-    ours = {"float32": cast(base, torch.float32), "bf16": cast(base, torch.bfloat16)}
-    hf = {"float32": hf32.to(dev), "bf16": hfbf.to(dev)}
-    n_params = sum(p.numel() for p in base.parameters())
+    o32, obf = cast(base, torch.float32), cast(base, torch.bfloat16)
+    h32, hbf = hf32.to(dev), hfbf.to(dev)
+    engines: dict[str, tuple] = {
+        "glassgpt float32": (lambda x, n: ours_call(o32, x, n), "float32", 4),
+        "transformers float32": (lambda x, n: hf_call(h32, x, n), "float32", 4),
+        "glassgpt bf16": (lambda x, n: ours_call(obf, x, n), "bf16", 2),
+        "transformers bf16": (lambda x, n: hf_call(hbf, x, n), "bf16", 2),
+    }
+    if dev != "cpu":  # the same generate without its CUDA graph, in the same interleaved run
+        engines["glassgpt float32 eager"] = (lambda x, n: eager_call(o32, x, n), "float32", 4)
+        engines["glassgpt bf16 eager"] = (lambda x, n: eager_call(obf, x, n), "bf16", 2)
+    elif args.ct2:
+        import tempfile
+
+        work = Path(tempfile.mkdtemp(prefix="glassgpt-ct2-"))
+        for q, nbytes in (("float32", 4), ("int8", 1)):
+            ct = CT2(base, q, args.threads, work)
+            engines[f"ctranslate2 {q}"] = (ct, q, nbytes)
+    return engines, sum(p.numel() for p in base.parameters())
+
+
+def measure(engines: dict[str, tuple], prompts: torch.Tensor, n: int, repeats: int):  # type: ignore[no-untyped-def]
+    """Per engine: median seconds for 1 and for n new tokens, and the ids of the n-token call,
+    the engines interleaved in every repeat so that they share the machine's noise."""
+    for call, _, _ in engines.values():
+        call(prompts, 4)  # warm up
+    rec: dict[str, dict[str, list[float]]] = {k: {"1": [], "n": []} for k in engines}
+    ids: dict[str, list[list[int]]] = {}
+    for _ in range(repeats):
+        for name, (call, _, _) in engines.items():
+            rec[name]["1"].append(timed(call, prompts, 1)[0])
+            t, ids[name] = timed(call, prompts, n)
+            rec[name]["n"].append(t)
+    med = {k: (statistics.median(v["1"]), statistics.median(v["n"])) for k, v in rec.items()}
+    return med, ids
+
+
+def speed_table(args: argparse.Namespace) -> None:
+    dev = args.device
+    engines, n_params = make_engines(args)
     bw = bandwidth(args.threads, dev)
     where = torch.cuda.get_device_name() if dev != "cpu" else f"{args.threads} threads"
     print(f"{where}: memory bandwidth (sum of 512 MiB): {bw:.1f} GB/s; parameters "
-          f"{n_params / 1e6:.1f} M; transformers attention {hf32.config._attn_implementation}")  # fmt: skip
+          f"{n_params / 1e6:.1f} M; float32 limit {bw * 1e9 / (4 * n_params):.0f} steps/s")  # fmt: skip
     N = args.new_tokens
     g = torch.Generator().manual_seed(1)
-    hf32_rate: dict[int, float] = {}
-    gpu = dev != "cpu"
-    header = ("| batch | dtype    | glassgpt tok/s | ms/step | GB/s | transformers tok/s | "
-              "ms/step | ratio | vs HF fp32 | same ids |")  # fmt: skip
-    if gpu:  # the same generate without its CUDA graph, in the same interleaved run
-        header += " eager tok/s | eager ms/step | graph / eager |"
+    header = ("| batch | engine | tok/s | ms/step | GB/s | share of limit | "
+              "vs ctranslate2 same dtype | vs transformers float32 | same ids |")  # fmt: skip
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for batch in (1, args.batch):
         prompts = torch.randint(0, 50257, (batch, args.prompt), generator=g).to(dev)
-        for dtype in ("float32", "bf16"):
-            o, h = ours[dtype], hf[dtype]
-            ours_call(o, prompts, 4), hf_call(h, prompts, 4)  # warm up
-            if gpu:
-                eager_call(o, prompts, 4)
-            rec: dict[str, list[float]] = {k: [] for k in ("o1", "oN", "h1", "hN", "e1", "eN")}
-            agree = []
-            for _ in range(args.repeats):
-                rec["o1"].append(timed(ours_call, o, prompts, 1)[0])
-                rec["h1"].append(timed(hf_call, h, prompts, 1)[0])
-                t, out_o = timed(ours_call, o, prompts, N)
-                rec["oN"].append(t)
-                t, out_h = timed(hf_call, h, prompts, N)
-                rec["hN"].append(t)
-                agree.append(prefix_agreement(out_o, out_h))
-                if gpu:
-                    rec["e1"].append(timed(eager_call, o, prompts, 1)[0])
-                    t, out_e = timed(eager_call, o, prompts, N)
-                    rec["eN"].append(t)
-                    assert out_e == out_o, "decoding from the CUDA graph changed the ids"
-            m = {k: statistics.median(v) for k, v in rec.items() if v}
-            rate_o, rate_h = batch * N / m["oN"], batch * N / m["hN"]
-            step_o = (m["oN"] - m["o1"]) / (N - 1)
-            step_h = (m["hN"] - m["h1"]) / (N - 1)
-            nbytes = n_params * (4 if dtype == "float32" else 2)
-            if dtype == "float32":
-                hf32_rate[batch] = rate_h
-            row = (f"| {batch:5d} | {dtype:8s} | {rate_o:14.1f} | {step_o * 1e3:7.1f} | "
-                   f"{nbytes / step_o / 1e9:4.1f} | {rate_h:18.1f} | {step_h * 1e3:7.1f} | "
-                   f"{rate_o / rate_h:4.2f}× | {rate_o / hf32_rate[batch]:9.2f}× | "
-                   f"{min(agree):7.0%} |")  # fmt: skip
-            if gpu:
-                rate_e = batch * N / m["eN"]
-                step_e = (m["eN"] - m["e1"]) / (N - 1)
-                row += f" {rate_e:11.1f} | {step_e * 1e3:13.2f} | {rate_o / rate_e:13.2f}× |"
-            print(row)
+        med, ids = measure(engines, prompts, N, args.repeats)
+        rate = {k: batch * N / t_n for k, (_, t_n) in med.items()}
+        for name, (_, dtype, nbytes) in engines.items():
+            t1, tn = med[name]
+            step = (tn - t1) / (N - 1)
+            gbs = n_params * nbytes / step / 1e9
+            ct = f"ctranslate2 {dtype}"
+            vs_ct = f"{rate[name] / rate[ct]:.2f}×" if ct in rate else "–"
+            agree = prefix_agreement(ids[name], ids["transformers float32"])
+            print(f"| {batch} | {name} | {rate[name]:.1f} | {step * 1e3:.1f} | {gbs:.1f} | "
+                  f"{gbs / bw:.0%} | {vs_ct} | {rate[name] / rate['transformers float32']:.2f}× | "
+                  f"{agree:.0%} |")  # fmt: skip
             sys.stdout.flush()
-    print("targets: float32 ≥ 1.2× transformers; bf16 ≥ 2× transformers' float32 (batch 1)")
+    print(
+        "targets: float32 ≥ 1.0× ctranslate2 float32 and ≥ 80% of the float32 limit; "
+        "int8 ≥ 1.0× ctranslate2 int8; same ids 100% in float32 (batch 1)"
+    )
+    if args.contexts:
+        context_table(engines, args)
+
+
+def context_table(engines: dict[str, tuple], args: argparse.Namespace) -> None:
+    """ms per decoding step (batch 1) after prompts of 64, 256 and 1,024 − n tokens."""
+    n = 16
+    contexts = [int(c) for c in args.contexts.split(",")]
+    print(f"\nms/step at context (batch 1, {n} new tokens after a prompt of context − {n}):")
+    print("| engine | " + " | ".join(str(c) for c in contexts) + " |")
+    print("|---|" + "---|" * len(contexts))
+    g = torch.Generator().manual_seed(2)
+    rows: dict[str, list[str]] = {k: [] for k in engines}
+    for c in contexts:
+        prompts = torch.randint(0, 50257, (1, c - n), generator=g).to(args.device)
+        med, _ = measure(engines, prompts, n, args.repeats)
+        for name, (t1, tn) in med.items():
+            rows[name].append(f"{(tn - t1) / (n - 1) * 1e3:.1f}")
+    for name, cells in rows.items():
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def quality(args: argparse.Namespace) -> None:
@@ -211,11 +316,14 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--batch", type=int, default=8, help="the second batch size")
     p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--no-ct2", dest="ct2", action="store_false", help="leave CTranslate2 out")
+    p.add_argument("--contexts", default="64,256,1024", help="'' to skip the context table")
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--checkpoint", default=None, help="a trained model for the quality check")
     p.add_argument("--train-steps", type=int, default=600)
     p.add_argument("--val-tokens", type=int, default=50_000)
     p.add_argument("--shakespeare", default=str(REPO.parent / "shared/data/tinyshakespeare.txt"))
+    p.set_defaults(ct2=importlib.util.find_spec("ctranslate2") is not None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from glassgpt.errors import ConfigError
+from glassgpt.errors import ConfigError, GlassError
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,34 @@ def next_token_logits(logits: Tensor, cfg: SamplingConfig, counts: Tensor | None
     if cfg.min_p is not None:
         z = min_p_filter(z, cfg.min_p)
     return z
+
+
+def mask_padded(logits: Tensor, n_valid: int) -> Tensor:
+    """logits [B, V] with every id ≥ ``n_valid`` (a vocabulary padded beyond the tokenizer's)
+    at −∞, so that it is never drawn.
+
+    >>> mask_padded(torch.tensor([[1.0, 2.0, 3.0]]), 2).tolist()
+    [[1.0, 2.0, -inf]]
+    """
+    if n_valid >= logits.shape[-1]:
+        return logits
+    beyond = torch.arange(n_valid, logits.shape[-1], device=logits.device)
+    return logits.float().index_fill(-1, beyond, -math.inf)
+
+
+def next_token(
+    logits: Tensor,
+    cfg: SamplingConfig,
+    counts: Tensor | None,
+    generators: Sequence[torch.Generator],
+) -> Tensor:
+    """The next id per row [B]: the argmax of :func:`next_token_logits` when greedy, else one
+    :func:`draw` per row from its own generator. A row without a finite logit raises
+    :class:`GlassError`."""
+    z = next_token_logits(logits, cfg, counts)  # [B, V] float32
+    if not bool(torch.isfinite(z).any(-1).all()):
+        raise GlassError("the model produced no finite logits (NaN or inf weights?)")
+    return z.argmax(-1) if cfg.greedy else draw(z, generators)
 
 
 def probabilities(logits: Tensor, cfg: SamplingConfig, counts: Tensor | None = None) -> Tensor:

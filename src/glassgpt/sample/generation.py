@@ -28,7 +28,6 @@ An empty prompt starts from ``<|endoftext|>`` when the tokenizer has it, else fr
 from __future__ import annotations
 
 import codecs
-import math
 import warnings
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from torch import Tensor
 
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.sample.cache import KVCache
-from glassgpt.sample.filters import SamplingConfig, draw, next_token_logits
+from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token
 from glassgpt.sample.graphs import GraphedStep, StaticKVCache
 from glassgpt.sample.stops import StopMatcher
 
@@ -303,14 +302,8 @@ def _steps(
     logits = _forward(model, tokens, cache)
     step_fn: GraphedStep | None = None
     for step in range(cfg.max_new_tokens):
-        last = logits[:, -1]  # [B, V]
-        if n_valid < last.shape[-1]:
-            beyond = torch.arange(n_valid, last.shape[-1], device=last.device)
-            last = last.float().index_fill(-1, beyond, -math.inf)
-        z = next_token_logits(last, sampling, counts)  # [B, V] float32
-        if not bool(torch.isfinite(z).any(-1).all()):
-            raise GlassError("the model produced no finite logits (NaN or inf weights?)")
-        nxt = z.argmax(-1) if sampling.greedy else draw(z, gens)
+        last = mask_padded(logits[:, -1], n_valid)  # [B, V]
+        nxt = next_token(last, sampling, counts, gens)  # [B]
         ids = nxt.tolist()
         yield ids
         if step == cfg.max_new_tokens - 1:

@@ -21,7 +21,6 @@ Every forward holds ``lock``, which the explorer's analyses share: hooks are per
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -31,8 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.errors import GlassError
 from glassgpt.sample.cache import KVCache
-from glassgpt.sample.filters import SamplingConfig, draw, next_token_logits
+from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token
 from glassgpt.sample.stops import StopMatcher
 from glassgpt.serve.slots import SlotCache
 
@@ -156,15 +156,12 @@ class Scheduler:
         seq = _Seq(job, self.tokenizer, self.config.n_vocab, self.device)
         T, n_ctx = len(job.prompt), self.config.n_ctx
         capacity = max(min(n_ctx, T + job.max_tokens - 1), T)  # as generate sizes its cache
-        prefill = KVCache.for_model(self.model, 1, capacity, last_only=True)
-        tokens = torch.tensor([job.prompt], dtype=torch.long, device=self.device)
         self.admitting = job
         try:
-            with self.lock, torch.inference_mode():
-                logits = self.model(tokens, cache=prefill)  # [1, 1, V]
+            logits, prefill = self._prefill(job.prompt, capacity)
         finally:
             self.admitting = None
-        if self._sample(seq, logits[0, -1]):
+        if self._sample(seq, logits):
             return
         slot = len(self.active)
         self.cache.load(slot, prefill)
@@ -187,13 +184,18 @@ class Scheduler:
         (as ``generate`` slides, window = ⌊3·n_ctx/4⌋) and sample from their logits."""
         seq = self.active[b]
         window = seq.history[-max(1, 3 * self.config.n_ctx // 4) :]
-        prefill = KVCache.for_model(self.model, 1, self.config.n_ctx, last_only=True)
-        tokens = torch.tensor([window], dtype=torch.long, device=self.device)
-        with self.lock, torch.inference_mode():
-            logits = self.model(tokens, cache=prefill)  # [1, 1, V]
+        logits, prefill = self._prefill(window, self.config.n_ctx)
         self.cache.load(b, prefill)
-        if self._sample(seq, logits[0, -1]):
+        if self._sample(seq, logits):
             self._free(b)
+
+    def _prefill(self, ids: list[int], capacity: int) -> tuple[Tensor, KVCache]:
+        """``ids`` encoded alone: the logits [V] after the last one, and their cache."""
+        cache = KVCache.for_model(self.model, 1, capacity, last_only=True)
+        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+        with self.lock, torch.inference_mode():
+            logits = self.model(tokens, cache=cache)  # [1, 1, V]
+        return logits[0, -1], cache
 
     def _retire_cancelled(self) -> None:
         for b in reversed(range(len(self.active))):
@@ -215,15 +217,12 @@ class Scheduler:
         if job.cancelled.is_set():
             self.dropped += 1
             return True
-        last = logits[None]  # [1, V]
-        if self.n_valid < last.shape[-1]:
-            beyond = torch.arange(self.n_valid, last.shape[-1], device=last.device)
-            last = last.float().index_fill(-1, beyond, -math.inf)
-        z = next_token_logits(last, job.sampling, seq.counts)  # [1, V] float32
-        if not bool(torch.isfinite(z).any()):
-            job.emit("error", "the model produced no finite logits (NaN or inf weights?)")
+        last = mask_padded(logits[None], self.n_valid)  # [1, V]
+        try:
+            nxt = int(next_token(last, job.sampling, seq.counts, [seq.gen])[0])
+        except GlassError as e:  # no finite logits: this sequence ends, the others go on
+            job.emit("error", str(e))
             return True
-        nxt = int(z.argmax(-1)) if job.sampling.greedy else int(draw(z, [seq.gen])[0])
         seq.made += 1
         seq.pending = nxt
         info = _logprobs(last[0], nxt, job.logprobs) if job.logprobs is not None else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -194,7 +195,7 @@ def read_tokenizer_json(path: str | os.PathLike[str], kind: str | None = None) -
     return data
 
 
-class SavedAsJson:
+class SavedAsJson(ABC):
     """``save``/``load`` and ``to_dict``/``from_dict`` in our versioned JSON, for each kind.
 
     A tokenizer class names its ``kind`` (``"bpe"``, ``"char"``) and gives ``_fields()``, its
@@ -205,12 +206,12 @@ class SavedAsJson:
 
     kind: ClassVar[str]
 
-    def _fields(self) -> dict[str, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def _fields(self) -> dict[str, Any]: ...
 
     @classmethod
-    def _from_fields(cls, data: Mapping[str, Any]) -> Self:
-        raise NotImplementedError
+    @abstractmethod
+    def _from_fields(cls, data: Mapping[str, Any]) -> Self: ...
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document :meth:`save` writes."""

@@ -69,10 +69,15 @@ def logit_lens(model: GPT, tokens: Tensor | Sequence[int]) -> LogitLens:
         _, cache = run_with_cache(model, tokens, names)
         with torch.no_grad():
             resid = torch.stack([cache[n] for n in names])  # [L + 1, B, T, d_model]
-            if model.ln_final is not None:
-                resid = model.ln_final(resid)
-            logits = F.linear(resid, model.W_U.T, model.unembed.b_U)
+            logits = unembed(model, resid)
     return LogitLens(names, logits)
+
+
+def unembed(model: GPT, resid: Tensor) -> Tensor:
+    """N_f(x) W_U + b_U: a residual stream [..., d_model] read as if it were the last one."""
+    if model.ln_final is not None:
+        resid = model.ln_final(resid)
+    return F.linear(resid, model.W_U.T, model.unembed.b_U)  # [..., n_vocab]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, StrictInt
 
@@ -29,7 +28,7 @@ from glassgpt.errors import GlassError
 from glassgpt.inspect.cache import evaluating, run_with_cache
 from glassgpt.inspect.circuits import ov_circuit, qk_circuit
 from glassgpt.inspect.heads import head_scores
-from glassgpt.inspect.lens import direct_logit_attribution
+from glassgpt.inspect.lens import direct_logit_attribution, unembed
 from glassgpt.inspect.report import encode_prompt, token_texts
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.state import ServeState
@@ -57,9 +56,7 @@ def lens_top(model: Any, resid: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     """
     probs, ids = [], []
     for x in resid:
-        if model.ln_final is not None:
-            x = model.ln_final(x)
-        z = F.linear(x, model.W_U.T, model.unembed.b_U)  # [T, n_vocab]
+        z = unembed(model, x)  # [T, n_vocab]
         p, i = torch.softmax(z.float(), dim=-1).topk(k, dim=-1)
         probs.append(p)
         ids.append(i)

@@ -1,7 +1,10 @@
-"""Only the compiled encoder (tokenizer/_fastbpe.c); everything else is in pyproject.toml.
+"""Only the compiled extensions; everything else is in pyproject.toml.
 
-optional=True: without a C compiler the install still succeeds, and the engine falls back to
-tiktoken's core (it says so once).
+- tokenizer/_fastbpe.c: the BPE encoder;
+- kernels/_gemv.c: small-batch float32 products for decoding.
+
+optional=True: without a C compiler the install still succeeds; the encoder then falls back
+to tiktoken's core and the products to PyTorch's kernels (each says so once).
 """
 
 from setuptools import Extension, setup
@@ -14,6 +17,12 @@ setup(
             depends=["src/glassgpt/tokenizer/_fastbpe_scan.h"],
             extra_compile_args=["-O3"],
             optional=True,
-        )
+        ),
+        Extension(
+            "glassgpt.kernels._gemv",
+            ["src/glassgpt/kernels/_gemv.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ]
 )

@@ -53,6 +53,26 @@ def test_float32_copy_with_kernels_equals_the_model(tie: bool) -> None:
     )
 
 
+@pytest.mark.parametrize("mlp", ["gelu_tanh", "swiglu"])
+def test_float32_decoding_steps_on_the_small_batch_kernel_equal_the_model(mlp: str) -> None:
+    if not kernels.has_small_batch_kernel():
+        pytest.skip("glassgpt's small-batch kernel is not built (no C compiler at install)")
+    from glassgpt.sample.cache import KVCache
+
+    model = model_of(mlp=mlp, tie_embeddings=True)
+    fast = cast(model, "float32")
+    per_block = 5 if mlp == "swiglu" else 4  # W_QKV, W_O, W_in, (W_gate,) W_out
+    assert attach_kernels(fast) == 1 + per_block * model.config.n_layers
+    tokens = TOKENS[:, :12].repeat(2, 1)[:3]  # a batch of 3: every step is 3 rows of x
+    cache = KVCache.for_model(fast, batch_size=3, last_only=True)
+    with torch.inference_mode():
+        fast(tokens[:, :4], cache=cache)  # prefill, 12 rows: F.linear
+        for t in range(4, 12):  # one token a step: the kernel
+            step = fast(tokens[:, t : t + 1], cache=cache)[:, -1]
+            whole = model(tokens[:, : t + 1])[:, -1]
+            torch.testing.assert_close(step, whole, rtol=1e-5, atol=2e-5)
+
+
 def _spy(monkeypatch, names: dict[int, str], calls: list[str]) -> None:
     """Record the name of every weight whose product runs on its packed copy."""
     real = dense._packed

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from glassgpt.kernels.policy import EXPLICIT_MAX_KEYS, SMALL_HEAD, attention_path
 
 if TYPE_CHECKING:
-    from glassgpt.kernels.dense import is_packed, matmul, pack, unpack
+    from glassgpt.kernels.dense import has_small_batch_kernel, is_packed, matmul, pack, unpack
     from glassgpt.kernels.sdpa import attention
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "SMALL_HEAD",
     "attention",
     "attention_path",
+    "has_small_batch_kernel",
     "is_packed",
     "matmul",
     "pack",
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 _LAZY = {"attention": "sdpa", "matmul": "dense", "pack": "dense", "unpack": "dense",
-         "is_packed": "dense"}  # fmt: skip
+         "is_packed": "dense", "has_small_batch_kernel": "dense"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,9 @@ W is [d_in, d_out] (a 3-D W such as W_O [H, d_head, d_model] is read as [H·d_he
 The kernel, first that applies:
 
 1. a packed copy of W registered by :func:`pack` (inference only: no autograd, x in W's
-   dtype, W unchanged since it was packed);
+   dtype, W unchanged since it was packed); for float32 at up to ``SMALL_BATCH`` rows of x
+   (decoding) that is glassgpt's own product (``glassgpt.kernels._gemv``), which streams W
+   once for all rows in W's own layout;
 2. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
 3. ``F.linear``.
 
@@ -27,6 +29,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from glassgpt.kernels.onednn import OneDNNLinear, use_onednn
+
+try:
+    from glassgpt.kernels import _gemv
+except ImportError:  # not built (no C compiler at install): PyTorch's kernels do every product
+    _gemv = None
+
+SMALL_BATCH = 8  # rows of x up to which float32 packed products take glassgpt's own kernel
 
 Product = Callable[[Tensor, Tensor, Tensor | None], Tensor]  # fn(x, W, b) = x W + b, packed
 
@@ -89,16 +98,44 @@ def _onednn_packed(W_out_in: Tensor) -> Product | None:
     return fn
 
 
+def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
+    """``fn(x, W, b) = x W + b`` by ``_gemv`` for up to ``SMALL_BATCH`` rows of x, streaming
+    W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
+    a copy (the tied unembedding W_Eᵀ); ``fallback`` for larger x."""
+    assert _gemv is not None
+    d_out, d_in = out_in.shape
+    W_io = None if out_in.T.is_contiguous() else out_in.T.contiguous()  # [d_in, d_out]
+
+    def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        M = x.numel() // d_in
+        if M > SMALL_BATCH or M == 0 or (b is not None and not b.is_contiguous()):
+            return fallback(x, W, b)
+        x2 = x.contiguous()
+        y = torch.empty(*x.shape[:-1], d_out, dtype=x.dtype)
+        rows = W if W_io is None else W_io
+        b_ptr = 0 if b is None else b.data_ptr()
+        _gemv.gemv_rows(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in, d_out,
+                        torch.get_num_threads())  # fmt: skip
+        return y
+
+    return fn
+
+
+def _live(transposed: bool) -> Product:
+    """``fn(x, W, b) = x W + b`` by ``F.linear`` on the live W (the registry never holds W)."""
+
+    def live(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        W2 = W.flatten(0, -2) if W.ndim > 2 else W
+        return F.linear(x, W2 if transposed else W2.T, b)
+
+    return live
+
+
 def _row_major(out_in: Tensor, transposed: bool) -> Product:
     """``fn(x, W, b) = x W + b`` reading W as a row-major [d_in, d_out] matrix: a copy where
-    W is stored the other way round, else W itself (the registry never holds W alive)."""
+    W is stored the other way round, else W itself."""
     if out_in.T.is_contiguous():  # W is already [d_in, d_out] row-major
-
-        def live(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-            W2 = W.flatten(0, -2) if W.ndim > 2 else W
-            return F.linear(x, W2 if transposed else W2.T, b)
-
-        return live
+        return _live(transposed)
     W_io = out_in.T.contiguous()  # [d_in, d_out]
 
     def copied(x: Tensor, _W: Tensor, b: Tensor | None) -> Tensor:
@@ -111,8 +148,10 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     """Register a packed copy of a CPU weight for inference products; returns whether one was made.
 
     - bfloat16: oneDNN's pre-packed layout (plain bf16 GEMV re-packs the weight every call);
-    - float32: a contiguous [d_in, d_out] copy, the layout in which one row's x W streams
-      fastest (worth it where W is stored the other way round, as the tied W_E).
+    - float32: W read as a row-major [d_in, d_out] matrix, the layout in which x W streams
+      fastest: W itself, or a contiguous copy where W is stored the other way round (the
+      tied W_E); glassgpt's own kernel (``_gemv``) streams it for up to ``SMALL_BATCH`` rows
+      of x, ``F.linear`` for more.
 
     The weight itself is untouched (hooks, training and the embedding still read it).
     """
@@ -122,13 +161,23 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
         W2 = W.flatten(0, -2) if W.ndim > 2 else W
         out_in = W2 if transposed else W2.T  # [d_out, d_in]
         float32 = W.dtype == torch.float32
-        fn = _row_major(out_in, transposed) if float32 else _onednn_packed(out_in)
+        if float32 and _gemv is not None and W.is_contiguous():
+            fn: Product | None = _streamed(out_in, transposed, _row_major(out_in, transposed))
+        elif float32:
+            fn = _row_major(out_in, transposed)
+        else:
+            fn = _onednn_packed(out_in)
         if fn is None:
             return False
     key = id(W)
     ref = weakref.ref(W, lambda _, key=key: _PACKED.pop(key, None))
     _PACKED[key] = _Packed(ref, _version(W), transposed, fn)
     return True
+
+
+def has_small_batch_kernel() -> bool:
+    """Whether glassgpt's own float32 small-batch product (``_gemv``) is built."""
+    return _gemv is not None
 
 
 def unpack(W: Tensor) -> None:

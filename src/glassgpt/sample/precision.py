@@ -65,8 +65,10 @@ def attach_kernels(model: GPT) -> int:
 
     - bfloat16: every projection (W_QKV, W_O, W_in, W_gate, W_out, the unembedding) gets
       oneDNN's pre-packed copy; plain bf16 GEMV re-packs the weight on every call.
-    - float32: the unembedding reads a contiguous copy of W_U (= W_Eᵀ when tied), the layout
-      in which one token's x W_U streams fastest; the other projections already have it.
+    - float32: every projection takes glassgpt's own small-batch kernel when it is built
+      (decoding streams each weight once, in its stored layout); without it, only the
+      unembedding is packed: a contiguous copy of W_U (= W_Eᵀ when tied), the layout in
+      which one token's x W_U streams fastest.
 
     The weights themselves are untouched (so hooks, training and the embedding see them);
     a packed copy goes unused as soon as its weight changes in place.
@@ -79,7 +81,7 @@ def attach_kernels(model: GPT) -> int:
     assert unembed is not None
     if not kernels.pack(unembed, transposed=tied):
         return 0
-    if p.dtype == torch.float32:
+    if p.dtype == torch.float32 and not kernels.has_small_batch_kernel():
         return 1
     n = 1
     for block in _blocks(model):

@@ -21,6 +21,7 @@ setup(
         Extension(
             "glassgpt.kernels._gemv",
             ["src/glassgpt/kernels/_gemv.c"],
+            depends=["src/glassgpt/kernels/_parallel.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

@@ -20,10 +20,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <dlfcn.h>
-#include <link.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_parallel.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -42,74 +42,6 @@ typedef struct {
     float *partial; /* rows form: parts 1, 2, ... sum their rows of W into [M, N] each here */
 } Job;
 
-typedef void (*PartFn)(const Job *job, int part, int parts);
-
-/* ------------------------------------------------------------------- the threads -- */
-/* The parts run on the OpenMP runtime that PyTorch itself loaded (found among the loaded
- * libraries, called through its GOMP_parallel entry point, which GNU, LLVM and Intel OpenMP
- * all export), so that PyTorch's threads and these are the same threads: two pools on the
- * same cores would spin against each other. Without one, the parts run one after another. */
-
-typedef void (*GompParallel)(void (*fn)(void *), void *data, unsigned threads, unsigned flags);
-typedef int (*OmpInt)(void);
-
-static GompParallel gomp_parallel;
-static OmpInt omp_thread_num;
-
-static int find_openmp(struct dl_phdr_info *info, size_t size, void *found) {
-    const char *name = info->dlpi_name;
-    if (!name || !(strstr(name, "gomp") || strstr(name, "iomp") || strstr(name, "libomp")))
-        return 0;
-    void *lib = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
-    if (!lib)
-        return 0;
-    gomp_parallel = (GompParallel)dlsym(lib, "GOMP_parallel");
-    omp_thread_num = (OmpInt)dlsym(lib, "omp_get_thread_num");
-    *(int *)found = gomp_parallel && omp_thread_num;
-    return *(int *)found;
-}
-
-static int openmp_ready(void) {
-    static int state = -1;
-    if (state < 0) {
-        int found = 0;
-        dl_iterate_phdr(find_openmp, &found);
-        state = found;
-    }
-    return state;
-}
-
-typedef struct {
-    PartFn fn;
-    const Job *job;
-    int parts;
-} Parallel;
-
-static void parallel_body(void *arg) {
-    const Parallel *p = arg;
-    int part = omp_thread_num();
-    if (part < p->parts)
-        p->fn(p->job, part, p->parts);
-}
-
-/* Run fn over `parts` parts, in parallel where an OpenMP runtime is loaded. */
-static void run_parts(PartFn fn, const Job *job, int parts) {
-    if (parts > 1 && openmp_ready()) {
-        Parallel p = {fn, job, parts};
-        gomp_parallel(parallel_body, &p, (unsigned)parts, 0);
-        return;
-    }
-    for (int part = 0; part < parts; part++)
-        fn(job, part, parts);
-}
-
-/* Columns [lo, hi) of part p of `parts`, in whole groups of `align`. */
-static void share(int n, int align, int part, int parts, int *lo, int *hi) {
-    int groups = (n + align - 1) / align;
-    int g0 = (int)((int64_t)groups * part / parts), g1 = (int)((int64_t)groups * (part + 1) / parts);
-    *lo = g0 * align < n ? g0 * align : n;
-    *hi = g1 * align < n ? g1 * align : n;
-}
 
 /* ------------------------------------------------------------------- plain C kernels -- */
 
@@ -189,7 +121,8 @@ static int use_avx2 = -1;
 
 /* Part p of the rows form: rows of W in a contiguous band, into y (part 0, with the bias)
  * or into its own [M, N] of partial sums (the caller adds them up). */
-static void rows_part(const Job *j, int part, int parts) {
+static void rows_part(const void *job, int part, int parts) {
+    const Job *j = job;
     int k0, k1;
     share(j->K, 4, part, parts, &k0, &k1);
     float *out = part == 0 ? j->y : j->partial + (size_t)(part - 1) * j->M * j->N;

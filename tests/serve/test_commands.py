@@ -22,6 +22,7 @@ def test_serve_is_a_command(capsys: pytest.CaptureFixture[str]) -> None:
         (["--port", "70000"], "--port"),
         (["--max-batch", "0"], "--max-batch"),
         (["--threads", "0"], "--threads"),
+        (["--dtype", "int3"], "dtype: unknown dtype 'int3'"),
     ],
 )
 def test_bad_flags(live: object, extra: list[str], message: str,

@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -31,7 +32,8 @@
 
 #define MAX_ROWS 8    /* rows of x per call (decoding batch) */
 #define MAX_THREADS 64
-#define SPIN 20000    /* polls (~tens of µs) before a waiting thread sleeps */
+#define SPIN 256      /* a waiting thread polls this many times, ... */
+#define YIELD 4000    /* ... then this many times yielding its core (≈ 1 ms), then sleeps */
 
 typedef struct {
     const float *x;
@@ -93,12 +95,12 @@ TARGET static inline __attribute__((always_inline)) void block(
             for (int r = 0; r < R; r++) acc[r][m] = _mm256_fmadd_ps(w[r], xv, acc[r][m]); \
         }                                                                                \
     } while (0)
-    /* 64 bytes of each row per turn, prefetching the same bytes of the next R rows: the
+    /* 64 bytes of each row per turn, prefetching the same bytes two groups of R rows on: the
      * hardware prefetcher alone streams int8 rows at a fraction of the bandwidth */
     const Py_ssize_t n64 = n & ~(Py_ssize_t)63;
     Py_ssize_t i = 0;
     for (; i < n64; i += 64) {
-        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(q + (R + r) * n + i), _MM_HINT_T0);
+        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(q + (2 * R + r) * n + i), _MM_HINT_T0);
         for (int u = 0; u < 64; u += 8) STEP8(i + u);
     }
     for (; i < n8; i += 8) STEP8(i);
@@ -183,7 +185,11 @@ static void part(const Job *J, int k, int parts) { /* rows of part k, in multipl
     if (j0 < j1) KERNEL(J, j0, j1);
 }
 
-static inline void pause_cpu(void) {
+static inline void pause_cpu(int spins) { /* yielding: on a busy machine, others run */
+    if (spins >= SPIN) {
+        sched_yield();
+        return;
+    }
 #if HAVE_X86
     _mm_pause();
 #endif
@@ -194,9 +200,10 @@ static void *worker(void *arg) {
     unsigned seen = P.born[k]; /* the generation before the call that started it */
     for (;;) {
         int spins = 0;
-        while (atomic_load_explicit(&P.generation, memory_order_acquire) == seen && ++spins < SPIN)
-            pause_cpu();
-        if (spins >= SPIN) {
+        while (atomic_load_explicit(&P.generation, memory_order_acquire) == seen &&
+               ++spins < SPIN + YIELD)
+            pause_cpu(spins);
+        if (spins >= SPIN + YIELD) {
             pthread_mutex_lock(&P.mu);
             while (atomic_load(&P.generation) == seen) pthread_cond_wait(&P.wake, &P.mu);
             pthread_mutex_unlock(&P.mu);
@@ -246,9 +253,9 @@ static void run(const Job *J, int threads) {
     pthread_mutex_unlock(&P.mu);
     part(J, 0, parts);
     int spins = 0;
-    while (atomic_load_explicit(&P.pending, memory_order_acquire) > 0 && ++spins < SPIN)
-        pause_cpu();
-    if (spins >= SPIN) {
+    while (atomic_load_explicit(&P.pending, memory_order_acquire) > 0 && ++spins < SPIN + YIELD)
+        pause_cpu(spins);
+    if (spins >= SPIN + YIELD) {
         pthread_mutex_lock(&P.mu);
         while (atomic_load(&P.pending) > 0) pthread_cond_wait(&P.done, &P.mu);
         pthread_mutex_unlock(&P.mu);

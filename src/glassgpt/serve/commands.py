@@ -71,7 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or (1 if small else torch.get_num_threads()))
     if dtype != torch.float32:  # float32: the model as loaded
         model = cast(model, dtype)
-    name = args.name or args.checkpoint.resolve().name
+    name = args.name or Path(args.checkpoint).resolve().name
     app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch)
     # The scheduler thread and the event loop share the GIL: hand it over every 0.5 ms, not
     # every 5 ms, so that a finished token reaches its client without waiting for a step.

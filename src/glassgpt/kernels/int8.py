@@ -129,16 +129,26 @@ def product(q: Tensor, s: Tensor, *, transposed: bool = False) -> Any:
     from glassgpt.kernels.dense import unpacked
 
     ext = compiled()
+    d_out, d_in = q.shape
+    q_ptr, s_ptr = q.data_ptr(), s.data_ptr()  # q, s checked once here, kept alive by fn
+    if ext is not None:
+        gemv(torch.zeros(1, d_in), q, s, None, 1)  # checks their dtypes, layout and shapes
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        d_in = x.shape[-1]
-        rows = x.numel() // d_in if d_in else 0
-        if ext is None or not 1 <= rows <= MAX_ROWS or x.dtype != torch.float32:
+        rows = x.numel() // d_in if x.shape[-1] == d_in else 0
+        if ext is None or not 1 <= rows <= MAX_ROWS or not x.is_cpu or not _bias_ok(b):
             if ext is None:
                 _warn_missing()
             return unpacked(x, W, b, transposed=transposed)
-        x2 = x.reshape(rows, d_in).contiguous()
-        y = gemv(x2, q, s, None if b is None else b.contiguous(), torch.get_num_threads())
-        return y.view(*x.shape[:-1], q.shape[0])
+        x = x if x.is_contiguous() else x.contiguous()  # float32: the seam's packed products
+        y = x.new_empty((*x.shape[:-1], d_out))  # see only x of W's dtype
+        ext.gemv(x.data_ptr(), q_ptr, s_ptr, 0 if b is None else b.data_ptr(), y.data_ptr(),
+                 rows, d_in, d_out, torch.get_num_threads())  # fmt: skip
+        return y
 
+    fn.q, fn.s = q, s  # type: ignore[attr-defined]
     return fn
+
+
+def _bias_ok(b: Tensor | None) -> bool:
+    return b is None or (b.dtype == torch.float32 and b.is_cpu and b.is_contiguous())

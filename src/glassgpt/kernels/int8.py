@@ -135,7 +135,7 @@ def product(q: Tensor, s: Tensor, *, transposed: bool = False) -> Any:
         gemv(torch.zeros(1, d_in), q, s, None, 1)  # checks their dtypes, layout and shapes
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        rows = x.numel() // d_in if x.shape[-1] == d_in else 0
+        rows = x.numel() // d_in if d_in and x.shape[-1] == d_in else 0
         if ext is None or not 1 <= rows <= MAX_ROWS or not x.is_cpu or not _bias_ok(b):
             if ext is None:
                 _warn_missing()

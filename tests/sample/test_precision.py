@@ -193,3 +193,17 @@ def test_int8_runs_on_a_cpu_only() -> None:
         pytest.skip("no GPU here")
     with pytest.raises(GlassError, match="int8 weights run on a CPU only"):
         cast(model.cuda(), "int8")
+
+
+def test_int8_without_the_extension_is_the_same_function(monkeypatch) -> None:
+    """With the compiled kernel hidden, the int8 copy computes x W̃ + b in float32 (a warning
+    says so once) and gives the kernel's logits to float32 rounding."""
+    from glassgpt.kernels import int8
+
+    model = model_of()
+    with_ext = logits(cast(model, "int8"), TOKENS[:1, :4])
+    monkeypatch.setattr(int8, "compiled", lambda: None)
+    monkeypatch.setattr(int8, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="int8 kernel glassgpt.kernels._int8 is not built"):
+        without = logits(cast(model, "int8"), TOKENS[:1, :4])
+    torch.testing.assert_close(without, with_ext, rtol=0, atol=1e-5 * with_ext.abs().max().item())

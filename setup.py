@@ -1,10 +1,15 @@
-"""Only the compiled extensions; everything else is in pyproject.toml.
+"""The compiled extensions; everything else is in pyproject.toml.
 
-- tokenizer/_fastbpe.c: the BPE encoder;
-- kernels/_gemv.c: small-batch float32 products for decoding.
+- ``glassgpt.tokenizer._fastbpe``: the compiled BPE encoder;
+- ``glassgpt.kernels._gemv``: small-batch float32 products for decoding;
+- ``glassgpt.kernels._int8``: the int8 weight-only product for decoding.
 
-optional=True: without a C compiler the install still succeeds; the encoder then falls back
-to tiktoken's core and the products to PyTorch's kernels (each says so once).
+The kernels use AVX2+FMA where the CPU has it (chosen at run time, else a portable loop) and
+run their parts on PyTorch's own OpenMP threads (``kernels/_parallel.h``).
+
+optional=True: without a C compiler the install still succeeds; the tokenizer falls back to
+tiktoken's core, float32 products to PyTorch's kernels and int8 products to float32 ones
+with the same weights (each says so once).
 """
 
 from setuptools import Extension, setup
@@ -21,6 +26,13 @@ setup(
         Extension(
             "glassgpt.kernels._gemv",
             ["src/glassgpt/kernels/_gemv.c"],
+            depends=["src/glassgpt/kernels/_parallel.h"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
+            "glassgpt.kernels._int8",
+            ["src/glassgpt/kernels/_int8.c"],
             depends=["src/glassgpt/kernels/_parallel.h"],
             extra_compile_args=["-O3"],
             optional=True,

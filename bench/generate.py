@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/generate.py [--repeats 3] [--new-tokens 128] [--threads N]
     PYTHONPATH=src python bench/generate.py --device cuda --skip-quality    # on a GPU
+    PYTHONPATH=src python bench/generate.py --skip-bf16 --repeats 1 --new-tokens 16  # quick
 
 GPT-2 small shape (124M parameters) with random weights, a 16-token prompt, greedy decoding
 (both stop only at max_new_tokens). For each precision and batch size it prints tokens/s
@@ -12,8 +13,15 @@ and "same ids": the share of greedy tokens equal to transformers' before the fir
 difference (100% in float32; bf16 kernels round differently, so greedy paths may part).
 Medians over repeats, glassgpt and transformers interleaved to share the machine's noise.
 
+On a CPU, "glassgpt int8" is ``cast(model, "int8")``: weight-only int8 with one scale per
+output channel (``glassgpt.kernels.int8``), beside CTranslate2's int8 with the ratio between
+them. ``--skip-bf16`` leaves the bf16 rows (and bf16 quality) out: without AVX-512 BF16 or
+AMX, bf16 decoding on a CPU takes minutes.
+
 Then a quality check: perplexity on held-out tinyshakespeare of a small character model
-(trained here for --train-steps, or --checkpoint DIR) in float32 and in bf16.
+(trained here for --train-steps, or --checkpoint DIR) in float32, bf16 and int8; and, for
+the GPT-2-shape model with random weights (whose perplexity means nothing), the logits'
+relative error ‖z − z₃₂‖/‖z₃₂‖ and the greedy agreement with float32.
 Nothing is asserted; targets (float32 ≥ 1.2×, bf16 ≥ 2× transformers' float32) are printed.
 
 CTranslate2 (on by default when ``ctranslate2`` is installed) runs in the same
@@ -179,10 +187,16 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int]:
         "glassgpt bf16": (lambda x, n: ours_call(obf, x, n), "bf16", 2),
         "transformers bf16": (lambda x, n: hf_call(hbf, x, n), "bf16", 2),
     }
+    if args.skip_bf16:
+        del engines["glassgpt bf16"], engines["transformers bf16"]
     if dev != "cpu":  # the same generate without its CUDA graph, in the same interleaved run
         engines["glassgpt float32 eager"] = (lambda x, n: eager_call(o32, x, n), "float32", 4)
-        engines["glassgpt bf16 eager"] = (lambda x, n: eager_call(obf, x, n), "bf16", 2)
-    elif args.ct2:
+        if not args.skip_bf16:
+            engines["glassgpt bf16 eager"] = (lambda x, n: eager_call(obf, x, n), "bf16", 2)
+    else:
+        o8 = cast(base, "int8")
+        engines["glassgpt int8"] = (lambda x, n: ours_call(o8, x, n), "int8", 1)
+    if dev == "cpu" and args.ct2:
         import tempfile
 
         work = Path(tempfile.mkdtemp(prefix="glassgpt-ct2-"))
@@ -278,10 +292,43 @@ def quality(args: argparse.Namespace) -> None:
         source = f"char model trained here for {args.train_steps} steps"
     ids = torch.tensor(tok.encode(text), dtype=torch.long)
     val = ids[int(0.9 * len(ids)) :][: args.val_tokens]
+    dtypes = low_precisions(args)
     p32 = perplexity(model, val)
-    p16 = perplexity(cast(model, "bf16"), val)
     print(f"quality ({source}, {val.numel()} held-out tokens of tinyshakespeare):")
-    print(f"  perplexity float32 {p32:.4f}, bf16 {p16:.4f}: change {100 * (p16 - p32) / p32:+.3f}%")
+    print(f"  perplexity float32 {p32:.4f}")
+    for dtype in dtypes:
+        p = perplexity(cast(model, dtype), val)
+        print(f"  perplexity {dtype} {p:.4f}: change {100 * (p - p32) / p32:+.3f}%")
+    gpt2_shape_quality(args, dtypes)
+
+
+def low_precisions(args: argparse.Namespace) -> list[str]:
+    """The precisions compared with float32: bf16 (unless --skip-bf16), int8 on a CPU."""
+    dtypes = [] if args.skip_bf16 else ["bf16"]
+    return dtypes + (["int8"] if args.device == "cpu" else [])
+
+
+def gpt2_shape_quality(args: argparse.Namespace, dtypes: list[str]) -> None:
+    """GPT-2-shape model, random weights: perplexity is meaningless there, so the logits'
+    relative error against float32 (64 random tokens) and greedy agreement (32 new tokens)."""
+    from glassgpt.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("gpt2")).eval().to(args.device)
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 50257, (1, 64), generator=g).to(args.device)
+    prompt = tokens[:, :16]
+    with torch.inference_mode():
+        z32 = model(tokens).double()
+    ids32 = generate(model, prompt, max_new_tokens=32, temperature=0)
+    print("quality (GPT-2 shape, random weights: logits and greedy ids, not perplexity):")
+    for dtype in dtypes:
+        low = cast(model, dtype)
+        with torch.inference_mode():
+            z = low(tokens).double()
+        rel = float((z - z32).norm() / z32.norm())
+        same = prefix_agreement(generate(low, prompt, max_new_tokens=32, temperature=0), ids32)
+        print(f"  {dtype}: logits relative error {rel:.2e}, greedy ids same as float32 {same:.0%}")
 
 
 def train_char_model(text: str, steps: int) -> tuple[torch.nn.Module, object]:
@@ -319,6 +366,7 @@ def main() -> None:
     p.add_argument("--no-ct2", dest="ct2", action="store_false", help="leave CTranslate2 out")
     p.add_argument("--contexts", default="64,256,1024", help="'' to skip the context table")
     p.add_argument("--skip-quality", action="store_true")
+    p.add_argument("--skip-bf16", action="store_true", help="leave bf16 rows and quality out")
     p.add_argument("--checkpoint", default=None, help="a trained model for the quality check")
     p.add_argument("--train-steps", type=int, default=600)
     p.add_argument("--val-tokens", type=int, default=50_000)

@@ -44,6 +44,18 @@ def test_num_samples_seeds_and_bf16(char_run: Run, capsys) -> None:
     assert code == 0 and "tokens/s" in err
 
 
+def test_int8_weights(char_run: Run, capsys) -> None:
+    """--dtype int8 samples from the model with int8 weights (greedy: the ids of cast's copy)."""
+    from glassgpt.sample.precision import cast
+
+    run, model, tok = char_run
+    code, out, err = sample(capsys, "-c", str(run), "-p", "hello", "-m", "20", "-t", "0",
+                            "--no-stop-eos", "--dtype", "int8")  # fmt: skip
+    assert code == 0, err
+    ids = generate(cast(model, "int8"), tok.encode("hello"), max_new_tokens=20, temperature=0)
+    assert out == "hello" + tok.decode(ids) + "\n"
+
+
 def test_stop_and_empty_prompt(char_run: Run, capsys) -> None:
     run, model, tok = char_run
     eot = tok.special_tokens["<|endoftext|>"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glassgpt import kernels
-from glassgpt.errors import ConfigError
+from glassgpt.errors import ConfigError, GlassError
 from glassgpt.kernels import dense
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.sample import generate
@@ -116,10 +116,9 @@ def test_parse_dtype() -> None:
         parse_dtype("int3")
 
 
-@pytest.mark.slow
-def test_bf16_perplexity_on_tinyshakespeare_is_within_one_percent(shakespeare_text: str) -> None:
-    """A small char model trained briefly on tinyshakespeare: bf16 changes its validation
-    perplexity by well under 1% (float32 is the reference)."""
+@pytest.fixture(scope="module")
+def trained_char(shakespeare_text: str) -> tuple[GPT, torch.Tensor]:
+    """A small char model trained briefly on tinyshakespeare, and 8,000 held-out ids."""
     from glassgpt.tokenizer import CharTokenizer
 
     tok = CharTokenizer.train([shakespeare_text])
@@ -138,11 +137,19 @@ def test_bf16_perplexity_on_tinyshakespeare_is_within_one_percent(shakespeare_te
         opt.zero_grad()
         loss.backward()
         opt.step()
-    model.eval()
+    return model.eval(), val
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_perplexity_on_tinyshakespeare_is_within_one_percent(trained_char, dtype: str) -> None:
+    """bf16 weights and compute, or int8 weights, change the validation perplexity of a small
+    trained char model by well under 1% (float32 is the reference)."""
+    model, val = trained_char
     p32 = perplexity(model, val)
-    p16 = perplexity(cast(model, "bf16"), val)
+    p_low = perplexity(cast(model, dtype), val)
     assert p32 < 25.0  # trained: far below the 65-way uniform
-    assert abs(p16 - p32) / p32 < 0.01, (p32, p16)
+    assert abs(p_low - p32) / p32 < 0.01, (p32, p_low)
 
 
 def test_every_bf16_projection_runs_on_its_packed_kernel(monkeypatch) -> None:
@@ -159,3 +166,64 @@ def test_every_bf16_projection_runs_on_its_packed_kernel(monkeypatch) -> None:
     }
     assert set(calls) == per_step
     assert len(calls) == 3 * len(per_step)  # prefill and two decoding steps
+
+
+@pytest.mark.parametrize("mlp", ["gelu_tanh", "swiglu"])
+@pytest.mark.parametrize("tie", [True, False])
+def test_int8_copy_is_the_model_with_quantized_weights(mlp: str, tie: bool) -> None:
+    """The int8 copy computes the GPT function with W̃ = q·s: equal (to float32 rounding) to a
+    float32 model holding W̃, within a few percent of the float32 model's logits, and every
+    projection (the unembedding too) runs on its int8 product."""
+    from glassgpt.kernels import int8
+
+    model = model_of(mlp=mlp, tie_embeddings=tie)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    q8 = cast(model, "int8")
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert next(q8.parameters()).dtype == torch.float32
+    names = [
+        n for n, p in q8.named_parameters() if kernels.is_packed(p, transposed=n == "embed.W_E")
+    ]
+    want = {f"blocks.{i}.{m}" for i in range(2) for m in ("attn.W_QKV", "attn.W_O", "mlp.W_in",
+            "mlp.W_out", *(("mlp.W_gate",) if mlp == "swiglu" else ()))}  # fmt: skip
+    assert set(names) == want | {"embed.W_E" if tie else "unembed.W_U"}
+    orig, params = dict(model.named_parameters()), dict(q8.named_parameters())
+    for name in names:  # each quantized weight is q·s of the original's, per output channel
+        t = name == "embed.W_E"
+        q, s = int8.quantize(int8.out_in(orig[name], transposed=t))
+        assert torch.equal(int8.out_in(params[name], transposed=t), int8.dequantize(q, s))
+    tilde = cast(q8, "float32")  # a plain float32 model holding W̃ (float32 kernels)
+    ref, got, eager = (
+        logits(model, TOKENS[:1, :5]),
+        logits(q8, TOKENS[:1, :5]),
+        logits(tilde, TOKENS[:1, :5]),
+    )
+    torch.testing.assert_close(got, eager, rtol=0, atol=1e-5 * eager.abs().max().item())
+    scale = ref.abs().max().item()
+    assert (got - ref).abs().max().item() <= 0.05 * scale  # 8-bit weights, per-channel scales
+    assert generate(q8, [1, 2, 3], max_new_tokens=8, temperature=0) == generate(
+        tilde, [1, 2, 3], max_new_tokens=8, temperature=0
+    )
+
+
+def test_int8_runs_on_a_cpu_only() -> None:
+    model = model_of()
+    assert parse_dtype("int8") is torch.int8
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU here")
+    with pytest.raises(GlassError, match="int8 weights run on a CPU only"):
+        cast(model.cuda(), "int8")
+
+
+def test_int8_without_the_extension_is_the_same_function(monkeypatch) -> None:
+    """With the compiled kernel hidden, the int8 copy computes x W̃ + b in float32 (a warning
+    says so once) and gives the kernel's logits to float32 rounding."""
+    from glassgpt.kernels import int8
+
+    model = model_of()
+    with_ext = logits(cast(model, "int8"), TOKENS[:1, :4])
+    monkeypatch.setattr(int8, "compiled", lambda: None)
+    monkeypatch.setattr(int8, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="int8 kernel glassgpt.kernels._int8 is not built"):
+        without = logits(cast(model, "int8"), TOKENS[:1, :4])
+    torch.testing.assert_close(without, with_ext, rtol=0, atol=1e-5 * with_ext.abs().max().item())

@@ -22,6 +22,7 @@ def test_serve_is_a_command(capsys: pytest.CaptureFixture[str]) -> None:
         (["--port", "70000"], "--port"),
         (["--max-batch", "0"], "--max-batch"),
         (["--threads", "0"], "--threads"),
+        (["--dtype", "int3"], "dtype: unknown dtype 'int3'"),
     ],
 )
 def test_bad_flags(live: object, extra: list[str], message: str,
@@ -35,3 +36,30 @@ def test_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["serve", "--checkpoint", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip()
     assert "no such checkpoint" in err and "\n" not in err
+
+
+def test_serve_int8_serves_the_int8_copy(live: object, monkeypatch) -> None:
+    """--dtype int8: the served model is cast's int8 copy (its completions are that model's)."""
+    import sys
+
+    import torch
+    import uvicorn
+
+    from glassgpt.kernels import is_packed
+    from glassgpt.sample import generate
+    from glassgpt.sample.loading import load
+    from glassgpt.sample.precision import cast
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    monkeypatch.setattr(sys, "setswitchinterval", lambda _: None)
+    threads = torch.get_num_threads()
+    try:
+        assert main(["serve", "--checkpoint", str(live.run), "--dtype", "int8"]) == 0  # type: ignore[attr-defined]
+    finally:
+        torch.set_num_threads(threads)
+    model = served[0].state.glassgpt.model
+    assert is_packed(model.blocks[0].attn.W_QKV)
+    base, _ = load(live.run)  # type: ignore[attr-defined]
+    want = generate(cast(base, "int8"), [1, 2, 3], max_new_tokens=10, temperature=0)
+    assert generate(model, [1, 2, 3], max_new_tokens=10, temperature=0) == want

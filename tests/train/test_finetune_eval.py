@@ -69,6 +69,19 @@ def test_eval_matches_the_trainers_val_loss(bpe_run: Path, capsys) -> None:
     assert math.isclose(got["perplexity"], math.exp(last["val_loss"]), rel_tol=1e-6)
 
 
+def test_eval_with_int8_weights(bpe_run: Path, capsys) -> None:
+    """--dtype int8: the loss of the int8 copy, changed by the quantization but by little."""
+    data = ["--data", str(bpe_run / "data"), "--batch-size", "4"]
+    base = _eval(capsys, "-c", str(bpe_run), *data)
+    got = _eval(capsys, "-c", str(bpe_run), *data, "--dtype", "int8")
+    assert got["dtype"] == "int8" and got["loss"] != base["loss"]
+    assert math.isclose(got["loss"], base["loss"], rel_tol=0.01)
+    capsys.readouterr()
+    assert main(["eval", "-c", str(bpe_run), *data, "--dtype", "int3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dtype: unknown dtype 'int3'" in err
+
+
 def test_eval_on_a_text_file_is_the_mean_cross_entropy(bpe_run: Path, tmp_path, capsys) -> None:
     import glassgpt
 

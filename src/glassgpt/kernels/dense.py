@@ -4,10 +4,10 @@ W is [d_in, d_out] (a 3-D W such as W_O [H, d_head, d_model] is read as [H·d_he
 ``transposed``: W is [d_out, d_in] and the product is x Wᵀ + b (the tied unembedding W_Eᵀ).
 The kernel, first that applies:
 
-1. a packed copy of W registered by :func:`pack` (inference only: no autograd, x in W's
-   dtype, W unchanged since it was packed); for float32 at up to ``SMALL_BATCH`` rows of x
-   (decoding) that is glassgpt's own product (``glassgpt.kernels._gemv``), which streams W
-   once for all rows in W's own layout;
+1. a packed copy of W registered by :func:`pack` or ``glassgpt.kernels.int8.pack_int8``
+   (inference only: no autograd, x in W's dtype, W unchanged since it was packed); for
+   float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
+   (``glassgpt.kernels._gemv``), which streams W once for all rows;
 2. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
 3. ``F.linear``.
 
@@ -70,6 +70,11 @@ def matmul(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = 
         fn = _packed(x, W, transposed)
         if fn is not None:
             return fn(x, W, b)
+    return unpacked(x, W, b, transposed=transposed)
+
+
+def unpacked(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = False) -> Tensor:
+    """x W + b (x Wᵀ + b when ``transposed``) by the kernels that need no packed copy."""
     W2 = W.flatten(0, -2) if W.ndim > 2 else W
     if use_onednn(x, W2):
         return OneDNNLinear.apply(x, W2, b, transposed)
@@ -169,10 +174,17 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
             fn = _onednn_packed(out_in)
         if fn is None:
             return False
+    register(W, fn, transposed=transposed)
+    return True
+
+
+def register(W: Tensor, fn: Product, *, transposed: bool = False) -> None:
+    """Make ``fn(x, W, b)`` compute W's inference products from now on (until W changes in
+    place or :func:`unpack`); the registry holds W weakly. ``pack`` and
+    ``glassgpt.kernels.int8.pack_int8`` register through it."""
     key = id(W)
     ref = weakref.ref(W, lambda _, key=key: _PACKED.pop(key, None))
     _PACKED[key] = _Packed(ref, _version(W), transposed, fn)
-    return True
 
 
 def has_small_batch_kernel() -> bool:

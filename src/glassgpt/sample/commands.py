@@ -48,7 +48,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-stop-eos", action="store_true",
                    help="keep going after <|endoftext|> (by default it ends a sample)")  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="sample i uses seed + i")
-    p.add_argument("--dtype", default="float32", help="float32 or bf16 (weights and compute)")
+    p.add_argument("--dtype", default="float32",
+                   help="float32, bf16 (weights and compute) or int8 (weights; CPU)")  # fmt: skip
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, …")
     p.add_argument("--tokenizer", metavar="FILE", type=Path, default=None,
                    help="a tokenizer file (when the folder has none)")  # fmt: skip

@@ -31,6 +31,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, …")
+    p.add_argument("--dtype", default="float32",
+                   help="float32, bf16 (weights and compute) or int8 (weights; CPU)")  # fmt: skip
     p.add_argument("--api-key", metavar="KEY", default=None,
                    help="require Authorization: Bearer KEY on /v1 and /api")  # fmt: skip
     p.add_argument("--name", default=None, help="the model's name in the API (default: folder)")
@@ -50,6 +52,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from glassgpt.errors import GlassError
     from glassgpt.sample.commands import SMALL_MODEL
     from glassgpt.sample.loading import load, parse_device
+    from glassgpt.sample.precision import cast, parse_dtype
     from glassgpt.serve.app import create_app
 
     if not 0 <= args.port <= 65535:
@@ -58,6 +61,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise GlassError(f"--max-batch: must be ≥ 1, got {args.max_batch}")
     if args.threads is not None and args.threads < 1:
         raise GlassError(f"--threads: must be ≥ 1, got {args.threads}")
+    dtype = parse_dtype(args.dtype)
     model, tok = load(
         Path(args.checkpoint), tokenizer=args.tokenizer, device=parse_device(args.device)
     )
@@ -65,7 +69,9 @@ def run_serve(args: argparse.Namespace) -> int:
         raise GlassError(f"{args.checkpoint}: has no tokenizer; pass --tokenizer FILE")
     small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL
     torch.set_num_threads(args.threads or (1 if small else torch.get_num_threads()))
-    name = args.name or args.checkpoint.resolve().name
+    if dtype != torch.float32:  # float32: the model as loaded
+        model = cast(model, dtype)
+    name = args.name or Path(args.checkpoint).resolve().name
     app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch)
     # The scheduler thread and the event loop share the GIL: hand it over every 0.5 ms, not
     # every 5 ms, so that a finished token reaches its client without waiting for a step.

@@ -80,6 +80,8 @@ def register_eval(subparsers: Any) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="window length (default: n_ctx)")
     p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="float32",
+                   help="float32, bf16 (weights and compute) or int8 (weights; CPU)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_eval)
@@ -107,6 +109,7 @@ def _eval(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         device=args.device,
+        dtype=args.dtype,
         progress=not (args.no_progress or args.json),
     )
     if args.json:

@@ -87,14 +87,20 @@ def evaluate_command(
     seq_len: int | None = None,
     batch_size: int = 8,
     device: str = "cpu",
+    dtype: str = "float32",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Loss, perplexity and bits per byte of a checkpoint on files or a prepared split."""
+    """Loss, perplexity and bits per byte of a checkpoint on files or a prepared split, with
+    its weights in ``dtype`` (``glassgpt.sample.precision.cast``)."""
     from glassgpt.data import DataDir
     from glassgpt.sample.loading import load, parse_device
+    from glassgpt.sample.precision import cast, parse_dtype
     from glassgpt.train.inputs import is_prepared
 
+    dtype_ = parse_dtype(dtype)
     model, tok = load(checkpoint, device=parse_device(device))
+    if dtype_ != torch.float32:
+        model = cast(model, dtype_)
     if tok is None:
         raise GlassError(f"{checkpoint}: has no tokenizer, so text cannot be encoded")
     if len(data) == 1 and is_prepared(data[0]):
@@ -123,4 +129,5 @@ def evaluate_command(
         "seq_len": seq_len,
         "source": source,
         "checkpoint": str(checkpoint),
+        "dtype": dtype,
     }

@@ -1,0 +1,154 @@
+"""Weight-only int8: y = (x q)·s + b = x W̃ + b, with W̃ = q·s quantized per output channel.
+
+For W [d_in, d_out] (row vectors, y = x W + b), each output channel j gets one scale:
+
+    s_j = max_i |W[i, j]| / 127,   q[i, j] = round(W[i, j] / s_j) ∈ [−127, 127],   W̃ = q·s
+
+so |W − W̃| ≤ s_j / 2 elementwise. The product reads q (one byte per weight) and computes
+in float32: y[m, j] = s_j · Σ_i x[m, i] q[i, j] + b_j, which is x W̃ + b up to the order of
+the float32 sums. At a few rows of x (decoding) the product is bound by reading the
+weights, so a quarter of float32's bytes makes it up to 4x faster there.
+
+Kernels (:func:`product`): rows ≤ ``MAX_ROWS`` go to the compiled ``_int8`` extension
+(``kernels/_int8.c``: q stored [d_out, d_in], one output channel per contiguous row, AVX2+FMA
+where the CPU has it, output channels split over ``torch.get_num_threads()`` threads); more
+rows (prefill, perplexity: compute-bound) and machines without the extension compute
+x W̃ + b in float32 from W̃ itself (the same function; a warning says once that the
+extension is missing).
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+
+MAX_ROWS = 8  # rows of x (batch × tokens) that the compiled kernel takes
+
+
+def compiled() -> Any | None:
+    """The ``_int8`` extension module, or None when it was not built."""
+    try:
+        return importlib.import_module("glassgpt.kernels._int8")
+    except ImportError:
+        return None
+
+
+def quantize(W_out_in: Tensor) -> tuple[Tensor, Tensor]:
+    """q int8 [d_out, d_in] and s float32 [d_out] of a weight given as [d_out, d_in] (one row
+    per output channel): s_j = max |W_j| / 127, q_j = round(W_j / s_j). An all-zero row gets
+    s_j = 1 (q_j = 0).
+
+    >>> q, s = quantize(torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0]]))
+    >>> q.tolist(), [round(v * 127, 4) for v in s.tolist()]
+    ([[64, -127, 32], [0, 0, 0]], [1.0, 127.0])
+    """
+    W = W_out_in.detach().float()
+    s = W.abs().amax(dim=1) / 127.0
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    q = torch.round(W / s[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), s.contiguous()
+
+
+def dequantize(q: Tensor, s: Tensor) -> Tensor:
+    """W̃ [d_out, d_in] = q·s (each row j times s_j), float32."""
+    return q.float() * s[:, None]
+
+
+_warned = False
+
+
+def _warn_missing() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            "the int8 kernel glassgpt.kernels._int8 is not built (installed without a C "
+            "compiler?): int8 products run in float32 from the same weights (same results, "
+            "float32 speed)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def gemv(x: Tensor, q: Tensor, s: Tensor, b: Tensor | None, threads: int) -> Tensor:
+    """(x qᵀ)·s + b by the compiled kernel, for x [M, d_in] float32 (M ≤ MAX_ROWS), q int8
+    [d_out, d_in], s [d_out], b [d_out] or None (all contiguous, on a CPU) → [M, d_out]."""
+    ext = compiled()
+    M, d_in = x.shape
+    d_out = q.shape[0]
+    if ext is None:
+        raise RuntimeError("the int8 kernel glassgpt.kernels._int8 is not built")
+    if not 1 <= M <= MAX_ROWS or q.shape != (d_out, d_in) or s.shape != (d_out,):
+        raise ValueError(f"gemv: shapes x {tuple(x.shape)}, q {tuple(q.shape)}, s {tuple(s.shape)}")
+    for t, dtype in ((x, torch.float32), (q, torch.int8), (s, torch.float32), (b, torch.float32)):
+        if t is not None and (t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu"):
+            raise ValueError("gemv: x, s, b contiguous float32 and q int8 on a CPU")
+    if b is not None and b.shape != (d_out,):
+        raise ValueError(f"gemv: b has shape {tuple(b.shape)}, expected ({d_out},)")
+    y = torch.empty(M, d_out, dtype=torch.float32)
+    ext.gemv(x.data_ptr(), q.data_ptr(), s.data_ptr(), 0 if b is None else b.data_ptr(),
+             y.data_ptr(), M, d_in, d_out, threads)  # fmt: skip
+    return y
+
+
+def out_in(W: Tensor, *, transposed: bool = False) -> Tensor:
+    """W as [d_out, d_in] (one row per output channel), a view: W itself when ``transposed``
+    (the tied W_E [n_vocab, d_model]), else W [d_in, d_out] (3-D W_O read as 2-D) transposed."""
+    W2 = W.flatten(0, -2) if W.ndim > 2 else W
+    return W2 if transposed else W2.T
+
+
+def pack_int8(W: Tensor, *, transposed: bool = False) -> bool:
+    """Quantize a float32 CPU weight in place, W ← W̃ = q·s, and register its int8 product
+    (x q)·s + b with the seam (``glassgpt.kernels.matmul`` then takes it for inference
+    products of W); returns False (W untouched) for other dtypes or devices.
+
+    W in place: every reader of W (hooks, inspection, the tied embedding lookup, the float32
+    path for many rows) computes the same function W̃ as the int8 kernel.
+    """
+    from glassgpt.kernels.dense import register
+
+    if W.device.type != "cpu" or W.dtype != torch.float32:
+        return False
+    with torch.inference_mode(False), torch.no_grad():
+        view = out_in(W, transposed=transposed)
+        q, s = quantize(view)
+        view.copy_(dequantize(q, s))
+    register(W, product(q, s, transposed=transposed), transposed=transposed)
+    return True
+
+
+def product(q: Tensor, s: Tensor, *, transposed: bool = False) -> Any:
+    """``fn(x, W, b)`` = (x qᵀ)·s + b (q [d_out, d_in], s [d_out]) for W = W̃ = q·s in the
+    seam's layout (``transposed`` as in ``glassgpt.kernels.matmul``): the compiled kernel for
+    1..MAX_ROWS float32 rows, else x W̃ + b from W itself by the seam's float32 kernels."""
+    from glassgpt.kernels.dense import unpacked
+
+    ext = compiled()
+    d_out, d_in = q.shape
+    q_ptr, s_ptr = q.data_ptr(), s.data_ptr()  # q, s checked once here, kept alive by fn
+    if ext is not None:
+        gemv(torch.zeros(1, d_in), q, s, None, 1)  # checks their dtypes, layout and shapes
+
+    def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        rows = x.numel() // d_in if d_in and x.shape[-1] == d_in else 0
+        if ext is None or not 1 <= rows <= MAX_ROWS or not x.is_cpu or not _bias_ok(b):
+            if ext is None:
+                _warn_missing()
+            return unpacked(x, W, b, transposed=transposed)
+        x = x if x.is_contiguous() else x.contiguous()  # float32: the seam's packed products
+        y = x.new_empty((*x.shape[:-1], d_out))  # see only x of W's dtype
+        ext.gemv(x.data_ptr(), q_ptr, s_ptr, 0 if b is None else b.data_ptr(), y.data_ptr(),
+                 rows, d_in, d_out, torch.get_num_threads())  # fmt: skip
+        return y
+
+    fn.q, fn.s = q, s  # type: ignore[attr-defined]
+    return fn
+
+
+def _bias_ok(b: Tensor | None) -> bool:
+    return b is None or (b.dtype == torch.float32 and b.is_cpu and b.is_contiguous())

@@ -1,0 +1,136 @@
+"""int8 weights: quantization error within s/2, the compiled kernel equals x W̃ + b (float64
+oracle) for every shape, and the seam falls back to the same function without the extension."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from glassgpt.kernels import int8, is_packed, matmul
+
+EPS32 = 2.0**-24  # float32 unit roundoff
+
+needs_ext = pytest.mark.skipif(int8.compiled() is None, reason="the _int8 extension is not built")
+
+
+def _oracle_and_bound(x: torch.Tensor, W_t: torch.Tensor, b: torch.Tensor | None):
+    """x W̃ᵀ + b in float64 (W_t = W̃ [d_out, d_in]) and the float32 rounding bound of any
+    summation order: (d_in + 3) u Σ_i |x_i W̃_ji| + |b_j| (d_in sums and products, the
+    scale, the bias, and W̃ = q·s itself rounded to float32)."""
+    x64, W64 = x.double(), W_t.double()
+    want = x64 @ W64.T
+    mag = x64.abs() @ W64.abs().T
+    if b is not None:
+        want, mag = want + b.double(), mag + b.double().abs()
+    return want, (x.shape[-1] + 3) * EPS32 * mag + 1e-30
+
+
+def test_quantization_error_is_at_most_half_a_step() -> None:
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(37, 53, generator=gen) * torch.rand(37, 1, generator=gen) * 10
+    W[5] = 0.0  # an all-zero channel
+    q, s = int8.quantize(W)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127 and s.shape == (37,)
+    W_t = int8.dequantize(q, s)
+    err = (W.double() - W_t.double()).abs()
+    assert (err <= s.double()[:, None] / 2 * (1 + 1e-6)).all()
+    assert (q.abs().amax(dim=1)[s != 1.0] == 127).all()  # each scale is used to the full
+    assert torch.equal(W_t[5], torch.zeros(53))
+
+
+@needs_ext
+@settings(max_examples=60, deadline=None)
+@given(
+    M=st.integers(1, 9),
+    d_in=st.integers(1, 150),
+    d_out=st.integers(1, 70),
+    bias=st.booleans(),
+    threads=st.sampled_from([1, 2]),
+    portable=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_is_x_w_tilde_plus_b(M, d_in, d_out, bias, threads, portable, seed) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.randn(d_out, d_in, generator=gen)
+    x = torch.randn(M, d_in, generator=gen)
+    b = torch.randn(d_out, generator=gen) if bias else None
+    q, s = int8.quantize(W)
+    ext = int8.compiled()
+    assert ext.use_portable(portable) == ("scalar" if portable else ext.kernel())
+    try:
+        if M > int8.MAX_ROWS:
+            with pytest.raises(ValueError, match="gemv"):
+                int8.gemv(x, q, s, b, threads)
+            return
+        got = int8.gemv(x, q, s, b, threads)
+    finally:
+        ext.use_portable(False)
+    want, bound = _oracle_and_bound(x, int8.dequantize(q, s), b)
+    assert ((got.double() - want).abs() <= bound).all()
+
+
+@needs_ext
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("shape", [(768, 2304), (3072, 768), (100, 50257)])
+def test_kernel_on_model_shapes_and_threads(shape: tuple[int, int], threads: int) -> None:
+    """Shapes that the pool splits (the kernel's threads are used from 64 KiB of weights)."""
+    d_in, d_out = shape
+    gen = torch.Generator().manual_seed(d_in)
+    q, s = int8.quantize(torch.randn(d_out, d_in, generator=gen))
+    x, b = torch.randn(3, d_in, generator=gen), torch.randn(d_out, generator=gen)
+    got = int8.gemv(x, q, s, b, threads)
+    want, bound = _oracle_and_bound(x, int8.dequantize(q, s), b)
+    assert ((got.double() - want).abs() <= bound).all()
+
+
+def test_gemv_checks_its_inputs() -> None:
+    if int8.compiled() is None:
+        pytest.skip("the _int8 extension is not built")
+    q, s = int8.quantize(torch.randn(4, 8))
+    with pytest.raises(ValueError, match="contiguous float32"):
+        int8.gemv(torch.randn(2, 16)[:, ::2], q, s, None, 1)  # not contiguous
+    with pytest.raises(ValueError, match="contiguous float32"):
+        int8.gemv(torch.randn(1, 8, dtype=torch.float64), q, s, None, 1)
+    with pytest.raises(ValueError, match="shapes"):
+        int8.gemv(torch.randn(1, 7), q, s, None, 1)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("hide", [False, True])
+def test_seam_product_few_and_many_rows(transposed: bool, hide: bool, monkeypatch) -> None:
+    """pack_int8 turns W into W̃ in place; the seam's products are x W̃ + b for 1..8 rows (the
+    kernel) and for more (float32), with the extension or without it (a warning, once)."""
+    if hide:
+        monkeypatch.setattr(int8, "compiled", lambda: None)
+        monkeypatch.setattr(int8, "_warned", False)
+    elif int8.compiled() is None:
+        pytest.skip("the _int8 extension is not built")
+    gen = torch.Generator().manual_seed(3)
+    W0 = torch.randn(40, 24, generator=gen)  # [d_out, d_in]
+    W = W0.clone() if transposed else W0.T.contiguous()  # the stored layout
+    b = torch.randn(40, generator=gen)
+    assert int8.pack_int8(W, transposed=transposed) and is_packed(W, transposed=transposed)
+    q, s = int8.quantize(W0)
+    W_t = int8.dequantize(q, s)
+    assert torch.equal(W if transposed else W.T, W_t)  # W is now exactly W̃
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (1, 5, 8, 9, 30):
+            x = torch.randn(rows, 24, generator=gen)
+            with torch.no_grad():
+                got = matmul(x.view(1, rows, 24), W, b, transposed=transposed)
+            assert got.shape == (1, rows, 40)
+            want, bound = _oracle_and_bound(x, W_t, b)
+            assert ((got[0].double() - want).abs() <= bound).all()
+    said = [w for w in caught if "not built" in str(w.message)]
+    assert len(said) == (1 if hide else 0)
+
+
+def test_pack_int8_leaves_other_dtypes_alone() -> None:
+    W = torch.randn(8, 4, dtype=torch.float64)
+    before = W.clone()
+    assert not int8.pack_int8(W) and torch.equal(W, before) and not is_packed(W)

@@ -271,14 +271,25 @@ async def _chat_chunks(
         yield {**meta, "choices": [], "usage": _usage(run.choices)}
 
 
-def _sse(chunks: AsyncIterator[dict[str, Any]], run: Run) -> StreamingResponse:
-    """Server-sent events; however the stream ends (done, disconnect, error), ``run`` stops."""
+_encode = json.JSONEncoder(ensure_ascii=False).encode
 
-    async def lines() -> AsyncIterator[str]:
+
+def _sse(chunks: AsyncIterator[dict[str, Any]], run: Run) -> StreamingResponse:
+    """Server-sent events; however the stream ends (done, disconnect, error), ``run`` stops.
+
+    Events that are ready together (a client that reads slower than the model writes, a
+    token and its ``done``, the last chunk and ``[DONE]``) go out in one write."""
+
+    async def lines() -> AsyncIterator[bytes]:
+        parts: list[bytes] = []
         try:
             async for c in chunks:
-                yield f"data: {json.dumps(c, ensure_ascii=False)}\n\n"
-            yield "data: [DONE]\n\n"
+                parts.append(b"data: " + _encode(c).encode() + b"\n\n")
+                if not run.ready:
+                    yield b"".join(parts)
+                    parts.clear()
+            parts.append(b"data: [DONE]\n\n")
+            yield b"".join(parts)
         finally:
             run.cancel()
             await chunks.aclose()  # type: ignore[attr-defined]

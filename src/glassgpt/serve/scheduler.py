@@ -141,8 +141,9 @@ class Scheduler:
             waiting[:] = [j for j in waiting if not j.cancelled.is_set()]
             while waiting and len(self.active) < self.cache.slots:
                 self._guarded(waiting.pop(0), self._admit)
-            for b in reversed(range(len(self.active))):  # _free(b) moves a later one into b
-                if int(self.cache.lengths[b]) >= self.config.n_ctx:  # no room for the next feed
+            lengths = self.cache.lengths[: len(self.active)].tolist()
+            for b in reversed(range(len(lengths))):  # _free(b) moves a later one into b
+                if lengths[b] >= self.config.n_ctx:  # no room for the next feed
                     self._guarded(self.active[b].job, lambda _, b=b: self._slide(b))
             if self.active:
                 self._guarded(None, lambda _: self._step())

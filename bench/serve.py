@@ -2,6 +2,7 @@
 
     python bench/serve.py                              # default and GPT-2-small shapes, 1/4/8/16
     python bench/serve.py --seconds 3 --clients 1,2 --models default   # a quick check
+    python bench/serve.py --rounds 3 --seconds 10 --clients 1,8        # levels interleaved
 
 For each model shape (random weights, saved as a checkpoint; ``--checkpoint DIR`` serves a
 trained one instead) a ``glassgpt serve`` process is started on a free localhost port. Each
@@ -9,7 +10,10 @@ client sends streaming ``/v1/completions`` requests back to back (a random promp
 ``--prompt-tokens`` tokens, ``--max-tokens`` new tokens, temperature 1) until the time is up.
 Printed per level: requests, aggregate tokens/s and its ratio to one client (measured in the
 same run), p50/p99 time to first token, p50/p99 time per token after the first, errors; and
-the server's RSS after a warm-up request and after the load. Targets (issue 12): at 8
+the server's RSS after a warm-up request and after the load. With ``--rounds R`` the levels
+run R times in turn (1, 8, 1, 8, …) and each level's figures pool its R runs, so that a
+change in the machine's load during the run falls on every level alike; the load average
+is printed before and after. Targets (issue 12): at 8
 clients at least 3× the single-client tokens/s, no errors, RSS back within 10%. Nothing is
 asserted: the figures go to docs/serving.md.
 """
@@ -124,6 +128,7 @@ def stream_once(port: int, body: dict) -> tuple[float | None, list[float], int]:
 def load_level(
     port: int, clients: int, seconds: float, args: argparse.Namespace, vocab: str
 ) -> dict:
+    """One run of ``clients`` clients for ``seconds``: totals and the latency samples."""
     deadline = time.perf_counter() + seconds
     ttft, per_token, tokens, errors, requests = [], [], [0], [0], [0]
     lock = threading.Lock()
@@ -158,12 +163,22 @@ def load_level(
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    return {"clients": clients, "requests": requests[0], "errors": errors[0],
+            "tokens": tokens[0], "wall": wall, "ttft": ttft, "per_token": per_token}  # fmt: skip
+
+
+def pooled(runs: list[dict]) -> dict:
+    """The figures of one level over its runs: totals summed, percentiles of every sample."""
 
     def pct(xs: list[float], q: float) -> float:
         return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) > 1 else (xs or [0])[0]
 
-    return {"clients": clients, "requests": requests[0], "errors": errors[0],
-            "tok_s": tokens[0] / wall, "ttft50": pct(ttft, 50), "ttft99": pct(ttft, 99),
+    ttft = [x for r in runs for x in r["ttft"]]
+    per_token = [x for r in runs for x in r["per_token"]]
+    return {"clients": runs[0]["clients"], "requests": sum(r["requests"] for r in runs),
+            "errors": sum(r["errors"] for r in runs),
+            "tok_s": sum(r["tokens"] for r in runs) / sum(r["wall"] for r in runs),
+            "ttft50": pct(ttft, 50), "ttft99": pct(ttft, 99),
             "tok50": pct(per_token, 50), "tok99": pct(per_token, 99)}  # fmt: skip
 
 
@@ -183,7 +198,11 @@ def bench_model(name: str, folder: Path, args: argparse.Namespace) -> tuple[list
         vocab = string.ascii_letters + " .,\n"
         load_level(port, 1, 0.5, args, vocab)  # warm-up
         before = rss_mib(server.pid)
-        rows = [load_level(port, c, args.seconds, args, vocab) for c in args.clients]
+        load = os.getloadavg()[0]
+        runs = [load_level(port, c, args.seconds, args, vocab)
+                for _ in range(args.rounds) for c in args.clients]  # fmt: skip
+        load_after = os.getloadavg()[0]
+        rows = [pooled([r for r in runs if r["clients"] == c]) for c in args.clients]
         time.sleep(2)
         after = rss_mib(server.pid)
     finally:
@@ -192,11 +211,12 @@ def bench_model(name: str, folder: Path, args: argparse.Namespace) -> tuple[list
     one = next((r["tok_s"] for r in rows if r["clients"] == 1), rows[0]["tok_s"])
     for r in rows:
         r["model"], r["ratio"] = name, r["tok_s"] / one
-    return rows, (before, after)
+    return rows, (before, after, load, load_after)
 
 
-def report(results: list[tuple[list[dict], tuple[float, float]]], args: argparse.Namespace) -> None:
-    print(f"\n{args.seconds:g} s per level; prompts of {args.prompt_tokens} tokens, "
+def report(results: list[tuple[list[dict], tuple]], args: argparse.Namespace) -> None:
+    rounds = f" × {args.rounds} rounds, interleaved" if args.rounds > 1 else ""
+    print(f"\n{args.seconds:g} s per level{rounds}; prompts of {args.prompt_tokens} tokens, "
           f"{args.max_tokens} new tokens, temperature 1, streaming\n")  # fmt: skip
     print("| model | clients | requests | tokens/s | × 1 client | TTFT p50 | TTFT p99 | "
           "per token p50 | per token p99 | errors |")  # fmt: skip
@@ -207,22 +227,26 @@ def report(results: list[tuple[list[dict], tuple[float, float]]], args: argparse
                   f"{r['ratio']:.2f} | {1e3 * r['ttft50']:.0f} ms | {1e3 * r['ttft99']:.0f} ms | "
                   f"{1e3 * r['tok50']:.1f} ms | {1e3 * r['tok99']:.1f} ms | {r['errors']} |")  # fmt: skip
     print()
-    for rows, (before, after) in results:
+    for rows, (before, after, load, load_after) in results:
         change = 100 * (after - before) / before
         print(f"{rows[0]['model']}: server RSS {before:.0f} MiB after warm-up, {after:.0f} MiB "
-              f"after the load ({change:+.1f}%; target within ±10%)")  # fmt: skip
+              f"after the load ({change:+.1f}%; target within ±10%); 1-minute load average "
+              f"{load:.2f} before the load, {load_after:.2f} after")  # fmt: skip
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", default="1,4,8,16", help="comma-separated levels")
     p.add_argument("--seconds", type=float, default=20.0, help="duration of each level")
+    p.add_argument("--rounds", type=int, default=1, help="run the levels this many times in turn")
     p.add_argument("--models", default="default,gpt2-small", help="default and/or gpt2-small")
     p.add_argument("--checkpoint", type=Path, default=None, help="serve this one instead")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=32)
     args = p.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
+    if args.rounds < 1:
+        p.error(f"--rounds: must be ≥ 1, got {args.rounds}")
     sys.path.insert(0, str(REPO / "src"))
     print(f"bench/serve.py on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     if args.checkpoint is not None:

@@ -182,6 +182,44 @@ def next_token(
     return z.argmax(-1) if cfg.greedy else draw(z, generators)
 
 
+def next_token_rows(
+    logits: Tensor,
+    cfgs: Sequence[SamplingConfig],
+    counts: Sequence[Tensor | None],
+    generators: Sequence[torch.Generator],
+) -> list[int | None]:
+    """The next id of each row of ``logits`` [B, V], row b with its own settings ``cfgs[b]``,
+    token counts ``counts[b]`` [V] (read only when its settings have penalties) and generator.
+
+    Rows that share their settings go through one :func:`next_token` together. Every
+    operation there acts on each row alone, so a row gets the id it would get alone, and a
+    batch costs a few tensor operations per distinct setting, not per row. A row without a
+    finite logit gets None (its generator untouched); the other rows are unaffected.
+
+    >>> g = [torch.Generator().manual_seed(0) for _ in range(3)]
+    >>> z = torch.tensor([[0.0, 5.0], [1.0, 0.0], [float("nan"), float("nan")]])
+    >>> next_token_rows(z, [SamplingConfig(temperature=0)] * 3, [None] * 3, g)
+    [1, 0, None]
+    """
+    groups: dict[SamplingConfig, list[int]] = {}
+    for b, cfg in enumerate(cfgs):
+        groups.setdefault(cfg, []).append(b)
+    out: list[int | None] = [None] * len(cfgs)
+    for cfg, rows in groups.items():
+        for part in (rows, *([b] for b in rows)):  # alone, row by row, only when one fails
+            z = logits if len(part) == logits.shape[0] else logits[part]
+            c = torch.stack([counts[b] for b in part]) if cfg.penalised else None  # type: ignore[misc]
+            try:
+                ids = next_token(z, cfg, c, [generators[b] for b in part]).tolist()
+            except GlassError:  # raised before any draw: no generator has moved
+                continue
+            for b, t in zip(part, ids):
+                out[b] = t
+            if part is rows:
+                break
+    return out
+
+
 def probabilities(logits: Tensor, cfg: SamplingConfig, counts: Tensor | None = None) -> Tensor:
     """softmax of :func:`next_token_logits` [B, V] (one-hot at the argmax when greedy).
 

@@ -206,29 +206,53 @@ def _completion_logprobs(state: ServeState, ids: list[int], infos: list[Any]) ->
     }
 
 
+# -- streaming ----------------------------------------------------------------------------
+# A stream sends one chunk per token, so its JSON is written from a head encoded once per
+# request; the text is what json.dumps(chunk, ensure_ascii=False) gives for the whole chunk.
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def chunk_head(meta: dict[str, Any]) -> str:
+    """A chunk's JSON up to its choices: ``{"id": …, "model": …, "choices": [``."""
+    return _encode(meta)[:-1] + ', "choices": ['
+
+
+def text_chunk(head: str, index: int, text: str, finish: str | None) -> str:
+    """The JSON of a completion chunk (one choice, no logprobs)."""
+    return (f'{head}{{"index": {index}, "text": {_encode(text)}, "logprobs": null, '
+            f'"finish_reason": {_encode(finish)}}}]}}')  # fmt: skip
+
+
+def delta_chunk(head: str, index: int, delta: dict[str, Any], finish: str | None) -> str:
+    """The JSON of a chat completion chunk (one choice, no logprobs)."""
+    return (f'{head}{{"index": {index}, "delta": {_encode(delta)}, "logprobs": null, '
+            f'"finish_reason": {_encode(finish)}}}]}}')  # fmt: skip
+
+
+def _error_chunk(message: str | None) -> str:
+    return _encode({"error": {"message": message, "type": "server_error", "param": None,
+                              "code": None}})  # fmt: skip
+
+
 async def _completion_chunks(
     state: ServeState,
     run: Run,
     meta: dict[str, Any],
     echo: list[str] | None,
     usage: bool,
-) -> AsyncIterator[dict[str, Any]]:
-    def chunk(index: int, text: str, finish: str | None = None, lp: Any = None) -> Any:
-        return {**meta, "choices": [{"index": index, "text": text, "logprobs": lp,
-                                     "finish_reason": finish}]}  # fmt: skip
-
+) -> AsyncIterator[str]:
+    head = chunk_head(meta)
     n = len(run.choices) // max(1, len(echo or [1]))
     if echo is not None:
         for c in run.choices:
-            yield chunk(c.index, echo[c.index // n])
+            yield text_chunk(head, c.index, echo[c.index // n], None)
     async for c, kind, piece in run.events():
         if kind == "error":
-            yield {"error": {"message": c.error, "type": "server_error", "param": None,
-                             "code": None}}  # fmt: skip
+            yield _error_chunk(c.error)
         elif kind == "done" or piece:
-            yield chunk(c.index, piece, c.finish if kind == "done" else None)
+            yield text_chunk(head, c.index, piece, c.finish if kind == "done" else None)
     if usage:
-        yield {**meta, "choices": [], "usage": _usage(run.choices)}
+        yield _encode({**meta, "choices": [], "usage": _usage(run.choices)})
 
 
 # -- chat ---------------------------------------------------------------------------------
@@ -248,37 +272,40 @@ def _chat_logprobs(state: ServeState, c: Choice) -> list[dict[str, Any]]:
 
 async def _chat_chunks(
     state: ServeState, run: Run, meta: dict[str, Any], usage: bool
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncIterator[str]:
     meta = {**meta, "object": "chat.completion.chunk"}
-
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> Any:
-        return {**meta, "choices": [{"index": index, "delta": delta, "logprobs": None,
-                                     "finish_reason": finish}]}  # fmt: skip
-
+    head = chunk_head(meta)
     for c in run.choices:
-        yield chunk(c.index, {"role": "assistant", "content": ""})
+        yield delta_chunk(head, c.index, {"role": "assistant", "content": ""}, None)
     async for c, kind, piece in run.events():
         if kind == "error":
-            yield {"error": {"message": c.error, "type": "server_error", "param": None,
-                             "code": None}}  # fmt: skip
+            yield _error_chunk(c.error)
         elif kind == "done":
             if piece:
-                yield chunk(c.index, {"content": piece})
-            yield chunk(c.index, {}, c.finish)
+                yield delta_chunk(head, c.index, {"content": piece}, None)
+            yield delta_chunk(head, c.index, {}, c.finish)
         elif piece:
-            yield chunk(c.index, {"content": piece})
+            yield delta_chunk(head, c.index, {"content": piece}, None)
     if usage:
-        yield {**meta, "choices": [], "usage": _usage(run.choices)}
+        yield _encode({**meta, "choices": [], "usage": _usage(run.choices)})
 
 
-def _sse(chunks: AsyncIterator[dict[str, Any]], run: Run) -> StreamingResponse:
-    """Server-sent events; however the stream ends (done, disconnect, error), ``run`` stops."""
+def _sse(chunks: AsyncIterator[str], run: Run) -> StreamingResponse:
+    """Server-sent events; however the stream ends (done, disconnect, error), ``run`` stops.
 
-    async def lines() -> AsyncIterator[str]:
+    Events that are ready together (a client that reads slower than the model writes, a
+    token and its ``done``, the last chunk and ``[DONE]``) go out in one write."""
+
+    async def lines() -> AsyncIterator[bytes]:
+        parts: list[bytes] = []
         try:
             async for c in chunks:
-                yield f"data: {json.dumps(c, ensure_ascii=False)}\n\n"
-            yield "data: [DONE]\n\n"
+                parts.append(f"data: {c}\n\n".encode())
+                if not run.ready:
+                    yield b"".join(parts)
+                    parts.clear()
+            parts.append(b"data: [DONE]\n\n")
+            yield b"".join(parts)
         finally:
             run.cancel()
             await chunks.aclose()  # type: ignore[attr-defined]

@@ -28,24 +28,31 @@ class _Mailbox:
     """Results from the scheduler thread into one event loop, one wake-up per batch.
 
     The scheduler emits an item per sequence per step; waking the loop for each one (a
-    self-pipe write and a callback) costs more than the item. Items wait in a list, and only
-    the first of a batch schedules the drain that hands them to their queues, in order."""
+    self-pipe write and a callback) costs more than the item, and a loop woken in the middle
+    of a step takes the GIL from the scheduler to hand on one item. Items wait in a list
+    until the scheduler's ``wake`` (the jobs' ``flush``, after each step), which schedules
+    one drain that hands them to their queues, in order."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop, self.lock = loop, threading.Lock()
         self.items: list[tuple[asyncio.Queue[Any], Any]] = []
+        self.scheduled = False  # a drain is pending
 
     def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         with self.lock:
             self.items.append((queue, item))
-            first = len(self.items) == 1
-        if first:
-            with contextlib.suppress(RuntimeError):  # the loop has closed (shutting down)
-                self.loop.call_soon_threadsafe(self._drain)
+
+    def wake(self) -> None:
+        with self.lock:
+            if self.scheduled or not self.items:
+                return
+            self.scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop has closed (shutting down)
+            self.loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
         with self.lock:
-            items, self.items = self.items, []
+            items, self.items, self.scheduled = self.items, [], False
         for queue, item in items:
             queue.put_nowait(item)
 
@@ -117,6 +124,7 @@ class Run:
                         stop=s.stop,
                         stop_ids=frozenset() if eos is None else frozenset([eos]),
                         logprobs=s.logprobs,
+                        flush=self.mailbox.wake,
                     )
                 )
 
@@ -161,6 +169,11 @@ class Run:
             if watcher is not None:
                 watcher.cancel()
             self.cancel()
+
+    @property
+    def ready(self) -> bool:
+        """Whether :meth:`events` has more to give without waiting (or has ended)."""
+        return not self.queue.empty() or all(c.finish is not None for c in self.choices)
 
     def cancel(self) -> None:
         """Stop every job (the client has gone); the scheduler drops them before its next step."""

@@ -8,14 +8,18 @@
                    alone (as ``generate`` slides its window) and samples from them
            retire  sequences that stopped, ran out of tokens or were cancelled free their slot
 
-Sampling is per sequence, with the sequence's own settings and ``torch.Generator``, by the
-same functions and in the same order as ``glassgpt.sample.generate`` (penalties, temperature,
-top-k, top-p, min-p on float32 logits; one uniform draw per token from the generator seeded
-``seed``), so a request gives the tokens ``generate`` gives for the same prompt and seed,
-whether it runs alone or beside others (up to the float rounding of a batched matmul).
+Each sequence samples with its own settings and its own ``torch.Generator``, by the function
+``glassgpt.sample.generate`` uses (penalties, temperature, top-k, top-p, min-p on float32
+logits; one uniform draw per token from the generator seeded ``seed``). The rows of a step
+that share their settings are sampled together (``next_token_rows``: one ``next_token`` per
+distinct setting, whose operations act on each row alone), so a request gives the tokens
+``generate`` gives for the same prompt and seed, whether it runs alone or beside others (up
+to the float rounding of a batched matmul).
 
-Results go back through a callback (the API hands them to its asyncio queue). A cancelled
-sequence (the client went away) is dropped before the next step, so no work continues.
+Results go back through a callback (the API hands them to its asyncio queue); after each
+admission and each step the scheduler calls the jobs' ``flush``, so the receiving event
+loop wakes once per batch of results, not once per token. A cancelled sequence (the client
+went away) is dropped before the next step, so no work continues.
 Every forward holds ``lock``, which the explorer's analyses share: hooks are per model.
 """
 
@@ -30,13 +34,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from glassgpt.errors import GlassError
 from glassgpt.sample.cache import KVCache
-from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token
+from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token_rows
 from glassgpt.sample.stops import StopMatcher
 from glassgpt.serve.slots import SlotCache
 
 Emit = Callable[[str, Any], None]  # ("token", (id, info)) | ("done", reason) | ("error", text)
+NO_FINITE = "the model produced no finite logits (NaN or inf weights?)"
+
+
+def _no_flush() -> None:
+    pass
 
 
 @dataclass
@@ -51,6 +59,7 @@ class Job:
     stop: Sequence[str] = ()
     stop_ids: frozenset[int] = frozenset()
     logprobs: int | None = None  # top alternatives to report per token (None: no logprobs)
+    flush: Callable[[], None] = _no_flush  # after a batch of emits: deliver them
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -67,7 +76,7 @@ class _Seq:
         self.counts: Tensor | None = None
         if job.sampling.penalised:
             ids = torch.tensor(job.prompt, device=device)
-            self.counts = torch.bincount(ids, minlength=n_vocab)[None].float()
+            self.counts = torch.bincount(ids, minlength=n_vocab).float()  # [V]
         self.made = 0  # tokens sampled so far
         self.history = list(job.prompt)  # every token so far (prompt + sampled)
         self.pending = 0  # the last sampled token, not yet fed
@@ -91,6 +100,7 @@ class Scheduler:
         self.widest = 0  # the largest batch decoded in one step
         self.dropped = 0  # sequences ended because their client went away
         self.admitting: Job | None = None  # the job being prefilled now
+        self._flushes: set[Callable[[], None]] = set()  # of jobs that emitted since the last
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -131,8 +141,9 @@ class Scheduler:
             waiting[:] = [j for j in waiting if not j.cancelled.is_set()]
             while waiting and len(self.active) < self.cache.slots:
                 self._guarded(waiting.pop(0), self._admit)
-            for b in reversed(range(len(self.active))):  # _free(b) moves a later one into b
-                if int(self.cache.lengths[b]) >= self.config.n_ctx:  # no room for the next feed
+            lengths = self.cache.lengths[: len(self.active)].tolist()
+            for b in reversed(range(len(lengths))):  # _free(b) moves a later one into b
+                if lengths[b] >= self.config.n_ctx:  # no room for the next feed
                     self._guarded(self.active[b].job, lambda _, b=b: self._slide(b))
             if self.active:
                 self._guarded(None, lambda _: self._step())
@@ -150,7 +161,14 @@ class Scheduler:
                 for b in [b for b, s in enumerate(self.active) if s.job is job]:
                     self._free(b)
             for j in victims:
-                j.emit("error", message)
+                self._emit(j, "error", message)
+        flushes, self._flushes = self._flushes, set()
+        for flush in flushes:
+            flush()
+
+    def _emit(self, job: Job, kind: str, payload: Any) -> None:
+        job.emit(kind, payload)
+        self._flushes.add(job.flush)
 
     def _admit(self, job: Job) -> None:
         seq = _Seq(job, self.tokenizer, self.config.n_vocab, self.device)
@@ -161,7 +179,7 @@ class Scheduler:
             logits, prefill = self._prefill(job.prompt, capacity)
         finally:
             self.admitting = None
-        if self._sample(seq, logits):
+        if self._sample([seq], logits[None])[0]:
             return
         slot = len(self.active)
         self.cache.load(slot, prefill)
@@ -174,7 +192,7 @@ class Scheduler:
         with self.lock, torch.inference_mode():
             logits = self.model(fed, cache=self.cache)  # [B, 1, V]
         self.steps += 1
-        finished = [self._sample(s, logits[b, -1]) for b, s in enumerate(self.active)]
+        finished = self._sample(self.active, logits[:, -1])
         for b in reversed(range(B)):
             if finished[b]:
                 self._free(b)
@@ -186,7 +204,7 @@ class Scheduler:
         window = seq.history[-max(1, 3 * self.config.n_ctx // 4) :]
         logits, prefill = self._prefill(window, self.config.n_ctx)
         self.cache.load(b, prefill)
-        if self._sample(seq, logits):
+        if self._sample([seq], logits[None])[0]:
             self._free(b)
 
     def _prefill(self, ids: list[int], capacity: int) -> tuple[Tensor, KVCache]:
@@ -210,41 +228,46 @@ class Scheduler:
             self.active[b] = self.active[last]
         self.active.pop()
 
-    # -- one token of one sequence --------------------------------------------------------
-    def _sample(self, seq: _Seq, logits: Tensor) -> bool:
-        """Draw the next token from ``logits`` [V]; emit what is final; True when finished."""
+    # -- one token of each sequence -------------------------------------------------------
+    def _sample(self, seqs: list[_Seq], logits: Tensor) -> list[bool]:
+        """Draw the next token of each sequence, row b of ``logits`` [B, V] for ``seqs[b]``;
+        emit what is final; True for each sequence that has finished."""
+        last = mask_padded(logits, self.n_valid)  # [B, V]
+        ids = next_token_rows(last, [s.job.sampling for s in seqs], [s.counts for s in seqs],
+                              [s.gen for s in seqs])  # fmt: skip
+        return [self._take(s, t, last[b]) for b, (s, t) in enumerate(zip(seqs, ids))]
+
+    def _take(self, seq: _Seq, nxt: int | None, last: Tensor) -> bool:
+        """``nxt`` (None: no finite logit) drawn from ``last`` [V] for ``seq``: True when done."""
         job = seq.job
         if job.cancelled.is_set():
             self.dropped += 1
             return True
-        last = mask_padded(logits[None], self.n_valid)  # [1, V]
-        try:
-            nxt = int(next_token(last, job.sampling, seq.counts, [seq.gen])[0])
-        except GlassError as e:  # no finite logits: this sequence ends, the others go on
-            job.emit("error", str(e))
+        if nxt is None:  # this sequence ends, the others go on
+            self._emit(job, "error", NO_FINITE)
             return True
         seq.made += 1
         seq.pending = nxt
-        info = _logprobs(last[0], nxt, job.logprobs) if job.logprobs is not None else None
+        info = _logprobs(last, nxt, job.logprobs) if job.logprobs is not None else None
         if seq.counts is not None:
-            seq.counts[0, nxt] += 1
+            seq.counts[nxt] += 1
         if nxt in job.stop_ids:
             self._release(seq, seq.matcher.flush() if seq.matcher else [])
-            job.emit("done", "stop")
+            self._emit(job, "done", "stop")
             return True
         seq.infos.append((nxt, info))
         if seq.matcher is not None:
             out, stopped = seq.matcher.push(nxt)
             self._release(seq, out)
             if stopped:
-                job.emit("done", "stop")
+                self._emit(job, "done", "stop")
                 return True
         else:
             self._release(seq, [nxt])
         seq.history.append(nxt)
         if seq.made >= job.max_tokens:
             self._release(seq, seq.matcher.flush() if seq.matcher else [])
-            job.emit("done", "length")
+            self._emit(job, "done", "length")
             return True
         return False
 
@@ -253,7 +276,7 @@ class Scheduler:
             info = None
             if seq.infos and seq.infos[0][0] == t:
                 info = seq.infos.pop(0)[1]
-            seq.job.emit("token", (t, info))
+            self._emit(seq.job, "token", (t, info))
 
 
 def _logprobs(logits: Tensor, chosen: int, k: int) -> dict[str, Any]:

@@ -170,7 +170,7 @@ def time_to_loss(presets: list[str], data: Path, extra: list[str], threads: int)
         "at most one evaluation interval late); 'with evals': the same run's wall seconds "
         "with its evaluations. Load average before and after each run.\n"
     )
-    marks = " | ".join(f"s to ≤ {m}" for m in MARKS)
+    marks = " | ".join(f"s to ≤ {m:.2f}" for m in MARKS)
     print(f"| preset | load | steps | eval every | {marks} | final val | train s | with evals "
           "| process s | load after |")  # fmt: skip
     print("|---|---:|---:|---:|" + "---:|" * len(MARKS) + "---:|---:|---:|---:|---:|")

@@ -358,7 +358,9 @@ class Trainer:
             record["cpu_s"] = time.process_time() - clock.cpu_start  # all threads
             bar.metrics(record["loss"], tok_s)
         if do_eval:
+            started = time.perf_counter()
             record.update(self._eval_and_report(bar.write))
+            self.eval_seconds += time.perf_counter() - started
         if logged and self.metrics is not None:
             self.metrics.write(record)
         if logged:  # after an evaluation, the window opens when it is done
@@ -367,13 +369,6 @@ class Trainer:
         return record
 
     def _eval_and_report(self, write: Callable[[str], None]) -> dict[str, Any]:
-        started = time.perf_counter()
-        try:
-            return self._eval_and_write(write)
-        finally:
-            self.eval_seconds += time.perf_counter() - started
-
-    def _eval_and_write(self, write: Callable[[str], None]) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.evaluate())
         val = out["val_loss"]
         line = f"step {self.step}: loss {self.last_loss:.4f}, val loss {val:.4f}"

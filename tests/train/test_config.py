@@ -24,14 +24,17 @@ else:  # pragma: no cover
 
 def test_presets_ship_and_validate() -> None:
     names = preset_names()
-    assert {"default", "cpu-tiny", "shakespeare-char-cpu", "shakespeare-char-fast"} <= set(names)
+    shipped = {"default", "cpu-tiny", "shakespeare-char-cpu", "shakespeare-char-fast"}
+    assert shipped | {"shakespeare-char-speedrun"} <= set(names)
     for name in names:
         cfg = load_run_config(preset=name)
         assert isinstance(cfg, RunConfig)
         assert cfg.seq_len <= cfg.model.n_ctx
 
 
-@pytest.mark.parametrize("name", ["default", "shakespeare-char-cpu", "cpu-tiny"])
+@pytest.mark.parametrize(
+    "name", ["default", "shakespeare-char-cpu", "shakespeare-char-speedrun", "cpu-tiny"]
+)
 def test_resolved_config_round_trips_through_toml(name: str) -> None:
     cfg = build_run_config(raw_run_config(preset=name), n_vocab=97)
     text = dump_toml(cfg.to_dict())

@@ -158,3 +158,25 @@ def test_training_on_tinyshakespeare_lowers_the_val_loss(
     counts = Counter(text)
     unigram = -sum(n / len(text) * math.log(n / len(text)) for n in counts.values())
     assert val[2] < unigram < math.log(len(counts))
+
+
+def test_the_speedrun_preset_trains_on_a_slice_of_tinyshakespeare(
+    tmp_path: Path, shakespeare_text: str, capsys
+) -> None:
+    data, out = tmp_path / "shakespeare-slice.txt", tmp_path / "run"
+    data.write_text(shakespeare_text[:60_000], encoding="utf-8")
+    sets = ["train.max_steps=3", "train.progress=false", "train.sample_tokens=0"]
+    args = ["--data", str(data), "--out", str(out), "--set", *sets]
+    assert main(["train", "--preset", "shakespeare-char-speedrun", *args]) == 0
+    config = build_run_config(tomllib.loads((out / "config.toml").read_text()))
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    per_step = config.train.batch_size * config.seq_len
+    assert [r["tokens"] for r in records] == [per_step, 2 * per_step, 3 * per_step]
+    warmup, lr = config.train.warmup_steps, config.train.lr
+    assert [r["lr"] for r in records] == pytest.approx([lr * s / (warmup + 1) for s in (1, 2, 3)])
+    # a character model starts near the uniform loss ln |V| (its vocabulary: the slice's chars)
+    assert config.model.n_vocab == len(set(shakespeare_text[:60_000]))
+    assert abs(records[0]["loss"] - math.log(config.model.n_vocab)) < 0.1
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evals] == [3] and math.isfinite(evals[0]["val_loss"])

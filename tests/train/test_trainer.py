@@ -6,6 +6,7 @@ import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,6 +140,28 @@ def test_evaluation_and_sampling_do_not_move_the_training_streams(tmp_path: Path
         assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
         assert r["val_bpb"] == pytest.approx(r["val_loss"] / math.log(2))
         assert r["sample"].startswith("[") and math.isfinite(r["loss"])
+
+
+def test_eval_seconds_add_up_the_evaluations_before_each_record(tmp_path: Path) -> None:
+    pause = 0.05
+
+    def slow_sampler(model: torch.nn.Module, step: int) -> str:
+        time.sleep(pause)  # an evaluation that takes at least this long
+        return ""
+
+    trainer = make(tmp_path, eval_every=10)
+    trainer.on_eval = slow_sampler
+    trainer.fit()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evals] == [10, 20, 30]
+    # each record's eval_s is the time of the evaluations before it, not its own
+    assert [r["eval_s"] for r in records if r["step"] <= 10] == [0.0] * 10
+    before_last = next(r for r in records if r["step"] == 21)["eval_s"]
+    assert before_last >= 2 * pause
+    assert trainer.eval_seconds - before_last >= pause  # the third evaluation
+    spent = [r["eval_s"] for r in records]
+    assert spent == sorted(spent) and all(r["elapsed_s"] >= r["eval_s"] for r in records)
 
 
 def test_val_loss_is_the_token_mean_over_the_eval_windows(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 Training lines carry ``step`` (optimizer steps done), ``loss`` (mean cross-entropy in nats
 over the global batch), ``lr``, ``grad_norm``, ``tokens`` (seen so far), ``tok_per_s``,
-``elapsed_s`` (wall seconds since the start of this process's training) and ``cpu_s`` (its CPU
+``elapsed_s`` (wall seconds since the start of this process's training, evaluations
+included), ``eval_s`` (the part of ``elapsed_s`` spent in evaluations and their samples, so
+``elapsed_s − eval_s`` is the training time) and ``cpu_s`` (its CPU
 seconds over all threads, a measure that other load on the machine disturbs less); evaluation steps add ``val_loss``, ``val_ppl`` = exp(val_loss) and
 ``val_bpb`` = val_loss · tokens / (bytes · ln 2), comparable across tokenizers.
 

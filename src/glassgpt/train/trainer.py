@@ -106,6 +106,7 @@ class Trainer:
         self.tokens = 0
         self.best_val_loss = math.inf
         self.last_loss = math.nan
+        self.eval_seconds = 0.0  # wall seconds in evaluations (and their samples) so far
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.metrics = None
         self.checkpoints = None
@@ -353,10 +354,13 @@ class Trainer:
             seconds = seconds_between(clock.since, pending.done)  # type: ignore[arg-type]
             tok_s = (record["tokens"] - clock.tokens) / max(seconds, 1e-9)
             record.update(tok_per_s=tok_s, elapsed_s=time.perf_counter() - clock.start)
+            record["eval_s"] = self.eval_seconds  # of elapsed_s: this step's eval comes after
             record["cpu_s"] = time.process_time() - clock.cpu_start  # all threads
             bar.metrics(record["loss"], tok_s)
         if do_eval:
+            started = time.perf_counter()
             record.update(self._eval_and_report(bar.write))
+            self.eval_seconds += time.perf_counter() - started
         if logged and self.metrics is not None:
             self.metrics.write(record)
         if logged:  # after an evaluation, the window opens when it is done

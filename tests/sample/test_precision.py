@@ -8,6 +8,7 @@ import torch
 from glassgpt import kernels
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.kernels import dense
+from glassgpt.kernels.dense import out_in_view
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.sample import generate
 from glassgpt.sample.precision import attach_kernels, cast, parse_dtype, perplexity
@@ -190,8 +191,8 @@ def test_int8_copy_is_the_model_with_quantized_weights(mlp: str, tie: bool) -> N
     orig, params = dict(model.named_parameters()), dict(q8.named_parameters())
     for name in names:  # each quantized weight is q·s of the original's, per output channel
         t = name == "embed.W_E"
-        q, s = int8.quantize(int8.out_in(orig[name], transposed=t))
-        assert torch.equal(int8.out_in(params[name], transposed=t), int8.dequantize(q, s))
+        q, s = int8.quantize(out_in_view(orig[name], transposed=t))
+        assert torch.equal(out_in_view(params[name], transposed=t), int8.dequantize(q, s))
     tilde = cast(q8, "float32")  # a plain float32 model holding W̃ (float32 kernels)
     ref, got, eager = (
         logits(model, TOKENS[:1, :5]),

@@ -73,6 +73,13 @@ def matmul(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = 
     return unpacked(x, W, b, transposed=transposed)
 
 
+def out_in_view(W: Tensor, *, transposed: bool = False) -> Tensor:
+    """W as [d_out, d_in] (one row per output channel), a view: W itself when ``transposed``
+    (the tied W_E [n_vocab, d_model]), else W [d_in, d_out] (3-D W_O read as 2-D) transposed."""
+    W2 = W.flatten(0, -2) if W.ndim > 2 else W
+    return W2 if transposed else W2.T
+
+
 def unpacked(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = False) -> Tensor:
     """x W + b (x Wᵀ + b when ``transposed``) by the kernels that need no packed copy."""
     W2 = W.flatten(0, -2) if W.ndim > 2 else W
@@ -126,21 +133,11 @@ def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
     return fn
 
 
-def _live(transposed: bool) -> Product:
-    """``fn(x, W, b) = x W + b`` by ``F.linear`` on the live W (the registry never holds W)."""
-
-    def live(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        W2 = W.flatten(0, -2) if W.ndim > 2 else W
-        return F.linear(x, W2 if transposed else W2.T, b)
-
-    return live
-
-
 def _row_major(out_in: Tensor, transposed: bool) -> Product:
     """``fn(x, W, b) = x W + b`` reading W as a row-major [d_in, d_out] matrix: a copy where
     W is stored the other way round, else W itself."""
-    if out_in.T.is_contiguous():  # W is already [d_in, d_out] row-major
-        return _live(transposed)
+    if out_in.T.is_contiguous():  # W is already [d_in, d_out] row-major: read it live
+        return lambda x, W, b: unpacked(x, W, b, transposed=transposed)
     W_io = out_in.T.contiguous()  # [d_in, d_out]
 
     def copied(x: Tensor, _W: Tensor, b: Tensor | None) -> Tensor:
@@ -163,8 +160,7 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     if W.device.type != "cpu" or W.dtype not in (torch.float32, torch.bfloat16):
         return False
     with torch.inference_mode(False), torch.no_grad():
-        W2 = W.flatten(0, -2) if W.ndim > 2 else W
-        out_in = W2 if transposed else W2.T  # [d_out, d_in]
+        out_in = out_in_view(W, transposed=transposed)  # [d_out, d_in]
         float32 = W.dtype == torch.float32
         if float32 and _gemv is not None and W.is_contiguous():
             fn: Product | None = _streamed(out_in, transposed, _row_major(out_in, transposed))

@@ -95,13 +95,6 @@ def gemv(x: Tensor, q: Tensor, s: Tensor, b: Tensor | None, threads: int) -> Ten
     return y
 
 
-def out_in(W: Tensor, *, transposed: bool = False) -> Tensor:
-    """W as [d_out, d_in] (one row per output channel), a view: W itself when ``transposed``
-    (the tied W_E [n_vocab, d_model]), else W [d_in, d_out] (3-D W_O read as 2-D) transposed."""
-    W2 = W.flatten(0, -2) if W.ndim > 2 else W
-    return W2 if transposed else W2.T
-
-
 def pack_int8(W: Tensor, *, transposed: bool = False) -> bool:
     """Quantize a float32 CPU weight in place, W ← W̃ = q·s, and register its int8 product
     (x q)·s + b with the seam (``glassgpt.kernels.matmul`` then takes it for inference
@@ -110,12 +103,12 @@ def pack_int8(W: Tensor, *, transposed: bool = False) -> bool:
     W in place: every reader of W (hooks, inspection, the tied embedding lookup, the float32
     path for many rows) computes the same function W̃ as the int8 kernel.
     """
-    from glassgpt.kernels.dense import register
+    from glassgpt.kernels.dense import out_in_view, register
 
     if W.device.type != "cpu" or W.dtype != torch.float32:
         return False
     with torch.inference_mode(False), torch.no_grad():
-        view = out_in(W, transposed=transposed)
+        view = out_in_view(W, transposed=transposed)
         q, s = quantize(view)
         view.copy_(dequantize(q, s))
     register(W, product(q, s, transposed=transposed), transposed=transposed)

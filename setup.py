@@ -2,13 +2,14 @@
 
 - ``glassgpt.tokenizer._fastbpe``: the compiled BPE encoder;
 - ``glassgpt.kernels._gemv``: small-batch float32 products for decoding;
+- ``glassgpt.kernels._attend``: attention for a few queries over a KV cache (decoding);
 - ``glassgpt.kernels._int8``: the int8 weight-only product for decoding.
 
 The kernels use AVX2+FMA where the CPU has it (chosen at run time, else a portable loop) and
 run their parts on PyTorch's own OpenMP threads (``kernels/_parallel.h``).
 
 optional=True: without a C compiler the install still succeeds; the tokenizer falls back to
-tiktoken's core, float32 products to PyTorch's kernels and int8 products to float32 ones
+tiktoken's core, float32 products and attention to PyTorch's kernels and int8 products to float32 ones
 with the same weights (each says so once).
 """
 
@@ -26,6 +27,13 @@ setup(
         Extension(
             "glassgpt.kernels._gemv",
             ["src/glassgpt/kernels/_gemv.c"],
+            depends=["src/glassgpt/kernels/_parallel.h"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
+            "glassgpt.kernels._attend",
+            ["src/glassgpt/kernels/_attend.c"],
             depends=["src/glassgpt/kernels/_parallel.h"],
             extra_compile_args=["-O3"],
             optional=True,

@@ -2,8 +2,10 @@
 
 M[i, j] = −∞ where key j is past query i's position (j > offset + i), or where a caller's
 boolean mask (True = may attend) says no. PyTorch's ``scaled_dot_product_attention`` never
-materialises the pattern; this module only chooses how to call it (``is_causal``, no mask
-for one query after every key, an explicit mask otherwise) and, on CPUs, when to avoid it.
+materialises the pattern; this module chooses how to call it (``is_causal``, no mask for one
+query after every key, an explicit mask otherwise) and, on CPUs, when to avoid it: for a
+decoding step's few queries in float32 inference, glassgpt's own kernel
+(``glassgpt.kernels._attend``) computes the same z without PyTorch's per-call set-up.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from glassgpt.kernels.policy import attention_path
+
+try:
+    from glassgpt.kernels import _attend
+except ImportError:  # not built (no C compiler at install): PyTorch's kernel for every shape
+    _attend = None
 
 
 def compute_dtype(q: Tensor) -> torch.dtype:
@@ -41,10 +48,15 @@ def attention(
     """q, k, v [B, H, T, d_head] → z [B, H, T_q, d_head] (keys T_k ≥ T_q, queries at
     positions offset … offset + T_q − 1); ``mask`` (bool, True = may attend) replaces the
     causal mask (a padded batch)."""
+    inference = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                   or v.requires_grad))  # fmt: skip
     path = attention_path(
         q.device.type, compute_dtype(q), q.shape[-1], k.shape[-2],
-        masked=mask is not None, dropout=dropout_p > 0.0,
+        masked=mask is not None, dropout=dropout_p > 0.0, n_queries=q.shape[-2],
+        inference=inference, few_queries_kernel=_attend is not None,
     )  # fmt: skip
+    if path == "few_queries" and _few_queries_ok(q, k, v, offset, mask):
+        return few_queries(q, k, v, offset, mask)
     if path == "explicit_bf16":
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
         scores = scores.masked_fill(_hidden(q.shape[-2], k.shape[-2], offset, q.device), -math.inf)
@@ -69,3 +81,32 @@ def _sdpa(
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     allowed = ~_hidden(t_q, t_k, offset, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+
+
+def _few_queries_ok(q: Tensor, k: Tensor, v: Tensor, offset: object, mask: Tensor | None) -> bool:
+    """Whether the decoding kernel takes these inputs: float32 q, k, v of one shape family,
+    an int offset, and no mask or a boolean one that broadcasts to the scores."""
+    if not (q.dtype == k.dtype == v.dtype == torch.float32) or not isinstance(offset, int):
+        return False
+    if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        return False
+    return mask is None or (mask.dtype == torch.bool and mask.ndim == 4)
+
+
+def few_queries(
+    q: Tensor, k: Tensor, v: Tensor, offset: int = 0, mask: Tensor | None = None
+) -> Tensor:
+    """z = softmax(q kᵀ/√d_head + M) v by ``glassgpt.kernels._attend`` (float32, no autograd):
+    q [B, H, T_q, d_head], k, v [B, H, T_k, d_head], any strides; M as in :func:`attention`.
+    A query that may see no key gets z = 0. z is a [B, H, T_q, d_head] view of a
+    [B, T_q, H, d_head] buffer, the layout the output projection reads."""
+    assert _attend is not None
+    B, H, Tq, D = q.shape
+    Tk = k.shape[2]
+    z = torch.empty(B, Tq, H, D, dtype=torch.float32).transpose(1, 2)  # [B, H, Tq, D] view
+    m = mask.expand(B, H, Tq, Tk) if mask is not None else None
+    strides = (*q.stride(), *k.stride(), *v.stride(), *(m.stride() if m is not None else (0,) * 4),
+               *z.stride())  # fmt: skip
+    _attend.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if m is None else m.data_ptr(),
+                   z.data_ptr(), B, H, Tq, Tk, D, offset, strides, torch.get_num_threads())  # fmt: skip
+    return z

@@ -177,6 +177,10 @@ def next_token(
     :func:`draw` per row from its own generator. A row without a finite logit raises
     :class:`GlassError`."""
     z = next_token_logits(logits, cfg, counts)  # [B, V] float32
+    if cfg.greedy:  # one pass: a finite row maximum (max propagates NaN) is the argmax
+        best, ids = z.max(-1)
+        if bool(torch.isfinite(best).all()):
+            return ids
     if not bool(torch.isfinite(z).any(-1).all()):
         raise GlassError("the model produced no finite logits (NaN or inf weights?)")
     return z.argmax(-1) if cfg.greedy else draw(z, generators)

@@ -1,0 +1,135 @@
+"""glassgpt's decoding attention (``glassgpt.kernels._attend``): a few queries over cached
+keys and values, every shape, stride, mask and thread count against the float64 softmax,
+and the seam's routing (float32 inference with few queries takes it, autograd does not)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from glassgpt.kernels import sdpa
+from glassgpt.kernels.policy import FEW_QUERIES
+
+pytest.importorskip(
+    "glassgpt.kernels._attend", reason="the C extension is not built (no compiler at install)"
+)
+
+
+def _oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: np.ndarray) -> np.ndarray:
+    """z = softmax(q kᵀ/√d + M) v in float64, M = −∞ where not allowed; z = 0 for a query
+    that may see no key."""
+    q64, k64, v64 = (t.double().numpy() for t in (q, k, v))
+    scores = q64 @ k64.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    scores = np.where(allowed, scores, -np.inf)
+    top = scores.max(-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    w = np.where(allowed, np.exp(scores - top), 0.0)
+    total = w.sum(-1, keepdims=True)
+    return np.where(total > 0, (w / np.where(total > 0, total, 1.0)) @ v64, 0.0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    B=st.integers(1, 3),
+    H=st.integers(1, 4),
+    Tq=st.integers(1, FEW_QUERIES),
+    extra=st.integers(0, 40),
+    D=st.sampled_from([1, 5, 8, 12, 16, 64]),
+    masked=st.booleans(),
+    cached=st.booleans(),
+    threads=st.sampled_from([1, 2, 3]),
+    seed=st.integers(0, 2**31),
+)
+def test_few_queries_is_the_softmax_of_the_allowed_keys(
+    B: int, H: int, Tq: int, extra: int, D: int, masked: bool, cached: bool, threads: int,
+    seed: int,
+) -> None:  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    Tk = Tq + extra
+    offset = Tk - Tq  # the queries are the last Tq positions
+    # q as the model makes it: a [B, H, T, D] view of [B, T, H, D]; k, v a cache's first Tk
+    # columns of [B, H, capacity, D], or plain contiguous tensors
+    q = torch.randn(B, Tq, H, D, generator=gen).transpose(1, 2) * 2
+    capacity = Tk + 7 if cached else Tk
+    k = torch.randn(B, H, capacity, D, generator=gen)[:, :, :Tk]
+    v = torch.randn(B, H, capacity, D, generator=gen)[:, :, :Tk]
+    mask = None
+    if masked:  # [B, 1, Tq, Tk] like a padded batch's, some rows possibly empty
+        mask = torch.rand(B, 1, Tq, Tk, generator=gen) < 0.7
+        allowed = np.broadcast_to(mask.numpy(), (B, H, Tq, Tk))
+    else:
+        i, j = np.arange(Tq)[:, None], np.arange(Tk)[None, :]
+        allowed = np.broadcast_to(j <= offset + i, (B, H, Tq, Tk))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        z = sdpa.few_queries(q, k, v, offset, mask)
+    finally:
+        torch.set_num_threads(before)
+    assert z.shape == (B, H, Tq, D)
+    np.testing.assert_allclose(z.double().numpy(), _oracle(q, k, v, allowed), rtol=1e-4, atol=1e-5)
+
+
+def test_a_query_seeing_no_key_gets_zero() -> None:
+    q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    mask = torch.zeros(1, 1, 1, 3, dtype=torch.bool)
+    assert torch.equal(sdpa.few_queries(q, k, v, 2, mask), torch.zeros(1, 2, 1, 8))
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = sdpa.few_queries
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sdpa, "few_queries", spy)
+    return calls
+
+
+def test_the_seam_routes_decoding_steps_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _spy(monkeypatch)
+    q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 4, 9, 16), torch.randn(2, 4, 9, 16)
+    with torch.inference_mode():
+        got = sdpa.attention(q, k, v, offset=8)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert calls == [1]
+    # autograd, more queries than FEW_QUERIES and bf16 keep PyTorch's kernel
+    sdpa.attention(q.requires_grad_(), k, v, offset=8)
+    with torch.no_grad():
+        long_q = torch.randn(2, 4, FEW_QUERIES + 1, 16)
+        sdpa.attention(long_q, k, v, offset=0)
+        sdpa.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), offset=8)
+    assert calls == [1]
+
+
+def test_decoding_through_it_gives_the_full_forward_logits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from glassgpt.model import GPT, GPTConfig
+    from glassgpt.sample.cache import KVCache
+
+    calls = _spy(monkeypatch)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_vocab=50, n_ctx=32, d_model=32, n_layers=2, n_heads=4)).eval()
+    tokens = torch.randint(0, 50, (3, 12))
+    pads = [0, 3, 5]  # a left-padded batch: the cache's mask goes to the kernel too
+    cache = KVCache.for_model(model, 3, 32, pad=pads)
+    with torch.inference_mode():
+        full = model(tokens)
+        model(tokens[:, :4], cache=cache)
+        steps = [model(tokens[:, t : t + 1], cache=cache) for t in range(4, 12)]
+    assert len(calls) == 2 * 9  # two layers: the 4-token prefill and eight one-token steps
+    for t, logits in zip(range(4, 12), steps, strict=True):
+        for b, pad in enumerate(pads):
+            if t >= pad:
+                want = model(tokens[b : b + 1, pad : t + 1])[0, -1].detach()
+                torch.testing.assert_close(logits[b, -1], want, rtol=1e-4, atol=1e-4)
+    assert full.shape == (3, 12, 50)

@@ -7,8 +7,9 @@
  * that may see no key gets z = 0.
  *
  * Each (b, h, i) is one item: its scores go to a scratch row, then z is the exp-weighted sum
- * of the value rows over the normaliser, in float32 (AVX2 + FMA for the dot products and
- * the weighted sums where the CPU has them and D is a multiple of 8, plain C otherwise).
+ * of the value rows over the normaliser, in float32. With AVX2 + FMA (and D a multiple of
+ * 8, unit strides along d): four keys' dot products at a time, a vectorised exp, and z's
+ * columns held in registers across the keys; plain C with libm's expf otherwise.
  * The items are split over PyTorch's own OpenMP threads (kernels/_parallel.h) when there
  * is enough work to pay for waking a second thread. The GIL is released while they run.
  *
@@ -61,20 +62,112 @@ static float dot_plain(const float *a, const float *b, long long sb, int D, long
 #if GG_X86
 #define AVX2 __attribute__((target("avx2,fma")))
 
-AVX2 static float dot_avx2(const float *a, const float *b, int D) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int d = 0; d < D; d += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+/* s[t] = scale · q · k_t for t in [0, n), four keys at a time (independent sums). */
+AVX2 static void scores_avx2(const float *q, const float *k, long long sk, int n, int D,
+                             float scale, float *s) {
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        const float *k0 = k + t * sk, *k1 = k0 + sk, *k2 = k1 + sk, *k3 = k2 + sk;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int d = 0; d < D; d += 8) {
+            __m256 qv = _mm256_loadu_ps(q + d);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+        }
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(s + t, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+    }
+    for (; t < n; t++) {
+        const float *kt = k + t * sk;
+        __m256 a = _mm256_setzero_ps();
+        for (int d = 0; d < D; d += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kt + d), a);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        s[t] = _mm_cvtss_f32(h) * scale;
+    }
 }
 
-AVX2 static void axpy_avx2(float *y, float w, const float *x, int D) {
-    __m256 wv = _mm256_set1_ps(w);
-    for (int d = 0; d < D; d += 8)
-        _mm256_storeu_ps(y + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + d), _mm256_loadu_ps(y + d)));
+/* exp(x) for 8 lanes, x ≤ 0 (a score minus the row maximum): 2^i · p(r) with
+ * x = i·ln2 + r, |r| ≤ ln2/2, p the degree-6 Taylor polynomial (relative error < 2e-7);
+ * −∞ (a hidden key) gives exactly 0. */
+AVX2 static __m256 exp_avx2(__m256 x) {
+    const __m256 hidden = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 i = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(i, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(i, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(i), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(hidden, y);
+}
+
+/* s[t] ← exp(s[t] − best) for t in [0, n); returns their sum. */
+AVX2 static float exps_avx2(float *s, int n, float best) {
+    __m256 total = _mm256_setzero_ps(), b = _mm256_set1_ps(best);
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256 w = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + t), b));
+        _mm256_storeu_ps(s + t, w);
+        total = _mm256_add_ps(total, w);
+    }
+    float tail[8] = {0};
+    float rest = 0.0f;
+    if (t < n) {
+        __m256 in = _mm256_set1_ps(-INFINITY);
+        for (int u = t; u < n; u++)
+            tail[u - t] = s[u];
+        in = _mm256_loadu_ps(tail);
+        _mm256_storeu_ps(tail, exp_avx2(_mm256_sub_ps(in, b)));
+        for (int u = t; u < n; u++) {
+            s[u] = tail[u - t];
+            rest += tail[u - t];
+        }
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h) + rest;
+}
+
+/* z = Σ_t w[t] v_t / total, 32 columns of D at a time held in registers. */
+AVX2 static void mix_avx2(const float *w, const float *v, long long sv, int n, int D, float total,
+                          float *z) {
+    const __m256 inv = _mm256_set1_ps(1.0f / total);
+    int d = 0;
+    for (; d + 32 <= D; d += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int t = 0; t < n; t++) {
+            const float *vt = v + t * sv + d;
+            __m256 wt = _mm256_set1_ps(w[t]);
+            a0 = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt), a0);
+            a1 = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 8), a1);
+            a2 = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 16), a2);
+            a3 = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 24), a3);
+        }
+        _mm256_storeu_ps(z + d, _mm256_mul_ps(a0, inv));
+        _mm256_storeu_ps(z + d + 8, _mm256_mul_ps(a1, inv));
+        _mm256_storeu_ps(z + d + 16, _mm256_mul_ps(a2, inv));
+        _mm256_storeu_ps(z + d + 24, _mm256_mul_ps(a3, inv));
+    }
+    for (; d < D; d += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int t = 0; t < n; t++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(v + t * sv + d), a);
+        _mm256_storeu_ps(z + d, _mm256_mul_ps(a, inv));
+    }
 }
 
 static int cpu_has_avx2(void) {
@@ -99,38 +192,40 @@ static void attend_item(const Job *j, int b, int h, int i, float *s) {
     /* fast: unit strides along d and D a multiple of 8 */
     const int fast = use_avx2 && D % 8 == 0 && st[3] == 1 && st[7] == 1 && st[11] == 1 &&
                      st[19] == 1;
+#if GG_X86
+    if (fast)
+        scores_avx2(q, k, st[6], n, D, j->scale, s);
+#endif
     float best = -INFINITY;
     for (int t = 0; t < n; t++) {
-        if (mask && !mask[t * st[15]]) {
+        if (mask && !mask[t * st[15]])
             s[t] = -INFINITY;
-            continue;
-        }
-        const float *kt = k + t * st[6];
-#if GG_X86
-        s[t] = (fast ? dot_avx2(q, kt, D) : dot_plain(q, kt, st[7], D, st[3])) * j->scale;
-#else
-        s[t] = dot_plain(q, kt, st[7], D, st[3]) * j->scale;
-#endif
+        else if (!fast)
+            s[t] = dot_plain(q, k + t * st[6], st[7], D, st[3]) * j->scale;
         if (s[t] > best)
             best = s[t];
     }
+    if (best == -INFINITY) { /* no key to see */
+        for (int d = 0; d < D; d++)
+            z[d * st[19]] = 0.0f;
+        return;
+    }
+#if GG_X86
+    if (fast) {
+        float total = exps_avx2(s, n, best);
+        mix_avx2(s, v, st[10], n, D, total, z);
+        return;
+    }
+#endif
+    float total = 0.0f;
     for (int d = 0; d < D; d++)
         z[d * st[19]] = 0.0f;
-    if (best == -INFINITY) /* no key to see */
-        return;
-    float total = 0.0f;
     for (int t = 0; t < n; t++) {
         if (s[t] == -INFINITY)
             continue;
         float w = expf(s[t] - best);
         total += w;
         const float *vt = v + t * st[10];
-#if GG_X86
-        if (fast) {
-            axpy_avx2(z, w, vt, D);
-            continue;
-        }
-#endif
         for (int d = 0; d < D; d++)
             z[d * st[19]] += w * vt[d * st[11]];
     }

@@ -66,7 +66,10 @@ static void rows_plain(const Job *j, float *out, const float *bias, int k0, int 
 #define AVX2 __attribute__((target("avx2,fma")))
 
 /* rows form, rows k0 ≤ k < k1 of W, four at a time: each thread streams one contiguous
- * band of W, and the M output rows stay in L1 or L2. */
+ * band of W, and the M output rows stay in L1 or L2. The four rows are taken CHUNK columns
+ * at a time, so that with several rows of x each W value is read from L1 after the first. */
+#define CHUNK 256
+
 AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, int k1) {
     const int M = j->M, K = j->K, N = j->N, nv = N / 8 * 8;
     for (int m = 0; m < M; m++) {
@@ -76,21 +79,60 @@ AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, 
             memset(out + (size_t)m * N, 0, sizeof(float) * N);
     }
     int k = k0;
-    for (; k + 4 <= k1; k += 4) {
-        const float *w0 = j->W + (size_t)k * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+    for (; k + 8 <= k1 && M > 1; k += 8) { /* eight rows of W at a time: y read once per 8 */
+        const float *w = j->W + (size_t)k * N;
+        for (int c = 0; c < nv; c += CHUNK) {
+            const int c1 = c + CHUNK < nv ? c + CHUNK : nv;
+            for (int m = 0; m < M; m++) {
+                const float *x = j->x + (size_t)m * K + k;
+                __m256 xs[8];
+                for (int r = 0; r < 8; r++)
+                    xs[r] = _mm256_set1_ps(x[r]);
+                float *y = out + (size_t)m * N;
+                for (int n = c; n < c1; n += 8) {
+                    __m256 a = _mm256_loadu_ps(y + n);
+                    __m256 b = _mm256_mul_ps(xs[1], _mm256_loadu_ps(w + N + n));
+                    a = _mm256_fmadd_ps(xs[0], _mm256_loadu_ps(w + n), a);
+                    a = _mm256_fmadd_ps(xs[2], _mm256_loadu_ps(w + 2 * N + n), a);
+                    b = _mm256_fmadd_ps(xs[3], _mm256_loadu_ps(w + 3 * N + n), b);
+                    a = _mm256_fmadd_ps(xs[4], _mm256_loadu_ps(w + 4 * N + n), a);
+                    b = _mm256_fmadd_ps(xs[5], _mm256_loadu_ps(w + 5 * N + n), b);
+                    a = _mm256_fmadd_ps(xs[6], _mm256_loadu_ps(w + 6 * N + n), a);
+                    b = _mm256_fmadd_ps(xs[7], _mm256_loadu_ps(w + 7 * N + n), b);
+                    _mm256_storeu_ps(y + n, _mm256_add_ps(a, b));
+                }
+            }
+        }
         for (int m = 0; m < M; m++) {
             const float *x = j->x + (size_t)m * K + k;
-            __m256 x0 = _mm256_set1_ps(x[0]), x1 = _mm256_set1_ps(x[1]);
-            __m256 x2 = _mm256_set1_ps(x[2]), x3 = _mm256_set1_ps(x[3]);
             float *y = out + (size_t)m * N;
-            for (int n = 0; n < nv; n += 8) {
-                __m256 a = _mm256_loadu_ps(y + n);
-                a = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + n), a);
-                a = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w1 + n), a);
-                a = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w2 + n), a);
-                a = _mm256_fmadd_ps(x3, _mm256_loadu_ps(w3 + n), a);
-                _mm256_storeu_ps(y + n, a);
+            for (int n = nv; n < N; n++)
+                for (int r = 0; r < 8; r++)
+                    y[n] += x[r] * w[(size_t)r * N + n];
+        }
+    }
+    for (; k + 4 <= k1; k += 4) {
+        const float *w0 = j->W + (size_t)k * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+        for (int c = 0; c < nv; c += CHUNK) {
+            const int c1 = c + CHUNK < nv ? c + CHUNK : nv;
+            for (int m = 0; m < M; m++) {
+                const float *x = j->x + (size_t)m * K + k;
+                __m256 x0 = _mm256_set1_ps(x[0]), x1 = _mm256_set1_ps(x[1]);
+                __m256 x2 = _mm256_set1_ps(x[2]), x3 = _mm256_set1_ps(x[3]);
+                float *y = out + (size_t)m * N;
+                for (int n = c; n < c1; n += 8) {
+                    __m256 a = _mm256_loadu_ps(y + n);
+                    a = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + n), a);
+                    a = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w1 + n), a);
+                    a = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w2 + n), a);
+                    a = _mm256_fmadd_ps(x3, _mm256_loadu_ps(w3 + n), a);
+                    _mm256_storeu_ps(y + n, a);
+                }
             }
+        }
+        for (int m = 0; m < M; m++) {
+            const float *x = j->x + (size_t)m * K + k;
+            float *y = out + (size_t)m * N;
             for (int n = nv; n < N; n++)
                 y[n] += x[0] * w0[n] + x[1] * w1[n] + x[2] * w2[n] + x[3] * w3[n];
         }

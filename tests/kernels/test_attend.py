@@ -133,3 +133,13 @@ def test_decoding_through_it_gives_the_full_forward_logits(
                 want = model(tokens[b : b + 1, pad : t + 1])[0, -1].detach()
                 torch.testing.assert_close(logits[b, -1], want, rtol=1e-4, atol=1e-4)
     assert full.shape == (3, 12, 50)
+
+
+def test_without_the_extension_pytorch_computes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _spy(monkeypatch)
+    monkeypatch.setattr(sdpa, "_attend", None)  # as when no C compiler was there at install
+    q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    with torch.inference_mode():
+        got = sdpa.attention(q, k, v, offset=4)
+    torch.testing.assert_close(got, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    assert calls == []

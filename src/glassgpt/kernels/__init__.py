@@ -3,7 +3,8 @@
 ``glassgpt.model`` states the math and calls two functions here for its products:
 
     matmul(x, W, b)             x W + b          (packed copy | int8 | oneDNN | F.linear)
-    attention(q, k, v, offset)  softmax(q kᵀ/√d_head + M) v   (fused | explicit bf16 | …)
+    attention(q, k, v, offset)  softmax(q kᵀ/√d_head + M) v   (fused | explicit bf16 |
+                                                             few queries | …)
 
 Each picks its kernel from the device and dtype of its inputs: the rules, with their
 thresholds and measurements, live in :mod:`glassgpt.kernels.policy` (pure Python), which
@@ -11,7 +12,8 @@ thresholds and measurements, live in :mod:`glassgpt.kernels.policy` (pure Python
 takes on the device it is made for. Packed inference weights are registered explicitly
 with :func:`pack` (``glassgpt.sample.precision.cast`` does it for an inference copy);
 ``glassgpt.kernels.int8.pack_int8`` turns a weight into W̃ = q·s (int8, one scale per output
-channel) and registers its int8 product, a compiled kernel (``kernels/_int8.c``).
+channel) and registers its int8 product, a compiled kernel (``kernels/_int8.c``). A decoding
+step's attention (a few queries, float32, no autograd) takes ``kernels/_attend.c``.
 ``glassgpt.kernels.checks`` checks token ids without stalling a GPU (a device-side
 assertion there).
 

@@ -1,4 +1,4 @@
-/* Small-batch products for decoding: y = x W + b for M ≤ 8 rows of x, at memory bandwidth.
+/* Small-batch products for decoding: y = x W + b for M ≤ 32 rows of x, at memory bandwidth.
  *
  * At batch 1 a decoding step reads every weight once and does two flops per weight read,
  * so it costs the weight bytes over the memory bandwidth. This kernel streams each weight
@@ -32,7 +32,7 @@
 #define GG_X86 0
 #endif
 
-#define MAX_ROWS 8
+#define MAX_ROWS 32
 #define MAX_THREADS 256
 
 typedef struct {
@@ -65,13 +65,14 @@ static void rows_plain(const Job *j, float *out, const float *bias, int k0, int 
 #if GG_X86
 #define AVX2 __attribute__((target("avx2,fma")))
 
-/* rows form, rows k0 ≤ k < k1 of W, four at a time: each thread streams one contiguous
- * band of W, and the M output rows stay in L1 or L2. The four rows are taken CHUNK columns
- * at a time, so that with several rows of x each W value is read from L1 after the first. */
-#define CHUNK 256
+/* rows form, rows k0 ≤ k < k1 of W, eight (or four) at a time: each thread streams one
+ * contiguous band of W, and the M output rows stay in L1 or L2. The rows are taken a chunk
+ * of columns at a time, small enough that the chunk's M rows of y and eight rows of W stay
+ * in L1, so that with several rows of x each W value is read from L1 after the first. */
+static int chunk_columns(int M) { return M <= 16 ? 256 : 128; }
 
 AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, int k1) {
-    const int M = j->M, K = j->K, N = j->N, nv = N / 8 * 8;
+    const int M = j->M, K = j->K, N = j->N, nv = N / 8 * 8, CHUNK = chunk_columns(M);
     for (int m = 0; m < M; m++) {
         if (bias)
             memcpy(out + (size_t)m * N, bias, sizeof(float) * N);

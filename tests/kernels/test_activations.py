@@ -5,6 +5,7 @@ tolerances), and by finite differences; the other inputs keep PyTorch's kernel."
 from __future__ import annotations
 
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -73,6 +74,27 @@ def test_dispatch_takes_the_sigmoid_form_only_where_it_applies(monkeypatch) -> N
     assert torch.equal(gelu_tanh(xb), F.gelu(xb, approximate="tanh"))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not use_sigmoid_form(x)
-    monkeypatch.setattr(activations.torch.compiler, "is_compiling", lambda: True)
-    assert not use_sigmoid_form(x)  # torch.compile fuses the expression itself
     assert calls == [torch.float32]
+    monkeypatch.setattr(activations.torch.compiler, "is_compiling", lambda: True)
+    x = x.requires_grad_(True)  # compiling: the plain σ expression, for inductor to fuse
+    y, y_ref = gelu_tanh(x), F.gelu(x, approximate="tanh")
+    assert calls == [torch.float32]
+    torch.testing.assert_close(y, y_ref, rtol=2e-6, atol=2e-6)
+    g = _inputs(torch.float32, seed=4)
+    torch.testing.assert_close(*(torch.autograd.grad(t, x, g)[0] for t in (y, y_ref)),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="torch.compile on a CPU needs a C compiler")
+def test_compiled_gelu_tanh_agrees_with_eager_values_and_gradients() -> None:
+    x = _inputs(torch.float32, seed=5).requires_grad_(True)
+    g = _inputs(torch.float32, seed=6)
+    torch._dynamo.reset()
+    compiled = torch.compile(gelu_tanh, dynamic=False)
+    y = compiled(x)
+    (dx,) = torch.autograd.grad(y, x, g)
+    x_ref = x.detach().clone().requires_grad_(True)
+    y_ref = F.gelu(x_ref, approximate="tanh")
+    (dx_ref,) = torch.autograd.grad(y_ref, x_ref, g)
+    torch.testing.assert_close(y, y_ref, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(dx, dx_ref, rtol=1e-5, atol=1e-5)

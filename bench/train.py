@@ -2,10 +2,13 @@
 
 1. Throughput: one full optimizer step (forward, cross-entropy, backward, clip at 1.0,
    AdamW, zero grads) at the same shapes and weights, float32 and bf16 autocast:
-   glassgpt's ``Trainer.train_step`` on ``GPT`` (fused AdamW, decay on matrices) beside
-   ``transformers.GPT2LMHeadModel`` with ``torch.optim.AdamW`` (its default kernel). The two
-   alternate repeat by repeat, the order flipping each time; medians of tokens/s and the
-   ratio glassgpt / transformers (> 1: glassgpt faster) are printed. The process first asks
+   glassgpt's ``Trainer.train_step`` on ``GPT`` (fused AdamW, decay on matrices), eager (what
+   ``glassgpt train`` runs on a CPU by default) and compiled (``train.compile=true``; the
+   seconds of its first step, compilation included, are printed), beside
+   ``transformers.GPT2LMHeadModel`` with ``torch.optim.AdamW`` (its default kernel). They
+   take turns repeat by repeat, the order flipping each time; medians of tokens/s and the
+   ratios glassgpt / transformers (> 1: glassgpt faster) are printed (``--no-compile``:
+   eager only). The process first asks
    glibc's malloc to keep freed buffers, as ``glassgpt train`` does on CPUs
    (``keep_freed_memory``); the setting is process-wide, so transformers gets it too
    (``--default-malloc`` leaves glibc's defaults for both).
@@ -39,14 +42,17 @@
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -88,14 +94,18 @@ class Repeat:
         pass
 
 
-def build(shape: str, precision: str) -> tuple[Callable[[], None], Callable[[], None], int]:
-    """(glassgpt step, transformers step, tokens per step) with equal initial weights."""
+def build(
+    shape: str, precision: str, compiled: bool = False
+) -> tuple[list[Callable[[], None]], int, float | None]:
+    """([glassgpt step, (glassgpt compiled step,) transformers step], tokens per step, seconds
+    of the compiled model's first step, compilation included) with equal initial weights."""
     import transformers
 
     L, H, D, T, B, V = SHAPES[shape]
     torch.manual_seed(0)
     config = GPTConfig(n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, dropout=0.0)
     ours = GPT(config)
+    twin = copy.deepcopy(ours) if compiled else None  # the same weights, its own optimizer
     theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config_to_hf(config)))
     theirs.load_state_dict(state_dict_to_hf(ours), strict=False)  # lm_head tied to wte
     theirs.train()
@@ -104,7 +114,15 @@ def build(shape: str, precision: str) -> tuple[Callable[[], None], Callable[[], 
     cfg = TrainConfig(
         max_steps=10**9, batch_size=B, lr=1e-4, warmup_steps=0, precision=precision, progress=False
     )
-    trainer = Trainer(ours, cfg, Repeat(x, y), log=lambda m: None)
+    steps = [Trainer(ours, cfg, Repeat(x, y), log=lambda m: None).train_step]
+    first_step_s = None
+    if twin is not None:  # as `glassgpt train --set train.compile=true` runs it
+        compiled_cfg = dataclasses.replace(cfg, compile=True)
+        step = Trainer(twin, compiled_cfg, Repeat(x, y), log=lambda m: None).train_step
+        t0 = time.perf_counter()
+        step()
+        first_step_s = time.perf_counter() - t0
+        steps.append(step)
     opt = torch.optim.AdamW(theirs.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
@@ -118,46 +136,59 @@ def build(shape: str, precision: str) -> tuple[Callable[[], None], Callable[[], 
         opt.zero_grad(set_to_none=True)
         loss.item()
 
-    return trainer.train_step, hf_step, B * T
+    return [*steps, hf_step], B * T, first_step_s
 
 
 def median_step_times(
-    steps: tuple[Callable[[], None], Callable[[], None]],
+    steps: Sequence[Callable[[], None]],
     n: int,
     repeats: int,
     clock: Callable[[], float] = time.perf_counter,
-) -> tuple[float, float]:
-    for step in steps:  # warm up both (allocator, kernels, first-touch)
+) -> list[float]:
+    """The median seconds per step of each of ``steps``, run in turn ``repeats`` times (the
+    order reversed every other repeat), ``n`` steps each time."""
+    for step in steps:  # warm up each (allocator, kernels, first-touch)
         for _ in range(3):
             step()
-    times: tuple[list[float], list[float]] = ([], [])
+    times: list[list[float]] = [[] for _ in steps]
     for r in range(repeats):
-        order = (0, 1) if r % 2 == 0 else (1, 0)
+        order = range(len(steps)) if r % 2 == 0 else reversed(range(len(steps)))
         for i in order:
             t0 = clock()
             for _ in range(n):
                 steps[i]()
             times[i].append((clock() - t0) / n)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return [statistics.median(t) for t in times]
 
 
 def throughput(
-    shapes: list[str], precisions: list[str], n: int, repeats: int, clock: str = "wall"
-) -> None:
+    shapes: list[str], precisions: list[str], n: int, repeats: int, clock: str = "wall",
+    compiled: bool = True,
+) -> None:  # fmt: skip
     timer = time.process_time if clock == "cpu" else time.perf_counter
+    compiled = compiled and shutil.which("c++") is not None
     print(f"\n## Training throughput (tokens/s by {clock} time, median of {repeats} × {n} steps)\n")
-    print("| shape | L×H×D, B×T | precision | glassgpt | transformers | ratio |")
-    print("|---|---|---|---:|---:|---:|")
+    if compiled:
+        print("'compiled': `train.compile=true` (torch.compile of the model); 'first step s': "
+              "its first step, compilation included (inductor's on-disk cache makes a later "
+              "run's shorter).\n")  # fmt: skip
+        print("| shape | L×H×D, B×T | precision | glassgpt | glassgpt compiled | transformers | "
+              "ratio | compiled ratio | first step s | load |")  # fmt: skip
+        print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    else:
+        print("| shape | L×H×D, B×T | precision | glassgpt | transformers | ratio | load |")
+        print("|---|---|---|---:|---:|---:|---:|")
     for shape in shapes:
         L, H, D, T, B, _ = SHAPES[shape]
         for precision in precisions:
-            ours, theirs, tokens = build(shape, precision)
-            t_ours, t_theirs = median_step_times((ours, theirs), n, repeats, timer)
-            print(
-                f"| {shape} | {L}×{H}×{D}, {B}×{T} | {precision} | {tokens / t_ours:,.0f} | "
-                f"{tokens / t_theirs:,.0f} | {t_theirs / t_ours:.2f}× |",
-                flush=True,
-            )
+            load = os.getloadavg()[0]
+            steps, tokens, first_s = build(shape, precision, compiled)
+            times = median_step_times(steps, n, repeats, timer)
+            rates = " | ".join(f"{tokens / t:,.0f}" for t in times)
+            ratios = " | ".join(f"{times[-1] / t:.2f}×" for t in times[:-1])
+            first = f" {first_s:.1f} |" if first_s is not None else ""
+            print(f"| {shape} | {L}×{H}×{D}, {B}×{T} | {precision} | {rates} | {ratios} |{first} "
+                  f"{load:.2f} → {os.getloadavg()[0]:.2f} |", flush=True)  # fmt: skip
 
 
 def time_to_loss(presets: list[str], data: Path, extra: list[str], threads: int) -> None:
@@ -375,7 +406,8 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--gpu-shapes", nargs="+", default=list(GPU_SHAPES), choices=GPU_SHAPES)
     ap.add_argument("--gpu-batch", type=int, default=32, help="sequences of 1024 per step")
-    ap.add_argument("--no-compile", action="store_true", help="GPU: eager, both models")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="eager only (CPU: no compiled glassgpt column; GPU: both models eager)")  # fmt: skip
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="GPU: the dense bf16 peak for MFU (default: by the GPU's name)")  # fmt: skip
     ap.add_argument("--time-to-loss", action="store_true")
@@ -411,7 +443,8 @@ def main() -> None:
         f"transformers {transformers.__version__}; malloc keeps freed memory: {kept}"
     )
     if not args.skip_throughput:
-        throughput(args.shapes, args.precisions, args.steps, args.repeats, args.clock)
+        throughput(args.shapes, args.precisions, args.steps, args.repeats, args.clock,
+                   compiled=not args.no_compile)  # fmt: skip
     if args.time_to_loss:
         time_to_loss(args.presets, args.data, args.set, args.threads)
 

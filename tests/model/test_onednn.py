@@ -67,8 +67,11 @@ def test_only_requested_gradients_are_computed() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration")
-def test_use_onednn_decides_by_dtype_size_autocast_and_flag() -> None:
+def test_use_onednn_decides_by_cpu_dtype_size_autocast_and_flag(monkeypatch) -> None:
     big_x, big_W = torch.randn(256, 128), torch.randn(128, 384)
+    monkeypatch.setattr(onednn, "ONEDNN_PREFERRED", False)
+    assert not onednn.use_onednn(big_x, big_W)  # no AVX-512: MKL measured faster
+    monkeypatch.setattr(onednn, "ONEDNN_PREFERRED", True)
     assert onednn.use_onednn(big_x, big_W)
     assert not onednn.use_onednn(big_x.double(), big_W.double())  # float64 stays on F.linear
     assert not onednn.use_onednn(torch.randn(1, 128), big_W)  # one row: MKL's overhead is lower
@@ -83,6 +86,7 @@ def test_linear_takes_the_onednn_path_for_three_dimensional_weights(monkeypatch)
     calls = []
     real = onednn.OneDNNLinear.apply
     monkeypatch.setattr(onednn, "MIN_MACS", 0)
+    monkeypatch.setattr(onednn, "ONEDNN_PREFERRED", True)
     monkeypatch.setattr(
         "glassgpt.kernels.dense.OneDNNLinear.apply", lambda *a: calls.append(1) or real(*a)
     )
@@ -99,6 +103,7 @@ def test_float32_model_through_onednn_matches_reference_and_float64_gradients(
     """Every product of a whole float32 GPT through oneDNN (threshold lowered to zero): logits
     against the NumPy reference, parameter gradients against the float64 model's."""
     monkeypatch.setattr(onednn, "MIN_MACS", 0)
+    monkeypatch.setattr(onednn, "ONEDNN_PREFERRED", True)
     cfg = tiny_config(d_model=16, n_heads=4, d_mlp=40, n_ctx=12, tie_embeddings=tie)
     model64 = random_model(cfg, seed=3)
     model32 = random_model(cfg, seed=3, dtype=torch.float32)

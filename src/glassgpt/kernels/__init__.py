@@ -1,10 +1,11 @@
 """glassgpt.kernels: every hardware-specific path of the GPT function, behind one seam.
 
-``glassgpt.model`` states the math and calls two functions here for its products:
+``glassgpt.model`` states the math and calls these functions here for its products:
 
     matmul(x, W, b)             x W + b          (packed copy | int8 | oneDNN | F.linear)
     attention(q, k, v, offset)  softmax(q kᵀ/√d_head + M) v   (fused | explicit bf16 |
                                                              few queries | …)
+    gelu_tanh(x)                ½ x (1 + tanh(√(2/π)(x + 0.044715 x³)))   (σ form | F.gelu)
 
 Each picks its kernel from the device and dtype of its inputs: the rules, with their
 thresholds and measurements, live in :mod:`glassgpt.kernels.policy` (pure Python), which
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from glassgpt.kernels.policy import EXPLICIT_MAX_KEYS, SMALL_HEAD, attention_path
 
 if TYPE_CHECKING:
+    from glassgpt.kernels.activations import gelu_tanh
     from glassgpt.kernels.dense import has_small_batch_kernel, is_packed, matmul, pack, unpack
     from glassgpt.kernels.sdpa import attention
 
@@ -35,6 +37,7 @@ __all__ = [
     "SMALL_HEAD",
     "attention",
     "attention_path",
+    "gelu_tanh",
     "has_small_batch_kernel",
     "is_packed",
     "matmul",
@@ -43,7 +46,8 @@ __all__ = [
 ]
 
 _LAZY = {"attention": "sdpa", "matmul": "dense", "pack": "dense", "unpack": "dense",
-         "is_packed": "dense", "has_small_batch_kernel": "dense"}  # fmt: skip
+         "is_packed": "dense", "has_small_batch_kernel": "dense",
+         "gelu_tanh": "activations"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

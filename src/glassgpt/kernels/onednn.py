@@ -3,7 +3,11 @@
 On x86 CPUs PyTorch runs float32 ``F.linear`` and ``matmul`` through MKL's sgemm, which on
 some processors (AMD EPYC with AVX-512 among them) reaches less than half the speed of
 oneDNN's float32 kernels on the skinny products of a GPT (rows = batch × tokens, columns a
-few hundred). PyTorch ships oneDNN and exposes its linear kernel as
+few hundred). On CPUs without AVX-512 it is the other way round: on an AVX2-only AMD EPYC
+MKL was faster on every product of a training step at nanoGPT's CPU shapes (768 rows, one
+thread: forward 2-10%, ∂x 1-4%, ∂W 8-30%, where oneDNN also copies a transposed operand),
+and the whole step 11-12% faster; so oneDNN is taken only where PyTorch dispatches its
+AVX-512 kernels (``ONEDNN_PREFERRED``). PyTorch ships oneDNN and exposes its linear kernel as
 ``torch.ops.mkldnn._linear_pointwise`` on ordinary dense tensors, with no autograd formula.
 ``OneDNNLinear`` supplies one: the forward and both gradient products go to oneDNN, the
 bias gradient is a column sum. The results are the same float32 products (each output is a
@@ -27,6 +31,17 @@ def _find_kernel():
 
 _KERNEL = _find_kernel()
 
+
+def _has_avx512() -> bool:
+    """Whether PyTorch runs its CPU kernels with AVX-512 here (its own CPU detection)."""
+    try:
+        return torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN_PREFERRED = _has_avx512()  # MKL's float32 products won on the AVX2 CPUs measured
+
 # Below about 2 M multiply-adds per product (one row, or a few rows of a narrow layer) MKL's
 # lower call overhead wins; above it oneDNN was 1.4-2.7x faster in our measurements.
 MIN_MACS = 1 << 21
@@ -39,8 +54,11 @@ def _mm(a: Tensor, b_t: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def use_onednn(x: Tensor, W: Tensor) -> bool:
     """Whether x W (W read as 2-D [d_in, d_out] or [d_out, d_in]) should run in oneDNN:
-    float32 on a CPU, outside autocast and torch.compile, more than one row, big enough."""
-    if _KERNEL is None or x.device.type != "cpu" or x.dtype != torch.float32:
+    float32 on an AVX-512 CPU, outside autocast and torch.compile, more than one row, big
+    enough."""
+    if _KERNEL is None or not ONEDNN_PREFERRED:
+        return False
+    if x.device.type != "cpu" or x.dtype != torch.float32:
         return False
     if W.dtype != torch.float32 or x.ndim < 2 or x.shape[-1] == 0:
         return False

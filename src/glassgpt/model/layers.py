@@ -11,7 +11,8 @@ Positions:
     RoPE        each pair (x_2i, x_2i+1) of a query/key at position p is rotated by the angle
                 p · base^(−2i/d_head).
 
-Every module computes with fused PyTorch kernels (F.layer_norm, F.rms_norm, F.gelu); the
+Every module computes with fused PyTorch kernels (F.layer_norm, F.rms_norm, F.gelu; the tanh
+GELU by the kernel seam's choice); the
 scale factor s(x) is computed, and handed to a hook, only when someone hooks it.
 """
 
@@ -24,14 +25,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from glassgpt.kernels.activations import gelu_tanh as gelu_tanh_kernel
 from glassgpt.kernels.dense import matmul
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import HookPoint, Hooks
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
-    """GPT-2's GELU: ½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))."""
-    return F.gelu(x, approximate="tanh")
+    """GPT-2's GELU: ½ x (1 + tanh(√(2/π) (x + 0.044715 x³))).
+
+    The kernel is the seam's choice (``glassgpt.kernels.activations``)."""
+    return gelu_tanh_kernel(x)
 
 
 def identity(x: Tensor) -> Tensor:

@@ -61,6 +61,15 @@ def weight_bytes(config: GPTConfig, dtype: Any = "float32") -> int:
 _SAVES_INPUT = ("gelu", "gelu_tanh", "silu")  # the others' backward needs only their output
 
 
+def _kept_by(act: str | None, device: str, s: int, autocast: bool) -> int:
+    """Tensors of d_mlp per token an activation keeps beyond its output: its input (GELU,
+    SiLU), and for the tanh GELU in float32/float64 on a CPU also its gate σ(·)
+    (``glassgpt.kernels.activations``)."""
+    if act not in _SAVES_INPUT:
+        return 0
+    return 2 if act == "gelu_tanh" and device == "cpu" and s >= 4 and not autocast else 1
+
+
 def activation_bytes(
     config: GPTConfig,
     batch_size: int,
@@ -88,7 +97,8 @@ def activation_bytes(
       product up to 128 keys, which keeps q, k, v, z, the float32 softmax (4·H·T) and its
       bf16 copy (s·H·T), and the float32 fused kernel beyond;
     - MLP: the matmul input of W_out and each activation's input (GELU, SiLU) or output
-      (ReLU, sigmoid, tanh): s·2·d_mlp (ReLU s·d_mlp); gated: σ(gate), σ'(value) and
+      (ReLU, sigmoid, tanh): s·2·d_mlp (ReLU s·d_mlp; the tanh GELU in float32 on a CPU
+      also its gate σ(·), s·3·d_mlp); gated: σ(gate), σ'(value) and
       their product, plus each arm's pre-activation where its σ keeps its input; under
       autocast the two arms cast their input separately (s·d);
     - dropout > 0: a mask like each residual branch (s·d each) and like x₀ (r·d).
@@ -112,9 +122,9 @@ def activation_bytes(
     attn = _attention_bytes(c, T, s, autocast, dropout, attn_impl, device)
     gate, value = c.mlp_activations
     if value is None:
-        mlp = s * dm * (2 if gate in _SAVES_INPUT else 1)
+        mlp = s * dm * (1 + _kept_by(gate, device, s, autocast))
     else:
-        kept_inputs = (gate in _SAVES_INPUT) + (value in _SAVES_INPUT)
+        kept_inputs = _kept_by(gate, device, s, autocast) + _kept_by(value, device, s, autocast)
         mlp = s * dm * (3 + kept_inputs) + (s * d if autocast else 0)
     if c.attn_only:  # no MLP sublayer and no second norm
         per_block = norm + attn + (s * d if dropout else 0)

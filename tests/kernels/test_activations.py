@@ -1,0 +1,103 @@
+"""The tanh GELU's σ form computes GPT-2's GELU and its derivative: checked against the tanh
+formula in float64 NumPy, against PyTorch's fused kernel (values and gradients, stated
+tolerances), and by finite differences; the other inputs keep PyTorch's kernel."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from glassgpt.kernels import activations
+from glassgpt.kernels.activations import SigmoidGELU, gelu_tanh, use_sigmoid_form
+
+
+def _tanh_gelu_np(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """½ x (1 + tanh(u)), u = √(2/π)(x + 0.044715 x³), and its derivative, in float64."""
+    k = math.sqrt(2.0 / math.pi)
+    u = k * (x + 0.044715 * x**3)
+    t = np.tanh(u)
+    y = 0.5 * x * (1.0 + t)
+    dy = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * k * (1.0 + 3 * 0.044715 * x**2)
+    return y, dy
+
+
+def _inputs(dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 7, 33, generator=gen, dtype=torch.float64) * 3.0
+    x[0, 0, :5] = torch.tensor([0.0, -12.0, 12.0, -40.0, 40.0], dtype=torch.float64)  # tails
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_sigmoid_form_matches_the_tanh_formula_values_and_gradients(dtype, tol) -> None:
+    x = _inputs(dtype).requires_grad_(True)
+    g = _inputs(dtype, seed=1)
+    y = SigmoidGELU.apply(x)
+    (dx,) = torch.autograd.grad(y, x, g)
+    want_y, want_dy = _tanh_gelu_np(x.detach().double().numpy())
+    np.testing.assert_allclose(y.detach().double().numpy(), want_y, rtol=tol, atol=tol)
+    want_dx = want_dy * g.double().numpy()
+    np.testing.assert_allclose(dx.double().numpy(), want_dx, rtol=tol, atol=tol * 10)
+
+
+def test_sigmoid_form_agrees_with_pytorchs_fused_kernel_in_float32() -> None:
+    x = _inputs(torch.float32, seed=2).requires_grad_(True)
+    g = _inputs(torch.float32, seed=3)
+    x_ref = x.detach().clone().requires_grad_(True)
+    y, y_ref = SigmoidGELU.apply(x), F.gelu(x_ref, approximate="tanh")
+    (dx,) = torch.autograd.grad(y, x, g)
+    (dx_ref,) = torch.autograd.grad(y_ref, x_ref, g)
+    torch.testing.assert_close(y, y_ref, rtol=2e-6, atol=2e-6)  # rounding only
+    torch.testing.assert_close(dx, dx_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_sigmoid_form_gradient_by_finite_differences() -> None:
+    x = torch.linspace(-6.0, 6.0, 41, dtype=torch.float64).requires_grad_(True)
+    assert torch.autograd.gradcheck(SigmoidGELU.apply, (x,))
+
+
+def test_dispatch_takes_the_sigmoid_form_only_where_it_applies(monkeypatch) -> None:
+    calls = []
+    real = SigmoidGELU.apply
+    monkeypatch.setattr(SigmoidGELU, "apply", lambda x: calls.append(x.dtype) or real(x))
+    x = _inputs(torch.float32)
+    assert x.numel() < activations.MIN_ELEMENTS  # a few rows: PyTorch's kernel, bit for bit
+    assert torch.equal(gelu_tanh(x), F.gelu(x, approximate="tanh")) and calls == []
+    x = torch.cat([x] * (activations.MIN_ELEMENTS // x.numel() + 1))
+    assert use_sigmoid_form(x) and use_sigmoid_form(x.double())
+    gelu_tanh(x)
+    assert calls == [torch.float32]
+    xb = x.bfloat16()
+    assert not use_sigmoid_form(xb)  # bf16: PyTorch's kernel, bit for bit
+    assert torch.equal(gelu_tanh(xb), F.gelu(xb, approximate="tanh"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not use_sigmoid_form(x)
+    assert calls == [torch.float32]
+    monkeypatch.setattr(activations.torch.compiler, "is_compiling", lambda: True)
+    x = x.requires_grad_(True)  # compiling: the plain σ expression, for inductor to fuse
+    y, y_ref = gelu_tanh(x), F.gelu(x, approximate="tanh")
+    assert calls == [torch.float32]
+    torch.testing.assert_close(y, y_ref, rtol=2e-6, atol=2e-6)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(*(torch.autograd.grad(t, x, g)[0] for t in (y, y_ref)),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="torch.compile on a CPU needs a C compiler")
+def test_compiled_gelu_tanh_agrees_with_eager_values_and_gradients() -> None:
+    x = _inputs(torch.float32, seed=5).requires_grad_(True)
+    g = _inputs(torch.float32, seed=6)
+    torch._dynamo.reset()
+    compiled = torch.compile(gelu_tanh, dynamic=False)
+    y = compiled(x)
+    (dx,) = torch.autograd.grad(y, x, g)
+    x_ref = x.detach().clone().requires_grad_(True)
+    y_ref = F.gelu(x_ref, approximate="tanh")
+    (dx_ref,) = torch.autograd.grad(y_ref, x_ref, g)
+    torch.testing.assert_close(y, y_ref, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(dx, dx_ref, rtol=1e-5, atol=1e-5)

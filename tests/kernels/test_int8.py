@@ -49,7 +49,7 @@ def test_quantization_error_is_at_most_half_a_step() -> None:
     d_in=st.integers(1, 150),
     d_out=st.integers(1, 70),
     bias=st.booleans(),
-    threads=st.sampled_from([1, 2]),
+    threads=st.sampled_from([1, 2, 3]),
     portable=st.booleans(),
     seed=st.integers(0, 2**16),
 )
@@ -74,17 +74,31 @@ def test_kernel_is_x_w_tilde_plus_b(M, d_in, d_out, bias, threads, portable, see
 
 
 @needs_ext
+@pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("shape", [(768, 2304), (3072, 768), (100, 50257)])
-def test_kernel_on_model_shapes_and_threads(shape: tuple[int, int], threads: int) -> None:
+def test_kernel_on_model_shapes_and_threads(
+    shape: tuple[int, int], threads: int, rows: int
+) -> None:
     """Shapes that the pool splits (the kernel's threads are used from 64 KiB of weights)."""
     d_in, d_out = shape
     gen = torch.Generator().manual_seed(d_in)
     q, s = int8.quantize(torch.randn(d_out, d_in, generator=gen))
-    x, b = torch.randn(3, d_in, generator=gen), torch.randn(d_out, generator=gen)
+    x, b = torch.randn(rows, d_in, generator=gen), torch.randn(d_out, generator=gen)
     got = int8.gemv(x, q, s, b, threads)
     want, bound = _oracle_and_bound(x, int8.dequantize(q, s), b)
     assert ((got.double() - want).abs() <= bound).all()
+
+
+def test_panels_hold_each_weight_once_in_order() -> None:
+    """p[j // 8, i, j % 8] = q[j, i], zeros in the padding past d_out (checked entry by entry)."""
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randint(-127, 128, (13, 5), generator=gen, dtype=torch.int8)
+    p = int8.panels(q)
+    assert p.shape == (2, 5, 8) and p.is_contiguous()
+    for j in range(16):
+        for i in range(5):
+            assert p[j // 8, i, j % 8].item() == (q[j, i].item() if j < 13 else 0)
 
 
 def test_gemv_checks_its_inputs() -> None:

@@ -2,16 +2,22 @@
  *
  *     y[m, j] = s[j] · Σ_i x[m, i] q[j, i] + b[j]        m < M, j < d_out, i < d_in
  *
- * x float32 [M, d_in], q int8 [d_out, d_in] (one output channel per contiguous row), s
- * float32 [d_out], b float32 [d_out] or none, y float32 [M, d_out]. Every product and sum is
- * float32, so y is x W̃ + b for W̃[i, j] = q[j, i] s[j] up to the summation order.
+ * x float32 [M, d_in], s float32 [d_out], b float32 [d_out] or none, y float32 [M, d_out];
+ * q int8 in panels of 8 output channels, p[d_out/8 (rounded up), d_in, 8] with
+ * p[j/8, i, j%8] = q[j, i] (zeros past d_out): the 8 weights of a panel at input i are 8
+ * contiguous bytes. Every product and sum is float32, so y is x W̃ + b for W̃[i, j] =
+ * q[j, i] s[j] up to the summation order.
  *
- * At M ≤ 8 the product is bound by reading q: each weight row is read from memory once for
- * all M rows of x (several rows of q at a time, several accumulators each), converted 8 at a
- * time int8 → int32 → float32 and multiplied-added into float32 accumulators. The AVX2+FMA
- * kernel is chosen at run time (__builtin_cpu_supports); a portable loop does the rest.
+ * At M ≤ 8 the product is bound by reading q (M = 1) or by its multiply-adds (M = 8 does 16
+ * flops per weight byte): each panel is read once for all M rows of x; the 8 weights at input
+ * i are converted int8 → int32 → float32 once and multiplied-added into one 8-wide float32
+ * accumulator per row of x (x[m, i] broadcast), so a conversion serves M multiply-adds and
+ * no horizontal sums are needed. Fewer rows take several panels at a time (up to 8
+ * accumulators, enough to cover the multiply-add latency). x is transposed first (x[i, m],
+ * M floats per input), so the broadcasts read it in order. The AVX2+FMA kernel is chosen at
+ * run time (__builtin_cpu_supports); a portable loop does the rest.
  *
- * Threads: the output channels are split over PyTorch's own OpenMP threads (_parallel.h).
+ * Threads: the panels are split over PyTorch's own OpenMP threads (_parallel.h).
  * The GIL is released during the call.
  */
 #define _GNU_SOURCE
@@ -33,8 +39,8 @@
 #define MAX_THREADS 256
 
 typedef struct {
-    const float *x;
-    const int8_t *q;
+    const float *x; /* transposed: [d_in, M] */
+    const int8_t *q; /* panels [ceil(d_out / 8), d_in, 8] */
     const float *s;
     const float *b; /* or NULL */
     float *y;
@@ -45,13 +51,13 @@ typedef void (*Kernel)(const Job *, Py_ssize_t j0, Py_ssize_t j1);
 
 /* ---- portable kernel ---------------------------------------------------------------- */
 
-static void rows_scalar(const Job *J, Py_ssize_t j0, Py_ssize_t j1) {
-    for (Py_ssize_t j = j0; j < j1; j++) {
-        const int8_t *qj = J->q + j * J->d_in;
-        for (Py_ssize_t m = 0; m < J->M; m++) {
-            const float *xm = J->x + m * J->d_in;
+static void rows_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) { /* panels p0 .. p1-1 */
+    const Py_ssize_t n = J->d_in, M = J->M;
+    for (Py_ssize_t j = p0 * 8; j < p1 * 8 && j < J->d_out; j++) {
+        const int8_t *w = J->q + (j / 8) * n * 8 + j % 8;
+        for (Py_ssize_t m = 0; m < M; m++) {
             float acc = 0.0f;
-            for (Py_ssize_t i = 0; i < J->d_in; i++) acc += xm[i] * (float)qj[i];
+            for (Py_ssize_t i = 0; i < n; i++) acc += J->x[i * M + m] * (float)w[8 * i];
             J->y[m * J->d_out + j] = acc * J->s[j] + (J->b ? J->b[j] : 0.0f);
         }
     }
@@ -61,86 +67,85 @@ static void rows_scalar(const Job *J, Py_ssize_t j0, Py_ssize_t j1) {
 #if HAVE_X86
 #define TARGET __attribute__((target("avx2,fma")))
 
-TARGET static inline float hsum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_movehdup_ps(a));
-    return _mm_cvtss_f32(a);
-}
-
 TARGET static inline __m256 load8(const int8_t *p) { /* 8 int8 → 8 float32 */
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-/* R rows of q (j .. j+R-1) against M rows of x (m0 .. m0+M-1): R·M float32 accumulators.
- * Called with constant R and M, so the loops over them unroll and the accumulators stay in
- * registers. */
-TARGET static inline __attribute__((always_inline)) void block(
-    const Job *J, Py_ssize_t j, Py_ssize_t m0, const int R, const int M) {
-    const Py_ssize_t n = J->d_in, n8 = n & ~(Py_ssize_t)7;
-    const float *x = J->x + m0 * n;
-    const int8_t *q = J->q + j * n;
-    __m256 acc[4][4];
-    for (int r = 0; r < R; r++)
-        for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_ps();
-#define STEP8(i)                                                                         \
-    do {                                                                                 \
-        __m256 w[4];                                                                     \
-        for (int r = 0; r < R; r++) w[r] = load8(q + r * n + (i));                       \
-        for (int m = 0; m < M; m++) {                                                    \
-            __m256 xv = _mm256_loadu_ps(x + m * n + (i));                                \
-            for (int r = 0; r < R; r++) acc[r][m] = _mm256_fmadd_ps(w[r], xv, acc[r][m]); \
-        }                                                                                \
-    } while (0)
-    /* 64 bytes of each row per turn, prefetching the same bytes two groups of R rows on: the
-     * hardware prefetcher alone streams int8 rows at a fraction of the bandwidth */
-    const Py_ssize_t n64 = n & ~(Py_ssize_t)63;
-    Py_ssize_t i = 0;
-    for (; i < n64; i += 64) {
-        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(q + (2 * R + r) * n + i), _MM_HINT_T0);
-        for (int u = 0; u < 64; u += 8) STEP8(i + u);
-    }
-    for (; i < n8; i += 8) STEP8(i);
-#undef STEP8
-    for (int r = 0; r < R; r++) {
-        const float sj = J->s[j + r], bj = J->b ? J->b[j + r] : 0.0f;
-        for (int m = 0; m < M; m++) {
-            float t = hsum(acc[r][m]);
-            for (Py_ssize_t i = n8; i < n; i++) t += x[m * n + i] * (float)q[r * n + i];
-            J->y[(m0 + m) * J->d_out + j + r] = t * sj + bj;
-        }
-    }
-}
-
-/* rows j0 .. j1-1 for rows of x m0 .. m0+M-1, M ≤ 4: 4 (or 2) weight rows at a time */
-#define ROWS(M_, R_)                                                              \
-    TARGET static void rows_##M_(const Job *J, Py_ssize_t j0, Py_ssize_t j1, Py_ssize_t m0) { \
-        Py_ssize_t j = j0;                                                        \
-        for (; j + R_ <= j1; j += R_) block(J, j, m0, R_, M_);                    \
-        for (; j < j1; j++) block(J, j, m0, 1, M_);                               \
-    }
-ROWS(1, 4)
-ROWS(2, 4)
-ROWS(3, 2)
-ROWS(4, 2)
-
-/* M ≤ 4: one pass. M 5..8: two passes of ≤ 4 rows over a chunk of weight rows small enough
- * to stay in cache, so the weights are read from memory once. */
-TARGET static void rows_avx2(const Job *J, Py_ssize_t j0, Py_ssize_t j1) {
-    static void (*const by_m[5])(const Job *, Py_ssize_t, Py_ssize_t, Py_ssize_t) = {
-        NULL, rows_1, rows_2, rows_3, rows_4};
-    if (J->M <= 4) {
-        by_m[J->M](J, j0, j1, 0);
+/* y[m0.., 8p .. 8p+7] = acc · s + b for one panel, the last one cut at d_out */
+TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, __m256 acc) {
+    const Py_ssize_t j = 8 * p;
+    float *y = J->y + m * J->d_out + j;
+    if (j + 8 <= J->d_out) {
+        __m256 v = _mm256_mul_ps(acc, _mm256_loadu_ps(J->s + j));
+        _mm256_storeu_ps(y, J->b ? _mm256_add_ps(v, _mm256_loadu_ps(J->b + j)) : v);
         return;
     }
-    Py_ssize_t chunk = (16384 / (J->d_in ? J->d_in : 1)) & ~(Py_ssize_t)3;
-    if (chunk < 4) chunk = 4;
-    const Py_ssize_t first = (J->M + 1) / 2;
-    for (Py_ssize_t a = j0; a < j1; a += chunk) {
-        Py_ssize_t b = a + chunk < j1 ? a + chunk : j1;
-        by_m[first](J, a, b, 0);
-        by_m[J->M - first](J, a, b, first);
+    float t[8];
+    _mm256_storeu_ps(t, acc);
+    for (Py_ssize_t c = 0; j + c < J->d_out; c++) y[c] = t[c] * J->s[j + c] + (J->b ? J->b[j + c] : 0.0f);
+}
+
+/* P panels (p .. p+P-1) against all M rows of x: P·M 8-wide accumulators, in registers (the
+ * loops over P and M have constant bounds and unroll). */
+#define PANELS(M, P)                                                                          \
+    TARGET static void panels_##M##_##P(const Job *J, Py_ssize_t p) {                         \
+        const Py_ssize_t n = J->d_in;                                                         \
+        const float *x = J->x;                                                                \
+        const int8_t *q = J->q + p * n * 8;                                                   \
+        __m256 acc[P][M];                                                                     \
+        _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                                   \
+        _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_ps();  \
+        Py_ssize_t i = 0;                                                                     \
+        for (; i + 8 <= n; i += 8) { /* a cache line of each panel per turn, prefetched */   \
+            _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
+                _mm_prefetch((const char *)(q + r * n * 8 + 8 * i + 1024), _MM_HINT_T0);      \
+            _Pragma("GCC unroll 8") for (Py_ssize_t u = i; u < i + 8; u++) STEP(M, P, u);     \
+        }                                                                                     \
+        for (; i < n; i++) STEP(M, P, i);                                                     \
+        _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                                   \
+        _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) store(J, p + r, m, acc[r][m]);    \
     }
+#define STEP(M, P, u)                                                                         \
+    do {                                                                                      \
+        __m256 w[P];                                                                          \
+        _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) w[r] = load8(q + r * n * 8 + 8 * (u)); \
+        _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) {                                 \
+            __m256 xv = _mm256_broadcast_ss(x + (u) * M + m);                                 \
+            _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
+                acc[r][m] = _mm256_fmadd_ps(w[r], xv, acc[r][m]);                             \
+        }                                                                                     \
+    } while (0)
+
+PANELS(1, 4)
+PANELS(1, 1)
+PANELS(2, 4)
+PANELS(2, 1)
+PANELS(3, 2)
+PANELS(3, 1)
+PANELS(4, 2)
+PANELS(4, 1)
+PANELS(5, 2)
+PANELS(5, 1)
+PANELS(6, 2)
+PANELS(6, 1)
+PANELS(7, 1)
+PANELS(8, 1)
+
+typedef void (*PanelFn)(const Job *, Py_ssize_t);
+
+/* panels p0 .. p1-1: `wide` panels at a time (4, 2 or 1 by M), then one at a time */
+TARGET static void rows_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
+    static const PanelFn wide[MAX_ROWS + 1] = {NULL, panels_1_4, panels_2_4, panels_3_2,
+                                               panels_4_2, panels_5_2, panels_6_2, panels_7_1,
+                                               panels_8_1};
+    static const PanelFn one[MAX_ROWS + 1] = {NULL, panels_1_1, panels_2_1, panels_3_1,
+                                              panels_4_1, panels_5_1, panels_6_1, panels_7_1,
+                                              panels_8_1};
+    static const int width[MAX_ROWS + 1] = {0, 4, 4, 2, 2, 2, 2, 1, 1};
+    const int P = width[J->M];
+    Py_ssize_t p = p0;
+    for (; p + P <= p1; p += P) wide[J->M](J, p);
+    for (; p < p1; p++) one[J->M](J, p);
 }
 #endif
 
@@ -161,11 +166,11 @@ static const char *KERNEL_NAME;
 
 /* ---- the threads ------------------------------------------------------------------ */
 
-static void part(const void *job, int k, int parts) { /* rows of part k, in multiples of 4 */
+static void part(const void *job, int k, int parts) { /* panels of part k, in fours */
     const Job *J = job;
-    int j0, j1;
-    share((int)J->d_out, 4, k, parts, &j0, &j1);
-    if (j0 < j1) KERNEL(J, j0, j1);
+    int p0, p1;
+    share((int)((J->d_out + 7) / 8), 4, k, parts, &p0, &p1);
+    if (p0 < p1) KERNEL(J, p0, p1);
 }
 
 static void run(const Job *J, int threads) {
@@ -188,10 +193,20 @@ static PyObject *gemv(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "gemv: need 1 ≤ M ≤ 8, sizes ≥ 0 and non-null buffers");
         return NULL;
     }
-    Job J = {(const float *)(uintptr_t)x, (const int8_t *)(uintptr_t)q, (const float *)(uintptr_t)s,
+    /* x transposed, [d_in, M]: the kernels broadcast x[m, i] for m = 0 .. M-1 in turn */
+    const float *x_rows = (const float *)(uintptr_t)x;
+    float *xt = NULL;
+    if (M > 1) {
+        xt = PyMem_RawMalloc(sizeof(float) * (size_t)(d_in > 0 ? M * d_in : 1));
+        if (!xt) return PyErr_NoMemory();
+        for (Py_ssize_t m = 0; m < M; m++)
+            for (Py_ssize_t i = 0; i < d_in; i++) xt[i * M + m] = x_rows[m * d_in + i];
+    }
+    Job J = {xt ? xt : x_rows, (const int8_t *)(uintptr_t)q, (const float *)(uintptr_t)s,
              (const float *)(uintptr_t)b, (float *)(uintptr_t)y, M, d_in, d_out};
     Py_BEGIN_ALLOW_THREADS run(&J, threads);
-    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+    Py_END_ALLOW_THREADS PyMem_RawFree(xt);
+    Py_RETURN_NONE;
 }
 
 static PyObject *use_portable(PyObject *self, PyObject *flag) { /* tests: the portable loop */
@@ -208,8 +223,8 @@ static PyObject *kernel_name(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"gemv", gemv, METH_VARARGS,
-     "gemv(x, q, s, b, y, M, d_in, d_out, threads): y = (x qᵀ)·s + b; addresses as ints, b 0 "
-     "for none (the GIL is released)"},
+     "gemv(x, p, s, b, y, M, d_in, d_out, threads): y = (x qᵀ)·s + b, q in panels p [d_out/8 "
+     "(rounded up), d_in, 8]; addresses as ints, b 0 for none (the GIL is released)"},
     {"kernel", kernel_name, METH_NOARGS, "the kernel in use: 'avx2' or 'scalar'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loop (tests)"},
     {NULL},

@@ -10,8 +10,9 @@ the float32 sums. At a few rows of x (decoding) the product is bound by reading 
 weights, so a quarter of float32's bytes makes it up to 4x faster there.
 
 Kernels (:func:`product`): rows ≤ ``MAX_ROWS`` go to the compiled ``_int8`` extension
-(``kernels/_int8.c``: q stored [d_out, d_in], one output channel per contiguous row, AVX2+FMA
-where the CPU has it, output channels split over ``torch.get_num_threads()`` threads); more
+(``kernels/_int8.c``: q stored in panels of 8 output channels, :func:`panels`, so that the
+8 weights of a panel at one input are 8 contiguous bytes; AVX2+FMA where the CPU has it,
+panels split over ``torch.get_num_threads()`` threads); more
 rows (prefill, perplexity: compute-bound) and machines without the extension compute
 x W̃ + b in float32 from W̃ itself (the same function; a warning says once that the
 extension is missing).
@@ -58,6 +59,20 @@ def dequantize(q: Tensor, s: Tensor) -> Tensor:
     return q.float() * s[:, None]
 
 
+def panels(q: Tensor) -> Tensor:
+    """q int8 [d_out, d_in] as the kernel reads it: panels of 8 output channels, p [⌈d_out/8⌉,
+    d_in, 8] with p[j // 8, i, j % 8] = q[j, i] (zeros past d_out).
+
+    >>> panels(torch.arange(6, dtype=torch.int8).view(3, 2)).tolist()
+    [[[0, 2, 4, 0, 0, 0, 0, 0], [1, 3, 5, 0, 0, 0, 0, 0]]]
+    """
+    d_out, d_in = q.shape
+    n = -(-d_out // 8)
+    padded = torch.zeros(n * 8, d_in, dtype=torch.int8)
+    padded[:d_out] = q
+    return padded.view(n, 8, d_in).transpose(1, 2).contiguous()
+
+
 _warned = False
 
 
@@ -76,7 +91,8 @@ def _warn_missing() -> None:
 
 def gemv(x: Tensor, q: Tensor, s: Tensor, b: Tensor | None, threads: int) -> Tensor:
     """(x qᵀ)·s + b by the compiled kernel, for x [M, d_in] float32 (M ≤ MAX_ROWS), q int8
-    [d_out, d_in], s [d_out], b [d_out] or None (all contiguous, on a CPU) → [M, d_out]."""
+    [d_out, d_in], s [d_out], b [d_out] or None (all contiguous, on a CPU) → [M, d_out].
+    Packs q into :func:`panels` on every call (``product`` packs once)."""
     ext = compiled()
     M, d_in = x.shape
     d_out = q.shape[0]
@@ -90,7 +106,8 @@ def gemv(x: Tensor, q: Tensor, s: Tensor, b: Tensor | None, threads: int) -> Ten
     if b is not None and b.shape != (d_out,):
         raise ValueError(f"gemv: b has shape {tuple(b.shape)}, expected ({d_out},)")
     y = torch.empty(M, d_out, dtype=torch.float32)
-    ext.gemv(x.data_ptr(), q.data_ptr(), s.data_ptr(), 0 if b is None else b.data_ptr(),
+    p = panels(q)
+    ext.gemv(x.data_ptr(), p.data_ptr(), s.data_ptr(), 0 if b is None else b.data_ptr(),
              y.data_ptr(), M, d_in, d_out, threads)  # fmt: skip
     return y
 
@@ -123,9 +140,10 @@ def product(q: Tensor, s: Tensor, *, transposed: bool = False) -> Any:
 
     ext = compiled()
     d_out, d_in = q.shape
-    q_ptr, s_ptr = q.data_ptr(), s.data_ptr()  # q, s checked once here, kept alive by fn
     if ext is not None:
         gemv(torch.zeros(1, d_in), q, s, None, 1)  # checks their dtypes, layout and shapes
+    p = panels(q)  # the only copy of the weights kept (q itself is dropped)
+    q_ptr, s_ptr = p.data_ptr(), s.data_ptr()  # kept alive by fn
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         rows = x.numel() // d_in if d_in and x.shape[-1] == d_in else 0
@@ -139,7 +157,7 @@ def product(q: Tensor, s: Tensor, *, transposed: bool = False) -> Any:
                  rows, d_in, d_out, torch.get_num_threads())  # fmt: skip
         return y
 
-    fn.q, fn.s = q, s  # type: ignore[attr-defined]
+    fn.panels, fn.s = p, s  # type: ignore[attr-defined]
     return fn
 
 

@@ -3,19 +3,24 @@
  *     y[m, j] = s[j] · Σ_i x[m, i] q[j, i] + b[j]        m < M, j < d_out, i < d_in
  *
  * x float32 [M, d_in], s float32 [d_out], b float32 [d_out] or none, y float32 [M, d_out];
- * q int8 in panels of 8 output channels, p[d_out/8 (rounded up), d_in, 8] with
- * p[j/8, i, j%8] = q[j, i] (zeros past d_out): the 8 weights of a panel at input i are 8
- * contiguous bytes. Every product and sum is float32, so y is x W̃ + b for W̃[i, j] =
- * q[j, i] s[j] up to the summation order.
+ * q int8 in panels of 8 output channels and pairs of inputs, p[⌈d_out/8⌉, ⌈d_in/2⌉, 8, 2]
+ * with p[j/8, i/2, j%8, i%2] = q[j, i] (zeros past d_out and d_in): the 16 weights of a
+ * panel at inputs 2t, 2t+1 are 16 contiguous bytes.
+ *
+ * Each row of x is first rounded to 16-bit integers with one scale per row,
+ * x[m, i] ≈ r[m] x16[m, i], r[m] = max_i |x[m, i]| / 32767, so |x − r x16| ≤ r/2 (a relative
+ * error of 2^-16 of the row's largest entry, far below the weights' own rounding). The sums
+ * Σ_i x16[m, i] q[j, i] are exact integer sums (32-bit, emptied into float32 every 512
+ * inputs, before they can overflow), then y[m, j] = (sum · r[m]) · s[j] + b[j] in float32.
+ * A row of x with a non-finite entry gives a row of NaN.
  *
  * At M ≤ 8 the product is bound by reading q (M = 1) or by its multiply-adds (M = 8 does 16
- * flops per weight byte): each panel is read once for all M rows of x; the 8 weights at input
- * i are converted int8 → int32 → float32 once and multiplied-added into one 8-wide float32
- * accumulator per row of x (x[m, i] broadcast), so a conversion serves M multiply-adds and
- * no horizontal sums are needed. Fewer rows take several panels at a time (up to 8
- * accumulators, enough to cover the multiply-add latency). x is transposed first (x[i, m],
- * M floats per input), so the broadcasts read it in order. The AVX2+FMA kernel is chosen at
- * run time (__builtin_cpu_supports); a portable loop does the rest.
+ * per weight byte): each panel is read once for all M rows; 16 weights are widened
+ * int8 → int16 once and serve M multiply-adds of pairs (AVX2 vpmaddwd: 16 products per
+ * instruction, twice the float32 FMA's 8) into one 8-wide integer accumulator per row of x
+ * (the pair x16[m, 2t], x16[m, 2t+1] broadcast). Fewer rows take several panels at a time.
+ * The AVX2 kernel is chosen at run time (__builtin_cpu_supports); a portable loop computes
+ * the same integer sums otherwise.
  *
  * Threads: the panels are split over PyTorch's own OpenMP threads (_parallel.h).
  * The GIL is released during the call.
@@ -24,6 +29,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #include "_parallel.h"
@@ -37,82 +43,103 @@
 
 #define MAX_ROWS 8    /* rows of x per call (decoding batch) */
 #define MAX_THREADS 256
+#define BLOCK 256     /* input pairs per 32-bit sum: 256 · 2 · 32767 · 127 < 2^31 */
 
 typedef struct {
-    const float *x; /* transposed: [d_in, M] */
-    const int8_t *q; /* panels [ceil(d_out / 8), d_in, 8] */
+    const int32_t *x; /* x16 in pairs, transposed: [n2, M], low half input 2t, high 2t+1 */
+    const float *r;   /* [M]: x ≈ r[m] x16[m] */
+    const int8_t *q;  /* panels [ceil(d_out / 8), n2, 8, 2] */
     const float *s;
     const float *b; /* or NULL */
     float *y;
-    Py_ssize_t M, d_in, d_out;
+    Py_ssize_t M, n2, d_out; /* n2 = ceil(d_in / 2) */
 } Job;
+
+/* y[m, j] for the exact sum acc[m] (j < d_out) */
+static inline float finish(const Job *J, Py_ssize_t m, Py_ssize_t j, float acc) {
+    return acc * J->r[m] * J->s[j] + (J->b ? J->b[j] : 0.0f);
+}
 
 typedef void (*Kernel)(const Job *, Py_ssize_t j0, Py_ssize_t j1);
 
 /* ---- portable kernel ---------------------------------------------------------------- */
 
 static void rows_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) { /* panels p0 .. p1-1 */
-    const Py_ssize_t n = J->d_in, M = J->M;
+    const Py_ssize_t n2 = J->n2, M = J->M;
     for (Py_ssize_t j = p0 * 8; j < p1 * 8 && j < J->d_out; j++) {
-        const int8_t *w = J->q + (j / 8) * n * 8 + j % 8;
+        const int8_t *w = J->q + (j / 8) * n2 * 16 + 2 * (j % 8);
         for (Py_ssize_t m = 0; m < M; m++) {
             float acc = 0.0f;
-            for (Py_ssize_t i = 0; i < n; i++) acc += J->x[i * M + m] * (float)w[8 * i];
-            J->y[m * J->d_out + j] = acc * J->s[j] + (J->b ? J->b[j] : 0.0f);
+            for (Py_ssize_t t0 = 0; t0 < n2; t0 += BLOCK) {
+                int32_t sum = 0;
+                for (Py_ssize_t t = t0; t < t0 + BLOCK && t < n2; t++) {
+                    uint32_t pair = (uint32_t)J->x[t * M + m];
+                    sum += (int16_t)(pair & 0xffff) * w[16 * t] + (int16_t)(pair >> 16) * w[16 * t + 1];
+                }
+                acc += (float)sum;
+            }
+            J->y[m * J->d_out + j] = finish(J, m, j, acc);
         }
     }
 }
 
-/* ---- AVX2 + FMA kernel ---------------------------------------------------------------- */
+/* ---- AVX2 kernel ---------------------------------------------------------------------- */
 #if HAVE_X86
-#define TARGET __attribute__((target("avx2,fma")))
+#define TARGET __attribute__((target("avx2")))
 
-TARGET static inline __m256 load8(const int8_t *p) { /* 8 int8 → 8 float32 */
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
-/* y[m0.., 8p .. 8p+7] = acc · s + b for one panel, the last one cut at d_out */
-TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, __m256 acc) {
+/* y[m, 8p .. 8p+7] from the panel's float32 sums, the last panel cut at d_out */
+TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const float *acc) {
     const Py_ssize_t j = 8 * p;
     float *y = J->y + m * J->d_out + j;
     if (j + 8 <= J->d_out) {
-        __m256 v = _mm256_mul_ps(acc, _mm256_loadu_ps(J->s + j));
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(acc), _mm256_set1_ps(J->r[m])),
+                                 _mm256_loadu_ps(J->s + j));
         _mm256_storeu_ps(y, J->b ? _mm256_add_ps(v, _mm256_loadu_ps(J->b + j)) : v);
         return;
     }
-    float t[8];
-    _mm256_storeu_ps(t, acc);
-    for (Py_ssize_t c = 0; j + c < J->d_out; c++) y[c] = t[c] * J->s[j + c] + (J->b ? J->b[j + c] : 0.0f);
+    for (Py_ssize_t c = 0; j + c < J->d_out; c++) y[c] = finish(J, m, j + c, acc[c]);
 }
 
-/* P panels (p .. p+P-1) against all M rows of x: P·M 8-wide accumulators, in registers (the
- * loops over P and M have constant bounds and unroll). */
+/* P panels (p .. p+P-1) against all M rows of x: P·M 8-wide 32-bit accumulators in
+ * registers (the loops over P and M have constant bounds and unroll), emptied every BLOCK
+ * pairs into float32 sums in memory. */
 #define PANELS(M, P)                                                                          \
     TARGET static void panels_##M##_##P(const Job *J, Py_ssize_t p) {                         \
-        const Py_ssize_t n = J->d_in;                                                         \
-        const float *x = J->x;                                                                \
-        const int8_t *q = J->q + p * n * 8;                                                   \
-        __m256 acc[P][M];                                                                     \
-        _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                                   \
-        _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_ps();  \
-        Py_ssize_t i = 0;                                                                     \
-        for (; i + 8 <= n; i += 8) { /* a cache line of each panel per turn, prefetched */   \
+        const Py_ssize_t n2 = J->n2;                                                          \
+        const int32_t *x = J->x;                                                              \
+        const int8_t *q = J->q + p * n2 * 16;                                                 \
+        float sums[P][M][8] = {{{0}}};                                                        \
+        for (Py_ssize_t t0 = 0; t0 < n2; t0 += BLOCK) {                                       \
+            const Py_ssize_t t1 = t0 + BLOCK < n2 ? t0 + BLOCK : n2;                          \
+            __m256i acc[P][M];                                                                \
             _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
-                _mm_prefetch((const char *)(q + r * n * 8 + 8 * i + 1024), _MM_HINT_T0);      \
-            _Pragma("GCC unroll 8") for (Py_ssize_t u = i; u < i + 8; u++) STEP(M, P, u);     \
+            _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_si256(); \
+            Py_ssize_t t = t0;                                                                \
+            for (; t + 4 <= t1; t += 4) { /* a cache line of each panel per turn */          \
+                _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                           \
+                    _mm_prefetch((const char *)(q + r * n2 * 16 + 16 * t + 1024), _MM_HINT_T0); \
+                _Pragma("GCC unroll 4") for (Py_ssize_t u = t; u < t + 4; u++) STEP(M, P, u); \
+            }                                                                                 \
+            for (; t < t1; t++) STEP(M, P, t);                                                \
+            _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
+            _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                               \
+                _mm256_storeu_ps(sums[r][m], _mm256_add_ps(_mm256_loadu_ps(sums[r][m]),       \
+                                                           _mm256_cvtepi32_ps(acc[r][m])));   \
         }                                                                                     \
-        for (; i < n; i++) STEP(M, P, i);                                                     \
-        _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                                   \
-        _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) store(J, p + r, m, acc[r][m]);    \
+        for (int r = 0; r < P; r++)                                                           \
+            for (int m = 0; m < M; m++) store(J, p + r, m, sums[r][m]);                       \
     }
 #define STEP(M, P, u)                                                                         \
     do {                                                                                      \
-        __m256 w[P];                                                                          \
-        _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) w[r] = load8(q + r * n * 8 + 8 * (u)); \
+        __m256i w[P];                                                                         \
+        _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) w[r] = _mm256_cvtepi8_epi16(      \
+            _mm_loadu_si128((const __m128i *)(q + r * n2 * 16 + 16 * (u))));                  \
         _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) {                                 \
-            __m256 xv = _mm256_broadcast_ss(x + (u) * M + m);                                 \
-            _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
-                acc[r][m] = _mm256_fmadd_ps(w[r], xv, acc[r][m]);                             \
+            __m256i xv = _mm256_set1_epi32(x[(u) * M + m]);                                   \
+            _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) {                             \
+                acc[r][m] = _mm256_add_epi32(acc[r][m], _mm256_madd_epi16(w[r], xv));         \
+                __asm__("" : "+x"(acc[r][m])); /* in this order: no reassociated sums */      \
+            }                                                                                 \
         }                                                                                     \
     } while (0)
 
@@ -152,7 +179,7 @@ TARGET static void rows_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
 static Kernel pick_kernel(const char **name) {
 #if HAVE_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (__builtin_cpu_supports("avx2")) {
         *name = "avx2";
         return rows_avx2;
     }
@@ -175,10 +202,36 @@ static void part(const void *job, int k, int parts) { /* panels of part k, in fo
 
 static void run(const Job *J, int threads) {
     /* a part per thread, but none smaller than 64 KiB of weights (not worth a wake-up) */
-    Py_ssize_t max_parts = J->d_out * J->d_in / 65536;
+    Py_ssize_t max_parts = J->d_out * J->n2 / 32768;
     if (threads > max_parts) threads = max_parts > 1 ? (int)max_parts : 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     run_parts(part, J, threads);
+}
+
+/* ---- x to 16-bit integers ---------------------------------------------------------- */
+
+/* x [M, d_in] → xp [n2, M] (x16 in pairs, see Job) and r [M], x ≈ r x16: x16 = round(x / r),
+ * r = max |x| / 32767 per row (0 for a row of zeros, NaN for a row with a non-finite entry,
+ * whose x16 are then 0). In double, so that no tiny row overflows 1 / r. */
+static void quantize_rows(const float *x, Py_ssize_t M, Py_ssize_t d_in, int32_t *xp, float *r) {
+    const Py_ssize_t n2 = (d_in + 1) / 2;
+    for (Py_ssize_t m = 0; m < M; m++) {
+        const float *row = x + m * d_in;
+        double amax = 0.0;
+        int finite = 1;
+        for (Py_ssize_t i = 0; i < d_in; i++) {
+            double a = fabs((double)row[i]);
+            finite &= isfinite(a);
+            amax = a > amax ? a : amax;
+        }
+        double inv = finite && amax > 0.0 ? 32767.0 / amax : 0.0;
+        r[m] = !finite ? NAN : (float)(amax / 32767.0);
+        for (Py_ssize_t t = 0; t < n2; t++) {
+            long lo = finite ? lrint(row[2 * t] * inv) : 0;
+            long hi = finite && 2 * t + 1 < d_in ? lrint(row[2 * t + 1] * inv) : 0;
+            xp[t * M + m] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
+        }
+    }
 }
 
 /* ---- Python ------------------------------------------------------------------------- */
@@ -193,19 +246,15 @@ static PyObject *gemv(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "gemv: need 1 ≤ M ≤ 8, sizes ≥ 0 and non-null buffers");
         return NULL;
     }
-    /* x transposed, [d_in, M]: the kernels broadcast x[m, i] for m = 0 .. M-1 in turn */
-    const float *x_rows = (const float *)(uintptr_t)x;
-    float *xt = NULL;
-    if (M > 1) {
-        xt = PyMem_RawMalloc(sizeof(float) * (size_t)(d_in > 0 ? M * d_in : 1));
-        if (!xt) return PyErr_NoMemory();
-        for (Py_ssize_t m = 0; m < M; m++)
-            for (Py_ssize_t i = 0; i < d_in; i++) xt[i * M + m] = x_rows[m * d_in + i];
-    }
-    Job J = {xt ? xt : x_rows, (const int8_t *)(uintptr_t)q, (const float *)(uintptr_t)s,
-             (const float *)(uintptr_t)b, (float *)(uintptr_t)y, M, d_in, d_out};
+    const Py_ssize_t n2 = (d_in + 1) / 2;
+    int32_t *xp = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(n2 > 0 ? M * n2 : 1));
+    float r[MAX_ROWS];
+    if (!xp) return PyErr_NoMemory();
+    quantize_rows((const float *)(uintptr_t)x, M, d_in, xp, r);
+    Job J = {xp, r, (const int8_t *)(uintptr_t)q, (const float *)(uintptr_t)s,
+             (const float *)(uintptr_t)b, (float *)(uintptr_t)y, M, n2, d_out};
     Py_BEGIN_ALLOW_THREADS run(&J, threads);
-    Py_END_ALLOW_THREADS PyMem_RawFree(xt);
+    Py_END_ALLOW_THREADS PyMem_RawFree(xp);
     Py_RETURN_NONE;
 }
 

@@ -8,8 +8,9 @@
  * panel at inputs 2t, 2t+1 are 16 contiguous bytes.
  *
  * Each row of x is first rounded to 16-bit integers with one scale per row,
- * x[m, i] ≈ r[m] x16[m, i], r[m] = max_i |x[m, i]| / 32767, so |x − r x16| ≤ r/2 (a relative
- * error of 2^-16 of the row's largest entry, far below the weights' own rounding). The sums
+ * x[m, i] ≈ r[m] x16[m, i], r[m] = max_i |x[m, i]| / 32767, so |x − r x16| ≤ r/2 (plus
+ * float32 rounding: a relative error of 2^-16 of the row's largest entry, far below the
+ * weights' own rounding). The sums
  * Σ_i x16[m, i] q[j, i] are exact integer sums (32-bit, emptied into float32 every 512
  * inputs, before they can overflow), then y[m, j] = (sum · r[m]) · s[j] + b[j] in float32.
  * A row of x with a non-finite entry gives a row of NaN.
@@ -62,6 +63,29 @@ static inline float finish(const Job *J, Py_ssize_t m, Py_ssize_t j, float acc) 
 
 typedef void (*Kernel)(const Job *, Py_ssize_t j0, Py_ssize_t j1);
 
+/* ---- x to 16-bit integers ---------------------------------------------------------- */
+
+/* Row m of x (d_in entries) → xp[t * M + m] (x16 in pairs, see Job) and r[m], x ≈ r x16:
+ * x16 = round(x / r), r = max |x| / 32767 (0 for a row of zeros, NaN for a row with a
+ * non-finite entry, whose x16 are then 0). In double, so that no tiny row overflows 1 / r. */
+static void quantize_row(const float *row, Py_ssize_t d_in, Py_ssize_t M, Py_ssize_t m,
+                         int32_t *xp, float *r) {
+    double amax = 0.0;
+    int finite = 1;
+    for (Py_ssize_t i = 0; i < d_in; i++) {
+        double a = fabs((double)row[i]);
+        finite &= isfinite(a);
+        amax = a > amax ? a : amax;
+    }
+    double inv = finite && amax > 0.0 ? 32767.0 / amax : 0.0;
+    r[m] = !finite ? NAN : (float)(amax / 32767.0);
+    for (Py_ssize_t t = 0; t < (d_in + 1) / 2; t++) {
+        long lo = finite ? lrint(row[2 * t] * inv) : 0;
+        long hi = finite && 2 * t + 1 < d_in ? lrint(row[2 * t + 1] * inv) : 0;
+        xp[t * M + m] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
+    }
+}
+
 /* ---- portable kernel ---------------------------------------------------------------- */
 
 static void rows_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) { /* panels p0 .. p1-1 */
@@ -74,7 +98,8 @@ static void rows_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) { /* panels 
                 int32_t sum = 0;
                 for (Py_ssize_t t = t0; t < t0 + BLOCK && t < n2; t++) {
                     uint32_t pair = (uint32_t)J->x[t * M + m];
-                    sum += (int16_t)(pair & 0xffff) * w[16 * t] + (int16_t)(pair >> 16) * w[16 * t + 1];
+                    sum += (int16_t)(pair & 0xffff) * w[16 * t];
+                    sum += (int16_t)(pair >> 16) * w[16 * t + 1];
                 }
                 acc += (float)sum;
             }
@@ -113,7 +138,8 @@ TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const 
             const Py_ssize_t t1 = t0 + BLOCK < n2 ? t0 + BLOCK : n2;                          \
             __m256i acc[P][M];                                                                \
             _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
-            _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_si256(); \
+            _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                               \
+                acc[r][m] = _mm256_setzero_si256();                                           \
             Py_ssize_t t = t0;                                                                \
             for (; t + 4 <= t1; t += 4) { /* a cache line of each panel per turn */          \
                 _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                           \
@@ -157,6 +183,44 @@ PANELS(6, 2)
 PANELS(6, 1)
 PANELS(7, 1)
 PANELS(8, 1)
+
+/* quantize_row with 8 entries at a time (float32 1 / r: the same x16 up to a tie in the
+ * rounding); rows whose largest |x| is tiny (1 / r near float32's range) or not finite, and
+ * the last d_in mod 8 entries, go through quantize_row's arithmetic. */
+TARGET static void quantize_row_avx2(const float *row, Py_ssize_t d_in, Py_ssize_t M,
+                                     Py_ssize_t m, int32_t *xp, float *r) {
+    const Py_ssize_t n8 = d_in & ~(Py_ssize_t)7;
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(3.0e38f);
+    __m256 amax = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (Py_ssize_t i = 0; i < n8; i += 8) {
+        __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(row + i));
+        ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, big, _CMP_LE_OQ)); /* false for inf, NaN */
+        amax = _mm256_max_ps(amax, a);
+    }
+    float lanes[8], top = 0.0f;
+    _mm256_storeu_ps(lanes, amax);
+    for (int c = 0; c < 8; c++) top = lanes[c] > top ? lanes[c] : top;
+    for (Py_ssize_t i = n8; i < d_in; i++) top = fabsf(row[i]) > top ? fabsf(row[i]) : top;
+    if (_mm256_movemask_ps(ok) != 0xff || !(top >= 1e-30f && top <= 3.0e38f)) {
+        quantize_row(row, d_in, M, m, xp, r); /* tiny, zero or non-finite */
+        return;
+    }
+    const float inv = (float)(32767.0 / top);
+    r[m] = (float)(top / 32767.0);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (Py_ssize_t i = 0; i < n8; i += 8) {
+        __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + i), vinv));
+        __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        int32_t pairs[4];
+        _mm_storeu_si128((__m128i *)pairs, h); /* x16 of inputs i .. i+7, two per word */
+        for (int k = 0; k < 4; k++) xp[(i / 2 + k) * M + m] = pairs[k];
+    }
+    for (Py_ssize_t t = n8 / 2; t < (d_in + 1) / 2; t++) {
+        long lo = lrintf(row[2 * t] * inv);
+        long hi = 2 * t + 1 < d_in ? lrintf(row[2 * t + 1] * inv) : 0;
+        xp[t * M + m] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
+    }
+}
 
 typedef void (*PanelFn)(const Job *, Py_ssize_t);
 
@@ -208,32 +272,6 @@ static void run(const Job *J, int threads) {
     run_parts(part, J, threads);
 }
 
-/* ---- x to 16-bit integers ---------------------------------------------------------- */
-
-/* x [M, d_in] → xp [n2, M] (x16 in pairs, see Job) and r [M], x ≈ r x16: x16 = round(x / r),
- * r = max |x| / 32767 per row (0 for a row of zeros, NaN for a row with a non-finite entry,
- * whose x16 are then 0). In double, so that no tiny row overflows 1 / r. */
-static void quantize_rows(const float *x, Py_ssize_t M, Py_ssize_t d_in, int32_t *xp, float *r) {
-    const Py_ssize_t n2 = (d_in + 1) / 2;
-    for (Py_ssize_t m = 0; m < M; m++) {
-        const float *row = x + m * d_in;
-        double amax = 0.0;
-        int finite = 1;
-        for (Py_ssize_t i = 0; i < d_in; i++) {
-            double a = fabs((double)row[i]);
-            finite &= isfinite(a);
-            amax = a > amax ? a : amax;
-        }
-        double inv = finite && amax > 0.0 ? 32767.0 / amax : 0.0;
-        r[m] = !finite ? NAN : (float)(amax / 32767.0);
-        for (Py_ssize_t t = 0; t < n2; t++) {
-            long lo = finite ? lrint(row[2 * t] * inv) : 0;
-            long hi = finite && 2 * t + 1 < d_in ? lrint(row[2 * t + 1] * inv) : 0;
-            xp[t * M + m] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
-        }
-    }
-}
-
 /* ---- Python ------------------------------------------------------------------------- */
 
 static PyObject *gemv(PyObject *self, PyObject *args) {
@@ -250,7 +288,16 @@ static PyObject *gemv(PyObject *self, PyObject *args) {
     int32_t *xp = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(n2 > 0 ? M * n2 : 1));
     float r[MAX_ROWS];
     if (!xp) return PyErr_NoMemory();
-    quantize_rows((const float *)(uintptr_t)x, M, d_in, xp, r);
+    for (Py_ssize_t m = 0; m < M; m++) {
+        const float *row = (const float *)(uintptr_t)x + m * d_in;
+#if HAVE_X86
+        if (KERNEL == rows_avx2) {
+            quantize_row_avx2(row, d_in, M, m, xp, r);
+            continue;
+        }
+#endif
+        quantize_row(row, d_in, M, m, xp, r);
+    }
     Job J = {xp, r, (const int8_t *)(uintptr_t)q, (const float *)(uintptr_t)s,
              (const float *)(uintptr_t)b, (float *)(uintptr_t)y, M, n2, d_out};
     Py_BEGIN_ALLOW_THREADS run(&J, threads);

@@ -7,7 +7,10 @@
  *   y[m, :] = b + Σ_k x[m, k] · W[k, :]
  *
  * with float32 products and sums (AVX2 + FMA where the CPU has them, plain C otherwise).
- * The rows of W are split over PyTorch's own OpenMP threads (see run_parts), each streaming
+ * For M > 1 the AVX2 kernel goes through W in chunks of 512 columns, four rows of W and two
+ * rows of x at a time, so that the chunk of y stays in L1 while all M rows pass over the
+ * same four rows of W (y of the unembedding, 8 × 50,257 floats, would not even fit in L2),
+ * prefetching the next four rows' chunk as it goes. The rows of W are split over PyTorch's own OpenMP threads (see run_parts), each streaming
  * one contiguous band of W into its own partial sums, which are added at the end.
  * The GIL is released while they run.
  *
@@ -65,8 +68,40 @@ static void rows_plain(const Job *j, float *out, const float *bias, int k0, int 
 #if GG_X86
 #define AVX2 __attribute__((target("avx2,fma")))
 
-/* rows form, rows k0 ≤ k < k1 of W, four at a time: each thread streams one contiguous
- * band of W, and the M output rows stay in L1 or L2. */
+/* Columns n0 ≤ n < n1 (whole vectors) of four rows k .. k+3 of W for rows m, m+1 of x (two
+ * when m2, else one): out[m.., n] += Σ x[m.., k] W[k, n], so each vector of W loaded serves
+ * both rows of x; the same columns of rows pf0 ≤ r < pf1 of W are prefetched meanwhile. */
+AVX2 static inline __attribute__((always_inline)) void four_avx2(
+    const Job *j, float *out, int m, const int m2, int n0, int n1, int k, int pf0, int pf1) {
+    const int K = j->K, N = j->N;
+    const float *xa = j->x + (size_t)m * K + k, *xb = m2 ? xa + K : xa;
+    float *ya = out + (size_t)m * N, *yb = m2 ? ya + N : ya;
+    const float *w0 = j->W + (size_t)k * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+    __m256 a0 = _mm256_set1_ps(xa[0]), a1 = _mm256_set1_ps(xa[1]);
+    __m256 a2 = _mm256_set1_ps(xa[2]), a3 = _mm256_set1_ps(xa[3]);
+    __m256 b0 = _mm256_set1_ps(xb[0]), b1 = _mm256_set1_ps(xb[1]);
+    __m256 b2 = _mm256_set1_ps(xb[2]), b3 = _mm256_set1_ps(xb[3]);
+    for (int n = n0; n < n1; n += 8) {
+        if ((n & 15) == 0)
+            for (int r = pf0; r < pf1; r++)
+                _mm_prefetch((const char *)(j->W + (size_t)r * N + n), _MM_HINT_T0);
+        __m256 v0 = _mm256_loadu_ps(w0 + n), v1 = _mm256_loadu_ps(w1 + n);
+        __m256 v2 = _mm256_loadu_ps(w2 + n), v3 = _mm256_loadu_ps(w3 + n);
+        __m256 ua = _mm256_loadu_ps(ya + n), ub = _mm256_loadu_ps(yb + n);
+        ua = _mm256_fmadd_ps(a0, v0, ua), ub = _mm256_fmadd_ps(b0, v0, ub);
+        ua = _mm256_fmadd_ps(a1, v1, ua), ub = _mm256_fmadd_ps(b1, v1, ub);
+        ua = _mm256_fmadd_ps(a2, v2, ua), ub = _mm256_fmadd_ps(b2, v2, ub);
+        ua = _mm256_fmadd_ps(a3, v3, ua), ub = _mm256_fmadd_ps(b3, v3, ub);
+        _mm256_storeu_ps(ya + n, ua);
+        if (m2)
+            _mm256_storeu_ps(yb + n, ub);
+    }
+}
+
+/* rows form, rows k0 ≤ k < k1 of W: each thread streams one contiguous band of W, in
+ * chunks of CHUNK columns so that the chunk of the M output rows and of the four rows of W
+ * at hand stay in L1 while every row of x passes over them. */
+#define CHUNK 512
 AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, int k1) {
     const int M = j->M, K = j->K, N = j->N, nv = N / 8 * 8;
     for (int m = 0; m < M; m++) {
@@ -75,37 +110,28 @@ AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, 
         else
             memset(out + (size_t)m * N, 0, sizeof(float) * N);
     }
-    int k = k0;
-    for (; k + 4 <= k1; k += 4) {
-        const float *w0 = j->W + (size_t)k * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
-        for (int m = 0; m < M; m++) {
-            const float *x = j->x + (size_t)m * K + k;
-            __m256 x0 = _mm256_set1_ps(x[0]), x1 = _mm256_set1_ps(x[1]);
-            __m256 x2 = _mm256_set1_ps(x[2]), x3 = _mm256_set1_ps(x[3]);
-            float *y = out + (size_t)m * N;
-            for (int n = 0; n < nv; n += 8) {
-                __m256 a = _mm256_loadu_ps(y + n);
-                a = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + n), a);
-                a = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w1 + n), a);
-                a = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w2 + n), a);
-                a = _mm256_fmadd_ps(x3, _mm256_loadu_ps(w3 + n), a);
-                _mm256_storeu_ps(y + n, a);
+    const int k4 = k0 + (k1 - k0) / 4 * 4;
+    const int chunk = M == 1 ? nv : CHUNK; /* one row of x: stream whole rows of W */
+    for (int n0 = 0; n0 < nv; n0 += chunk) {
+        int n1 = n0 + chunk < nv ? n0 + chunk : nv;
+        for (int k = k0; k < k4; k += 4) {
+            /* prefetch rows k+4 .. k+7, a part of them in each pass over the rows of x */
+            const int passes = (M + 1) / 2, ahead = k + 8 <= k4 ? 4 : 0;
+            for (int m = 0, p = 0; m < M; m += 2, p++) {
+                int pf0 = k + 4 + ahead * p / passes, pf1 = k + 4 + ahead * (p + 1) / passes;
+                if (m + 1 < M)
+                    four_avx2(j, out, m, 1, n0, n1, k, pf0, pf1);
+                else
+                    four_avx2(j, out, m, 0, n0, n1, k, pf0, pf1);
             }
-            for (int n = nv; n < N; n++)
-                y[n] += x[0] * w0[n] + x[1] * w1[n] + x[2] * w2[n] + x[3] * w3[n];
         }
     }
-    for (; k < k1; k++) {
-        const float *w = j->W + (size_t)k * N;
-        for (int m = 0; m < M; m++) {
-            float xk = j->x[(size_t)m * K + k], *y = out + (size_t)m * N;
-            __m256 xv = _mm256_set1_ps(xk);
-            for (int n = 0; n < nv; n += 8)
-                _mm256_storeu_ps(y + n, _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + n),
-                                                        _mm256_loadu_ps(y + n)));
-            for (int n = nv; n < N; n++)
-                y[n] += xk * w[n];
-        }
+    for (int m = 0; m < M; m++) { /* the last (k1 - k0) mod 4 rows, the last N mod 8 columns */
+        const float *x = j->x + (size_t)m * K;
+        float *y = out + (size_t)m * N;
+        for (int k = k0; k < k1; k++)
+            for (int n = k < k4 ? nv : 0; n < N; n++)
+                y[n] += x[k] * j->W[(size_t)k * N + n];
     }
 }
 

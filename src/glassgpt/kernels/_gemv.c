@@ -7,10 +7,11 @@
  *   y[m, :] = b + Σ_k x[m, k] · W[k, :]
  *
  * with float32 products and sums (AVX2 + FMA where the CPU has them, plain C otherwise).
- * For M > 1 the AVX2 kernel goes through W in chunks of 512 columns, four rows of W and two
- * rows of x at a time, so that the chunk of y stays in L1 while all M rows pass over the
- * same four rows of W (y of the unembedding, 8 × 50,257 floats, would not even fit in L2),
- * prefetching the next four rows' chunk as it goes. The rows of W are split over PyTorch's own OpenMP threads (see run_parts), each streaming
+ * For M > 1 the AVX2 kernel goes through W in chunks of 512 columns (whole rows up to 1,024
+ * columns), four rows of W and two rows of x at a time, so that the chunk of y stays in L1
+ * while all M rows pass over the same four rows of W (y of the unembedding, 8 × 50,257
+ * floats, would not even fit in L2), prefetching the next four rows' chunk as it goes.
+ * The rows of W are split over PyTorch's own OpenMP threads (see run_parts), each streaming
  * one contiguous band of W into its own partial sums, which are added at the end.
  * The GIL is released while they run.
  *
@@ -111,7 +112,8 @@ AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, 
             memset(out + (size_t)m * N, 0, sizeof(float) * N);
     }
     const int k4 = k0 + (k1 - k0) / 4 * 4;
-    const int chunk = M == 1 ? nv : CHUNK; /* one row of x: stream whole rows of W */
+    /* whole rows of W (streamed in order) for one row of x or up to 2 CHUNK columns */
+    const int chunk = M == 1 || nv <= 2 * CHUNK ? nv : CHUNK;
     for (int n0 = 0; n0 < nv; n0 += chunk) {
         int n1 = n0 + chunk < nv ? n0 + chunk : nv;
         for (int k = k0; k < k4; k += 4) {

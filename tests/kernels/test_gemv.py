@@ -35,7 +35,7 @@ def _close(got: torch.Tensor, x: torch.Tensor, W: torch.Tensor, b: torch.Tensor 
 @given(
     M=st.integers(1, 32),
     K=st.integers(1, 200),
-    N=st.integers(1, 300),
+    N=st.integers(1, 1300),  # past 512: the kernel's column chunks
     threads=st.sampled_from([1, 2, 3]),
     bias=st.booleans(),
     seed=st.integers(0, 2**31),
@@ -51,9 +51,10 @@ def test_rows_kernel_is_x_w_plus_b(
 
 @pytest.mark.parametrize("K, N", [(768, 2304), (3072, 768), (1030, 5001)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_rows_kernel_at_model_shapes(K: int, N: int, threads: int) -> None:
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_rows_kernel_at_model_shapes(K: int, N: int, threads: int, M: int) -> None:
     gen = torch.Generator().manual_seed(K + N)
-    x, W, b = torch.randn(3, K, generator=gen), torch.randn(K, N, generator=gen), torch.randn(N)
+    x, W, b = torch.randn(M, K, generator=gen), torch.randn(K, N, generator=gen), torch.randn(N)
     _close(_rows(x, W, b, threads), x, W, b)
 
 

@@ -17,16 +17,25 @@ EPS32 = 2.0**-24  # float32 unit roundoff
 needs_ext = pytest.mark.skipif(int8.compiled() is None, reason="the _int8 extension is not built")
 
 
-def _oracle_and_bound(x: torch.Tensor, W_t: torch.Tensor, b: torch.Tensor | None):
-    """x W̃ᵀ + b in float64 (W_t = W̃ [d_out, d_in]) and the float32 rounding bound of any
-    summation order: (d_in + 3) u Σ_i |x_i W̃_ji| + |b_j| (d_in sums and products, the
-    scale, the bias, and W̃ = q·s itself rounded to float32)."""
+def _oracle_and_bound(
+    x: torch.Tensor, W_t: torch.Tensor, b: torch.Tensor | None, *, x_rounded: bool = True
+):
+    """x W̃ᵀ + b in float64 (W_t = W̃ [d_out, d_in]) and the bound on a result's error: the
+    float32 rounding of any summation order, (d_in + 3) u Σ_i |x_i W̃_ji| + |b_j| (d_in sums
+    and products, the scales, the bias, and W̃ = q·s itself rounded to float32), plus, when
+    ``x_rounded`` (the compiled kernel), x rounded to 16 bits per row: |Δx_i| ≤ r/2 with
+    r = max_i |x_i| / 32767, plus 2^-7 r for the float32 rounding of r and of x/r (each
+    2^-24 relative, times up to 32767), so (1/2 + 2^-7) r Σ_i |W̃_ji| more."""
     x64, W64 = x.double(), W_t.double()
     want = x64 @ W64.T
     mag = x64.abs() @ W64.abs().T
     if b is not None:
         want, mag = want + b.double(), mag + b.double().abs()
-    return want, (x.shape[-1] + 3) * EPS32 * mag + 1e-30
+    bound = (x.shape[-1] + 3) * EPS32 * mag + 1e-30
+    if x_rounded and x.shape[-1]:
+        r = x64.abs().amax(dim=-1, keepdim=True) / 32767
+        bound = bound + (r * (0.5 + 2**-7)) * W64.abs().sum(dim=1)
+    return want, bound
 
 
 def test_quantization_error_is_at_most_half_a_step() -> None:
@@ -49,7 +58,7 @@ def test_quantization_error_is_at_most_half_a_step() -> None:
     d_in=st.integers(1, 150),
     d_out=st.integers(1, 70),
     bias=st.booleans(),
-    threads=st.sampled_from([1, 2]),
+    threads=st.sampled_from([1, 2, 3]),
     portable=st.booleans(),
     seed=st.integers(0, 2**16),
 )
@@ -74,17 +83,58 @@ def test_kernel_is_x_w_tilde_plus_b(M, d_in, d_out, bias, threads, portable, see
 
 
 @needs_ext
+@pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("shape", [(768, 2304), (3072, 768), (100, 50257)])
-def test_kernel_on_model_shapes_and_threads(shape: tuple[int, int], threads: int) -> None:
+def test_kernel_on_model_shapes_and_threads(
+    shape: tuple[int, int], threads: int, rows: int
+) -> None:
     """Shapes that the pool splits (the kernel's threads are used from 64 KiB of weights)."""
     d_in, d_out = shape
     gen = torch.Generator().manual_seed(d_in)
     q, s = int8.quantize(torch.randn(d_out, d_in, generator=gen))
-    x, b = torch.randn(3, d_in, generator=gen), torch.randn(d_out, generator=gen)
+    x, b = torch.randn(rows, d_in, generator=gen), torch.randn(d_out, generator=gen)
     got = int8.gemv(x, q, s, b, threads)
     want, bound = _oracle_and_bound(x, int8.dequantize(q, s), b)
     assert ((got.double() - want).abs() <= bound).all()
+
+
+def test_panels_hold_each_weight_once_in_order() -> None:
+    """p[j // 8, i // 2, j % 8, i % 2] = q[j, i], zeros in the padding past d_out and d_in
+    (checked entry by entry)."""
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randint(-127, 128, (13, 5), generator=gen, dtype=torch.int8)
+    p = int8.panels(q)
+    assert p.shape == (2, 3, 8, 2) and p.is_contiguous()
+    for j in range(16):
+        for i in range(6):
+            want = q[j, i].item() if j < 13 and i < 5 else 0
+            assert p[j // 8, i // 2, j % 8, i % 2].item() == want
+
+
+@needs_ext
+@pytest.mark.parametrize("portable", [False, True])
+def test_rows_of_zeros_and_non_finite_rows(portable: bool) -> None:
+    """A row of zeros gives the bias; a row with an inf or a NaN (among the first 32 inputs
+    or the last) gives a row of NaN; the other rows, a tiny one too, stay within the bound."""
+    gen = torch.Generator().manual_seed(2)
+    q, s = int8.quantize(torch.randn(20, 33, generator=gen))
+    x, b = torch.randn(6, 33, generator=gen), torch.randn(20, generator=gen)
+    x[0] = 0.0
+    x[1, 7] = float("inf")
+    x[2, 30] = float("nan")
+    x[3, 32] = -float("inf")
+    x[4] *= 1e-20
+    ext = int8.compiled()
+    ext.use_portable(portable)
+    try:
+        got = int8.gemv(x, q, s, b, 1)
+    finally:
+        ext.use_portable(False)
+    assert torch.equal(got[0], b)
+    assert got[1:4].isnan().all()
+    want, bound = _oracle_and_bound(x[4:], int8.dequantize(q, s), b)
+    assert ((got[4:].double() - want).abs() <= bound).all()
 
 
 def test_gemv_checks_its_inputs() -> None:
@@ -124,7 +174,7 @@ def test_seam_product_few_and_many_rows(transposed: bool, hide: bool, monkeypatc
             with torch.no_grad():
                 got = matmul(x.view(1, rows, 24), W, b, transposed=transposed)
             assert got.shape == (1, rows, 40)
-            want, bound = _oracle_and_bound(x, W_t, b)
+            want, bound = _oracle_and_bound(x, W_t, b, x_rounded=rows <= int8.MAX_ROWS and not hide)
             assert ((got[0].double() - want).abs() <= bound).all()
     said = [w for w in caught if "not built" in str(w.message)]
     assert len(said) == (1 if hide else 0)

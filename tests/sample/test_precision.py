@@ -172,8 +172,8 @@ def test_every_bf16_projection_runs_on_its_packed_kernel(monkeypatch) -> None:
 @pytest.mark.parametrize("mlp", ["gelu_tanh", "swiglu"])
 @pytest.mark.parametrize("tie", [True, False])
 def test_int8_copy_is_the_model_with_quantized_weights(mlp: str, tie: bool) -> None:
-    """The int8 copy computes the GPT function with W̃ = q·s: equal (to float32 rounding) to a
-    float32 model holding W̃, within a few percent of the float32 model's logits, and every
+    """The int8 copy computes the GPT function with W̃ = q·s: equal (to the kernel's rounding of
+    x to 16 bits) to a float32 model holding W̃, within a few percent of the float32 model's logits, and every
     projection (the unembedding too) runs on its int8 product."""
     from glassgpt.kernels import int8
 
@@ -199,7 +199,8 @@ def test_int8_copy_is_the_model_with_quantized_weights(mlp: str, tie: bool) -> N
         logits(q8, TOKENS[:1, :5]),
         logits(tilde, TOKENS[:1, :5]),
     )
-    torch.testing.assert_close(got, eager, rtol=0, atol=1e-5 * eager.abs().max().item())
+    # to 1e-4 of their scale: the kernel rounds each row of x to 16 bits (2^-16 of its largest)
+    torch.testing.assert_close(got, eager, rtol=0, atol=1e-4 * eager.abs().max().item())
     scale = ref.abs().max().item()
     assert (got - ref).abs().max().item() <= 0.05 * scale  # 8-bit weights, per-channel scales
     assert generate(q8, [1, 2, 3], max_new_tokens=8, temperature=0) == generate(
@@ -218,7 +219,8 @@ def test_int8_runs_on_a_cpu_only() -> None:
 
 def test_int8_without_the_extension_is_the_same_function(monkeypatch) -> None:
     """With the compiled kernel hidden, the int8 copy computes x W̃ + b in float32 (a warning
-    says so once) and gives the kernel's logits to float32 rounding."""
+    says so once) and gives the kernel's logits to 1e-4 of their scale (the kernel rounds
+    each row of x to 16 bits)."""
     from glassgpt.kernels import int8
 
     model = model_of()
@@ -227,4 +229,4 @@ def test_int8_without_the_extension_is_the_same_function(monkeypatch) -> None:
     monkeypatch.setattr(int8, "_warned", False)
     with pytest.warns(RuntimeWarning, match="int8 kernel glassgpt.kernels._int8 is not built"):
         without = logits(cast(model, "int8"), TOKENS[:1, :4])
-    torch.testing.assert_close(without, with_ext, rtol=0, atol=1e-5 * with_ext.abs().max().item())
+    torch.testing.assert_close(without, with_ext, rtol=0, atol=1e-4 * with_ext.abs().max().item())

@@ -2,22 +2,35 @@
  *
  *     y[m, j] = s[j] · Σ_i x[m, i] q[j, i] + b[j]        m < M, j < d_out, i < d_in
  *
- * x float32 [M, d_in], q int8 [d_out, d_in] (one output channel per contiguous row), s
- * float32 [d_out], b float32 [d_out] or none, y float32 [M, d_out]. Every product and sum is
- * float32, so y is x W̃ + b for W̃[i, j] = q[j, i] s[j] up to the summation order.
+ * x float32 [M, d_in], s float32 [d_out], b float32 [d_out] or none, y float32 [M, d_out];
+ * q int8 in panels of 8 output channels and pairs of inputs, p[⌈d_out/8⌉, ⌈d_in/2⌉, 8, 2]
+ * with p[j/8, i/2, j%8, i%2] = q[j, i] (zeros past d_out and d_in): the 16 weights of a
+ * panel at inputs 2t, 2t+1 are 16 contiguous bytes.
  *
- * At M ≤ 8 the product is bound by reading q: each weight row is read from memory once for
- * all M rows of x (several rows of q at a time, several accumulators each), converted 8 at a
- * time int8 → int32 → float32 and multiplied-added into float32 accumulators. The AVX2+FMA
- * kernel is chosen at run time (__builtin_cpu_supports); a portable loop does the rest.
+ * Each row of x is first rounded to 16-bit integers with one scale per row,
+ * x[m, i] ≈ r[m] x16[m, i], r[m] = max_i |x[m, i]| / 32767, so |x − r x16| ≤ r/2 (plus
+ * float32 rounding: a relative error of 2^-16 of the row's largest entry, far below the
+ * weights' own rounding). The sums
+ * Σ_i x16[m, i] q[j, i] are exact integer sums (32-bit, emptied into float32 every 512
+ * inputs, before they can overflow), then y[m, j] = (sum · r[m]) · s[j] + b[j] in float32.
+ * A row of x with a non-finite entry gives a row of NaN.
  *
- * Threads: the output channels are split over PyTorch's own OpenMP threads (_parallel.h).
+ * At M ≤ 8 the product is bound by reading q (M = 1) or by its multiply-adds (M = 8 does 16
+ * per weight byte): each panel is read once for all M rows; 16 weights are widened
+ * int8 → int16 once and serve M multiply-adds of pairs (AVX2 vpmaddwd: 16 products per
+ * instruction, twice the float32 FMA's 8) into one 8-wide integer accumulator per row of x
+ * (the pair x16[m, 2t], x16[m, 2t+1] broadcast). Fewer rows take several panels at a time.
+ * The AVX2 kernel is chosen at run time (__builtin_cpu_supports); a portable loop computes
+ * the same integer sums otherwise.
+ *
+ * Threads: the panels are split over PyTorch's own OpenMP threads (_parallel.h).
  * The GIL is released during the call.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #include "_parallel.h"
@@ -31,123 +44,206 @@
 
 #define MAX_ROWS 8    /* rows of x per call (decoding batch) */
 #define MAX_THREADS 256
+#define BLOCK 256     /* input pairs per 32-bit sum: 256 · 2 · 32767 · 127 < 2^31 */
 
 typedef struct {
-    const float *x;
-    const int8_t *q;
+    const int32_t *x; /* x16 in pairs, transposed: [n2, M], low half input 2t, high 2t+1 */
+    const float *r;   /* [M]: x ≈ r[m] x16[m] */
+    const int8_t *q;  /* panels [ceil(d_out / 8), n2, 8, 2] */
     const float *s;
     const float *b; /* or NULL */
     float *y;
-    Py_ssize_t M, d_in, d_out;
+    Py_ssize_t M, n2, d_out; /* n2 = ceil(d_in / 2) */
 } Job;
+
+/* y[m, j] for the exact sum acc[m] (j < d_out) */
+static inline float finish(const Job *J, Py_ssize_t m, Py_ssize_t j, float acc) {
+    return acc * J->r[m] * J->s[j] + (J->b ? J->b[j] : 0.0f);
+}
 
 typedef void (*Kernel)(const Job *, Py_ssize_t j0, Py_ssize_t j1);
 
+/* ---- x to 16-bit integers ---------------------------------------------------------- */
+
+/* Row m of x (d_in entries) → xp[t * M + m] (x16 in pairs, see Job) and r[m], x ≈ r x16:
+ * x16 = round(x / r), r = max |x| / 32767 (0 for a row of zeros, NaN for a row with a
+ * non-finite entry, whose x16 are then 0). In double, so that no tiny row overflows 1 / r. */
+static void quantize_row(const float *row, Py_ssize_t d_in, Py_ssize_t M, Py_ssize_t m,
+                         int32_t *xp, float *r) {
+    double amax = 0.0;
+    int finite = 1;
+    for (Py_ssize_t i = 0; i < d_in; i++) {
+        double a = fabs((double)row[i]);
+        finite &= isfinite(a);
+        amax = a > amax ? a : amax;
+    }
+    double inv = finite && amax > 0.0 ? 32767.0 / amax : 0.0;
+    r[m] = !finite ? NAN : (float)(amax / 32767.0);
+    for (Py_ssize_t t = 0; t < (d_in + 1) / 2; t++) {
+        long lo = finite ? lrint(row[2 * t] * inv) : 0;
+        long hi = finite && 2 * t + 1 < d_in ? lrint(row[2 * t + 1] * inv) : 0;
+        xp[t * M + m] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
+    }
+}
+
 /* ---- portable kernel ---------------------------------------------------------------- */
 
-static void rows_scalar(const Job *J, Py_ssize_t j0, Py_ssize_t j1) {
-    for (Py_ssize_t j = j0; j < j1; j++) {
-        const int8_t *qj = J->q + j * J->d_in;
-        for (Py_ssize_t m = 0; m < J->M; m++) {
-            const float *xm = J->x + m * J->d_in;
+static void rows_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) { /* panels p0 .. p1-1 */
+    const Py_ssize_t n2 = J->n2, M = J->M;
+    for (Py_ssize_t j = p0 * 8; j < p1 * 8 && j < J->d_out; j++) {
+        const int8_t *w = J->q + (j / 8) * n2 * 16 + 2 * (j % 8);
+        for (Py_ssize_t m = 0; m < M; m++) {
             float acc = 0.0f;
-            for (Py_ssize_t i = 0; i < J->d_in; i++) acc += xm[i] * (float)qj[i];
-            J->y[m * J->d_out + j] = acc * J->s[j] + (J->b ? J->b[j] : 0.0f);
+            for (Py_ssize_t t0 = 0; t0 < n2; t0 += BLOCK) {
+                int32_t sum = 0;
+                for (Py_ssize_t t = t0; t < t0 + BLOCK && t < n2; t++) {
+                    uint32_t pair = (uint32_t)J->x[t * M + m];
+                    sum += (int16_t)(pair & 0xffff) * w[16 * t];
+                    sum += (int16_t)(pair >> 16) * w[16 * t + 1];
+                }
+                acc += (float)sum;
+            }
+            J->y[m * J->d_out + j] = finish(J, m, j, acc);
         }
     }
 }
 
-/* ---- AVX2 + FMA kernel ---------------------------------------------------------------- */
+/* ---- AVX2 kernel ---------------------------------------------------------------------- */
 #if HAVE_X86
-#define TARGET __attribute__((target("avx2,fma")))
+#define TARGET __attribute__((target("avx2")))
 
-TARGET static inline float hsum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_movehdup_ps(a));
-    return _mm_cvtss_f32(a);
-}
-
-TARGET static inline __m256 load8(const int8_t *p) { /* 8 int8 → 8 float32 */
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
-/* R rows of q (j .. j+R-1) against M rows of x (m0 .. m0+M-1): R·M float32 accumulators.
- * Called with constant R and M, so the loops over them unroll and the accumulators stay in
- * registers. */
-TARGET static inline __attribute__((always_inline)) void block(
-    const Job *J, Py_ssize_t j, Py_ssize_t m0, const int R, const int M) {
-    const Py_ssize_t n = J->d_in, n8 = n & ~(Py_ssize_t)7;
-    const float *x = J->x + m0 * n;
-    const int8_t *q = J->q + j * n;
-    __m256 acc[4][4];
-    for (int r = 0; r < R; r++)
-        for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_ps();
-#define STEP8(i)                                                                         \
-    do {                                                                                 \
-        __m256 w[4];                                                                     \
-        for (int r = 0; r < R; r++) w[r] = load8(q + r * n + (i));                       \
-        for (int m = 0; m < M; m++) {                                                    \
-            __m256 xv = _mm256_loadu_ps(x + m * n + (i));                                \
-            for (int r = 0; r < R; r++) acc[r][m] = _mm256_fmadd_ps(w[r], xv, acc[r][m]); \
-        }                                                                                \
-    } while (0)
-    /* 64 bytes of each row per turn, prefetching the same bytes two groups of R rows on: the
-     * hardware prefetcher alone streams int8 rows at a fraction of the bandwidth */
-    const Py_ssize_t n64 = n & ~(Py_ssize_t)63;
-    Py_ssize_t i = 0;
-    for (; i < n64; i += 64) {
-        for (int r = 0; r < R; r++) _mm_prefetch((const char *)(q + (2 * R + r) * n + i), _MM_HINT_T0);
-        for (int u = 0; u < 64; u += 8) STEP8(i + u);
-    }
-    for (; i < n8; i += 8) STEP8(i);
-#undef STEP8
-    for (int r = 0; r < R; r++) {
-        const float sj = J->s[j + r], bj = J->b ? J->b[j + r] : 0.0f;
-        for (int m = 0; m < M; m++) {
-            float t = hsum(acc[r][m]);
-            for (Py_ssize_t i = n8; i < n; i++) t += x[m * n + i] * (float)q[r * n + i];
-            J->y[(m0 + m) * J->d_out + j + r] = t * sj + bj;
-        }
-    }
-}
-
-/* rows j0 .. j1-1 for rows of x m0 .. m0+M-1, M ≤ 4: 4 (or 2) weight rows at a time */
-#define ROWS(M_, R_)                                                              \
-    TARGET static void rows_##M_(const Job *J, Py_ssize_t j0, Py_ssize_t j1, Py_ssize_t m0) { \
-        Py_ssize_t j = j0;                                                        \
-        for (; j + R_ <= j1; j += R_) block(J, j, m0, R_, M_);                    \
-        for (; j < j1; j++) block(J, j, m0, 1, M_);                               \
-    }
-ROWS(1, 4)
-ROWS(2, 4)
-ROWS(3, 2)
-ROWS(4, 2)
-
-/* M ≤ 4: one pass. M 5..8: two passes of ≤ 4 rows over a chunk of weight rows small enough
- * to stay in cache, so the weights are read from memory once. */
-TARGET static void rows_avx2(const Job *J, Py_ssize_t j0, Py_ssize_t j1) {
-    static void (*const by_m[5])(const Job *, Py_ssize_t, Py_ssize_t, Py_ssize_t) = {
-        NULL, rows_1, rows_2, rows_3, rows_4};
-    if (J->M <= 4) {
-        by_m[J->M](J, j0, j1, 0);
+/* y[m, 8p .. 8p+7] from the panel's float32 sums, the last panel cut at d_out */
+TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const float *acc) {
+    const Py_ssize_t j = 8 * p;
+    float *y = J->y + m * J->d_out + j;
+    if (j + 8 <= J->d_out) {
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(acc), _mm256_set1_ps(J->r[m])),
+                                 _mm256_loadu_ps(J->s + j));
+        _mm256_storeu_ps(y, J->b ? _mm256_add_ps(v, _mm256_loadu_ps(J->b + j)) : v);
         return;
     }
-    Py_ssize_t chunk = (16384 / (J->d_in ? J->d_in : 1)) & ~(Py_ssize_t)3;
-    if (chunk < 4) chunk = 4;
-    const Py_ssize_t first = (J->M + 1) / 2;
-    for (Py_ssize_t a = j0; a < j1; a += chunk) {
-        Py_ssize_t b = a + chunk < j1 ? a + chunk : j1;
-        by_m[first](J, a, b, 0);
-        by_m[J->M - first](J, a, b, first);
+    for (Py_ssize_t c = 0; j + c < J->d_out; c++) y[c] = finish(J, m, j + c, acc[c]);
+}
+
+/* P panels (p .. p+P-1) against all M rows of x: P·M 8-wide 32-bit accumulators in
+ * registers (the loops over P and M have constant bounds and unroll), emptied every BLOCK
+ * pairs into float32 sums in memory. */
+#define PANELS(M, P)                                                                          \
+    TARGET static void panels_##M##_##P(const Job *J, Py_ssize_t p) {                         \
+        const Py_ssize_t n2 = J->n2;                                                          \
+        const int32_t *x = J->x;                                                              \
+        const int8_t *q = J->q + p * n2 * 16;                                                 \
+        float sums[P][M][8] = {{{0}}};                                                        \
+        for (Py_ssize_t t0 = 0; t0 < n2; t0 += BLOCK) {                                       \
+            const Py_ssize_t t1 = t0 + BLOCK < n2 ? t0 + BLOCK : n2;                          \
+            __m256i acc[P][M];                                                                \
+            _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
+            _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                               \
+                acc[r][m] = _mm256_setzero_si256();                                           \
+            Py_ssize_t t = t0;                                                                \
+            for (; t + 4 <= t1; t += 4) { /* a cache line of each panel per turn */          \
+                _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                           \
+                    _mm_prefetch((const char *)(q + r * n2 * 16 + 16 * t + 1024), _MM_HINT_T0); \
+                _Pragma("GCC unroll 4") for (Py_ssize_t u = t; u < t + 4; u++) STEP(M, P, u); \
+            }                                                                                 \
+            for (; t < t1; t++) STEP(M, P, t);                                                \
+            _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
+            _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                               \
+                _mm256_storeu_ps(sums[r][m], _mm256_add_ps(_mm256_loadu_ps(sums[r][m]),       \
+                                                           _mm256_cvtepi32_ps(acc[r][m])));   \
+        }                                                                                     \
+        for (int r = 0; r < P; r++)                                                           \
+            for (int m = 0; m < M; m++) store(J, p + r, m, sums[r][m]);                       \
     }
+#define STEP(M, P, u)                                                                         \
+    do {                                                                                      \
+        __m256i w[P];                                                                         \
+        _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) w[r] = _mm256_cvtepi8_epi16(      \
+            _mm_loadu_si128((const __m128i *)(q + r * n2 * 16 + 16 * (u))));                  \
+        _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) {                                 \
+            __m256i xv = _mm256_set1_epi32(x[(u) * M + m]);                                   \
+            _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) {                             \
+                acc[r][m] = _mm256_add_epi32(acc[r][m], _mm256_madd_epi16(w[r], xv));         \
+                __asm__("" : "+x"(acc[r][m])); /* in this order: no reassociated sums */      \
+            }                                                                                 \
+        }                                                                                     \
+    } while (0)
+
+PANELS(1, 4)
+PANELS(1, 1)
+PANELS(2, 4)
+PANELS(2, 1)
+PANELS(3, 2)
+PANELS(3, 1)
+PANELS(4, 2)
+PANELS(4, 1)
+PANELS(5, 2)
+PANELS(5, 1)
+PANELS(6, 2)
+PANELS(6, 1)
+PANELS(7, 1)
+PANELS(8, 1)
+
+/* quantize_row with 8 entries at a time (float32 1 / r: the same x16 up to a tie in the
+ * rounding); rows whose largest |x| is tiny (1 / r near float32's range) or not finite, and
+ * the last d_in mod 8 entries, go through quantize_row's arithmetic. */
+TARGET static void quantize_row_avx2(const float *row, Py_ssize_t d_in, Py_ssize_t M,
+                                     Py_ssize_t m, int32_t *xp, float *r) {
+    const Py_ssize_t n8 = d_in & ~(Py_ssize_t)7;
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(3.0e38f);
+    __m256 amax = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (Py_ssize_t i = 0; i < n8; i += 8) {
+        __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(row + i));
+        ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, big, _CMP_LE_OQ)); /* false for inf, NaN */
+        amax = _mm256_max_ps(amax, a);
+    }
+    float lanes[8], top = 0.0f;
+    _mm256_storeu_ps(lanes, amax);
+    for (int c = 0; c < 8; c++) top = lanes[c] > top ? lanes[c] : top;
+    for (Py_ssize_t i = n8; i < d_in; i++) top = fabsf(row[i]) > top ? fabsf(row[i]) : top;
+    if (_mm256_movemask_ps(ok) != 0xff || !(top >= 1e-30f && top <= 3.0e38f)) {
+        quantize_row(row, d_in, M, m, xp, r); /* tiny, zero or non-finite */
+        return;
+    }
+    const float inv = (float)(32767.0 / top);
+    r[m] = (float)(top / 32767.0);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (Py_ssize_t i = 0; i < n8; i += 8) {
+        __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + i), vinv));
+        __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        int32_t pairs[4];
+        _mm_storeu_si128((__m128i *)pairs, h); /* x16 of inputs i .. i+7, two per word */
+        for (int k = 0; k < 4; k++) xp[(i / 2 + k) * M + m] = pairs[k];
+    }
+    for (Py_ssize_t t = n8 / 2; t < (d_in + 1) / 2; t++) {
+        long lo = lrintf(row[2 * t] * inv);
+        long hi = 2 * t + 1 < d_in ? lrintf(row[2 * t + 1] * inv) : 0;
+        xp[t * M + m] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
+    }
+}
+
+typedef void (*PanelFn)(const Job *, Py_ssize_t);
+
+/* panels p0 .. p1-1: `wide` panels at a time (4, 2 or 1 by M), then one at a time */
+TARGET static void rows_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
+    static const PanelFn wide[MAX_ROWS + 1] = {NULL, panels_1_4, panels_2_4, panels_3_2,
+                                               panels_4_2, panels_5_2, panels_6_2, panels_7_1,
+                                               panels_8_1};
+    static const PanelFn one[MAX_ROWS + 1] = {NULL, panels_1_1, panels_2_1, panels_3_1,
+                                              panels_4_1, panels_5_1, panels_6_1, panels_7_1,
+                                              panels_8_1};
+    static const int width[MAX_ROWS + 1] = {0, 4, 4, 2, 2, 2, 2, 1, 1};
+    const int P = width[J->M];
+    Py_ssize_t p = p0;
+    for (; p + P <= p1; p += P) wide[J->M](J, p);
+    for (; p < p1; p++) one[J->M](J, p);
 }
 #endif
 
 static Kernel pick_kernel(const char **name) {
 #if HAVE_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (__builtin_cpu_supports("avx2")) {
         *name = "avx2";
         return rows_avx2;
     }
@@ -161,16 +257,16 @@ static const char *KERNEL_NAME;
 
 /* ---- the threads ------------------------------------------------------------------ */
 
-static void part(const void *job, int k, int parts) { /* rows of part k, in multiples of 4 */
+static void part(const void *job, int k, int parts) { /* panels of part k, in fours */
     const Job *J = job;
-    int j0, j1;
-    share((int)J->d_out, 4, k, parts, &j0, &j1);
-    if (j0 < j1) KERNEL(J, j0, j1);
+    int p0, p1;
+    share((int)((J->d_out + 7) / 8), 4, k, parts, &p0, &p1);
+    if (p0 < p1) KERNEL(J, p0, p1);
 }
 
 static void run(const Job *J, int threads) {
     /* a part per thread, but none smaller than 64 KiB of weights (not worth a wake-up) */
-    Py_ssize_t max_parts = J->d_out * J->d_in / 65536;
+    Py_ssize_t max_parts = J->d_out * J->n2 / 32768;
     if (threads > max_parts) threads = max_parts > 1 ? (int)max_parts : 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     run_parts(part, J, threads);
@@ -188,10 +284,25 @@ static PyObject *gemv(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "gemv: need 1 ≤ M ≤ 8, sizes ≥ 0 and non-null buffers");
         return NULL;
     }
-    Job J = {(const float *)(uintptr_t)x, (const int8_t *)(uintptr_t)q, (const float *)(uintptr_t)s,
-             (const float *)(uintptr_t)b, (float *)(uintptr_t)y, M, d_in, d_out};
+    const Py_ssize_t n2 = (d_in + 1) / 2;
+    int32_t *xp = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(n2 > 0 ? M * n2 : 1));
+    float r[MAX_ROWS];
+    if (!xp) return PyErr_NoMemory();
+    for (Py_ssize_t m = 0; m < M; m++) {
+        const float *row = (const float *)(uintptr_t)x + m * d_in;
+#if HAVE_X86
+        if (KERNEL == rows_avx2) {
+            quantize_row_avx2(row, d_in, M, m, xp, r);
+            continue;
+        }
+#endif
+        quantize_row(row, d_in, M, m, xp, r);
+    }
+    Job J = {xp, r, (const int8_t *)(uintptr_t)q, (const float *)(uintptr_t)s,
+             (const float *)(uintptr_t)b, (float *)(uintptr_t)y, M, n2, d_out};
     Py_BEGIN_ALLOW_THREADS run(&J, threads);
-    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+    Py_END_ALLOW_THREADS PyMem_RawFree(xp);
+    Py_RETURN_NONE;
 }
 
 static PyObject *use_portable(PyObject *self, PyObject *flag) { /* tests: the portable loop */
@@ -208,8 +319,8 @@ static PyObject *kernel_name(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"gemv", gemv, METH_VARARGS,
-     "gemv(x, q, s, b, y, M, d_in, d_out, threads): y = (x qᵀ)·s + b; addresses as ints, b 0 "
-     "for none (the GIL is released)"},
+     "gemv(x, p, s, b, y, M, d_in, d_out, threads): y = (x qᵀ)·s + b, q in panels p [d_out/8 "
+     "(rounded up), d_in, 8]; addresses as ints, b 0 for none (the GIL is released)"},
     {"kernel", kernel_name, METH_NOARGS, "the kernel in use: 'avx2' or 'scalar'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loop (tests)"},
     {NULL},

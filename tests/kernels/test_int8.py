@@ -180,6 +180,35 @@ def test_seam_product_few_and_many_rows(transposed: bool, hide: bool, monkeypatc
     assert len(said) == (1 if hide else 0)
 
 
+def test_a_short_prefill_reads_w_tilde_by_the_float32_kernel(monkeypatch) -> None:
+    """Past the int8 kernel's rows, up to the float32 kernel's, W̃ (stored [d_in, d_out]) is
+    streamed by ``_gemv``; the tied (transposed) layout and longer inputs take the seam's
+    unpacked kernels."""
+    from glassgpt.kernels import dense
+
+    if dense._gemv is None:
+        pytest.skip("the _gemv extension is not built")
+    calls: list[int] = []
+    real = dense._gemv
+
+    class Spy:
+        def gemv_rows(self, *args: object) -> None:
+            calls.append(int(args[4]))  # M
+            real.gemv_rows(*args)
+
+    monkeypatch.setattr(dense, "_gemv", Spy())
+    gen = torch.Generator().manual_seed(4)
+    W, b = torch.randn(24, 40, generator=gen), torch.randn(40, generator=gen)
+    assert int8.pack_int8(W)
+    for rows in (int8.MAX_ROWS + 1, dense.SMALL_BATCH, dense.SMALL_BATCH + 1):
+        x = torch.randn(rows, 24, generator=gen)
+        with torch.no_grad():
+            got = matmul(x, W, b)
+        torch.testing.assert_close(got.double(), x.double() @ W.double() + b.double(),
+                                   rtol=1e-5, atol=1e-4)  # fmt: skip
+    assert calls == [int8.MAX_ROWS + 1, dense.SMALL_BATCH]
+
+
 def test_pack_int8_leaves_other_dtypes_alone() -> None:
     W = torch.randn(8, 4, dtype=torch.float64)
     before = W.clone()

@@ -131,15 +131,36 @@ def pack_int8(W: Tensor, *, transposed: bool = False) -> bool:
         view = out_in_view(W, transposed=transposed)
         q, s = quantize(view)
         view.copy_(dequantize(q, s))
-    register(W, product(q, s, transposed=transposed), transposed=transposed)
+    many = float_product(W, transposed=transposed)
+    register(W, product(q, s, transposed=transposed, many=many), transposed=transposed)
     return True
 
 
-def product(q: Tensor, s: Tensor, *, transposed: bool = False) -> Any:
+def float_product(W: Tensor, *, transposed: bool = False) -> Any:
+    """``fn(x, W, b)`` = x W + b from the float32 W itself, for more rows than the int8 kernel
+    takes: glassgpt's small-batch float32 kernel (a short prefill) where W is stored
+    [d_in, d_out], else the seam's unpacked kernels."""
+    from glassgpt.kernels import dense
+
+    def plain(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        return dense.unpacked(x, W, b, transposed=transposed)
+
+    if transposed or not dense.has_small_batch_kernel() or not W.is_contiguous():
+        return plain
+    return dense._streamed(dense.out_in_view(W), False, plain)  # reads W live: no copy
+
+
+def product(q: Tensor, s: Tensor, *, transposed: bool = False, many: Any = None) -> Any:
     """``fn(x, W, b)`` = (x qᵀ)·s + b (q [d_out, d_in], s [d_out]) for W = W̃ = q·s in the
     seam's layout (``transposed`` as in ``glassgpt.kernels.matmul``): the compiled kernel for
-    1..MAX_ROWS float32 rows, else x W̃ + b from W itself by the seam's float32 kernels."""
+    1..MAX_ROWS float32 rows, else x W̃ + b from W itself by ``many`` (default: the seam's
+    unpacked float32 kernels)."""
     from glassgpt.kernels.dense import unpacked
+
+    if many is None:
+
+        def many(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+            return unpacked(x, W, b, transposed=transposed)
 
     ext = compiled()
     d_out, d_in = q.shape
@@ -153,7 +174,7 @@ def product(q: Tensor, s: Tensor, *, transposed: bool = False) -> Any:
         if ext is None or not 1 <= rows <= MAX_ROWS or not x.is_cpu or not _bias_ok(b):
             if ext is None:
                 _warn_missing()
-            return unpacked(x, W, b, transposed=transposed)
+            return many(x, W, b)
         x = x if x.is_contiguous() else x.contiguous()  # float32: the seam's packed products
         y = x.new_empty((*x.shape[:-1], d_out))  # see only x of W's dtype
         ext.gemv(x.data_ptr(), q_ptr, s_ptr, 0 if b is None else b.data_ptr(), y.data_ptr(),

@@ -24,6 +24,10 @@ blocks). W_QKV [d_model, 3·n_heads·d_head] is three matrices, W_Q, W_K and W_V
 [d_model, n_heads·d_head] each; W_O [n_heads, d_head, d_model] is one, [n_heads·d_head,
 d_model]; W_in and W_out are one each. The embeddings (W_E, W_P, the unembedding) and all
 vectors (norm gains, biases) stay with AdamW, as in :mod:`glassgpt.train.optim`.
+
+On a GPU the device-side skip of a non-finite step (``found_inf``, see the trainer) covers
+the AdamW groups only: a NaN reaches the Muon matrices, and the run stops when the host reads
+the loss one step later, before any checkpoint is written, as it does for AdamW.
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ preset's other settings) this measures the wall time of one optimizer step
 median is kept), turns it into the tokens D that ``--seconds`` of training see, and asks a
 fitted law L(N, D) = E + A/N^α + B/D^β (``glassgpt scaling fit``) for the loss:
 
-    D(shape) = seconds · batch · n_ctx / step time,   L̂(shape) = L(N(shape), D(shape))
+    D(shape) = (seconds − compile) · batch · n_ctx / step time,   L̂(shape) = L(N(shape), D(shape))
+
+Steps run as the preset says (``train.compile``, ``train.optimizer``; ``--set`` changes any
+key): when they are compiled, the first step's compilation is timed on its own and counted
+against the budget, as it is in a training run.
 
 so the fastest recipe is picked by prediction, before it is trained. The load average is
 printed before and after: the step times are this machine's, at that load.
@@ -49,12 +53,15 @@ def shape_overrides(shape: str, n_ctx: int, batch: int) -> list[str]:
 
 
 def step_fn(overrides: list[str]):
+    """(config, one training step, seconds of the first step: compilation where compiled)."""
     cfg = load_run_config(preset=PRESET, overrides=[*overrides, "train.progress=false"])
     torch.manual_seed(0)
     x = torch.randint(0, N_VOCAB, (cfg.train.batch_size, cfg.seq_len))
     y = torch.randint(0, N_VOCAB, (cfg.train.batch_size, cfg.seq_len))
     trainer = Trainer(GPT(cfg.model), cfg.train, Repeat(x, y), log=lambda m: None)
-    return cfg, trainer.train_step
+    t0 = time.perf_counter()
+    trainer.train_step()
+    return cfg, trainer.train_step, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -68,6 +75,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="steps per timed repeat")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="more overrides of the preset, e.g. train.compile=false")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()
@@ -75,8 +84,9 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores, "
           f"{torch.get_num_threads()} threads; law: E={law.E:.3f} A={law.A:.4g} B={law.B:.4g} "
           f"α={law.alpha:.3f} β={law.beta:.3f} (N = {n_kind})")  # fmt: skip
-    runs = {s: step_fn(shape_overrides(s, args.n_ctx, args.batch)) for s in args.shapes}
-    for _, step in runs.values():  # warm up (allocator, first touch)
+    runs = {s: step_fn([*shape_overrides(s, args.n_ctx, args.batch), *args.set])
+            for s in args.shapes}  # fmt: skip
+    for _, step, _ in runs.values():  # warm up (allocator, first touch)
         for _ in range(3):
             step()
     times: dict[str, list[float]] = {s: [] for s in runs}
@@ -87,18 +97,19 @@ def main() -> None:
             for _ in range(args.steps):
                 step()
             times[s].append((time.perf_counter() - t0) / args.steps)
-    print(f"\n| shape | N ({n_kind}) | ms/step | tok/s | steps in {args.seconds:g} s | "
-          f"D in {args.seconds:g} s | predicted val loss (90% interval) |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print(f"\n| shape | N ({n_kind}) | ms/step | first step (s) | tok/s | steps in "
+          f"{args.seconds:g} s | D in {args.seconds:g} s | predicted val loss (90% interval) |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     best = None
-    for s, (cfg, _) in runs.items():
+    for s, (cfg, _, first) in runs.items():
         t = statistics.median(times[s])
         tokens_per_step = cfg.train.batch_size * cfg.seq_len
-        steps = args.seconds / t
+        compile_s = first - t if cfg.train.compile else 0.0  # counted against the budget
+        steps = max(args.seconds - compile_s, 0.0) / t
         n = count_parameters(cfg.model, non_embedding=n_kind == "non_embedding")
         mid, lo, hi = predict_loss(law, n, steps * tokens_per_step)
         ci = f" ({float(lo):.3f}–{float(hi):.3f})" if lo is not None else ""
-        print(f"| {s} | {n:,} | {t * 1e3:.1f} | {tokens_per_step / t:,.0f} | {steps:,.0f} | "
+        print(f"| {s} | {n:,} | {t * 1e3:.1f} | {first:.1f} | {tokens_per_step / t:,.0f} | {steps:,.0f} | "
               f"{steps * tokens_per_step / 1e6:.2f} M | {float(mid):.3f}{ci} |", flush=True)  # fmt: skip
         if best is None or mid < best[1]:
             best = (s, float(mid))

@@ -33,6 +33,7 @@ from glassgpt.model.config import GPTConfig
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 Schedule = Literal["cosine", "linear", "constant"]
+Optimizer = Literal["adamw", "muon"]
 
 # Keys that may differ between a checkpoint's config and the config of its resumption: they
 # change how long or how visibly the run goes on, never what a step computes.
@@ -75,6 +76,9 @@ class TrainConfig:
     warmup_steps: int = 100
     decay_steps: int | None = None  # default: max_steps
     schedule: Schedule = "cosine"
+    optimizer: Optimizer = "adamw"  # muon: Muon for the blocks' matrices (glassgpt.train.muon)
+    muon_lr: float | None = None  # Muon's peak learning rate (default: lr), same schedule
+    muon_momentum: float = 0.95
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -108,6 +112,14 @@ class TrainConfig:
         for name in ("lr", "eps"):
             value = getattr(self, name)
             check(value > 0 and math.isfinite(value), f"train.{name}", f"must be > 0, got {value}")
+        if self.muon_lr is not None:
+            ok = self.muon_lr > 0 and math.isfinite(self.muon_lr)
+            check(ok, "train.muon_lr", f"must be > 0, got {self.muon_lr}")
+        check(
+            0 <= self.muon_momentum < 1,
+            "train.muon_momentum",
+            f"must be in [0, 1), got {self.muon_momentum}",
+        )
         check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, lr], got {self.min_lr}")
         check(self.weight_decay >= 0, "train.weight_decay", f"must be ≥ 0, got {self.weight_decay}")
         check(self.grad_clip >= 0, "train.grad_clip", f"must be ≥ 0, got {self.grad_clip}")

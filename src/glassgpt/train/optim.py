@@ -22,6 +22,7 @@ from torch import nn
 
 from glassgpt.errors import GlassError
 from glassgpt.train.config import TrainConfig
+from glassgpt.train.muon import MuonAdamW, is_hidden_matrix
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -83,7 +84,10 @@ def fused_available(device: torch.device) -> bool:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups` with ``cfg``'s betas, eps and weight decay.
+    """AdamW over :func:`param_groups` with ``cfg``'s betas, eps and weight decay; with
+    ``cfg.optimizer == "muon"``, the blocks' matrices move to a third group that takes the
+    Muon update (:class:`glassgpt.train.muon.MuonAdamW`), its learning rate ``lr_scale`` =
+    muon_lr / lr times the schedule's.
 
     >>> m = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
     >>> opt = build_optimizer(m, TrainConfig(weight_decay=0.1))
@@ -93,14 +97,28 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     groups = param_groups(model, cfg.weight_decay)
     device = next(model.parameters()).device
     kind = {"fused": True} if fused_available(device) else {"foreach": True}
-    return torch.optim.AdamW(
-        groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kind
-    )
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=betas, eps=cfg.eps, **kind)
+    params = dict(model.named_parameters())
+    hidden = [n for n in groups[0]["names"] if is_hidden_matrix(n, params[n])]
+    groups[0] = {
+        **groups[0],
+        "params": [params[n] for n in groups[0]["names"] if n not in hidden],
+        "names": [n for n in groups[0]["names"] if n not in hidden],
+    }
+    scale = (cfg.muon_lr if cfg.muon_lr is not None else cfg.lr) / cfg.lr
+    muon = {"params": [params[n] for n in hidden], "names": hidden, "muon": True}
+    muon |= {"weight_decay": cfg.weight_decay, "momentum": cfg.muon_momentum, "lr_scale": scale}
+    opt = MuonAdamW([*groups, muon], lr=lr_at(0, cfg), betas=betas, eps=cfg.eps, **kind)
+    set_lr(opt, lr_at(0, cfg))
+    return opt
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Each group's learning rate: ``lr`` times the group's ``lr_scale`` (default 1)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:

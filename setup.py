@@ -5,8 +5,9 @@
 - ``glassgpt.kernels._attend``: attention for a few queries over a KV cache (decoding);
 - ``glassgpt.kernels._int8``: the int8 weight-only product for decoding.
 
-The kernels use AVX2+FMA where the CPU has it (chosen at run time, else a portable loop) and
-run their parts on PyTorch's own OpenMP threads (``kernels/_parallel.h``).
+The kernels use AVX2+FMA where the CPU has it (chosen at run time, ``kernels/_cpu.h`` for the
+float32 ones, else a portable loop) and run their parts on PyTorch's own OpenMP threads
+(``kernels/_parallel.h``).
 
 optional=True: without a C compiler the install still succeeds; the tokenizer falls back to
 tiktoken's core, float32 products and attention to PyTorch's kernels and int8 products to float32 ones
@@ -14,6 +15,20 @@ with the same weights (each says so once).
 """
 
 from setuptools import Extension, setup
+
+KERNELS = "src/glassgpt/kernels"
+
+
+def kernel(name: str) -> Extension:
+    """``glassgpt.kernels.<name>`` from ``kernels/<name>.c`` and the headers they share."""
+    return Extension(
+        f"glassgpt.kernels.{name}",
+        [f"{KERNELS}/{name}.c"],
+        depends=[f"{KERNELS}/_parallel.h", f"{KERNELS}/_cpu.h"],
+        extra_compile_args=["-O3"],
+        optional=True,
+    )
+
 
 setup(
     ext_modules=[
@@ -24,26 +39,6 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,
         ),
-        Extension(
-            "glassgpt.kernels._gemv",
-            ["src/glassgpt/kernels/_gemv.c"],
-            depends=["src/glassgpt/kernels/_parallel.h"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
-        Extension(
-            "glassgpt.kernels._attend",
-            ["src/glassgpt/kernels/_attend.c"],
-            depends=["src/glassgpt/kernels/_parallel.h"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
-        Extension(
-            "glassgpt.kernels._int8",
-            ["src/glassgpt/kernels/_int8.c"],
-            depends=["src/glassgpt/kernels/_parallel.h"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
+        *(kernel(name) for name in ("_gemv", "_attend", "_int8")),
     ]
 )

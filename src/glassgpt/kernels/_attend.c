@@ -25,14 +25,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "_cpu.h"
 #include "_parallel.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define GG_X86 1
-#else
-#define GG_X86 0
-#endif
 
 #define MAX_THREADS 256
 
@@ -60,7 +54,6 @@ static float dot_plain(const float *a, const float *b, long long sb, int D, long
 
 /* ---------------------------------------------------------------- AVX2 + FMA kernels -- */
 #if GG_X86
-#define AVX2 __attribute__((target("avx2,fma")))
 
 /* s[t] = scale · q · k_t for t in [0, n), four keys at a time (independent sums). */
 AVX2 static void scores_avx2(const float *q, const float *k, long long sk, int n, int D,
@@ -170,12 +163,6 @@ AVX2 static void mix_avx2(const float *w, const float *v, long long sv, int n, i
     }
 }
 
-static int cpu_has_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-#else
-static int cpu_has_avx2(void) { return 0; }
 #endif
 
 /* z for one item (b, h, i), its scores in s[0 .. Tk). */

@@ -23,14 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_cpu.h"
 #include "_parallel.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define GG_X86 1
-#else
-#define GG_X86 0
-#endif
 
 #define MAX_ROWS 32
 #define MAX_THREADS 256
@@ -63,7 +57,6 @@ static void rows_plain(const Job *j, float *out, const float *bias, int k0, int 
 
 /* ---------------------------------------------------------------- AVX2 + FMA kernels -- */
 #if GG_X86
-#define AVX2 __attribute__((target("avx2,fma")))
 
 /* rows form, rows k0 ≤ k < k1 of W, eight (or four) at a time: each thread streams one
  * contiguous band of W, and the M output rows stay in L1 or L2. The rows are taken a chunk
@@ -152,12 +145,6 @@ AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, 
     }
 }
 
-static int cpu_has_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-#else
-static int cpu_has_avx2(void) { return 0; }
 #endif
 
 static int use_avx2 = -1;

@@ -132,7 +132,7 @@ def pack_int8(W: Tensor, *, transposed: bool = False) -> bool:
         q, s = quantize(view)
         view.copy_(dequantize(q, s))
     many = float_product(W, transposed=transposed)
-    register(W, product(q, s, transposed=transposed, many=many), transposed=transposed)
+    register(W, product(q, s, many=many), transposed=transposed)
     return True
 
 
@@ -150,18 +150,10 @@ def float_product(W: Tensor, *, transposed: bool = False) -> Any:
     return dense._streamed(dense.out_in_view(W), False, plain)  # reads W live: no copy
 
 
-def product(q: Tensor, s: Tensor, *, transposed: bool = False, many: Any = None) -> Any:
+def product(q: Tensor, s: Tensor, *, many: Any) -> Any:
     """``fn(x, W, b)`` = (x qᵀ)·s + b (q [d_out, d_in], s [d_out]) for W = W̃ = q·s in the
-    seam's layout (``transposed`` as in ``glassgpt.kernels.matmul``): the compiled kernel for
-    1..MAX_ROWS float32 rows, else x W̃ + b from W itself by ``many`` (default: the seam's
-    unpacked float32 kernels)."""
-    from glassgpt.kernels.dense import unpacked
-
-    if many is None:
-
-        def many(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-            return unpacked(x, W, b, transposed=transposed)
-
+    seam's layout: the compiled kernel for 1..MAX_ROWS float32 rows, else x W̃ + b from W
+    itself by ``many`` (:func:`float_product`)."""
     ext = compiled()
     d_out, d_in = q.shape
     if ext is not None:

@@ -49,6 +49,24 @@ def test_rows_kernel_is_x_w_plus_b(
     _close(_rows(x, W, b, threads), x, W, b)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_parts_on_the_caller_give_the_parallel_result(threads: int) -> None:
+    """After slow parallel runs the parts run one after another on the caller
+    (``_parallel.h``'s pacing, forced here by ``solo_for``): the same parts, the same
+    summation order, so bit for bit the parallel result."""
+    gen = torch.Generator().manual_seed(threads)
+    x, W, b = torch.randn(3, 1030, generator=gen), torch.randn(1030, 777, generator=gen), None
+    try:
+        _gemv.solo_for(0)
+        parallel = _rows(x, W, b, threads)
+        _gemv.solo_for(10**10)
+        solo = _rows(x, W, b, threads)
+    finally:
+        _gemv.solo_for(0)
+    assert torch.equal(parallel, solo)
+    _close(solo, x, W, b)
+
+
 @pytest.mark.parametrize("K, N", [(768, 2304), (3072, 768), (1030, 5001)])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("M", [1, 3, 8])

@@ -15,6 +15,8 @@
  * shapes, dtypes and contiguity):
  *   gemv_rows(x, W, b or 0, y, M, K, N, threads)
  *   has_avx2() -> bool
+ *   solo_for(ns): the parts run one after another on the caller for the next ns
+ *   (as after slow parallel runs, see _parallel.h; 0 ends it)
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -210,9 +212,20 @@ static PyObject *call(PyObject *args, PartFn fn) {
 static PyObject *py_rows(PyObject *self, PyObject *args) { return call(args, rows_part); }
 static PyObject *py_has_avx2(PyObject *self, PyObject *args) { return PyBool_FromLong(use_avx2); }
 
+static PyObject *py_solo_for(PyObject *self, PyObject *args) {
+    long long ns;
+    if (!PyArg_ParseTuple(args, "L", &ns))
+        return NULL;
+    pacing.solo_until = clock_ns() + ns;
+    pacing.slow_runs = 0;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"gemv_rows", py_rows, METH_VARARGS, "y[M, N] = x[M, K] W[K, N] (+ b): W row-major [K, N]"},
     {"has_avx2", py_has_avx2, METH_NOARGS, "whether the AVX2 + FMA kernels are in use"},
+    {"solo_for", py_solo_for, METH_VARARGS,
+     "solo_for(ns): run the parts one after another on the caller for the next ns (tests)"},
     {NULL, NULL, 0, NULL},
 };
 

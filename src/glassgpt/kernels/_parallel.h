@@ -5,6 +5,16 @@
  * all export), so that PyTorch's threads and these are the same threads: two pools on the
  * same cores would spin against each other. Without one, the parts run one after another.
  *
+ * A parallel run only pays while the other threads get their cores. When another process
+ * keeps a core busy, a worker waits for a time slice and the caller waits for it at the
+ * join: a product that takes 0.3 ms alone then takes several ms (a GPT-2-small decoding
+ * step on 2 cores went from 21 ms to 400 ms with one core busy). So run_parts times each
+ * parallel run against the caller's own part: when the run took longer than the parts would
+ * have taken one after another (twice in a row), the following runs take the parts one after
+ * another on the caller for a while, then try the threads again, waiting longer after each
+ * failed try (SOLO_MIN_NS doubling up to SOLO_MAX_NS). Every part computes the same thing
+ * either way, so results do not depend on which way they ran.
+ *
  * Include once per extension; needs _GNU_SOURCE before the first system header.
  */
 #ifndef GLASSGPT_PARALLEL_H
@@ -12,7 +22,13 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <stdint.h>
 #include <string.h>
+#include <time.h>
+
+#define SOLO_MIN_NS 20000000LL   /* parts one after another for 20 ms after a slow run, */
+#define SOLO_MAX_NS 1000000000LL /* doubling while the threads stay slow, up to 1 s */
+#define SLACK_NS 50000LL         /* a join up to 50 µs late is not counted as slow */
 
 typedef void (*PartFn)(const void *job, int part, int parts);
 typedef void (*GompParallel)(void (*fn)(void *), void *data, unsigned threads, unsigned flags);
@@ -50,21 +66,60 @@ typedef struct {
     PartFn fn;
     const void *job;
     int parts;
+    int64_t own_ns; /* how long the caller (thread 0) took over its part */
 } Parallel;
 
-static void parallel_body(void *arg) {
-    const Parallel *p = arg;
-    int part = omp_thread_num();
-    if (part < p->parts)
-        p->fn(p->job, part, p->parts);
+static int64_t clock_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* fn(job, part, parts) for every part, in parallel where an OpenMP runtime is loaded. */
+static void parallel_body(void *arg) {
+    Parallel *p = arg;
+    int part = omp_thread_num();
+    if (part == 0) {
+        int64_t t0 = clock_ns();
+        p->fn(p->job, 0, p->parts);
+        p->own_ns = clock_ns() - t0;
+    } else if (part < p->parts) {
+        p->fn(p->job, part, p->parts);
+    }
+}
+
+/* When the threads were last found slow: parts run on the caller until solo_until. Races
+ * between callers only blur the timing; every part is computed either way. */
+static struct {
+    int64_t solo_until, solo_span;
+    int slow_runs;
+} pacing = {0, SOLO_MIN_NS, 0};
+
+/* Whether a parallel run that took `total` ns, the caller's own part `own` ns, lost to
+ * running its `parts` parts one after another; updates the pacing. */
+static void pace(int64_t end, int64_t total, int64_t own, int parts) {
+    if (total <= own * parts + SLACK_NS) {
+        pacing.slow_runs = 0;
+        pacing.solo_span = SOLO_MIN_NS;
+        return;
+    }
+    if (++pacing.slow_runs < 2)
+        return;
+    pacing.solo_until = end + pacing.solo_span;
+    pacing.solo_span = pacing.solo_span * 2 < SOLO_MAX_NS ? pacing.solo_span * 2 : SOLO_MAX_NS;
+}
+
+/* fn(job, part, parts) for every part: in parallel where an OpenMP runtime is loaded and
+ * its threads have been getting their cores, else one after another on the caller. */
 static void run_parts(PartFn fn, const void *job, int parts) {
     if (parts > 1 && openmp_ready()) {
-        Parallel p = {fn, job, parts};
-        gomp_parallel(parallel_body, &p, (unsigned)parts, 0);
-        return;
+        int64_t start = clock_ns();
+        if (start >= pacing.solo_until) {
+            Parallel p = {fn, job, parts, 0};
+            gomp_parallel(parallel_body, &p, (unsigned)parts, 0);
+            int64_t end = clock_ns();
+            pace(end, end - start, p.own_ns, parts);
+            return;
+        }
     }
     for (int part = 0; part < parts; part++)
         fn(job, part, parts);

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from glassgpt.kernels.onednn import OneDNNLinear, use_onednn
+from glassgpt.kernels.pages import huge_page_copy
 
 try:
     from glassgpt.kernels import _gemv
@@ -116,10 +117,10 @@ def _onednn_packed(W_out_in: Tensor) -> Product | None:
 def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
     """``fn(x, W, b) = x W + b`` by ``_gemv`` for up to ``SMALL_BATCH`` rows of x, streaming
     W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
-    a copy (the tied unembedding W_Eᵀ); ``fallback`` for larger x."""
+    a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
-    W_io = None if out_in.T.is_contiguous() else out_in.T.contiguous()  # [d_in, d_out]
+    W_io = None if out_in.T.is_contiguous() else huge_page_copy(out_in.T)  # [d_in, d_out]
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in
@@ -156,9 +157,10 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     - float32: W read as a row-major [d_in, d_out] matrix, the layout in which x W streams
       fastest: W itself, or a contiguous copy where W is stored the other way round (the
       tied W_E); glassgpt's own kernel (``_gemv``) streams it for up to ``SMALL_BATCH`` rows
-      of x, ``F.linear`` for more.
+      of x, ``F.linear`` for more. What it streams lives on 2 MiB pages
+      (``glassgpt.kernels.pages``): the copy, or W itself, moved there with its values.
 
-    The weight itself is untouched (hooks, training and the embedding still read it).
+    The weight's values are untouched (hooks, training and the embedding still read them).
     """
     if W.device.type != "cpu" or W.dtype not in (torch.float32, torch.bfloat16):
         return False
@@ -166,6 +168,9 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
         out_in = out_in_view(W, transposed=transposed)  # [d_out, d_in]
         float32 = W.dtype == torch.float32
         if float32 and _gemv is not None and W.is_contiguous():
+            if out_in.T.is_contiguous() and not W.is_inference():  # streamed live: move it
+                W.data = huge_page_copy(W.data)
+                out_in = out_in_view(W, transposed=transposed)
             fn: Product | None = _streamed(out_in, transposed, _row_major(out_in, transposed))
         elif float32:
             fn = _row_major(out_in, transposed)

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.kernels.pages import huge_page_copy
+
 MAX_ROWS = 8  # rows of x (batch × tokens) that the compiled kernel takes
 
 
@@ -158,7 +160,7 @@ def product(q: Tensor, s: Tensor, *, many: Any) -> Any:
     d_out, d_in = q.shape
     if ext is not None:
         gemv(torch.zeros(1, d_in), q, s, None, 1)  # checks their dtypes, layout and shapes
-    p = panels(q)  # the only copy of the weights kept (q itself is dropped)
+    p = huge_page_copy(panels(q))  # the only copy kept (q is dropped), on 2 MiB pages
     q_ptr, s_ptr = p.data_ptr(), s.data_ptr()  # kept alive by fn
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:

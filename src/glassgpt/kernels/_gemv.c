@@ -217,7 +217,7 @@ static PyObject *py_solo_for(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "L", &ns))
         return NULL;
     pacing.solo_until = clock_ns() + ns;
-    pacing.slow_runs = 0;
+    pacing.gain = 0;
     Py_RETURN_NONE;
 }
 

@@ -9,11 +9,12 @@
  * keeps a core busy, a worker waits for a time slice and the caller waits for it at the
  * join: a product that takes 0.3 ms alone then takes several ms (a GPT-2-small decoding
  * step on 2 cores went from 21 ms to 400 ms with one core busy). So run_parts times each
- * parallel run against the caller's own part: when the run took longer than the parts would
- * have taken one after another (twice in a row), the following runs take the parts one after
- * another on the caller for a while, then try the threads again, waiting longer after each
- * failed try (SOLO_MIN_NS doubling up to SOLO_MAX_NS). Every part computes the same thing
- * either way, so results do not depend on which way they ran.
+ * parallel run against the caller's own part: when recent runs took longer, on average, than
+ * their parts would have taken one after another, the following runs take the parts one
+ * after another on the caller for a while, then try the threads again, waiting longer after
+ * each failed try (SOLO_MIN_NS doubling up to SOLO_MAX_NS). A late join now and then (a busy
+ * host) does not stop the threads; a core held by another process does. Every part computes
+ * the same thing either way, so results do not depend on which way they ran.
  *
  * Include once per extension; needs _GNU_SOURCE before the first system header.
  */
@@ -28,7 +29,6 @@
 
 #define SOLO_MIN_NS 20000000LL   /* parts one after another for 20 ms after a slow run, */
 #define SOLO_MAX_NS 1000000000LL /* doubling while the threads stay slow, up to 1 s */
-#define SLACK_NS 50000LL         /* a join up to 50 µs late is not counted as slow */
 
 typedef void (*PartFn)(const void *job, int part, int parts);
 typedef void (*GompParallel)(void (*fn)(void *), void *data, unsigned threads, unsigned flags);
@@ -87,25 +87,29 @@ static void parallel_body(void *arg) {
     }
 }
 
-/* When the threads were last found slow: parts run on the caller until solo_until. Races
- * between callers only blur the timing; every part is computed either way. */
+/* Whether parallel runs have been paying: gain = the caller's part times the parts (what
+ * running them one after another would have taken, about) minus what the run took, averaged
+ * over recent runs. While that average is negative the parts run on the caller (until
+ * solo_until). Races between callers only blur the average; every part is computed either way. */
 static struct {
-    int64_t solo_until, solo_span;
-    int slow_runs;
-} pacing = {0, SOLO_MIN_NS, 0};
+    int64_t solo_until, solo_span, gain;
+    int paying_runs;
+} pacing = {0, SOLO_MIN_NS, 0, 0};
 
-/* Whether a parallel run that took `total` ns, the caller's own part `own` ns, lost to
- * running its `parts` parts one after another; updates the pacing. */
 static void pace(int64_t end, int64_t total, int64_t own, int parts) {
-    if (total <= own * parts + SLACK_NS) {
-        pacing.slow_runs = 0;
-        pacing.solo_span = SOLO_MIN_NS;
+    int64_t gain = own * parts - total;
+    if (gain < -own * parts) /* one stall counts as one lost run, however long it was */
+        gain = -own * parts;
+    pacing.gain += (gain - pacing.gain) / 8; /* an average over ~8 runs */
+    if (pacing.gain >= 0) {
+        if (++pacing.paying_runs >= 64) /* the threads have been fine a while: short solos */
+            pacing.solo_span = SOLO_MIN_NS;
         return;
     }
-    if (++pacing.slow_runs < 2)
-        return;
     pacing.solo_until = end + pacing.solo_span;
     pacing.solo_span = pacing.solo_span * 2 < SOLO_MAX_NS ? pacing.solo_span * 2 : SOLO_MAX_NS;
+    pacing.gain = 0; /* the next parallel run starts a fresh average */
+    pacing.paying_runs = 0;
 }
 
 /* fn(job, part, parts) for every part: in parallel where an OpenMP runtime is loaded and

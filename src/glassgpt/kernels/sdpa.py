@@ -51,7 +51,7 @@ def attention(
     causal mask (a padded batch)."""
     inference = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                    or v.requires_grad))  # fmt: skip
-    device = q.device.type
+    device = "cpu" if q.is_cpu else q.device.type  # (is_cpu: the cheaper question)
     path = attention_path(
         device, compute_dtype(q, device), q.shape[-1], k.shape[-2],
         masked=mask is not None, dropout=dropout_p > 0.0, n_queries=q.shape[-2],

@@ -222,7 +222,9 @@ class GPT(nn.Module):
         x = self.hook_embed(self.embed(tokens))  # [B, T, d_model] = X W_E
         if self.pos_embed is not None:  # W_P[offset:offset+T] or PE[…], [T, d_model]
             pos = self.pos_embed(T, offset, dtype=x.dtype, device=x.device)
-            x = x + self.hook_pos_embed(pos.expand(B, T, -1))
+            if self.hook_pos_embed.active:  # its hook sees [B, T, d_model]; the sum broadcasts
+                pos = self.hook_pos_embed(pos.expand(B, T, -1))
+            x = x + pos
         if self.config.dropout and self.training:
             x = F.dropout(x, self.config.dropout, training=True)
         rope = None
@@ -233,7 +235,7 @@ class GPT(nn.Module):
             x = block(x, rope, kv)
         if cache is not None:
             cache.end(T)
-            if cache.last_only:
+            if cache.last_only and T > 1:
                 x = x[:, -1:]  # [B, 1, d_model]: only the next token's logits are needed
         if self.ln_final is not None:
             x = self.hook_final(self.ln_final(x))

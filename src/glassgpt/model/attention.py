@@ -145,7 +145,8 @@ class Attention(nn.Module):
         """
         B, T, _ = x.shape
         H, dh = self.n_heads, self.d_head
-        b_QKV = None if self.b_QKV is None else self.b_QKV.view(-1)  # [3·H·d_head]
+        b_QKV = self.b_QKV  # [3, H, d_head] (a parameter: each read is a Module.__getattr__ call)
+        b_QKV = None if b_QKV is None else b_QKV.flatten()  # [3·H·d_head]
         qkv = linear(x, self.W_QKV, b_QKV)  # [B, T, 3·H·d_head] = x W_QKV + b_QKV
         q_BHTD, k_BHTD, v_BHTD = self._heads(qkv.view(B, T, 3, H, dh), rope)
         mask = None

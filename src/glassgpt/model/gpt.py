@@ -72,9 +72,10 @@ class Block(nn.Module):
 
     def mlp_out(self, u: Tensor) -> Tensor:
         """MLP(u) [B, T, d_model], hooked, then dropped out (train mode); 0 without an MLP."""
-        if self.mlp is None:
+        mlp = self.mlp  # (a submodule: each read is a Module.__getattr__ call)
+        if mlp is None:
             return torch.zeros_like(u)
-        return self._drop(self.hook_mlp_out(self.mlp(u)))
+        return self._drop(self.hook_mlp_out(mlp(u)))
 
     def _drop(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.dropout, training=True) if self.dropout and self.training else x

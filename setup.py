@@ -3,7 +3,8 @@
 - ``glassgpt.tokenizer._fastbpe``: the compiled BPE encoder;
 - ``glassgpt.kernels._gemv``: small-batch float32 products for decoding;
 - ``glassgpt.kernels._attend``: attention for a few queries over a KV cache (decoding);
-- ``glassgpt.kernels._int8``: the int8 weight-only product for decoding.
+- ``glassgpt.kernels._int8``: the int8 weight-only product for decoding;
+- ``glassgpt.kernels._rowwise``: a decoding step's norms and tanh GELU on its few rows.
 
 The kernels use AVX2+FMA where the CPU has it (chosen at run time, ``kernels/_cpu.h`` for the
 float32 ones, else a portable loop) and run their parts on PyTorch's own OpenMP threads
@@ -11,7 +12,7 @@ float32 ones, else a portable loop) and run their parts on PyTorch's own OpenMP 
 
 optional=True: without a C compiler the install still succeeds; the tokenizer falls back to
 tiktoken's core, float32 products and attention to PyTorch's kernels and int8 products to float32 ones
-with the same weights (each says so once).
+with the same weights (each says so once), the norms and GELU to PyTorch's.
 """
 
 from setuptools import Extension, setup
@@ -24,7 +25,7 @@ def kernel(name: str) -> Extension:
     return Extension(
         f"glassgpt.kernels.{name}",
         [f"{KERNELS}/{name}.c"],
-        depends=[f"{KERNELS}/_parallel.h", f"{KERNELS}/_cpu.h"],
+        depends=[f"{KERNELS}/_parallel.h", f"{KERNELS}/_cpu.h", f"{KERNELS}/_vexp.h"],
         extra_compile_args=["-O3"],
         optional=True,
     )
@@ -39,6 +40,6 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,
         ),
-        *(kernel(name) for name in ("_gemv", "_attend", "_int8")),
+        *(kernel(name) for name in ("_gemv", "_attend", "_int8", "_rowwise")),
     ]
 )

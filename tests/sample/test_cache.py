@@ -144,3 +144,25 @@ def test_kv_cache_implements_the_model_protocol() -> None:
     assert isinstance(cache, KVCacheProtocol)
     assert all(isinstance(layer, LayerKV) for layer in cache.layers)
     assert not isinstance(object(), KVCacheProtocol)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"positional": "rope", "norm": "rmsnorm", "mlp": "swiglu"}],
+    ids=["gpt2", "rope-rms-swiglu"],
+)
+def test_decoding_steps_with_reading_hooks_are_bit_identical(kw: dict) -> None:
+    """One token a step (the compiled few-row kernels where built: norms, GELU, KV writes):
+    every activation hooked by a reader leaves the logits bit-identical, and they agree with
+    recomputing the whole sequence."""
+    kw = dict(kw)
+    model = tiny(kw.pop("positional", "learned"), **kw)
+    tokens = torch.randint(0, 37, (1, 9), generator=torch.Generator().manual_seed(3))
+    plain = stepwise(model, tokens, [3] + [1] * 6)
+    seen: list[str] = []
+    readers = dict.fromkeys(model.hook_names(), lambda t, name: seen.append(name))
+    with model.hooks(readers):
+        hooked = stepwise(model, tokens, [3] + [1] * 6)
+    assert torch.equal(hooked, plain) and set(seen) == set(model.hook_names())
+    with torch.no_grad():
+        torch.testing.assert_close(plain, model(tokens), rtol=TOL, atol=TOL)

@@ -5,7 +5,9 @@
     matmul(x, W, b)             x W + b          (packed copy | int8 | oneDNN | F.linear)
     attention(q, k, v, offset)  softmax(q kᵀ/√d_head + M) v   (fused | explicit bf16 |
                                                              few queries | …)
-    gelu_tanh(x)                ½ x (1 + tanh(√(2/π)(x + 0.044715 x³)))   (σ form | F.gelu)
+    gelu_tanh(x)                ½ x (1 + tanh(√(2/π)(x + 0.044715 x³)))   (few rows | σ form |
+                                                                         F.gelu)
+    layer_norm(x, w, b, ε)      (x − μ) · s ⊙ w + b    (few rows | F.layer_norm; rms_norm too)
 
 Each picks its kernel from the device and dtype of its inputs: the rules, with their
 thresholds and measurements, live in :mod:`glassgpt.kernels.policy` (pure Python), which
@@ -14,7 +16,8 @@ takes on the device it is made for. Packed inference weights are registered expl
 with :func:`pack` (``glassgpt.sample.precision.cast`` does it for an inference copy);
 ``glassgpt.kernels.int8.pack_int8`` turns a weight into W̃ = q·s (int8, one scale per output
 channel) and registers its int8 product, a compiled kernel (``kernels/_int8.c``). A decoding
-step's attention (a few queries, float32, no autograd) takes ``kernels/_attend.c``.
+step's attention (a few queries, float32, no autograd) takes ``kernels/_attend.c``; its norms,
+GELUs and KV-cache writes take ``kernels/_rowwise.c`` (``glassgpt.kernels.rowwise``).
 ``glassgpt.kernels.checks`` checks token ids without stalling a GPU (a device-side
 assertion there).
 
@@ -30,6 +33,7 @@ from glassgpt.kernels.policy import EXPLICIT_MAX_KEYS, SMALL_HEAD, attention_pat
 if TYPE_CHECKING:
     from glassgpt.kernels.activations import gelu_tanh
     from glassgpt.kernels.dense import has_small_batch_kernel, is_packed, matmul, pack, unpack
+    from glassgpt.kernels.norms import layer_norm, rms_norm
     from glassgpt.kernels.sdpa import attention
 
 __all__ = [
@@ -40,14 +44,16 @@ __all__ = [
     "gelu_tanh",
     "has_small_batch_kernel",
     "is_packed",
+    "layer_norm",
     "matmul",
     "pack",
+    "rms_norm",
     "unpack",
 ]
 
 _LAZY = {"attention": "sdpa", "matmul": "dense", "pack": "dense", "unpack": "dense",
          "is_packed": "dense", "has_small_batch_kernel": "dense",
-         "gelu_tanh": "activations"}  # fmt: skip
+         "gelu_tanh": "activations", "layer_norm": "norms", "rms_norm": "norms"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -54,6 +54,7 @@ static float dot_plain(const float *a, const float *b, long long sb, int D, long
 
 /* ---------------------------------------------------------------- AVX2 + FMA kernels -- */
 #if GG_X86
+#include "_vexp.h"
 
 /* s[t] = scale · q · k_t for t in [0, n), four keys at a time (independent sums). */
 AVX2 static void scores_avx2(const float *q, const float *k, long long sk, int n, int D,
@@ -85,26 +86,11 @@ AVX2 static void scores_avx2(const float *q, const float *k, long long sk, int n
     }
 }
 
-/* exp(x) for 8 lanes, x ≤ 0 (a score minus the row maximum): 2^i · p(r) with
- * x = i·ln2 + r, |r| ≤ ln2/2, p the degree-6 Taylor polynomial (relative error < 2e-7);
+/* exp(x) for 8 lanes, x ≤ 0 (a score minus the row maximum), by exp8 (_vexp.h);
  * −∞ (a hidden key) gives exactly 0. */
 AVX2 static __m256 exp_avx2(__m256 x) {
     const __m256 hidden = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 i = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(i, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(i, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(i), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(hidden, y);
+    return _mm256_andnot_ps(hidden, exp8(x));
 }
 
 /* s[t] ← exp(s[t] − best) for t in [0, n); returns their sum. */

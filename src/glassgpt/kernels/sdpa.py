@@ -24,9 +24,10 @@ except ImportError:  # not built (no C compiler at install): PyTorch's kernel fo
     _attend = None
 
 
-def compute_dtype(q: Tensor) -> torch.dtype:
-    """The dtype a kernel computes in: q's, or the autocast dtype of q's device when on."""
-    device = q.device.type
+def compute_dtype(q: Tensor, device: str | None = None) -> torch.dtype:
+    """The dtype a kernel computes in: q's, or the autocast dtype of q's device (type
+    ``device`` when given) when on."""
+    device = q.device.type if device is None else device
     if torch.is_autocast_enabled(device) and q.dtype != torch.float64:
         return torch.get_autocast_dtype(device)
     return q.dtype
@@ -50,8 +51,9 @@ def attention(
     causal mask (a padded batch)."""
     inference = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                    or v.requires_grad))  # fmt: skip
+    device = "cpu" if q.is_cpu else q.device.type  # (is_cpu: the cheaper question)
     path = attention_path(
-        q.device.type, compute_dtype(q), q.shape[-1], k.shape[-2],
+        device, compute_dtype(q, device), q.shape[-1], k.shape[-2],
         masked=mask is not None, dropout=dropout_p > 0.0, n_queries=q.shape[-2],
         inference=inference, few_queries_kernel=_attend is not None,
     )  # fmt: skip
@@ -88,7 +90,8 @@ def _few_queries_ok(q: Tensor, k: Tensor, v: Tensor, offset: object, mask: Tenso
     an int offset, and no mask or a boolean one that broadcasts to the scores."""
     if not (q.dtype == k.dtype == v.dtype == torch.float32) or not isinstance(offset, int):
         return False
-    if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or ks != v.shape or qs[0] != ks[0] or qs[1] != ks[1] or qs[3] != ks[3]:
         return False
     return mask is None or (mask.dtype == torch.bool and mask.ndim == 4)
 
@@ -103,10 +106,18 @@ def few_queries(
     assert _attend is not None
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
-    z = torch.empty(B, Tq, H, D, dtype=torch.float32).transpose(1, 2)  # [B, H, Tq, D] view
+    z = torch.empty(B, Tq, H, D, dtype=torch.float32)
     m = mask.expand(B, H, Tq, Tk) if mask is not None else None
-    strides = (*q.stride(), *k.stride(), *v.stride(), *(m.stride() if m is not None else (0,) * 4),
-               *z.stride())  # fmt: skip
+    strides = (
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *(m.stride() if m is not None else (0,) * 4),
+        Tq * H * D,
+        D,
+        H * D,
+        1,
+    )  # fmt: skip  (z's, read as [B, H, Tq, D])
     _attend.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if m is None else m.data_ptr(),
                    z.data_ptr(), B, H, Tq, Tk, D, offset, strides, torch.get_num_threads())  # fmt: skip
-    return z
+    return z.transpose(1, 2)  # [B, H, Tq, D]

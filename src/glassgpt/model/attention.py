@@ -83,6 +83,7 @@ class Attention(nn.Module):
             self.b_O = nn.Parameter(torch.zeros(D))  # [d_model]
         self.dropout = config.dropout
         self.impl = "auto"
+        self._hooks = hooks  # the model's shared dict: empty while nothing is hooked
         point = lambda site: HookPoint(hooks, f"{name}.{site}")  # noqa: E731
         self.hook_q, self.hook_k, self.hook_v = point("q"), point("k"), point("v")
         self.hook_scores, self.hook_pattern = point("attn_scores"), point("pattern")
@@ -144,13 +145,10 @@ class Attention(nn.Module):
         """
         B, T, _ = x.shape
         H, dh = self.n_heads, self.d_head
-        b_QKV = None if self.b_QKV is None else self.b_QKV.flatten()  # [3·H·d_head]
+        b_QKV = self.b_QKV  # [3, H, d_head] (a parameter: each read is a Module.__getattr__ call)
+        b_QKV = None if b_QKV is None else b_QKV.flatten()  # [3·H·d_head]
         qkv = linear(x, self.W_QKV, b_QKV)  # [B, T, 3·H·d_head] = x W_QKV + b_QKV
-        q, k, v = qkv.view(B, T, 3, H, dh).unbind(2)  # each [B, T, H, d_head]
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        q_BHTD, k_BHTD, v_BHTD = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q_BHTD, k_BHTD, v_BHTD = self._heads(qkv.view(B, T, 3, H, dh), rope)
         mask = None
         if kv is not None:
             offset, mask = kv.offset, kv.mask
@@ -163,6 +161,20 @@ class Attention(nn.Module):
         z = self.hook_z(z_BHTD.transpose(1, 2))  # [B, T, H, d_head]
         out = linear(z.reshape(B, T, H * dh), self.W_O, self.b_O)  # [B, T, d_model]
         return self._hooked_result(z, out) if self.hook_result.active else out
+
+    def _heads(
+        self, qkv: Tensor, rope: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        """q, k, v [B, H, T, d_head] (views) from qkv [B, T, 3, H, d_head]: q and k rotated
+        (RoPE), then each handed to its hook as [B, T, H, d_head]."""
+        if rope is None and not self._hooks:  # nothing to see them as [B, T, H, d_head]
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            return q, k, v
+        q, k, v = qkv.unbind(2)  # each [B, T, H, d_head]
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _explicit(
         self, q: Tensor, k: Tensor, v: Tensor, offset: int, p_drop: float, mask: Tensor | None

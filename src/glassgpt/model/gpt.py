@@ -72,9 +72,10 @@ class Block(nn.Module):
 
     def mlp_out(self, u: Tensor) -> Tensor:
         """MLP(u) [B, T, d_model], hooked, then dropped out (train mode); 0 without an MLP."""
-        if self.mlp is None:
+        mlp = self.mlp  # (a submodule: each read is a Module.__getattr__ call)
+        if mlp is None:
             return torch.zeros_like(u)
-        return self._drop(self.hook_mlp_out(self.mlp(u)))
+        return self._drop(self.hook_mlp_out(mlp(u)))
 
     def _drop(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.dropout, training=True) if self.dropout and self.training else x
@@ -222,7 +223,9 @@ class GPT(nn.Module):
         x = self.hook_embed(self.embed(tokens))  # [B, T, d_model] = X W_E
         if self.pos_embed is not None:  # W_P[offset:offset+T] or PE[…], [T, d_model]
             pos = self.pos_embed(T, offset, dtype=x.dtype, device=x.device)
-            x = x + self.hook_pos_embed(pos.expand(B, T, -1))
+            if self.hook_pos_embed.active:  # its hook sees [B, T, d_model]; the sum broadcasts
+                pos = self.hook_pos_embed(pos.expand(B, T, -1))
+            x = x + pos
         if self.config.dropout and self.training:
             x = F.dropout(x, self.config.dropout, training=True)
         rope = None
@@ -233,7 +236,7 @@ class GPT(nn.Module):
             x = block(x, rope, kv)
         if cache is not None:
             cache.end(T)
-            if cache.last_only:
+            if cache.last_only and T > 1:
                 x = x[:, -1:]  # [B, 1, d_model]: only the next token's logits are needed
         if self.ln_final is not None:
             x = self.hook_final(self.ln_final(x))

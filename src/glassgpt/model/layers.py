@@ -11,9 +11,10 @@ Positions:
     RoPE        each pair (x_2i, x_2i+1) of a query/key at position p is rotated by the angle
                 p · base^(−2i/d_head).
 
-Every module computes with fused PyTorch kernels (F.layer_norm, F.rms_norm, F.gelu; the tanh
-GELU by the kernel seam's choice); the
-scale factor s(x) is computed, and handed to a hook, only when someone hooks it.
+The norms and the tanh GELU are computed by the kernel seams' choice (``glassgpt.kernels.norms``,
+``glassgpt.kernels.activations``: fused PyTorch kernels, or glassgpt's own for a decoding
+step's few rows); the scale factor s(x) is computed, and handed to a hook, only when
+someone hooks it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 
 from glassgpt.kernels.activations import gelu_tanh as gelu_tanh_kernel
 from glassgpt.kernels.dense import matmul
+from glassgpt.kernels.norms import layer_norm, rms_norm
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import HookPoint, Hooks
 
@@ -112,9 +114,9 @@ class Norm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # [..., d_model] -> [..., d_model]
         if self.kind == "layernorm":
-            out = F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
+            out = layer_norm(x, self.w, self.b, self.eps)
         else:
-            out = F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
+            out = rms_norm(x, self.w, self.eps)
         return self._hooked(x, out) if self.hook_scale.active else out
 
     def _hooked(self, x: Tensor, out: Tensor) -> Tensor:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
+from glassgpt.kernels.rowwise import write_kv
 from glassgpt.model.config import GPTConfig
 
 if TYPE_CHECKING:
@@ -62,9 +63,8 @@ class _LayerKV:
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the step's k, v [B, H, T, d_head] at n..n+T−1; return all of them [B, H, n+T, d_head]."""
         n, T = self.cache.length, k.shape[2]
-        self.k[:, :, n : n + T] = k
-        self.v[:, :, n : n + T] = v
-        return self.k[:, :, : n + T], self.v[:, :, : n + T]
+        write_kv(self.k, self.v, k, v, n)  # self.k[:, :, n : n + T] = k, the same for v
+        return self.k.narrow(2, 0, n + T), self.v.narrow(2, 0, n + T)
 
 
 class KVCache:

@@ -1,0 +1,100 @@
+"""A decoding step's position-wise maps on its few rows, by ``glassgpt.kernels._rowwise``:
+
+    norm(x, w, b, ε)   (x − μ) · s ⊙ w + b,  s = 1/√(mean((x − μ)²) + ε)   (layer norm)
+                       x · s ⊙ w,            s = 1/√(mean(x²) + ε)         (RMS norm)
+    gelu_tanh(x)       ½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))
+    write_kv(K, V, k, v, n)   K[:, :, n : n + T] = k,  V[:, :, n : n + T] = v   (a KV cache)
+
+On one row of GPT-2 small (768 or 3072 values, about 1 µs of arithmetic) PyTorch's layer
+norm took 4-10 µs a call and its tanh GELU 12-17 (alone, and inside a decoding step, which
+makes 25 norms and 12 GELUs); the compiled kernels, checks included, about 4-5 µs.
+They take float32 inference (no autograd) on a CPU, contiguous, up to ``MAX_ROWS`` rows,
+one thread; :func:`few_rows` says whether they take an input. The seams
+``glassgpt.kernels.norms`` and ``glassgpt.kernels.activations`` ask it and fall back to
+PyTorch otherwise (and whenever the extension is not built); ``write_kv`` falls back to
+``narrow`` + ``copy_``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+try:
+    from glassgpt.kernels import _rowwise
+except ImportError:  # not built (no C compiler at install): PyTorch's kernels everywhere
+    _rowwise = None
+
+MAX_ROWS = 8  # rows of x (positions of a decoding step) up to which the compiled kernels run
+
+
+def few_rows(x: Tensor, w: Tensor | None = None, b: Tensor | None = None) -> bool:
+    """Whether the compiled kernels take x [..., d] and its parameters w, b [d] (None:
+    absent): contiguous float32 CPU tensors, 1 ≤ rows ≤ ``MAX_ROWS``, autograd off, not
+    compiling. (Called for every norm and GELU: the cheapest checks, no loops.)"""
+    if _rowwise is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    if x.dtype is not torch.float32 or not x.is_cpu or not x.is_contiguous() or not x.ndim:
+        return False
+    d = x.shape[-1]
+    if not 0 < x.numel() <= MAX_ROWS * d:
+        return False
+    return _param_ok(w, d) and _param_ok(b, d)
+
+
+def _param_ok(p: Tensor | None, d: int) -> bool:
+    return p is None or (p.dtype is torch.float32 and p.is_cpu and p.is_contiguous()
+                         and p.numel() == d)  # fmt: skip
+
+
+def norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float, *, centred: bool) -> Tensor:
+    """Layer norm (``centred``) or RMS norm of each row of x [..., d] (``few_rows`` holds)."""
+    assert _rowwise is not None
+    y = torch.empty_like(x)
+    d = x.shape[-1]
+    _rowwise.norm(x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
+                  x.numel() // d, d, eps, centred)  # fmt: skip
+    return y
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """½ x (1 + tanh(√(2/π) (x + 0.044715 x³))) elementwise (``few_rows(x)`` holds)."""
+    assert _rowwise is not None
+    y = torch.empty_like(x)
+    _rowwise.gelu_tanh(x.data_ptr(), y.data_ptr(), x.numel())
+    return y
+
+
+def write_kv(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int) -> None:
+    """K[:, :, n : n + T] = k and V[:, :, n : n + T] = v for a KV cache's K, V [B, H, capacity,
+    d_head] and a step's k, v [B, H, T, d_head] (any strides): one compiled call for float32
+    CPU tensors of up to ``MAX_ROWS`` positions without autograd, ``narrow`` + ``copy_``
+    (four PyTorch calls) otherwise."""
+    T = k.shape[2] if k.ndim == 4 else 0
+    if _kv_ok(K, V, k, v, n, T):
+        assert _rowwise is not None
+        B, H, _, D = k.shape
+        strides = (*K.stride(), *V.stride(), *k.stride(), *v.stride())
+        _rowwise.kv_write(K.data_ptr(), V.data_ptr(), k.data_ptr(), v.data_ptr(), B, H, T, D, n,
+                          strides)  # fmt: skip
+        return
+    K.narrow(2, n, T).copy_(k)
+    V.narrow(2, n, T).copy_(v)
+
+
+def _kv_ok(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int, T: int) -> bool:
+    if _rowwise is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    if not 0 < T <= MAX_ROWS or n < 0 or K.ndim != 4 or k.shape != v.shape or K.shape != V.shape:
+        return False
+    Ks, ks = K.shape, k.shape
+    if Ks[0] != ks[0] or Ks[1] != ks[1] or Ks[3] != ks[3] or n + T > Ks[2]:
+        return False
+    f32 = torch.float32
+    return (
+        K.dtype is f32
+        and V.dtype is f32
+        and k.dtype is f32
+        and v.dtype is f32
+        and (K.is_cpu and V.is_cpu and k.is_cpu and v.is_cpu)
+    )

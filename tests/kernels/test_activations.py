@@ -12,8 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glassgpt.kernels import activations
-from glassgpt.kernels.activations import SigmoidGELU, gelu_tanh, use_sigmoid_form
+from glassgpt.kernels import activations, rowwise
+from glassgpt.kernels.activations import (
+    CompiledGELU,
+    SigmoidGELU,
+    gelu_tanh,
+    use_sigmoid_form,
+)
 
 
 def _tanh_gelu_np(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -65,6 +70,7 @@ def test_dispatch_takes_the_sigmoid_form_only_where_it_applies(monkeypatch) -> N
     calls = []
     real = SigmoidGELU.apply
     monkeypatch.setattr(SigmoidGELU, "apply", lambda x: calls.append(x.dtype) or real(x))
+    monkeypatch.setattr(rowwise, "_rowwise", None)  # as without the compiled kernels
     x = _inputs(torch.float32)
     assert x.numel() < activations.MIN_ELEMENTS  # a few rows: PyTorch's kernel, bit for bit
     assert torch.equal(gelu_tanh(x), F.gelu(x, approximate="tanh")) and calls == []
@@ -86,6 +92,58 @@ def test_dispatch_takes_the_sigmoid_form_only_where_it_applies(monkeypatch) -> N
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(*(torch.autograd.grad(t, x, g)[0] for t in (y, y_ref)),
                                rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+needs_kernel = pytest.mark.skipif(rowwise._rowwise is None, reason="_rowwise is not built")
+
+
+@needs_kernel
+def test_dispatch_takes_the_compiled_kernel_for_float32(monkeypatch) -> None:
+    calls = []
+    real = CompiledGELU.apply
+    monkeypatch.setattr(CompiledGELU, "apply", lambda x: calls.append(x.shape) or real(x))
+    gelu_tanh(_inputs(torch.float32).requires_grad_(True))  # small too, with autograd
+    gelu_tanh(torch.randn(64, 512))
+    gelu_tanh(torch.randn(64, 512).T)  # not contiguous: PyTorch's ops
+    gelu_tanh(torch.randn(64, 512, dtype=torch.float64))  # float64: the σ form
+    assert calls == [(6, 7, 33), (64, 512)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 4099, 70001])
+def test_compiled_kernel_matches_the_tanh_formula_values_and_gradients(n, portable) -> None:
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=gen) * 3.0
+    x[:5] = torch.tensor([0.0, -12.0, 12.0, -40.0, 40.0])[: min(n, 5)]
+    g = torch.randn(n, generator=gen)
+    try:
+        rowwise._rowwise.use_portable(portable)
+        xr = x.clone().requires_grad_(True)
+        y = CompiledGELU.apply(xr)
+        (dx,) = torch.autograd.grad(y, xr, g)
+    finally:
+        rowwise._rowwise.use_portable(False)
+    want_y, want_dy = _tanh_gelu_np(x.double().numpy())
+    np.testing.assert_allclose(y.detach().double().numpy(), want_y, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(dx.double().numpy(), want_dy * g.double().numpy(),
+                               rtol=2e-5, atol=2e-5)  # fmt: skip
+
+
+@needs_kernel
+def test_compiled_kernel_gives_one_result_for_any_thread_count() -> None:
+    x = torch.randn(3, 100_003, generator=torch.Generator().manual_seed(7))
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(8))
+    outs = []
+    for threads in (1, 2, 3):
+        y, d = torch.empty_like(x), torch.empty_like(x)
+        rowwise._rowwise.gelu_many(x.data_ptr(), 0, y.data_ptr(), x.numel(), threads)
+        rowwise._rowwise.gelu_many(x.data_ptr(), g.data_ptr(), d.data_ptr(), x.numel(), threads)
+        outs.append((y, d))
+    for y, d in outs[1:]:
+        assert torch.equal(y, outs[0][0]) and torch.equal(d, outs[0][1])
+    with pytest.raises(ValueError, match="shape"):
+        rowwise.gelu_many(x, g[:1])
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="torch.compile on a CPU needs a C compiler")

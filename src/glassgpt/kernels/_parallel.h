@@ -130,7 +130,7 @@ static void run_parts(PartFn fn, const void *job, int parts) {
 }
 
 /* [lo, hi): part p of `parts` of n items, in whole groups of `align`. */
-static void share(int n, int align, int part, int parts, int *lo, int *hi) {
+static inline void share(int n, int align, int part, int parts, int *lo, int *hi) {
     int groups = (n + align - 1) / align;
     int g0 = (int)((long long)groups * part / parts);
     int g1 = (int)((long long)groups * (part + 1) / parts);

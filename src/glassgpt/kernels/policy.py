@@ -24,6 +24,7 @@ On a GPU every shape takes PyTorch's fused kernel in the compute dtype.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Literal
 
 SMALL_HEAD = 64  # below this d_head, CPU bf16 attention avoids PyTorch's bf16 fused kernel ...
@@ -81,3 +82,9 @@ def attention_path(
             return "explicit_bf16"
         return "fused_float32"  # with dropout: the float32 math fallback
     return "math" if dropout else "fused"
+
+
+def compiled_gelu() -> bool:
+    """Whether glassgpt's own GELU kernel (``kernels/_rowwise.c``) is built: a float32 tanh
+    GELU on a CPU then keeps only its input for the backward (``glassgpt.kernels.activations``)."""
+    return importlib.util.find_spec("glassgpt.kernels._rowwise") is not None

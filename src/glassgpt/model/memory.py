@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from glassgpt.errors import ConfigError
-from glassgpt.kernels.policy import attention_path
+from glassgpt.kernels.policy import attention_path, compiled_gelu
 from glassgpt.model.accounting import _int, count_parameters
 from glassgpt.model.config import GPTConfig
 
@@ -63,11 +63,13 @@ _SAVES_INPUT = ("gelu", "gelu_tanh", "silu")  # the others' backward needs only 
 
 def _kept_by(act: str | None, device: str, s: int, autocast: bool) -> int:
     """Tensors of d_mlp per token an activation keeps beyond its output: its input (GELU,
-    SiLU), and for the tanh GELU in float32/float64 on a CPU also its gate σ(·)
-    (``glassgpt.kernels.activations``)."""
+    SiLU), and for the tanh GELU on a CPU in float64 (or float32 without glassgpt's compiled
+    GELU kernel) also its gate σ(·) (``glassgpt.kernels.activations``)."""
     if act not in _SAVES_INPUT:
         return 0
-    return 2 if act == "gelu_tanh" and device == "cpu" and s >= 4 and not autocast else 1
+    if act != "gelu_tanh" or device != "cpu" or autocast or s < 4:
+        return 1
+    return 2 if s == 8 or not compiled_gelu() else 1
 
 
 def activation_bytes(

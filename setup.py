@@ -4,7 +4,8 @@
 - ``glassgpt.kernels._gemv``: small-batch float32 products for decoding;
 - ``glassgpt.kernels._attend``: attention for a few queries over a KV cache (decoding);
 - ``glassgpt.kernels._int8``: the int8 weight-only product for decoding;
-- ``glassgpt.kernels._rowwise``: a decoding step's norms and tanh GELU on its few rows.
+- ``glassgpt.kernels._rowwise``: a decoding step's norms and tanh GELU on its few rows, and
+  a training step's tanh GELU and its gradient over whole activations.
 
 The kernels use AVX2+FMA where the CPU has it (chosen at run time, ``kernels/_cpu.h`` for the
 float32 ones, else a portable loop) and run their parts on PyTorch's own OpenMP threads

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from glassgpt.kernels import activations, rowwise
 from glassgpt.kernels.activations import (
+    CompiledExactGELU,
     CompiledGELU,
     SigmoidGELU,
     gelu_tanh,
@@ -109,10 +110,26 @@ def test_dispatch_takes_the_compiled_kernel_for_float32(monkeypatch) -> None:
     assert calls == [(6, 7, 33), (64, 512)]
 
 
+def _exact_gelu_np(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x Φ(x) and Φ(x) + x φ(x) in float64 (math.erf)."""
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return x * cdf, cdf + x * pdf
+
+
+# (kernel, float64 reference, tolerance on y): the exact one's Φ is within 1.5e-7
+# (Abramowitz and Stegun 7.1.26), times |x| ≤ 40
+KERNELS = [("tanh", _tanh_gelu_np, 2e-6), ("exact", _exact_gelu_np, 1e-6)]
+
+
 @needs_kernel
+@pytest.mark.parametrize(("kind", "reference", "tol"), KERNELS)
 @pytest.mark.parametrize("portable", [False, True])
 @pytest.mark.parametrize("n", [1, 7, 8, 13, 4099, 70001])
-def test_compiled_kernel_matches_the_tanh_formula_values_and_gradients(n, portable) -> None:
+def test_compiled_kernels_match_the_formula_values_and_gradients(
+    n: int, portable: bool, kind: str, reference, tol: float
+) -> None:
+    fn = {"tanh": CompiledGELU, "exact": CompiledExactGELU}[kind].apply
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=gen) * 3.0
     x[:5] = torch.tensor([0.0, -12.0, 12.0, -40.0, 40.0])[: min(n, 5)]
@@ -120,30 +137,49 @@ def test_compiled_kernel_matches_the_tanh_formula_values_and_gradients(n, portab
     try:
         rowwise._rowwise.use_portable(portable)
         xr = x.clone().requires_grad_(True)
-        y = CompiledGELU.apply(xr)
+        y = fn(xr)
         (dx,) = torch.autograd.grad(y, xr, g)
     finally:
         rowwise._rowwise.use_portable(False)
-    want_y, want_dy = _tanh_gelu_np(x.double().numpy())
-    np.testing.assert_allclose(y.detach().double().numpy(), want_y, rtol=2e-6, atol=2e-6)
+    want_y, want_dy = reference(x.double().numpy())
+    np.testing.assert_allclose(y.detach().double().numpy(), want_y, rtol=tol, atol=tol)
     np.testing.assert_allclose(dx.double().numpy(), want_dy * g.double().numpy(),
                                rtol=2e-5, atol=2e-5)  # fmt: skip
 
 
 @needs_kernel
-def test_compiled_kernel_gives_one_result_for_any_thread_count() -> None:
+@pytest.mark.parametrize("exact", [False, True])
+def test_compiled_kernel_gives_one_result_for_any_thread_count(exact: bool) -> None:
     x = torch.randn(3, 100_003, generator=torch.Generator().manual_seed(7))
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(8))
     outs = []
     for threads in (1, 2, 3):
         y, d = torch.empty_like(x), torch.empty_like(x)
-        rowwise._rowwise.gelu_many(x.data_ptr(), 0, y.data_ptr(), x.numel(), threads)
-        rowwise._rowwise.gelu_many(x.data_ptr(), g.data_ptr(), d.data_ptr(), x.numel(), threads)
+        ext = rowwise._rowwise
+        ext.gelu_many(x.data_ptr(), 0, y.data_ptr(), x.numel(), threads, exact)
+        ext.gelu_many(x.data_ptr(), g.data_ptr(), d.data_ptr(), x.numel(), threads, exact)
         outs.append((y, d))
     for y, d in outs[1:]:
         assert torch.equal(y, outs[0][0]) and torch.equal(d, outs[0][1])
     with pytest.raises(ValueError, match="shape"):
-        rowwise.gelu_many(x, g[:1])
+        rowwise.gelu_many(x, g[:1], exact=exact)
+
+
+@needs_kernel
+def test_the_models_exact_gelu_takes_the_kernel_only_for_float32(monkeypatch) -> None:
+    from glassgpt.model.layers import ACTIVATION_FNS
+
+    calls = []
+    real = CompiledExactGELU.apply
+    monkeypatch.setattr(CompiledExactGELU, "apply", lambda x: calls.append(x.dtype) or real(x))
+    gelu = ACTIVATION_FNS["gelu"]
+    x = torch.randn(8, 300, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(gelu(x), F.gelu(x), rtol=1e-6, atol=1e-6)
+    xd = x.double()
+    assert torch.equal(gelu(xd), F.gelu(xd))  # float64: PyTorch's, bit for bit
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        gelu(x)
+    assert calls == [torch.float32]
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="torch.compile on a CPU needs a C compiler")

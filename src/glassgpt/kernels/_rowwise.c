@@ -4,6 +4,7 @@
  *   RMS norm     y = x · s ⊙ w,             s = 1/√(mean(x²) + ε)
  *   tanh GELU    y = ½ x (1 + tanh(u)) = x σ(2u),   u = √(2/π) (x + 0.044715 x³)
  *   its slope    dy/dx = s + x s (1 − s) c₀ (1 + 3 c₁ x²),   s = σ(2u), c₀ = 2√(2/π), c₁ = 0.044715
+ *   exact GELU   y = x Φ(x),  Φ(x) = ½ (1 + erf(x/√2));  slope Φ(x) + x φ(x), φ the normal density
  *
  * A decoding step's few rows (and its writes to a KV cache), on one thread: PyTorch's
  * kernels spend most of a call on set-up when the input is one row of 768 values (10-17 µs
@@ -21,8 +22,8 @@
  * dtypes and devices; the GIL is held through the short calls, released by gelu_many):
  *   norm(x, w, b or 0, y, rows, d, eps, centred)   centred: layer norm (1) or RMS norm (0)
  *   gelu_tanh(x, y, n)
- *   gelu_many(x, g or 0, y, n, threads)   a training step's GELU (or its gradient, g ≠ 0)
- *                                          over n values, in parallel, the GIL released
+ *   gelu_many(x, g or 0, y, n, threads, exact)   a training step's GELU, tanh or exact (erf),
+ *                              or its gradient (g ≠ 0), over n values, in parallel, no GIL
  *   kv_write(K, V, k, v, B, H, T, D, n, strides)   a KV cache's step: K[:, :, n:n+T] = k, V…
  *   kernel() → "avx2" or "portable";  use_portable(flag) → the kernel now in use (tests)
  */
@@ -44,6 +45,8 @@ typedef void (*GeluBackFn)(const float *x, const float *g, float *dx, Py_ssize_t
 
 #define GELU_C0 0.7978845608028654f /* √(2/π) */
 #define GELU_C1 0.044715f
+#define SQRT_HALF 0.7071067811865476f
+#define INV_SQRT_2PI 0.3989422804014327f
 
 /* ------------------------------------------------------------------- portable loops -- */
 
@@ -77,6 +80,20 @@ static void gelu_backward_portable(const float *x, const float *g, float *dx, Py
     for (Py_ssize_t i = 0; i < n; i++) {
         const float v = x[i], s = 1.0f / (1.0f + expf(-c0 * (v + GELU_C1 * v * v * v)));
         dx[i] = g[i] * (s + v * s * (1.0f - s) * c0 * (1.0f + 3.0f * GELU_C1 * v * v));
+    }
+}
+
+/* The exact GELU, y = x Φ(x) with Φ(x) = ½ (1 + erf(x/√2)), and its slope Φ(x) + x φ(x),
+ * φ(x) = exp(−x²/2)/√(2π). */
+static void gelu_erf_portable(const float *x, float *y, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * SQRT_HALF));
+}
+
+static void gelu_erf_backward_portable(const float *x, const float *g, float *dx, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float v = x[i], cdf = 0.5f * (1.0f + erff(v * SQRT_HALF));
+        dx[i] = g[i] * (cdf + v * expf(-0.5f * v * v) * INV_SQRT_2PI);
     }
 }
 
@@ -160,6 +177,45 @@ AVX2 static void gelu_backward_avx2(const float *x, const float *g, float *dx, P
     }
     gelu_backward_portable(x + i, g + i, dx + i, n - i);
 }
+
+/* Φ(x) and exp(−x²/2) for 8 lanes: erfc(z) = t (a₁ + t (a₂ + t (a₃ + t (a₄ + t a₅)))) e^{−z²},
+ * t = 1/(1 + p z), z = |x|/√2 (Abramowitz and Stegun 7.1.26: |error| < 1.5e-7), and
+ * Φ(x) = 1 − ½ erfc(z) for x ≥ 0, ½ erfc(z) below: no cancellation in the left tail. */
+AVX2 static inline __m256 normal_cdf8(__m256 v, __m256 *gauss) {
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    __m256 z = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), _mm256_set1_ps(SQRT_HALF));
+    __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), z, one));
+    __m256 p = _mm256_set1_ps(1.061405429f);
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+    *gauss = exp8(_mm256_mul_ps(_mm256_set1_ps(-1.0f), _mm256_mul_ps(z, z))); /* e^{−x²/2} */
+    __m256 tail = _mm256_mul_ps(half, _mm256_mul_ps(_mm256_mul_ps(p, t), *gauss)); /* ½ erfc(z) */
+    __m256 right = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GE_OQ);
+    return _mm256_blendv_ps(tail, _mm256_sub_ps(one, tail), right);
+}
+
+AVX2 static void gelu_erf_avx2(const float *x, float *y, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), gauss;
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(v, normal_cdf8(v, &gauss)));
+    }
+    gelu_erf_portable(x + i, y + i, n - i);
+}
+
+AVX2 static void gelu_erf_backward_avx2(const float *x, const float *g, float *dx, Py_ssize_t n) {
+    const __m256 c = _mm256_set1_ps(INV_SQRT_2PI);
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), gauss;
+        __m256 cdf = normal_cdf8(v, &gauss);
+        __m256 slope = _mm256_fmadd_ps(_mm256_mul_ps(v, c), gauss, cdf); /* Φ + x φ */
+        _mm256_storeu_ps(dx + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), slope));
+    }
+    gelu_erf_backward_portable(x + i, g + i, dx + i, n - i);
+}
 #endif
 
 /* ------------------------------------------------------------------------- Python -- */
@@ -167,14 +223,19 @@ AVX2 static void gelu_backward_avx2(const float *x, const float *g, float *dx, P
 static NormFn NORM = norm_portable;
 static GeluFn GELU = gelu_portable;
 static GeluBackFn GELU_BACK = gelu_backward_portable;
+static GeluFn GELU_ERF = gelu_erf_portable;
+static GeluBackFn GELU_ERF_BACK = gelu_erf_backward_portable;
 static const char *KERNEL_NAME = "portable";
 
 static void pick_kernels(int portable) {
     NORM = norm_portable, GELU = gelu_portable, GELU_BACK = gelu_backward_portable;
+    GELU_ERF = gelu_erf_portable, GELU_ERF_BACK = gelu_erf_backward_portable;
     KERNEL_NAME = "portable";
 #if GG_X86
-    if (!portable && cpu_has_avx2())
-        NORM = norm_avx2, GELU = gelu_avx2, GELU_BACK = gelu_backward_avx2, KERNEL_NAME = "avx2";
+    if (!portable && cpu_has_avx2()) {
+        NORM = norm_avx2, GELU = gelu_avx2, GELU_BACK = gelu_backward_avx2;
+        GELU_ERF = gelu_erf_avx2, GELU_ERF_BACK = gelu_erf_backward_avx2, KERNEL_NAME = "avx2";
+    }
 #endif
 }
 
@@ -235,6 +296,7 @@ typedef struct {
     const float *x, *g; /* g: the incoming gradient (backward), NULL forward */
     float *y;
     Py_ssize_t n;
+    int exact; /* the exact (erf) GELU, else the tanh one */
 } Elementwise;
 
 #define GELU_PART_MIN 32768 /* values per part at least: a thread's wake-up costs ~10 µs */
@@ -247,26 +309,27 @@ static void gelu_part(const void *job, int part, int parts) {
     if (lo >= hi)
         return;
     if (e->g)
-        GELU_BACK(e->x + lo, e->g + lo, e->y + lo, hi - lo);
+        (e->exact ? GELU_ERF_BACK : GELU_BACK)(e->x + lo, e->g + lo, e->y + lo, hi - lo);
     else
-        GELU(e->x + lo, e->y + lo, hi - lo);
+        (e->exact ? GELU_ERF : GELU)(e->x + lo, e->y + lo, hi - lo);
 }
 
-/* gelu_many(x, g or 0, y, n, threads): y = GELU(x) (g = 0) or y = g · GELU'(x). */
+/* gelu_many(x, g or 0, y, n, threads, exact): y = GELU(x) (g = 0) or y = g · GELU'(x), the
+ * exact GELU (exact ≠ 0) or the tanh one. */
 static PyObject *gelu_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[5];
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "gelu_many(x, g, y, n, threads)");
+    long long a[6];
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "gelu_many(x, g, y, n, threads, exact)");
         return NULL;
     }
-    if (!ints(args, 5, a))
+    if (!ints(args, 6, a))
         return NULL;
     if (a[3] < 0) {
         PyErr_Format(PyExc_ValueError, "gelu_many: need n >= 0; got %lld", a[3]);
         return NULL;
     }
     Elementwise e = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[1],
-                     (float *)(uintptr_t)a[2], (Py_ssize_t)a[3]};
+                     (float *)(uintptr_t)a[2], (Py_ssize_t)a[3], a[5] != 0};
     long long parts = a[4] < 1 ? 1 : a[4];
     if (parts > e.n / GELU_PART_MIN)
         parts = e.n / GELU_PART_MIN > 0 ? e.n / GELU_PART_MIN : 1;
@@ -329,7 +392,7 @@ static PyMethodDef methods[] = {
     {"gelu_tanh", (PyCFunction)(void (*)(void))gelu_tanh, METH_FASTCALL,
      "gelu_tanh(x, y, n): y = ½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))"},
     {"gelu_many", (PyCFunction)(void (*)(void))gelu_many, METH_FASTCALL,
-     "gelu_many(x, g, y, n, threads): y = GELU(x) (g = 0), or y = g GELU'(x), in parallel"},
+     "gelu_many(x, g, y, n, threads, exact): y = GELU(x) (g = 0) or g GELU'(x), in parallel"},
     {"kv_write", (PyCFunction)(void (*)(void))kv_write, METH_FASTCALL,
      "kv_write(K, V, k, v, B, H, T, D, n, strides): K[:, :, n:n+T] = k, V[:, :, n:n+T] = v"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},

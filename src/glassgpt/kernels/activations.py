@@ -23,6 +23,8 @@ It differs from ``F.gelu(x, approximate="tanh")`` only in rounding (a few float3
 - float64, or float32 without the compiled kernels, from ``MIN_ELEMENTS`` elements: the σ
   form in PyTorch's ops (:class:`SigmoidGELU`);
 and ``F.gelu`` elsewhere (GPUs, bf16, autocast, small tensors without the compiled kernels).
+The exact GELU x Φ(x) (:func:`gelu_exact`) takes the same parallel kernel for contiguous
+float32 CPU tensors, ``F.gelu`` elsewhere.
 """
 
 from __future__ import annotations
@@ -107,3 +109,28 @@ class CompiledGELU(torch.autograd.Function):
     def backward(ctx, g: Tensor) -> Tensor:
         (x,) = ctx.saved_tensors
         return rowwise.gelu_many(x, g)
+
+
+def gelu_exact(x: Tensor) -> Tensor:
+    """The exact GELU x Φ(x) = ½ x (1 + erf(x/√2)): glassgpt's kernel for a contiguous float32
+    CPU tensor without autocast (:class:`CompiledExactGELU`), ``F.gelu`` otherwise."""
+    if use_sigmoid_form(x) and rowwise.whole_ok(x):
+        return CompiledExactGELU.apply(x)
+    return F.gelu(x)
+
+
+class CompiledExactGELU(torch.autograd.Function):
+    """y = x Φ(x) and ∂x = g (Φ(x) + x φ(x)), φ the standard normal density, each in one pass
+    by glassgpt's kernel (Φ by erf to within 1.5e-7); only x is kept. [16, 128, 512] on 2
+    threads, forward and backward: 1.6 ms against ``F.gelu``'s 2.9."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return rowwise.gelu_many(x, exact=True)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return rowwise.gelu_many(x, g, exact=True)

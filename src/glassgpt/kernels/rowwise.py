@@ -3,7 +3,8 @@
     norm(x, w, b, ε)   (x − μ) · s ⊙ w + b,  s = 1/√(mean((x − μ)²) + ε)   (layer norm)
                        x · s ⊙ w,            s = 1/√(mean(x²) + ε)         (RMS norm)
     gelu_tanh(x)       ½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))
-    gelu_many(x, g)    the same over whole activations, or g ⊙ its derivative (training)
+    gelu_many(x, g)    the same (or the exact x Φ(x)) over whole activations, or g ⊙ its
+                       derivative (training)
     write_kv(K, V, k, v, n)   K[:, :, n : n + T] = k,  V[:, :, n : n + T] = v   (a KV cache)
 
 On one row of GPT-2 small (768 or 3072 values, about 1 µs of arithmetic) PyTorch's layer
@@ -73,15 +74,17 @@ def whole_ok(x: Tensor) -> bool:
     return x.dtype is torch.float32 and x.is_cpu and x.is_contiguous()
 
 
-def gelu_many(x: Tensor, g: Tensor | None = None) -> Tensor:
-    """GELU(x) = ½ x (1 + tanh(√(2/π) (x + 0.044715 x³))) elementwise, or with ``g`` (x's
-    shape) g ⊙ GELU'(x), the backward; x, g contiguous float32 on a CPU (``whole_ok``)."""
+def gelu_many(x: Tensor, g: Tensor | None = None, *, exact: bool = False) -> Tensor:
+    """GELU(x) elementwise, or with ``g`` (x's shape) g ⊙ GELU'(x), the backward; the tanh
+    GELU ½ x (1 + tanh(√(2/π) (x + 0.044715 x³))), or with ``exact`` x Φ(x) (Φ by erf to
+    within 1.5e-7); x, g contiguous float32 on a CPU (``whole_ok``)."""
     assert _rowwise is not None
     y = torch.empty_like(x)
     if g is not None and not (g.shape == x.shape and g.dtype is x.dtype and g.is_cpu):
         raise ValueError(f"gelu_many: g must be float32 of shape {tuple(x.shape)}")
     g_ptr = 0 if g is None else g.contiguous().data_ptr()
-    _rowwise.gelu_many(x.data_ptr(), g_ptr, y.data_ptr(), x.numel(), torch.get_num_threads())
+    _rowwise.gelu_many(x.data_ptr(), g_ptr, y.data_ptr(), x.numel(), torch.get_num_threads(),
+                       exact)  # fmt: skip
     return y
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from glassgpt.kernels.activations import gelu_exact as gelu_exact_kernel
 from glassgpt.kernels.activations import gelu_tanh as gelu_tanh_kernel
 from glassgpt.kernels.dense import matmul
 from glassgpt.kernels.norms import layer_norm, rms_norm
@@ -40,6 +41,13 @@ def gelu_tanh(x: Tensor) -> Tensor:
     return gelu_tanh_kernel(x)
 
 
+def gelu(x: Tensor) -> Tensor:
+    """The exact GELU: x Φ(x) = ½ x (1 + erf(x/√2)).
+
+    The kernel is the seam's choice (``glassgpt.kernels.activations``)."""
+    return gelu_exact_kernel(x)
+
+
 def identity(x: Tensor) -> Tensor:
     return x
 
@@ -48,7 +56,7 @@ def identity(x: Tensor) -> Tensor:
 ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "sigmoid": torch.sigmoid,
     "relu": F.relu,
-    "gelu": F.gelu,  # exact: x Φ(x) = ½ x (1 + erf(x/√2))
+    "gelu": gelu,  # exact: x Φ(x) = ½ x (1 + erf(x/√2))
     "gelu_tanh": gelu_tanh,
     "silu": F.silu,
     "tanh": torch.tanh,

@@ -8,7 +8,9 @@ weights took 18.9 ms to stream from 4 KiB pages and 17.1 ms from 2 MiB pages (me
 
 Linux gives an anonymous mapping transparent huge pages where it is advised to
 (``MADV_HUGEPAGE``, which takes effect with the system's THP setting ``madvise`` or
-``always``); :func:`huge_page_copy` copies a tensor into such a mapping, aligned to 2 MiB.
+``always``); :func:`huge_page_copy` copies a tensor into such a mapping, aligned to 2 MiB,
+with only its whole 2 MiB pages advised: the tail stays on 4 KiB pages, so the copy takes
+no more memory than an ordinary one (GPT-2 small's inference copy: 830 MB either way).
 Elsewhere (other systems, ``never``, tensors under 2 MiB) the copy is an ordinary one: the
 values are the same either way, only the speed differs.
 """
@@ -40,8 +42,9 @@ def huge_page_copy(t: Tensor) -> Tensor:
     buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = torch.frombuffer(buf, dtype=torch.uint8, count=1).data_ptr()
     offset = -base % HUGE_PAGE
+    whole = nbytes // HUGE_PAGE * HUGE_PAGE  # the tail stays on 4 KiB pages: no page half used
     with contextlib.suppress(OSError):  # a kernel without transparent huge pages: 4 KiB ones
-        buf.madvise(advise, offset, size - offset)  # before the first touch: faults get 2 MiB
+        buf.madvise(advise, offset, whole)  # before the first touch: faults get 2 MiB pages
     # the tensor keeps ``buf`` alive; the mapping is unmapped when the tensor is freed
     out = torch.frombuffer(buf, dtype=t.dtype, count=t.numel(), offset=offset)
     return out.view(t.shape).copy_(t)

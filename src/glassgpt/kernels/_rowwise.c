@@ -21,9 +21,9 @@
  * Python API (addresses of contiguous float32 buffers as ints; the caller checks shapes,
  * dtypes and devices; the GIL is held through the short calls, released by gelu_many):
  *   norm(x, w, b or 0, y, rows, d, eps, centred)   centred: layer norm (1) or RMS norm (0)
- *   gelu_tanh(x, y, n)
- *   gelu_many(x, g or 0, y, n, threads, exact)   a training step's GELU, tanh or exact (erf),
- *                              or its gradient (g ≠ 0), over n values, in parallel, no GIL
+ *   gelu_many(x, g or 0, y, n, threads, exact)   the GELU, tanh or exact (erf), or its
+ *                              gradient (g ≠ 0), over n values, in parts (a decoding step's
+ *                              few rows: threads = 1), the GIL released
  *   kv_write(K, V, k, v, B, H, T, D, n, strides)   a KV cache's step: K[:, :, n:n+T] = k, V…
  *   kernel() → "avx2" or "portable";  use_portable(flag) → the kernel now in use (tests)
  */
@@ -72,7 +72,6 @@ static void gelu_portable(const float *x, float *y, Py_ssize_t n) {
     }
 }
 
-/* ---------------------------------------------------------------- AVX2 + FMA kernels -- */
 /* dx = g (s + x s (1 − s) c₀ (1 + 3 c₁ x²)), s = σ(c₀ (x + c₁ x³)), c₀ = 2√(2/π): the
  * derivative of x s, which is the tanh GELU (½ (1 + tanh u) = σ(2u)). */
 static void gelu_backward_portable(const float *x, const float *g, float *dx, Py_ssize_t n) {
@@ -97,6 +96,7 @@ static void gelu_erf_backward_portable(const float *x, const float *g, float *dx
     }
 }
 
+/* ---------------------------------------------------------------- AVX2 + FMA kernels -- */
 #if GG_X86
 #include "_vexp.h"
 
@@ -274,22 +274,6 @@ static PyObject *norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
-static PyObject *gelu_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[3];
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "gelu_tanh(x, y, n)");
-        return NULL;
-    }
-    if (!ints(args, 3, a))
-        return NULL;
-    if (a[2] < 0) {
-        PyErr_Format(PyExc_ValueError, "gelu_tanh: need n >= 0; got %lld", a[2]);
-        return NULL;
-    }
-    GELU((const float *)(uintptr_t)a[0], (float *)(uintptr_t)a[1], (Py_ssize_t)a[2]);
-    Py_RETURN_NONE;
-}
-
 /* A training step's GELU: n values (n can be millions), forward or backward, in parts on
  * PyTorch's threads (_parallel.h); each part a contiguous range of whole 8-value groups. */
 typedef struct {
@@ -389,8 +373,6 @@ static PyObject *kernel_name(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"norm", (PyCFunction)(void (*)(void))norm, METH_FASTCALL,
      "norm(x, w, b, y, rows, d, eps, centred): layer norm (centred) or RMS norm of each row"},
-    {"gelu_tanh", (PyCFunction)(void (*)(void))gelu_tanh, METH_FASTCALL,
-     "gelu_tanh(x, y, n): y = ½ x (1 + tanh(√(2/π) (x + 0.044715 x³)))"},
     {"gelu_many", (PyCFunction)(void (*)(void))gelu_many, METH_FASTCALL,
      "gelu_many(x, g, y, n, threads, exact): y = GELU(x) (g = 0) or g GELU'(x), in parallel"},
     {"kv_write", (PyCFunction)(void (*)(void))kv_write, METH_FASTCALL,

@@ -11,10 +11,10 @@ Positions:
     RoPE        each pair (x_2i, x_2i+1) of a query/key at position p is rotated by the angle
                 p · base^(−2i/d_head).
 
-The norms and the tanh GELU are computed by the kernel seams' choice (``glassgpt.kernels.norms``,
+The norms and the GELUs are computed by the kernel seams' choice (``glassgpt.kernels.norms``,
 ``glassgpt.kernels.activations``: fused PyTorch kernels, or glassgpt's own for a decoding
-step's few rows); the scale factor s(x) is computed, and handed to a hook, only when
-someone hooks it.
+step's few rows and for float32 GELUs on a CPU); the scale factor s(x) is computed, and
+handed to a hook, only when someone hooks it.
 """
 
 from __future__ import annotations

@@ -99,8 +99,9 @@ def activation_bytes(
       product up to 128 keys, which keeps q, k, v, z, the float32 softmax (4·H·T) and its
       bf16 copy (s·H·T), and the float32 fused kernel beyond;
     - MLP: the matmul input of W_out and each activation's input (GELU, SiLU) or output
-      (ReLU, sigmoid, tanh): s·2·d_mlp (ReLU s·d_mlp; the tanh GELU in float32 on a CPU
-      also its gate σ(·), s·3·d_mlp); gated: σ(gate), σ'(value) and
+      (ReLU, sigmoid, tanh): s·2·d_mlp (ReLU s·d_mlp; the tanh GELU on a CPU in float64, or
+      in float32 without glassgpt's GELU kernel, also its gate σ(·), s·3·d_mlp); gated:
+      σ(gate), σ'(value) and
       their product, plus each arm's pre-activation where its σ keeps its input; under
       autocast the two arms cast their input separately (s·d);
     - dropout > 0: a mask like each residual branch (s·d each) and like x₀ (r·d).

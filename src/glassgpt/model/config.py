@@ -11,7 +11,7 @@ Variants, each one field on one code path:
   ``rope_base``), ``none`` (positions only through the causal mask).
 - ``norm``: ``layernorm`` (N(x) = (x − μ)/√(σ² + ε) ⊙ w + b) or ``rmsnorm`` (x/√(mean(x²) + ε) ⊙ w).
 - ``norm_placement``: ``pre`` (x + f(N(x)), with a final N before W_U) or ``post`` (N(x + f(x))).
-- ``mlp``: ``relu``/``gelu``/``gelu_tanh`` (σ(x W_in + b_in) W_out + b_out) or ``gated``
+- ``mlp``: ``relu``/``relu2`` (max(0, x)²)/``gelu``/``gelu_tanh`` (σ(x W_in + b_in) W_out + b_out) or ``gated``
   ((σ(x W_gate + b_gate) ⊙ σ'(x W_in + b_in)) W_out + b_out, σ = ``mlp_gate``,
   σ' = ``mlp_value``); ``swiglu`` (σ = silu, σ' = identity) and ``geglu`` (σ = gelu,
   σ' = identity) are the named cases.
@@ -34,13 +34,13 @@ from glassgpt.errors import ConfigError
 Positional = Literal["learned", "sinusoidal", "rope", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
 Placement = Literal["pre", "post"]
-MLPKind = Literal["relu", "gelu", "gelu_tanh", "gated", "swiglu", "geglu"]
-Activation = Literal["sigmoid", "relu", "gelu", "gelu_tanh", "silu", "tanh", "identity"]
+MLPKind = Literal["relu", "relu2", "gelu", "gelu_tanh", "gated", "swiglu", "geglu"]
+Activation = Literal["sigmoid", "relu", "relu2", "gelu", "gelu_tanh", "silu", "tanh", "identity"]
 
 POSITIONALS: tuple[str, ...] = ("learned", "sinusoidal", "rope", "none")
 NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
 PLACEMENTS: tuple[str, ...] = ("pre", "post")
-MLPS: tuple[str, ...] = ("relu", "gelu", "gelu_tanh", "gated", "swiglu", "geglu")
+MLPS: tuple[str, ...] = ("relu", "relu2", "gelu", "gelu_tanh", "gated", "swiglu", "geglu")
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,7 @@ class GPTConfig:
 ACTIVATIONS: tuple[str, ...] = (
     "sigmoid",
     "relu",
+    "relu2",
     "gelu",
     "gelu_tanh",
     "silu",

@@ -52,6 +52,7 @@ def _si(x: float, unit: str) -> str:
 
 _ACT = {  # σ(x) for each activation name: (unicode, tex)
     "relu": ("max(0, x)", r"\max(0, x)"),
+    "relu2": ("max(0, x)²", r"\max(0, x)^2"),
     "gelu": (
         "x Φ(x) = x · ½(1 + erf(x/√2))",
         r"x\,\Phi(x) = \frac{x}{2}\left(1 + \operatorname{erf}(x/\sqrt{2})\right)",

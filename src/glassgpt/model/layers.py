@@ -48,6 +48,11 @@ def gelu(x: Tensor) -> Tensor:
     return gelu_exact_kernel(x)
 
 
+def relu2(x: Tensor) -> Tensor:
+    """The squared ReLU: max(0, x)²."""
+    return F.relu(x).square()
+
+
 def identity(x: Tensor) -> Tensor:
     return x
 
@@ -56,6 +61,7 @@ def identity(x: Tensor) -> Tensor:
 ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "sigmoid": torch.sigmoid,
     "relu": F.relu,
+    "relu2": relu2,
     "gelu": gelu,  # exact: x Φ(x) = ½ x (1 + erf(x/√2))
     "gelu_tanh": gelu_tanh,
     "silu": F.silu,
@@ -214,12 +220,30 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate each pair (x_2i, x_2i+1) of x [B, T, H, d_head] by the angle in cos/sin
     [T, d_head/2] (or [B, T, d_head/2] for per-row positions).
 
-    (a, b) ↦ (a cos θ − b sin θ, a sin θ + b cos θ).
+    (a, b) ↦ (a cos θ − b sin θ, a sin θ + b cos θ),
+
+    that is, the complex product (a + ib)(cos θ + i sin θ): computed so, in one pass forward
+    and one backward, where x is float32 or float64 and its pairs can be read as complex
+    numbers; else pair by pair (and under ``torch.compile``, which fuses these itself).
     """
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [T, 1, d_head/2] or per row [B, T, 1, d_head/2]
+    if _complex_pairs(x) and cos.dtype == x.dtype and not torch.compiler.is_compiling():
+        z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # [B, T, H, d_head/2]
+        return torch.view_as_real(z * torch.complex(c, s)).flatten(-2)
     pairs = x.unflatten(-1, (-1, 2))  # [B, T, H, d_head/2, 2]
     a, b = pairs[..., 0], pairs[..., 1]
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [T, 1, d_head/2] or per row [B, T, 1, d_head/2]
     return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+
+
+def _complex_pairs(x: Tensor) -> bool:
+    """Whether x's (x_2i, x_2i+1) pairs can be viewed as complex numbers: a float32 or float64
+    x with adjacent pairs, every other stride and the offset even."""
+    return (
+        x.dtype in (torch.float32, torch.float64)
+        and x.stride(-1) == 1
+        and x.storage_offset() % 2 == 0
+        and all(st % 2 == 0 for st in x.stride()[:-1])
+    )
 
 
 class SinusoidalPE(nn.Module):

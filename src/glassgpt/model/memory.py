@@ -58,12 +58,13 @@ def weight_bytes(config: GPTConfig, dtype: Any = "float32") -> int:
     return count_parameters(config) * itemsize(dtype)
 
 
-_SAVES_INPUT = ("gelu", "gelu_tanh", "silu")  # the others' backward needs only their output
+# the others' backward needs only their output
+_SAVES_INPUT = ("gelu", "gelu_tanh", "silu", "relu2")
 
 
 def _kept_by(act: str | None, device: str, s: int, autocast: bool) -> int:
     """Tensors of d_mlp per token an activation keeps beyond its output: its input (GELU,
-    SiLU), and for the tanh GELU on a CPU in float64 (or float32 without glassgpt's compiled
+    SiLU; max(0, x) for the squared ReLU), and for the tanh GELU on a CPU in float64 (or float32 without glassgpt's compiled
     GELU kernel) also its gate σ(·) (``glassgpt.kernels.activations``)."""
     if act not in _SAVES_INPUT:
         return 0

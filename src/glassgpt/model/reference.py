@@ -38,6 +38,7 @@ _erf = np.vectorize(math.erf)
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
     "relu": lambda x: np.maximum(x, 0.0),
+    "relu2": lambda x: np.maximum(x, 0.0) ** 2,
     "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
     "gelu_tanh": lambda x: (
         0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))

@@ -42,14 +42,19 @@ NS_STEPS = 5
 
 
 def orthogonalize(U: Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> Tensor:
-    """NS₅ of the module docstring for a matrix [A, B] or a stack of them [n, A, B]."""
+    """NS₅ of the module docstring for a matrix [A, B] or a stack of them [n, A, B].
+
+    Each step is two fused products, P = b G + c G G and X ← a X + P X (G = X Xᵀ)."""
     a, b, c = NS_COEFFICIENTS
     tall = U.size(-2) > U.size(-1)
     X = U.mT if tall else U
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    X = X if X.dim() == 3 else X.unsqueeze(0)
     for _ in range(steps):
         gram = X @ X.mT
-        X = a * X + (b * gram + c * gram @ gram) @ X
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        X = torch.baddbmm(X, poly, X, beta=a)
+    X = X if U.dim() == 3 else X.squeeze(0)
     return X.mT if tall else X
 
 

@@ -86,6 +86,25 @@ def test_each_matrix_moves_as_torch_muon_moves_it(steps: int) -> None:
             assert (ours - theirs).norm() < 0.04 * theirs.norm(), (n, i)
 
 
+@pytest.mark.parametrize("ns_steps", [2, 5])
+def test_muon_ns_steps_sets_the_newton_schulz_steps(ns_steps: int) -> None:
+    """The first step moves W_in by −η_M · 0.2 √max(A, B) · NS_k(G) (no decay; the first
+    Nesterov U is a multiple of G, and NS normalises it)."""
+    model = model_with_grads()
+    cfg = TrainConfig(optimizer="muon", lr=2e-2, muon_lr=3e-2, weight_decay=0.0,
+                      warmup_steps=0, muon_ns_steps=ns_steps)  # fmt: skip
+    opt = build_optimizer(model, cfg)
+    (muon_group,) = [g for g in opt.param_groups if g.get("muon")]
+    W = model.blocks[0].mlp.W_in
+    G, W0 = W.grad.clone(), W.detach().clone()
+    opt.step()
+    A, B = W.shape
+    want = -muon_group["lr"] * 0.2 * max(A, B) ** 0.5 * orthogonalize(G, ns_steps)
+    torch.testing.assert_close(W.detach() - W0, want, rtol=1e-4, atol=1e-7)
+    other = orthogonalize(G, 7 - ns_steps)  # a different number of steps moves W otherwise
+    assert (other - orthogonalize(G, ns_steps)).abs().max() > 1e-3
+
+
 def test_the_other_parameters_move_as_torch_adamw_moves_them() -> None:
     model = model_with_grads()
     opt = build_optimizer(model, TRAIN)
@@ -143,7 +162,14 @@ def test_muon_state_is_saved_and_restored_by_name() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("optimizer", "sgd"), ("muon_lr", -1.0), ("muon_lr", 0.0), ("muon_momentum", 1.0)],
+    [
+        ("optimizer", "sgd"),
+        ("muon_lr", -1.0),
+        ("muon_lr", 0.0),
+        ("muon_momentum", 1.0),
+        ("muon_ns_steps", 0),
+        ("muon_ns_steps", 2.5),
+    ],
 )
 def test_bad_optimizer_settings_name_their_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"train.{field}"):

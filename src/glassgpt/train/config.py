@@ -79,6 +79,7 @@ class TrainConfig:
     optimizer: Optimizer = "adamw"  # muon: Muon for the blocks' matrices (glassgpt.train.muon)
     muon_lr: float | None = None  # Muon's peak learning rate (default: lr), same schedule
     muon_momentum: float = 0.95
+    muon_ns_steps: int = 5  # Newton–Schulz steps of Muon's orthogonalisation
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -120,6 +121,9 @@ class TrainConfig:
             "train.muon_momentum",
             f"must be in [0, 1), got {self.muon_momentum}",
         )
+        ns = self.muon_ns_steps
+        ok = isinstance(ns, int) and not isinstance(ns, bool) and ns >= 1
+        check(ok, "train.muon_ns_steps", f"must be a positive integer, got {ns!r}")
         check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, lr], got {self.min_lr}")
         check(self.weight_decay >= 0, "train.weight_decay", f"must be ≥ 0, got {self.weight_decay}")
         check(self.grad_clip >= 0, "train.grad_clip", f"must be ≥ 0, got {self.grad_clip}")

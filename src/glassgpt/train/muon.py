@@ -117,7 +117,9 @@ class MuonAdamW(torch.optim.AdamW):
         for W, U in updates:
             by_shape[tuple(W.shape)].append((W, U))
         for (A, B), pairs in by_shape.items():
-            O = orthogonalize(torch.stack([U for _, U in pairs]).float())
+            O = orthogonalize(
+                torch.stack([U for _, U in pairs]).float(), group.get("ns_steps", NS_STEPS)
+            )
             scale = lr * 0.2 * max(A, B) ** 0.5
             for (W, _), o in zip(pairs, O):
                 W.add_(o.to(W.dtype), alpha=-scale)

@@ -109,7 +109,8 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     }
     scale = (cfg.muon_lr if cfg.muon_lr is not None else cfg.lr) / cfg.lr
     muon = {"params": [params[n] for n in hidden], "names": hidden, "muon": True}
-    muon |= {"weight_decay": cfg.weight_decay, "momentum": cfg.muon_momentum, "lr_scale": scale}
+    muon |= {"weight_decay": cfg.weight_decay, "momentum": cfg.muon_momentum, "lr_scale": scale,
+             "ns_steps": cfg.muon_ns_steps}  # fmt: skip
     opt = MuonAdamW([*groups, muon], lr=lr_at(0, cfg), betas=betas, eps=cfg.eps, **kind)
     set_lr(opt, lr_at(0, cfg))
     return opt

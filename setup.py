@@ -14,7 +14,8 @@ float32 ones, else a portable loop) and run their parts on PyTorch's own OpenMP 
 (``kernels/_parallel.h``).
 
 optional=True: without a C compiler the install still succeeds; the tokenizer falls back to
-tiktoken's core, float32 products and attention (both kernels) to PyTorch's kernels and int8 products to float32 ones
+tiktoken's core, float32 products and attention (both kernels) to PyTorch's kernels and int8
+products to float32 ones
 with the same weights (each says so once), the norms and GELU to PyTorch's.
 """
 

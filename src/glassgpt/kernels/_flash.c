@@ -32,6 +32,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "_cpu.h"
@@ -55,21 +56,21 @@ enum { Q, K, V, Z, DZ, DQ, DK, DV };
 
 /* The row maps, each over s[0, w) (w a multiple of 8, the row readable that far) with the
  * first n entries kept and the rest set to 0:
- *   softmax(s, n, w) → lse   s_j ← exp(s_j − m) / Σ (m the maximum), returns m + log Σ;
+ *   softmax(s, n, w, &inv) → lse   s_j ← exp(s_j − m) (m the maximum), inv = 1/Σ_j s_j,
+ *                            returns m + log Σ (the normalisation is left to z's tile);
  *   exps(s, n, w, lse)       s_j ← exp(s_j − lse);
  *   dscores(p, dp, n, w, Δ)  dp_j ← p_j (dp_j − Δ). */
-typedef float (*SoftmaxFn)(float *s, int n, int w);
+typedef float (*SoftmaxFn)(float *s, int n, int w, float *inv);
 typedef void (*ExpsFn)(float *s, int n, int w, float lse);
 typedef void (*DScoresFn)(const float *p, float *dp, int n, int w, float delta);
 
-static float softmax_portable(float *s, int n, int w) {
+static float softmax_portable(float *s, int n, int w, float *inv) {
     float m = -INFINITY, total = 0.0f;
     for (int j = 0; j < n; j++)
         m = s[j] > m ? s[j] : m;
     for (int j = 0; j < n; j++)
         total += (s[j] = expf(s[j] - m));
-    for (int j = 0; j < n; j++)
-        s[j] /= total;
+    *inv = 1.0f / total;
     memset(s + n, 0, sizeof(float) * (size_t)(w - n));
     return m + logf(total);
 }
@@ -98,7 +99,7 @@ AVX2 static float hsum(__m256 x) {
 /* Lanes j + [0, 8) below n, as a float mask. */
 AVX2 static inline __m256 kept(int n, int j) { return _mm256_castsi256_ps(lanes_below(n - j)); }
 
-AVX2 static float softmax_avx2(float *s, int n, int w) {
+AVX2 static float softmax_avx2(float *s, int n, int w, float *inv) {
     __m256 top = _mm256_set1_ps(-INFINITY), total = _mm256_setzero_ps();
     for (int j = 0; j < n; j += 8)
         top = _mm256_max_ps(top, _mm256_blendv_ps(top, _mm256_loadu_ps(s + j), kept(n, j)));
@@ -112,10 +113,33 @@ AVX2 static float softmax_avx2(float *s, int n, int w) {
         total = _mm256_add_ps(total, e);
     }
     const float sum = hsum(total);
-    const __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (int j = 0; j < n; j += 8)
-        _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
+    *inv = 1.0f / sum;
     return m + logf(sum);
+}
+
+/* dst[d·Tp + t] = rows[t·Dp + d] by 8 × 8 blocks (the padding included). */
+AVX2 static void transpose_avx2(float *dst, const float *rows, int T, int D, int Tp, int Dp) {
+    for (int t0 = 0; t0 < T; t0 += 8)
+        for (int d0 = 0; d0 < D; d0 += 8) {
+            __m256 r[8], u[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm256_loadu_ps(rows + (size_t)(t0 + i) * Dp + d0);
+            for (int i = 0; i < 8; i += 2) {
+                u[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                u[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                r[i] = _mm256_shuffle_ps(u[i], u[i + 2], 0x44);
+                r[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], 0xEE);
+                r[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0x44);
+                r[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0xEE);
+            }
+            for (int i = 0; i < 4; i++) {
+                float *o = dst + (size_t)(d0 + i) * Tp + t0;
+                _mm256_storeu_ps(o, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                _mm256_storeu_ps(o + (size_t)4 * Tp, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+            }
+        }
 }
 
 AVX2 static void exps_avx2(float *s, int n, int w, float lse) {
@@ -134,18 +158,30 @@ AVX2 static void dscores_avx2(const float *p, float *dp, int n, int w, float del
 }
 #endif
 
+typedef void (*TransposeFn)(float *dst, const float *rows, int T, int D, int Tp, int Dp);
+
+/* dst[d·Tp + t] = rows[t·Dp + d]. */
+static void transpose_portable(float *dst, const float *rows, int T, int D, int Tp, int Dp) {
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++)
+            dst[(size_t)d * Tp + t] = rows[(size_t)t * Dp + d];
+}
+
 static TileFn TILE;
+static TransposeFn TRANSPOSE;
 static SoftmaxFn SOFTMAX;
 static ExpsFn EXPS;
 static DScoresFn DSCORES;
 static const char *KERNEL_NAME;
 
 static void pick_kernels(int portable) {
-    TILE = tile_portable, SOFTMAX = softmax_portable, EXPS = exps_portable;
+    TILE = tile_portable, TRANSPOSE = transpose_portable, SOFTMAX = softmax_portable;
+    EXPS = exps_portable;
     DSCORES = dscores_portable, KERNEL_NAME = "portable";
 #if GG_X86
     if (!portable && cpu_has_avx2()) {
-        TILE = tile_avx2, SOFTMAX = softmax_avx2, EXPS = exps_avx2, DSCORES = dscores_avx2;
+        TILE = tile_avx2, TRANSPOSE = transpose_avx2, SOFTMAX = softmax_avx2;
+        EXPS = exps_avx2, DSCORES = dscores_avx2;
         KERNEL_NAME = "avx2";
     }
 #endif
@@ -157,9 +193,9 @@ static int round_up(int n, int m) { return (n + m - 1) / m * m; }
 static int min_int(int a, int b) { return a < b ? a : b; }
 
 /* Scratch floats per part: q, k, v, dz rows [Tp, Dp], kᵀ, vᵀ [Dp, Tp], P and dS
- * [Tp, Tp], Δ [Tp]. */
+ * [Tp, Tp], Δ [Tp]; a multiple of 16 (each part on whole cache lines). */
 static size_t scratch_floats(int Tp, int Dp) {
-    return (size_t)Tp * (6 * (size_t)Dp + 2 * (size_t)Tp + 1);
+    return (size_t)Tp * (6 * (size_t)Dp + 2 * (size_t)Tp + 16);
 }
 
 /* The (b, h) slice of tensor m (its [T, D] rows). */
@@ -183,13 +219,6 @@ static void copy_rows(float *dst, const Job *j, const float *base, int m, int b,
     }
 }
 
-/* dst[d·Tp + t] = rows[t·Dp + d]: the transpose of a row copy. */
-static void transpose(float *dst, const float *rows, const Job *j) {
-    for (int t = 0; t < j->T; t++)
-        for (int d = 0; d < j->D; d++)
-            dst[(size_t)d * j->Tp + t] = rows[(size_t)t * j->Dp + d];
-}
-
 /* Asks for rows [t0, t1) of the next item's inputs (forward: q, k, v; backward: z and dz
  * too) while this one computes: the inputs are strided slices of buffers larger than the
  * caches, and their first reads would otherwise wait on memory. */
@@ -203,13 +232,15 @@ static void prefetch_rows(const Job *j, int next, int t0, int t1) {
             continue;
         for (int t = t0; t < t1; t++)
             for (int d = 0; d < j->D; d += 16)
-                __builtin_prefetch(x + t * j->s[m][2] + d);
+                __builtin_prefetch(x + t * j->s[m][2] + d, 0, 2);
     }
 }
 
-/* C[0, M) × [0, D) = α A B by tiles of TILE_N columns (B rows readable to a multiple of 8). */
+static const float ONES[TILE_M] = {1, 1, 1, 1, 1, 1};
+
+/* C[0, M) × [0, D) = diag(α) A B by tiles of TILE_N columns (B rows readable to a multiple of 8). */
 static void product(int M, int Kn, const float *A, long long ar, long long ak, const float *B,
-                    long long ldb, float *C, long long ldc, int D, float alpha) {
+                    long long ldb, float *C, long long ldc, int D, const float *alpha) {
     for (int n0 = 0; n0 < D; n0 += TILE_N)
         TILE(M, min_int(TILE_N, D - n0), Kn, A, ar, ak, B + n0, ldb, C + n0, ldc, alpha);
 }
@@ -222,7 +253,7 @@ static void forward_item(const Job *j, int b, int h, int next, float *scratch) {
     copy_rows(q, j, j->q, Q, b, h, j->scale);
     copy_rows(k, j, j->k, K, b, h, 1.0f);
     copy_rows(v, j, j->v, V, b, h, 1.0f);
-    transpose(kt, k, j);
+    TRANSPOSE(kt, k, T, D, Tp, Dp);
     float *z = j->out_z + b * j->s[Z][0] + h * j->s[Z][1];
     float *lse = j->lse ? j->lse + ((size_t)b * j->H + h) * T : NULL;
     const long long zt = j->s[Z][2];
@@ -230,13 +261,14 @@ static void forward_item(const Job *j, int b, int h, int next, float *scratch) {
         const int i1 = min_int(T, i0 + TILE_M), M = i1 - i0, W = round_up(i1, TILE_N);
         prefetch_rows(j, next, i0, i1);
         for (int j0 = 0; j0 < W; j0 += TILE_N) /* S = (q/√D) kᵀ, keys up to the last query */
-            TILE(M, TILE_N, D, q + (size_t)i0 * Dp, Dp, 1, kt + j0, Tp, S + j0, Tp, 1.0f);
+            TILE(M, TILE_N, D, q + (size_t)i0 * Dp, Dp, 1, kt + j0, Tp, S + j0, Tp, ONES);
+        float inv[TILE_M];
         for (int r = 0; r < M; r++) {
-            const float l = SOFTMAX(S + (size_t)r * Tp, i0 + r + 1, W);
+            const float l = SOFTMAX(S + (size_t)r * Tp, i0 + r + 1, W, inv + r);
             if (lse)
                 lse[i0 + r] = l;
         }
-        product(M, i1, S, Tp, 1, v, Dp, z + i0 * zt, zt, D, 1.0f); /* z = P v */
+        product(M, i1, S, Tp, 1, v, Dp, z + i0 * zt, zt, D, inv); /* z = P v */
     }
 }
 
@@ -250,8 +282,8 @@ static void backward_block(const Job *j, int i0, int i1, const float *q, const f
     Wz = Wz > W ? Wz : W;
     P += (size_t)i0 * Tp, dS += (size_t)i0 * Tp;
     for (int j0 = 0; j0 < W; j0 += TILE_N) {
-        TILE(M, TILE_N, D, q + (size_t)i0 * Dp, Dp, 1, kt + j0, Tp, P + j0, Tp, 1.0f);   /* S */
-        TILE(M, TILE_N, D, dz + (size_t)i0 * Dp, Dp, 1, vt + j0, Tp, dS + j0, Tp, 1.0f); /* dP */
+        TILE(M, TILE_N, D, q + (size_t)i0 * Dp, Dp, 1, kt + j0, Tp, P + j0, Tp, ONES);   /* S */
+        TILE(M, TILE_N, D, dz + (size_t)i0 * Dp, Dp, 1, vt + j0, Tp, dS + j0, Tp, ONES); /* dP */
     }
     for (int r = 0; r < M; r++) {
         const int i = i0 + r;
@@ -260,15 +292,14 @@ static void backward_block(const Job *j, int i0, int i1, const float *q, const f
     }
 }
 
-/* Δ_i = Σ_d dz_id z_id for the item's rows (dz: its row copy). */
-static void deltas(const Job *j, const float *dz, const float *z, float *delta) {
-    const long long st = j->s[Z][2], sd = j->s[Z][3];
-    for (int i = 0; i < j->T; i++) {
-        const float *zi = z + i * st, *gi = dz + (size_t)i * j->Dp;
-        float acc = 0.0f;
-        for (int d = 0; d < j->D; d++)
-            acc += gi[d] * zi[d * sd];
-        delta[i] = acc;
+/* Δ_i = Σ_d dz_id z_id from row copies (zero past D), eight partial sums a row. */
+static void deltas(const float *dz, const float *z, float *delta, int T, int Dp) {
+    for (int i = 0; i < T; i++, dz += Dp, z += Dp) {
+        float acc[8] = {0};
+        for (int d = 0; d < Dp; d += 8)
+            for (int l = 0; l < 8; l++)
+                acc[l] += dz[d + l] * z[d + l];
+        delta[i] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     }
 }
 
@@ -281,26 +312,30 @@ static void backward_item(const Job *j, int b, int h, int next, float *scratch) 
     copy_rows(k, j, j->k, K, b, h, 1.0f);
     copy_rows(v, j, j->v, V, b, h, 1.0f);
     copy_rows(dz, j, j->dz, DZ, b, h, 1.0f);
-    transpose(kt, k, j);
-    transpose(vt, v, j);
-    deltas(j, dz, slice(j, j->z, Z, b, h), delta);
+    TRANSPOSE(kt, k, T, D, Tp, Dp);
+    TRANSPOSE(vt, v, T, D, Tp, Dp);
+    copy_rows(v, j, j->z, Z, b, h, 1.0f); /* v's rows are done with: z's there */
+    deltas(dz, v, delta, T, Dp);
     const float *lse = j->lse + ((size_t)b * j->H + h) * T;
     float *dq = j->dq + b * j->s[DQ][0] + h * j->s[DQ][1];
     float *dk = j->dk + b * j->s[DK][0] + h * j->s[DK][1];
     float *dv = j->dv + b * j->s[DV][0] + h * j->s[DV][1];
     const long long qt = j->s[DQ][2], kt_ = j->s[DK][2], vt_ = j->s[DV][2];
+    float scale[TILE_M];
+    for (int r = 0; r < TILE_M; r++)
+        scale[r] = j->scale;
     for (int i0 = 0; i0 < T; i0 += TILE_M) {
         const int i1 = min_int(T, i0 + TILE_M);
         prefetch_rows(j, next, i0, i1);
         backward_block(j, i0, i1, q, kt, dz, vt, lse, delta, P, dS);
         /* dq = dS k/√D over the keys up to the block's last query */
-        product(i1 - i0, i1, dS + (size_t)i0 * Tp, Tp, 1, k, Dp, dq + i0 * qt, qt, D, j->scale);
+        product(i1 - i0, i1, dS + (size_t)i0 * Tp, Tp, 1, k, Dp, dq + i0 * qt, qt, D, scale);
     }
     for (int j0 = 0; j0 < T; j0 += TILE_M) { /* over the queries from j0 on: */
         const int M = min_int(TILE_M, T - j0), n = T - j0;
         const size_t at = (size_t)j0 * Tp + j0;
-        product(M, n, P + at, 1, Tp, dz + (size_t)j0 * Dp, Dp, dv + j0 * vt_, vt_, D, 1.0f);
-        product(M, n, dS + at, 1, Tp, q + (size_t)j0 * Dp, Dp, dk + j0 * kt_, kt_, D, 1.0f);
+        product(M, n, P + at, 1, Tp, dz + (size_t)j0 * Dp, Dp, dv + j0 * vt_, vt_, D, ONES);
+        product(M, n, dS + at, 1, Tp, q + (size_t)j0 * Dp, Dp, dk + j0 * kt_, kt_, D, ONES);
     }
 }
 
@@ -371,13 +406,15 @@ static PyObject *run(PyObject *const *args, Py_ssize_t nargs, int backward) {
     if ((long long)items * j.T * j.T * j.D < (1LL << 18))
         threads = 1;
     j.per_part = scratch_floats(j.Tp, j.Dp);
-    j.scratch = PyMem_RawCalloc(j.per_part * (size_t)threads, sizeof(float));
+    const size_t bytes = sizeof(float) * j.per_part * (size_t)threads;
+    j.scratch = aligned_alloc(64, bytes); /* rows of 16 floats on whole cache lines */
     if (!j.scratch)
         return PyErr_NoMemory();
+    memset(j.scratch, 0, bytes);
     Py_BEGIN_ALLOW_THREADS
     run_parts(run_part, &j, threads);
     Py_END_ALLOW_THREADS
-    PyMem_RawFree(j.scratch);
+    free(j.scratch);
     Py_RETURN_NONE;
 }
 

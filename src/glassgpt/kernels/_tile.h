@@ -1,6 +1,6 @@
 /* Small matrix products for glassgpt's training attention kernel (_flash.c), float32:
  *
- *   C[r, n] = α Σ_k A[r·ar + k·ak] B[k·ldb + n]   for r < M ≤ 6, n < N ≤ 16, k < K
+ *   C[r, n] = α_r Σ_k A[r·ar + k·ak] B[k·ldb + n]   for r < M ≤ 6, n < N ≤ 16, k < K
  *
  * A is read one element at a time (any strides: a matrix or its transpose), B a row of N
  * contiguous values at a time, readable up to the next multiple of 8 columns (the
@@ -15,10 +15,10 @@
 #define TILE_N 16 /* columns of C per tile */
 
 typedef void (*TileFn)(int M, int N, int K, const float *A, long long ar, long long ak,
-                       const float *B, long long ldb, float *C, long long ldc, float alpha);
+                       const float *B, long long ldb, float *C, long long ldc, const float *alpha);
 
 static void tile_portable(int M, int N, int K, const float *A, long long ar, long long ak,
-                          const float *B, long long ldb, float *C, long long ldc, float alpha) {
+                          const float *B, long long ldb, float *C, long long ldc, const float *alpha) {
     for (int r = 0; r < M; r++) {
         float acc[TILE_N] = {0};
         for (int k = 0; k < K; k++) {
@@ -27,7 +27,7 @@ static void tile_portable(int M, int N, int K, const float *A, long long ar, lon
                 acc[n] += a * B[k * ldb + n];
         }
         for (int n = 0; n < N; n++)
-            C[r * ldc + n] = alpha * acc[n];
+            C[r * ldc + n] = alpha[r] * acc[n];
     }
 }
 
@@ -56,6 +56,7 @@ AVX2 static inline __m256i lanes_below(int n) {
 #define STORE(r)                                                                              \
     if (r < M) {                                                                              \
         float *cr = C + r * ldc;                                                              \
+        const __m256 al = _mm256_set1_ps(alpha[r]);                                           \
         if (N > 8) {                                                                          \
             _mm256_storeu_ps(cr, _mm256_mul_ps(al, c##r##0));                                 \
             last = c##r##1, cr += 8;                                                          \
@@ -68,23 +69,38 @@ AVX2 static inline __m256i lanes_below(int n) {
             _mm256_maskstore_ps(cr, tail, _mm256_mul_ps(al, last));                           \
     }
 
+/* The k loop for A read along its rows (ak = 1: six row pointers, k an index) or down its
+ * columns (ar = 1: one pointer, the rows at fixed offsets), else any strides. */
+#define K_LOOP(FMA, LOAD_B, ADDR, STEP)                                                       \
+    for (int k = 0; k < K; k++, B += ldb) {                                                   \
+        LOAD_B;                                                                               \
+        ROWS(FMA)                                                                             \
+        STEP;                                                                                 \
+    }
+#define LOAD1 const __m256 b0 = _mm256_loadu_ps(B)
+#define LOAD2 const __m256 b0 = _mm256_loadu_ps(B), b1 = _mm256_loadu_ps(B + 8)
+
 AVX2 static void tile_avx2(int M, int N, int K, const float *A, long long ar, long long ak,
-                           const float *B, long long ldb, float *C, long long ldc, float alpha) {
+                           const float *B, long long ldb, float *C, long long ldc, const float *alpha) {
     ROWS(ROW_PTR)
     ROWS(ZERO)
     long long o = 0;
-    if (N > 8) {
-        for (int k = 0; k < K; k++, o += ak, B += ldb) {
-            const __m256 b0 = _mm256_loadu_ps(B), b1 = _mm256_loadu_ps(B + 8);
-            ROWS(FMA2)
+    if (ak == 1 && N > 8) {
+        K_LOOP(FMA2, LOAD2, , o++)
+    } else if (ak == 1) {
+        K_LOOP(FMA1, LOAD1, , o++)
+    } else if (ar == 1 && M == TILE_M) { /* rows at a0 + r: one pointer */
+        a1 = a0 + 1, a2 = a0 + 2, a3 = a0 + 3, a4 = a0 + 4, a5 = a0 + 5;
+        if (N > 8) {
+            K_LOOP(FMA2, LOAD2, , o += ak)
+        } else {
+            K_LOOP(FMA1, LOAD1, , o += ak)
         }
+    } else if (N > 8) {
+        K_LOOP(FMA2, LOAD2, , o += ak)
     } else {
-        for (int k = 0; k < K; k++, o += ak, B += ldb) {
-            const __m256 b0 = _mm256_loadu_ps(B);
-            ROWS(FMA1)
-        }
+        K_LOOP(FMA1, LOAD1, , o += ak)
     }
-    const __m256 al = _mm256_set1_ps(alpha);
     const int rest = N > 8 ? N - 8 : N, full = rest == 8;
     const __m256i tail = lanes_below(rest);
     __m256 last;

@@ -56,23 +56,28 @@ enum { Q, K, V, Z, DZ, DQ, DK, DV };
 
 /* The row maps, each over s[0, w) (w a multiple of 8, the row readable that far) with the
  * first n entries kept and the rest set to 0:
- *   softmax(s, n, w, &inv) → lse   s_j ← exp(s_j − m) (m the maximum), inv = 1/Σ_j s_j,
- *                            returns m + log Σ (the normalisation is left to z's tile);
+ *   softmax(S, ld, M, n, w, lse, inv)   for rows r < M of S (ld apart), n + r entries kept:
+ *                            s_j ← exp(s_j − m) (m the row's maximum), inv_r = 1/Σ_j s_j,
+ *                            lse_r = m + log Σ (the normalisation is left to z's tile); the
+ *                            maxima first, then the exps, so that rows overlap;
  *   exps(s, n, w, lse)       s_j ← exp(s_j − lse);
  *   dscores(p, dp, n, w, Δ)  dp_j ← p_j (dp_j − Δ). */
-typedef float (*SoftmaxFn)(float *s, int n, int w, float *inv);
+typedef void (*SoftmaxFn)(float *S, long long ld, int M, int n, int w, float *lse, float *inv);
 typedef void (*ExpsFn)(float *s, int n, int w, float lse);
 typedef void (*DScoresFn)(const float *p, float *dp, int n, int w, float delta);
 
-static float softmax_portable(float *s, int n, int w, float *inv) {
-    float m = -INFINITY, total = 0.0f;
-    for (int j = 0; j < n; j++)
-        m = s[j] > m ? s[j] : m;
-    for (int j = 0; j < n; j++)
-        total += (s[j] = expf(s[j] - m));
-    *inv = 1.0f / total;
-    memset(s + n, 0, sizeof(float) * (size_t)(w - n));
-    return m + logf(total);
+static void softmax_portable(float *S, long long ld, int M, int n, int w, float *lse,
+                             float *inv) {
+    for (int r = 0; r < M; r++) {
+        float *s = S + r * ld, m = -INFINITY, total = 0.0f;
+        for (int j = 0; j < n + r; j++)
+            m = s[j] > m ? s[j] : m;
+        for (int j = 0; j < n + r; j++)
+            total += (s[j] = expf(s[j] - m));
+        memset(s + n + r, 0, sizeof(float) * (size_t)(w - n - r));
+        inv[r] = 1.0f / total;
+        lse[r] = m + logf(total);
+    }
 }
 
 static void exps_portable(float *s, int n, int w, float lse) {
@@ -99,22 +104,33 @@ AVX2 static float hsum(__m256 x) {
 /* Lanes j + [0, 8) below n, as a float mask. */
 AVX2 static inline __m256 kept(int n, int j) { return _mm256_castsi256_ps(lanes_below(n - j)); }
 
-AVX2 static float softmax_avx2(float *s, int n, int w, float *inv) {
-    __m256 top = _mm256_set1_ps(-INFINITY), total = _mm256_setzero_ps();
-    for (int j = 0; j < n; j += 8)
-        top = _mm256_max_ps(top, _mm256_blendv_ps(top, _mm256_loadu_ps(s + j), kept(n, j)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float m = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    const __m256 mv = _mm256_set1_ps(m);
-    for (int j = 0; j < w; j += 8) {
-        __m256 e = _mm256_and_ps(kept(n, j), exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv)));
-        _mm256_storeu_ps(s + j, e);
-        total = _mm256_add_ps(total, e);
+AVX2 static void softmax_avx2(float *S, long long ld, int M, int n, int w, float *lse,
+                              float *inv) {
+    float top[TILE_M];
+    for (int r = 0; r < M; r++) {
+        const float *s = S + r * ld;
+        __m256 m = _mm256_set1_ps(-INFINITY);
+        for (int j = 0; j < n + r; j += 8)
+            m = _mm256_max_ps(m, _mm256_blendv_ps(m, _mm256_loadu_ps(s + j), kept(n + r, j)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        top[r] = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
     }
-    const float sum = hsum(total);
-    *inv = 1.0f / sum;
-    return m + logf(sum);
+    for (int r = 0; r < M; r++) {
+        float *s = S + r * ld;
+        const __m256 m = _mm256_set1_ps(top[r]);
+        __m256 total = _mm256_setzero_ps();
+        for (int j = 0; j < w; j += 8) {
+            __m256 e = _mm256_and_ps(kept(n + r, j), exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m)));
+            _mm256_storeu_ps(s + j, e);
+            total = _mm256_add_ps(total, e);
+        }
+        inv[r] = hsum(total); /* the sum, for now */
+    }
+    for (int r = 0; r < M; r++) {
+        lse[r] = top[r] + logf(inv[r]);
+        inv[r] = 1.0f / inv[r];
+    }
 }
 
 /* dst[d·Tp + t] = rows[t·Dp + d] by 8 × 8 blocks (the padding included). */
@@ -142,6 +158,16 @@ AVX2 static void transpose_avx2(float *dst, const float *rows, int T, int D, int
         }
 }
 
+/* dst[d] = α x[d] for d < D, and 0 on to the next multiple of 8 (dst is that long). */
+AVX2 static void copy_row_avx2(float *dst, const float *x, int D, float alpha) {
+    const __m256 a = _mm256_set1_ps(alpha);
+    int d = 0;
+    for (; d + 8 <= D; d += 8)
+        _mm256_storeu_ps(dst + d, _mm256_mul_ps(a, _mm256_loadu_ps(x + d)));
+    if (d < D)
+        _mm256_storeu_ps(dst + d, _mm256_mul_ps(a, _mm256_maskload_ps(x + d, lanes_below(D - d))));
+}
+
 AVX2 static void exps_avx2(float *s, int n, int w, float lse) {
     const __m256 l = _mm256_set1_ps(lse);
     for (int j = 0; j < w; j += 8)
@@ -159,6 +185,13 @@ AVX2 static void dscores_avx2(const float *p, float *dp, int n, int w, float del
 #endif
 
 typedef void (*TransposeFn)(float *dst, const float *rows, int T, int D, int Tp, int Dp);
+typedef void (*CopyRowFn)(float *dst, const float *x, int D, float alpha);
+
+/* dst[d] = α x[d] for d < D. */
+static void copy_row_portable(float *dst, const float *x, int D, float alpha) {
+    for (int d = 0; d < D; d++)
+        dst[d] = alpha * x[d];
+}
 
 /* dst[d·Tp + t] = rows[t·Dp + d]. */
 static void transpose_portable(float *dst, const float *rows, int T, int D, int Tp, int Dp) {
@@ -169,18 +202,21 @@ static void transpose_portable(float *dst, const float *rows, int T, int D, int 
 
 static TileFn TILE;
 static TransposeFn TRANSPOSE;
+static CopyRowFn COPY_ROW;
 static SoftmaxFn SOFTMAX;
 static ExpsFn EXPS;
 static DScoresFn DSCORES;
 static const char *KERNEL_NAME;
 
 static void pick_kernels(int portable) {
-    TILE = tile_portable, TRANSPOSE = transpose_portable, SOFTMAX = softmax_portable;
+    TILE = tile_portable, TRANSPOSE = transpose_portable, COPY_ROW = copy_row_portable;
+    SOFTMAX = softmax_portable;
     EXPS = exps_portable;
     DSCORES = dscores_portable, KERNEL_NAME = "portable";
 #if GG_X86
     if (!portable && cpu_has_avx2()) {
-        TILE = tile_avx2, TRANSPOSE = transpose_avx2, SOFTMAX = softmax_avx2;
+        TILE = tile_avx2, TRANSPOSE = transpose_avx2, COPY_ROW = copy_row_avx2;
+        SOFTMAX = softmax_avx2;
         EXPS = exps_avx2, DSCORES = dscores_avx2;
         KERNEL_NAME = "avx2";
     }
@@ -211,8 +247,7 @@ static void copy_rows(float *dst, const Job *j, const float *base, int m, int b,
     for (int t = 0; t < j->T; t++, dst += j->Dp) {
         const float *xt = x + t * st;
         if (sd == 1)
-            for (int d = 0; d < j->D; d++)
-                dst[d] = alpha * xt[d];
+            COPY_ROW(dst, xt, j->D, alpha);
         else
             for (int d = 0; d < j->D; d++)
                 dst[d] = alpha * xt[d * sd];
@@ -262,12 +297,10 @@ static void forward_item(const Job *j, int b, int h, int next, float *scratch) {
         prefetch_rows(j, next, i0, i1);
         for (int j0 = 0; j0 < W; j0 += TILE_N) /* S = (q/√D) kᵀ, keys up to the last query */
             TILE(M, TILE_N, D, q + (size_t)i0 * Dp, Dp, 1, kt + j0, Tp, S + j0, Tp, ONES);
-        float inv[TILE_M];
-        for (int r = 0; r < M; r++) {
-            const float l = SOFTMAX(S + (size_t)r * Tp, i0 + r + 1, W, inv + r);
-            if (lse)
-                lse[i0 + r] = l;
-        }
+        float inv[TILE_M], l[TILE_M];
+        SOFTMAX(S, Tp, M, i0 + 1, W, l, inv);
+        if (lse)
+            memcpy(lse + i0, l, sizeof(float) * (size_t)M);
         product(M, i1, S, Tp, 1, v, Dp, z + i0 * zt, zt, D, inv); /* z = P v */
     }
 }

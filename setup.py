@@ -29,7 +29,9 @@ def kernel(name: str) -> Extension:
     return Extension(
         f"glassgpt.kernels.{name}",
         [f"{KERNELS}/{name}.c"],
-        depends=[f"{KERNELS}/{h}.h" for h in ("_parallel", "_cpu", "_vexp", "_tile")],
+        depends=[
+            f"{KERNELS}/{h}.h" for h in ("_parallel", "_cpu", "_vexp", "_tile", "_flash_rows")
+        ],
         extra_compile_args=["-O3"],
         optional=True,
     )

@@ -6,7 +6,9 @@ and by ``F.scaled_dot_product_attention(..., is_causal=True)``, alternating the 
 by repeat so that both see the same machine noise, with fresh inputs each repeat (q, k, v
 as the model makes them: [B, H, T, d] views of one [B, T, 3, H, d] buffer). It prints the
 medians in ms and the ratio PyTorch / glassgpt (> 1: glassgpt faster), and the load average
-first (the figures mean little on a busy machine). Run from the repository root:
+first (the figures mean little on a busy machine). The backward includes autograd's own
+work for both (gathering dq, dk, dv into the [B, T, 3, H, d] buffer's gradient), about 2 ms
+of either's at the speedrun shape on one thread. Run from the repository root:
 
     PYTHONPATH=src python bench/attention_train.py                  # 2 threads, 3 shapes
     PYTHONPATH=src python bench/attention_train.py --repeats 5 --threads 1

@@ -107,7 +107,8 @@ static void prefetch_rows(const Job *j, int next, int t0, int t1) {
 
 static const float ONES[TILE_M] = {1, 1, 1, 1, 1, 1};
 
-/* C[0, M) × [0, D) = diag(α) A B by tiles of TILE_N columns (B rows readable to a multiple of 8). */
+/* C[0, M) × [0, D) = diag(α) A B by tiles of TILE_N columns (B's rows readable to a
+ * multiple of 8). */
 static void product(int M, int Kn, const float *A, long long ar, long long ak, const float *B,
                     long long ldb, float *C, long long ldc, int D, const float *alpha) {
     for (int n0 = 0; n0 < D; n0 += TILE_N)
@@ -166,7 +167,8 @@ static void deltas(const float *dz, const float *z, float *delta, int T, int Dp)
         for (int d = 0; d < Dp; d += 8)
             for (int l = 0; l < 8; l++)
                 acc[l] += dz[d + l] * z[d + l];
-        delta[i] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        const float lo = (acc[0] + acc[4]) + (acc[1] + acc[5]);
+        delta[i] = lo + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     }
 }
 
@@ -174,7 +176,8 @@ static void backward_item(const Job *j, int b, int h, int next, float *scratch) 
     const int T = j->T, D = j->D, Tp = j->Tp, Dp = j->Dp;
     const size_t rows = (size_t)Tp * Dp;
     float *q = scratch, *k = q + rows, *v = k + rows, *dz = v + rows, *kt = dz + rows;
-    float *vt = kt + rows, *P = vt + rows, *dS = P + (size_t)Tp * Tp, *delta = dS + (size_t)Tp * Tp;
+    float *vt = kt + rows, *P = vt + rows, *dS = P + (size_t)Tp * Tp;
+    float *delta = dS + (size_t)Tp * Tp;
     copy_rows(q, j, j->q, Q, b, h, j->scale);
     copy_rows(k, j, j->k, K, b, h, 1.0f);
     copy_rows(v, j, j->v, V, b, h, 1.0f);

@@ -5,14 +5,17 @@
 - ``glassgpt.kernels._attend``: attention for a few queries over a KV cache (decoding);
 - ``glassgpt.kernels._int8``: the int8 weight-only product for decoding;
 - ``glassgpt.kernels._rowwise``: a decoding step's norms and tanh GELU on its few rows, and
-  a training step's tanh GELU and its gradient over whole activations.
+  a training step's tanh GELU and its gradient over whole activations;
+- ``glassgpt.kernels._flash``: causal self-attention and its gradients for small heads
+  (training, and a prompt's forward).
 
 The kernels use AVX2+FMA where the CPU has it (chosen at run time, ``kernels/_cpu.h`` for the
 float32 ones, else a portable loop) and run their parts on PyTorch's own OpenMP threads
 (``kernels/_parallel.h``).
 
 optional=True: without a C compiler the install still succeeds; the tokenizer falls back to
-tiktoken's core, float32 products and attention to PyTorch's kernels and int8 products to float32 ones
+tiktoken's core, float32 products and attention (both kernels) to PyTorch's kernels and int8
+products to float32 ones
 with the same weights (each says so once), the norms and GELU to PyTorch's.
 """
 
@@ -26,7 +29,9 @@ def kernel(name: str) -> Extension:
     return Extension(
         f"glassgpt.kernels.{name}",
         [f"{KERNELS}/{name}.c"],
-        depends=[f"{KERNELS}/_parallel.h", f"{KERNELS}/_cpu.h", f"{KERNELS}/_vexp.h"],
+        depends=[
+            f"{KERNELS}/{h}.h" for h in ("_parallel", "_cpu", "_vexp", "_tile", "_flash_rows")
+        ],
         extra_compile_args=["-O3"],
         optional=True,
     )
@@ -41,6 +46,6 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,
         ),
-        *(kernel(name) for name in ("_gemv", "_attend", "_int8", "_rowwise")),
+        *(kernel(name) for name in ("_gemv", "_attend", "_int8", "_rowwise", "_flash")),
     ]
 )

@@ -18,8 +18,9 @@ with :func:`pack` (``glassgpt.sample.precision.cast`` does it for an inference c
 channel) and registers its int8 product, a compiled kernel (``kernels/_int8.c``). A decoding
 step's attention (a few queries, float32, no autograd) takes ``kernels/_attend.c``; its norms,
 GELUs and KV-cache writes take ``kernels/_rowwise.c`` (``glassgpt.kernels.rowwise``), as do a
-training step's float32 tanh GELU and its gradient. The weights the decoding kernels stream
-live on 2 MiB pages (``glassgpt.kernels.pages``).
+training step's float32 tanh GELU and its gradient. Float32 causal self-attention with small
+heads (training, a prompt) takes ``kernels/_flash.c`` (``glassgpt.kernels.flash``). The
+weights the decoding kernels stream live on 2 MiB pages (``glassgpt.kernels.pages``).
 ``glassgpt.kernels.checks`` checks token ids without stalling a GPU (a device-side
 assertion there).
 

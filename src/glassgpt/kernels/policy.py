@@ -18,6 +18,16 @@ On a CPU (measured with PyTorch 2.x):
   takes glassgpt's own kernel (``kernels/_attend.c``) when it is built: PyTorch's fused
   kernel spends about 50 µs a call setting up for one query of GPT-2 small (12 heads, 80
   keys), about 0.6 ms of a 21 ms decoding step over 12 layers.
+- other float32 causal self-attention (queries and keys at the same positions, no mask of
+  the caller's, no dropout) with heads up to ``CAUSAL_MAX_HEAD`` wide and up to
+  ``CAUSAL_MAX_KEYS`` positions, training or not, takes glassgpt's causal kernel
+  (``kernels/_flash.c``) when it is built: PyTorch's CPU flash kernel runs small heads at
+  about 12 GFLOP/s. At the speedrun preset's [16, 4, 128, 32] on one thread the kernels
+  alone took 1.5 ms forward and 3.3 backward against PyTorch's 2.9 and 7.0; forward and
+  backward 1.6-2x faster up to 512 positions (d_head 32-128), no faster at 1024, where its
+  per-head scratch (two T × T blocks) leaves the caches (``bench/attention_train.py``). It
+  keeps what the fused kernel keeps (q, k, v, z and the row log-sum-exps), so memory
+  estimates need not tell the two apart.
 
 On a GPU every shape takes PyTorch's fused kernel in the compute dtype.
 """
@@ -30,8 +40,12 @@ from typing import Any, Literal
 SMALL_HEAD = 64  # below this d_head, CPU bf16 attention avoids PyTorch's bf16 fused kernel ...
 EXPLICIT_MAX_KEYS = 128  # ... and up to this many keys runs the explicit product
 FEW_QUERIES = 8  # float32 inference with up to this many queries: glassgpt's decoding kernel
+CAUSAL_MAX_HEAD = 128  # float32 causal self-attention up to this d_head ...
+CAUSAL_MAX_KEYS = 512  # ... and this many positions: glassgpt's causal kernel
 
-AttentionPath = Literal["fused", "math", "explicit_bf16", "fused_float32", "few_queries"]
+AttentionPath = Literal[
+    "fused", "math", "explicit_bf16", "fused_float32", "few_queries", "causal_small"
+]
 
 
 def is_bf16(dtype: Any) -> bool:
@@ -46,14 +60,16 @@ def is_bf16(dtype: Any) -> bool:
 def attention_path(
     device: str, dtype: Any, d_head: int, n_keys: int, *, masked: bool = False,
     dropout: bool = False, n_queries: int | None = None, inference: bool = False,
-    few_queries_kernel: bool = False,
+    few_queries_kernel: bool = False, causal_kernel: bool = False,
 ) -> AttentionPath:  # fmt: skip
     """The kernel that computes z = softmax(q kᵀ/√d_head + M) v on ``device`` (a device type,
     ``"cpu"`` or ``"cuda"``) with compute ``dtype``, for heads of ``d_head`` and ``n_keys`` keys.
 
     ``masked``: the caller's own mask (a padded batch) replaces the causal one; ``dropout``:
     dropout on the pattern; ``n_queries``, ``inference`` (no autograd) and
-    ``few_queries_kernel`` (glassgpt's decoding kernel is built) choose ``few_queries``.
+    ``few_queries_kernel`` (glassgpt's decoding kernel is built) choose ``few_queries``;
+    ``n_queries`` equal to ``n_keys`` (self-attention, offset 0) and ``causal_kernel``
+    (glassgpt's causal kernel is built) ``causal_small``.
 
     - ``fused``: PyTorch's fused kernel in ``dtype``;
     - ``math``: the same call, which PyTorch sends to its math fallback (CPU, dropout);
@@ -62,7 +78,10 @@ def attention_path(
     - ``fused_float32``: the fused kernel on float32 copies (CPU, the other small bf16 heads;
       with dropout that is the float32 math fallback);
     - ``few_queries``: glassgpt's decoding kernel (CPU, float32, inference, no dropout, at most
-      ``FEW_QUERIES`` queries).
+      ``FEW_QUERIES`` queries);
+    - ``causal_small``: glassgpt's causal kernel (CPU, float32, no mask of the caller's, no
+      dropout, queries at the keys' positions, d_head ≤ ``CAUSAL_MAX_HEAD``, at most
+      ``CAUSAL_MAX_KEYS`` keys), forward and backward.
 
     >>> attention_path("cpu", "bf16", 32, 64), attention_path("cpu", "bf16", 32, 256)
     ('explicit_bf16', 'fused_float32')
@@ -71,17 +90,35 @@ def attention_path(
     >>> attention_path("cpu", "float32", 64, 80, n_queries=1, inference=True,
     ...                few_queries_kernel=True)
     'few_queries'
+    >>> attention_path("cpu", "float32", 32, 128, n_queries=128, causal_kernel=True)
+    'causal_small'
     """
     if device != "cpu":
         return "fused"
     few = n_queries is not None and n_queries <= FEW_QUERIES and inference and not dropout
     if few and few_queries_kernel and str(dtype).removeprefix("torch.") in ("float32", "fp32"):
         return "few_queries"
+    if causal_kernel and _causal_small(dtype, d_head, n_keys, n_queries, masked, dropout):
+        return "causal_small"
     if is_bf16(dtype) and d_head < SMALL_HEAD:
         if not masked and not dropout and n_keys <= EXPLICIT_MAX_KEYS:
             return "explicit_bf16"
         return "fused_float32"  # with dropout: the float32 math fallback
     return "math" if dropout else "fused"
+
+
+def _causal_small(
+    dtype: Any, d_head: int, n_keys: int, n_queries: int | None, masked: bool, dropout: bool
+) -> bool:
+    """Whether glassgpt's causal kernel takes the shape (see :func:`attention_path`)."""
+    if (
+        masked
+        or dropout
+        or n_queries != n_keys
+        or str(dtype).removeprefix("torch.") not in ("float32", "fp32")
+    ):
+        return False
+    return d_head <= CAUSAL_MAX_HEAD and n_keys <= CAUSAL_MAX_KEYS
 
 
 def compiled_gelu() -> bool:

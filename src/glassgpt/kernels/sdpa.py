@@ -5,7 +5,9 @@ boolean mask (True = may attend) says no. PyTorch's ``scaled_dot_product_attenti
 materialises the pattern; this module chooses how to call it (``is_causal``, no mask for one
 query after every key, an explicit mask otherwise) and, on CPUs, when to avoid it: for a
 decoding step's few queries in float32 inference, glassgpt's own kernel
-(``glassgpt.kernels._attend``) computes the same z without PyTorch's per-call set-up.
+(``glassgpt.kernels._attend``) computes the same z without PyTorch's per-call set-up; for
+float32 causal self-attention with small heads (training, or a prompt's forward), glassgpt's
+causal kernel (``glassgpt.kernels.flash``) computes z and its gradients several times faster.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from glassgpt.kernels import flash
 from glassgpt.kernels.policy import attention_path
 
 try:
@@ -56,9 +59,12 @@ def attention(
         device, compute_dtype(q, device), q.shape[-1], k.shape[-2],
         masked=mask is not None, dropout=dropout_p > 0.0, n_queries=q.shape[-2],
         inference=inference, few_queries_kernel=_attend is not None,
+        causal_kernel=flash._flash is not None,
     )  # fmt: skip
     if path == "few_queries" and _few_queries_ok(q, k, v, offset, mask):
         return few_queries(q, k, v, offset, mask)
+    if path == "causal_small" and offset == 0 and flash.takes(q, k, v):
+        return flash.causal_attention(q, k, v)
     if path == "explicit_bf16":
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
         scores = scores.masked_fill(_hidden(q.shape[-2], k.shape[-2], offset, q.device), -math.inf)

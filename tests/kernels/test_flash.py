@@ -234,3 +234,48 @@ def test_a_gpts_loss_and_gradients_match_pytorchs_kernel(monkeypatch: pytest.Mon
     for name, want in want_grads.items():
         scale = want.abs().max().item()
         assert (grads[name] - want).abs().max().item() <= 1e-5 * scale + 1e-8, name
+
+
+def _from_qkv(x: torch.Tensor, B: int, H: int, T: int, D: int) -> list[torch.Tensor]:
+    """q, k, v [B, H, T, D] as the model makes them: views of one projection output."""
+    return list((x * 1.0).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0))
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_q_k_v_of_one_projection_send_their_gradient_in_its_layout(flat: bool) -> None:
+    """The same z and the same gradient of the projection, to the bit, whether autograd goes
+    through the packed function or through dq, dk, dv and the unbind; and the float64 oracle."""
+    B, H, T, D = 2, 3, 41, 16
+    torch.manual_seed(7)
+    shape = (B * T, 3 * H * D) if flat else (B, T, 3 * H * D)  # F.linear's 2-D or 3-D result
+    x = torch.randn(shape, requires_grad=True)
+    g = torch.randn(B, H, T, D)
+    q, k, v = _from_qkv(x, B, H, T, D)
+    assert flash.packed_base(q, k, v) is not None
+    z = flash.causal_attention(q, k, v)
+    (dx,) = torch.autograd.grad(z, x, g)
+    q, k, v = _from_qkv(x, B, H, T, D)
+    z_ref = flash.CausalAttention.apply(q, k, v)
+    (dx_ref,) = torch.autograd.grad(z_ref, x, g)
+    assert torch.equal(z, z_ref) and torch.equal(dx, dx_ref)
+    want_z, want_grads = _oracle(*(t.detach() for t in _from_qkv(x, B, H, T, D)), g)
+    _close(z, want_z)
+    _close(dx.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4), torch.stack(want_grads))
+
+
+def test_views_that_are_not_one_unbind_take_the_unpacked_function() -> None:
+    """q from a hook's own tensor, a gradient hook on q, or q, k, v of different tensors: the
+    gradient goes through q, k and v, so that every hook on them runs."""
+    B, H, T, D = 1, 2, 9, 8
+    x = torch.randn(B, T, 3 * H * D, requires_grad=True)
+    q, k, v = _from_qkv(x, B, H, T, D)
+    seen: list[torch.Tensor] = []
+    q.register_hook(seen.append)
+    assert flash.packed_base(q, k, v) is None
+    flash.causal_attention(q, k, v).sum().backward()
+    assert len(seen) == 1
+    q, k, v = _from_qkv(x, B, H, T, D)
+    assert flash.packed_base(q.transpose(1, 2).transpose(1, 2), k, v) is None
+    assert flash.packed_base(*_from_qkv(x, B, H, T, D)[:2], v) is None
+    with torch.no_grad():
+        assert flash.packed_base(*_from_qkv(x, B, H, T, D)) is None

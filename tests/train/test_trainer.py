@@ -20,7 +20,7 @@ from standins import TinyLM, WindowSampler, markov_tokens
 from glassgpt.checkpoint import find_resumable, load_checkpoint, step_folders
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.metrics import read_metrics
-from glassgpt.train.trainer import Trainer, TrainingDiverged
+from glassgpt.train.trainer import Trainer, TrainingDiverged, clip_gradients
 
 TOKENS = markov_tokens(4000)
 VAL = markov_tokens(800, seed=1)
@@ -278,3 +278,24 @@ def test_a_torchrun_process_joins_a_group_even_alone(monkeypatch: pytest.MonkeyP
     assert not launched_by_torchrun()
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     assert launched_by_torchrun()
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 3.0, 1e9])
+@pytest.mark.parametrize("poison", [False, True])
+def test_clip_gradients_matches_torch_clip_grad_norm(max_norm: float, poison: bool) -> None:
+    """The oracle: torch.nn.utils.clip_grad_norm_ on copies of the same gradients, with norms
+    above and below max_norm, and a NaN among them."""
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(s)) for s in [(7, 5), (5,), (3, 4, 2)]]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for a, b in zip(ours, theirs):
+        a.grad = torch.randn_like(a)
+        b.grad = a.grad.clone()
+    if poison:
+        ours[1].grad[0] = theirs[1].grad[0] = math.nan
+    ours.append(torch.nn.Parameter(torch.zeros(2)))  # no gradient: left out, as torch does
+    norm = clip_gradients(ours, max_norm)
+    want = torch.nn.utils.clip_grad_norm_(theirs, max_norm, foreach=True)
+    torch.testing.assert_close(norm, want, equal_nan=True)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, equal_nan=True)

@@ -38,8 +38,44 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """softmax(q kᵀ/√d_head + M) v for q, k, v [B, H, T, d_head] (any strides; ``takes``
     holds), differentiable in each; without autograd the forward alone (no lse kept)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        qkv = packed_base(q, k, v)
+        if qkv is not None:
+            return CausalAttentionQKV.apply(qkv, *q.shape)
         return CausalAttention.apply(q, k, v)
     return forward(q, k, v, keep_lse=False)[0]
+
+
+def packed_base(q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+    """The one tensor qkv (contiguous, B·T·3·H·d_head values, as the QKV projection returns
+    it) whose [B, T, 3, H, d_head] view q, k and v are, read as [B, H, T, d_head]; else None.
+
+    Autograd then sends the gradients straight to qkv in one buffer, [dq | dk | dv] per
+    position, instead of stacking dq, dk and dv and copying the stack into qkv's layout.
+    Only for the three outputs of one unbind (the model's path with no hooks on q, k, v), so
+    that no hook on their gradients is skipped."""
+    node = q.grad_fn
+    if node is None or node is not k.grad_fn or node is not v.grad_fn:
+        return None
+    if node.name() != "UnbindBackward0" or q._backward_hooks or k._backward_hooks:
+        return None
+    base = q._base
+    if base is None or k._base is not base or v._base is not base or not base.is_contiguous():
+        return None
+    B, H, T, D = q.shape
+    if base.numel() != B * T * 3 * H * D or not base.requires_grad:
+        return None
+    strides = (T * 3 * H * D, D, 3 * H * D, 1)
+    if not (q.stride() == k.stride() == v.stride() == strides):
+        return None
+    offset = base.storage_offset()
+    starts = (q.storage_offset(), k.storage_offset(), v.storage_offset())
+    return base if starts == (offset, offset + H * D, offset + 2 * H * D) else None
+
+
+def _qkv_views(qkv: Tensor, B: int, H: int, T: int, D: int) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v [B, H, T, D] as views of qkv (contiguous, [B, T, 3, H, D] values)."""
+    q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k, v
 
 
 def _bthd(like: Tensor) -> Tensor:
@@ -66,15 +102,23 @@ def backward(
     q: Tensor, k: Tensor, v: Tensor, z: Tensor, lse: Tensor, dz: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv [B, H, T, D] (views of [B, T, H, D]) for the gradient dz of z."""
+    dq, dk, dv = _bthd(q), _bthd(q), _bthd(q)
+    _backward_into(q, k, v, z, lse, dz, dq, dk, dv)
+    return dq, dk, dv
+
+
+def _backward_into(
+    q: Tensor, k: Tensor, v: Tensor, z: Tensor, lse: Tensor, dz: Tensor,
+    dq: Tensor, dk: Tensor, dv: Tensor,
+) -> None:  # fmt: skip
+    """:func:`backward`, writing into the given dq, dk, dv [B, H, T, D] (any strides)."""
     assert _flash is not None
     B, H, T, D = q.shape
-    dq, dk, dv = _bthd(q), _bthd(q), _bthd(q)
     tensors = (q, k, v, z, dz, dq, dk, dv)
     strides = tuple(s for t in tensors for s in t.stride())
     _flash.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), z.data_ptr(), lse.data_ptr(),
                     dz.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, H, T, D,
                     strides, torch.get_num_threads())  # fmt: skip
-    return dq, dk, dv
 
 
 class CausalAttention(torch.autograd.Function):
@@ -93,3 +137,26 @@ class CausalAttention(torch.autograd.Function):
         if dz.dtype is not torch.float32:
             dz = dz.float()
         return backward(q, k, v, z, lse, dz)
+
+
+class CausalAttentionQKV(torch.autograd.Function):
+    """:class:`CausalAttention` of the q, k, v packed in qkv ([B, T, 3, H, d] values); its gradient
+    comes back in qkv's layout, each of dq, dk and dv written in place there by the kernel."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, B: int, H: int, T: int, D: int) -> Tensor:
+        z, lse = forward(*_qkv_views(qkv, B, H, T, D))
+        ctx.save_for_backward(qkv, z, lse)
+        ctx.shape = B, H, T, D
+        return z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dz: Tensor) -> tuple[Tensor, None, None, None, None]:
+        qkv, z, lse = ctx.saved_tensors
+        if dz.dtype is not torch.float32:
+            dz = dz.float()
+        dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
+        views = _qkv_views(qkv, *ctx.shape), _qkv_views(dqkv, *ctx.shape)
+        _backward_into(*views[0], z, lse, dz, *views[1])
+        return dqkv, None, None, None, None

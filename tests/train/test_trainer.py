@@ -20,7 +20,8 @@ from standins import TinyLM, WindowSampler, markov_tokens
 from glassgpt.checkpoint import find_resumable, load_checkpoint, step_folders
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.metrics import read_metrics
-from glassgpt.train.trainer import Trainer, TrainingDiverged, clip_gradients
+from glassgpt.train.optim import clip_gradients
+from glassgpt.train.trainer import Trainer, TrainingDiverged
 
 TOKENS = markov_tokens(4000)
 VAL = markov_tokens(800, seed=1)

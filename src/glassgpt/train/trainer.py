@@ -49,6 +49,7 @@ from glassgpt.train.distributed import DistContext, all_reduce_mean, any_rank, g
 from glassgpt.train.metrics import MetricsLog, truncate_after
 from glassgpt.train.optim import (
     build_optimizer,
+    clip_gradients,
     load_optimizer_tensors,
     lr_at,
     optimizer_tensors,
@@ -393,16 +394,3 @@ class Trainer:
                 write(sample)
                 out["sample"] = sample
         return out
-
-
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """g ← g · min(1, max_norm / (‖g‖₂ + 10⁻⁶)) over all gradients together; returns ‖g‖₂.
-
-    ``clip_grad_norm_``'s rule. On a CPU, where reading the norm costs nothing, the gradients
-    are multiplied only when the factor is below 1 (multiplying by 1 changes no value, and
-    cost about 1% of a small model's step); on a GPU always, so that the host never waits."""
-    grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
-    if norm.device.type != "cpu" or not float(norm) + 1e-6 <= max_norm:  # NaN: as torch does
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
-    return norm

@@ -30,7 +30,8 @@ def kernel(name: str) -> Extension:
         f"glassgpt.kernels.{name}",
         [f"{KERNELS}/{name}.c"],
         depends=[
-            f"{KERNELS}/{h}.h" for h in ("_parallel", "_cpu", "_vexp", "_tile", "_flash_rows")
+            f"{KERNELS}/{h}.h"
+            for h in ("_parallel", "_cpu", "_vexp", "_tile", "_flash_rows", "_module")
         ],
         extra_compile_args=["-O3"],
         optional=True,

@@ -221,14 +221,7 @@ static void run_part(const void *job, int part, int parts) {
 
 /* ------------------------------------------------------------------------- Python -- */
 
-static int ints(PyObject *const *args, Py_ssize_t n, long long *out) {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        out[i] = PyLong_AsLongLong(args[i]);
-        if (out[i] == -1 && PyErr_Occurred())
-            return 0;
-    }
-    return 1;
-}
+#include "_module.h" /* ints(), use_portable(), kernel_name() */
 
 /* Both entry points: n_ptr addresses, B, H, T, D, a tuple of strides, threads. */
 static PyObject *run(PyObject *const *args, Py_ssize_t nargs, int backward) {
@@ -294,18 +287,6 @@ static PyObject *forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 
 static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return run(args, nargs, 1);
-}
-
-static PyObject *use_portable(PyObject *self, PyObject *flag) { /* tests: the portable loops */
-    int on = PyObject_IsTrue(flag);
-    if (on < 0)
-        return NULL;
-    pick_kernels(on); /* tests only: no call may be in flight */
-    return PyUnicode_FromString(KERNEL_NAME);
-}
-
-static PyObject *kernel_name(PyObject *self, PyObject *unused) {
-    return PyUnicode_FromString(KERNEL_NAME);
 }
 
 static PyMethodDef methods[] = {

@@ -239,15 +239,7 @@ static void pick_kernels(int portable) {
 #endif
 }
 
-/* The integer arguments args[0..n) into out (addresses, sizes); False with an error set. */
-static int ints(PyObject *const *args, Py_ssize_t n, long long *out) {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        out[i] = PyLong_AsLongLong(args[i]);
-        if (out[i] == -1 && PyErr_Occurred())
-            return 0;
-    }
-    return 1;
-}
+#include "_module.h" /* ints(), use_portable(), kernel_name() */
 
 static PyObject *norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long a[6];
@@ -356,18 +348,6 @@ static PyObject *kv_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
                 }
     }
     Py_RETURN_NONE;
-}
-
-static PyObject *use_portable(PyObject *self, PyObject *flag) { /* tests: the portable loops */
-    int on = PyObject_IsTrue(flag);
-    if (on < 0)
-        return NULL;
-    pick_kernels(on); /* tests only: no call may be in flight */
-    return PyUnicode_FromString(KERNEL_NAME);
-}
-
-static PyObject *kernel_name(PyObject *self, PyObject *unused) {
-    return PyUnicode_FromString(KERNEL_NAME);
 }
 
 static PyMethodDef methods[] = {

@@ -149,6 +149,7 @@ def test_muon_state_is_saved_and_restored_by_name() -> None:
     opt = build_optimizer(model, TRAIN)
     opt.step()
     tensors, groups = optimizer_tensors(opt)
+    tensors = {k: v.clone() for k, v in tensors.items()}  # as from a file: opt's are not shared
     assert any(k.endswith("W_O.momentum_buffer") for k in tensors)
     twin = model_with_grads()
     twin.load_state_dict(model.state_dict())

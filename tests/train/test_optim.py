@@ -7,6 +7,7 @@ import torch
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.optim import (
+    AdamW,
     build_optimizer,
     load_optimizer_tensors,
     lr_at,
@@ -124,3 +125,60 @@ def test_optimizer_state_saved_with_separate_qkv_parameters_still_loads() -> Non
     for p in model.parameters():
         for field, value in opt.state[p].items():
             assert torch.equal(fresh.state[p][field], value), field
+
+
+def test_group_step_is_bit_identical_to_torch_fused_adamw() -> None:
+    """AdamW's one-call-per-group step against PyTorch's own fused AdamW: two groups, a
+    parameter without a gradient in some steps (it keeps its own step count), changing
+    learning rates, and a save/load of the state in the middle."""
+    torch.manual_seed(0)
+    shapes = [(5, 3), (7,), (2, 4, 3), (3,)]
+    ours_p = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    ref_p = [torch.nn.Parameter(p.detach().clone()) for p in ours_p]
+
+    def groups(ps):
+        return [
+            {"params": ps[:3:2], "weight_decay": 0.1},
+            {"params": ps[1::2], "weight_decay": 0.0},
+        ]
+
+    kw = {"betas": (0.9, 0.95), "eps": 1e-8, "fused": True}
+    ours = AdamW(groups(ours_p), lr=1e-2, **kw)
+    ref = torch.optim.AdamW(groups(ref_p), lr=1e-2, **kw)
+    for step in range(12):
+        grads = [torch.randn(s) for s in shapes]
+        for i, (a, b) in enumerate(zip(ours_p, ref_p)):
+            skip = i == 1 and step in (2, 3, 7)  # no gradient: no update, no step count
+            a.grad = None if skip else grads[i].clone()
+            b.grad = None if skip else grads[i].clone()
+        for opt in (ours, ref):
+            for g in opt.param_groups:
+                g["lr"] = 1e-2 / (1 + step)
+        ours.step()
+        ref.step()
+        if step == 5:
+            state = ours.state_dict()
+            ours = AdamW(groups(ours_p), lr=1e-2, **kw)
+            ours.load_state_dict(state)
+        for a, b in zip(ours_p, ref_p):
+            assert torch.equal(a, b)
+    for a, b in zip(ours_p, ref_p):
+        sa, sb = ours.state[a], ref.state[b]
+        assert float(sa["step"]) == float(sb["step"])
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"])
+        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+    assert float(ours.state[ours_p[1]]["step"]) == 9.0  # 12 steps, 3 without a gradient
+    # one shared count in the first group, which never skipped
+    assert ours.state[ours_p[0]]["step"] is ours.state[ours_p[2]]["step"]
+
+
+def test_shared_step_counts_save_as_separate_tensors() -> None:
+    model = GPT(GPTConfig(n_vocab=11, n_ctx=8, d_model=8, n_layers=1, n_heads=2))
+    opt = build_optimizer(model, TrainConfig())
+    model(torch.tensor([[1, 2, 3]]), targets=torch.tensor([[2, 3, 4]]))[1].backward()
+    opt.step()
+    tensors, _ = optimizer_tensors(opt)
+    steps = [t for k, t in tensors.items() if k.endswith(".step")]
+    assert len(steps) == len(list(model.parameters()))
+    assert len({t.data_ptr() for t in steps}) == len(steps)  # safetensors refuses shared memory
+    assert all(float(t) == 1.0 for t in steps)

@@ -37,6 +37,8 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
+from glassgpt.train.optim import AdamW
+
 NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 NS_STEPS = 5
 
@@ -71,7 +73,7 @@ def is_hidden_matrix(name: str, p: Tensor) -> bool:
     return name.startswith("blocks.") and p.dim() >= 2
 
 
-class MuonAdamW(torch.optim.AdamW):
+class MuonAdamW(AdamW):
     """AdamW whose groups marked ``muon=True`` take the Muon update instead.
 
     One optimizer, so the trainer's learning-rate setting, gradient zeroing and the

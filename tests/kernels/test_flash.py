@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glassgpt.kernels import flash, sdpa
+from glassgpt.kernels import bf16, flash, sdpa
 from glassgpt.kernels.policy import CAUSAL_MAX_HEAD, CAUSAL_MAX_KEYS, attention_path
 
 ext = pytest.importorskip(
@@ -199,15 +199,25 @@ def test_the_seam_routes_float32_self_attention_to_it(monkeypatch: pytest.Monkey
     with torch.no_grad():  # a prompt's forward (more than FEW_QUERIES queries)
         sdpa.attention(q, k, v)
     assert calls == [1, 1]
-    # after cached keys, with a mask, dropout, bf16 autocast: not this kernel
+    # after cached keys, with a mask, dropout, bf16 autocast on a CPU with bf16 arithmetic:
+    # not this kernel
     sdpa.attention(q[:, :, 5:], k, v, offset=5)
     sdpa.attention(q, k, v, mask=torch.ones(20, 20, dtype=torch.bool).tril())
     sdpa.attention(q, k, v, dropout_p=0.1)
+    monkeypatch.setattr(bf16, "native", lambda: True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         sdpa.attention(q, k, v)
+    assert calls == [1, 1]
+    # without bf16 arithmetic, bf16 q, k, v take it on float32 copies, z rounded to bf16
+    monkeypatch.setattr(bf16, "native", lambda: False)
+    qb, kb, vb = (t.detach().bfloat16() for t in (q, k, v))
+    z = sdpa.attention(qb, kb, vb)
+    assert calls == [1, 1, 1] and z.dtype == torch.bfloat16
+    ref = F.scaled_dot_product_attention(qb.double(), kb.double(), vb.double(), is_causal=True)
+    torch.testing.assert_close(z.double(), ref.bfloat16().double(), rtol=8e-3, atol=1e-3)
     monkeypatch.setattr(flash, "_flash", None)  # as when no C compiler was there at install
     torch.testing.assert_close(sdpa.attention(q, k, v), want)
-    assert calls == [1, 1]
+    assert calls == [1, 1, 1]
 
 
 def test_a_gpts_loss_and_gradients_match_pytorchs_kernel(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,11 +26,16 @@ def test_policy_follows_the_device() -> None:
 @pytest.mark.parametrize("length", [40, 130])  # explicit product (≤ 128 keys), fused float32
 def test_small_cpu_heads_match_float64(length: int, offset: int, bf16: bool, monkeypatch) -> None:
     """On CPUs, heads narrower than 64 under bf16 autocast take the explicit product up to 128
-    keys and the float32 fused kernel beyond; float32 heads glassgpt's causal kernel (when
+    keys and float32 copies beyond (glassgpt's causal kernel for self-attention, the fused
+    kernel after cached keys); float32 heads glassgpt's causal kernel (when
     built) for self-attention, the fused kernel after cached keys. Each agrees with the
     float64 softmax(q kᵀ/√d + M) v to the precision's accuracy, forward and backward
-    (``offset``: queries after cached keys)."""
+    (``offset``: queries after cached keys). As on a CPU with bf16 arithmetic; without it
+    bf16 takes float32 copies (tests/kernels/test_flash.py)."""
+    from glassgpt.kernels import bf16 as bf16_kernels
     from glassgpt.kernels import flash, sdpa
+
+    monkeypatch.setattr(bf16_kernels, "native", lambda: True)
 
     fused_calls = []
     real_sdpa = F.scaled_dot_product_attention
@@ -49,7 +54,8 @@ def test_small_cpu_heads_match_float64(length: int, offset: int, bf16: bool, mon
         z = sdpa.attention(*leaves, offset=offset)
     z.backward(g.float())
     assert z.dtype == (torch.bfloat16 if bf16 else torch.float32)
-    own_kernel = t_k <= 128 if bf16 else offset == 0 and flash._flash is not None
+    causal = offset == 0 and flash._flash is not None  # float32 (copies): the causal kernel
+    own_kernel = (t_k <= 128 or causal) if bf16 else causal
     assert fused_calls == ([] if own_kernel else [torch.float32])
 
     leaves64 = [t.requires_grad_() for t in (q64, k64, v64)]

@@ -11,6 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from glassgpt.errors import ConfigError
+from glassgpt.model import memory
 from glassgpt.model.accounting import (
     count_parameters,
     flops_per_token,
@@ -159,7 +160,7 @@ def test_optimizer_estimate_is_adamw_state() -> None:
     assert state_bytes == per_param * n
 
 
-def test_memory_components_scale_as_documented() -> None:
+def test_memory_components_scale_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:
     c = GPTConfig(**TINY)
     n = count_parameters(c)
     m32 = estimate_training_memory(c, 4, 16, "float32")
@@ -176,13 +177,17 @@ def test_memory_components_scale_as_documented() -> None:
     assert a(wide, 4, 16) - a(wide, 4, 12) == a(wide, 4, 12) - a(wide, 4, 8) > 0
     e = lambda T: a(c, 4, T, attn_impl="explicit")  # noqa: E731  the pattern is T² per row
     assert e(16) - 2 * e(12) + e(8) > 0
-    # d_head 8 under bf16 on a CPU: the explicit product (T² per row) up to 128 keys, then the
-    # float32 fused kernel; float32 always the fused kernel
+    # d_head 8 under bf16 on a CPU with bf16 arithmetic: the explicit product (T² per row) up
+    # to 128 keys, then the float32 fused kernel; float32 always the fused kernel
+    monkeypatch.setattr(memory, "native_bf16", lambda: True)
     b = lambda T: a(c, 4, T, "bfloat16")  # noqa: E731
     assert b(16) - 2 * b(12) + b(8) > 0
     assert b(256) - 2 * b(200) + b(144) == 0
     assert a(c, 4, 16) - a(c, 4, 12) == a(c, 4, 12) - a(c, 4, 8)
     assert activation_bytes(wide, 64, 16, "bf16") < 0.75 * activation_bytes(wide, 64, 16)
+    # without bf16 arithmetic every bf16 attention takes float32 copies: affine in T again
+    monkeypatch.setattr(memory, "native_bf16", lambda: False)
+    assert b(16) - 2 * b(12) + b(8) == 0
     assert activation_bytes(wide, 4, 16, attn_impl="explicit") > activation_bytes(wide, 4, 16)
     assert weight_bytes(c, torch.bfloat16) == 2 * n
 

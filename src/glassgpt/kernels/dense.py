@@ -8,8 +8,10 @@ The kernel, first that applies:
    (inference only: no autograd, x in W's dtype, W unchanged since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
    (``glassgpt.kernels._gemv``), which streams W once for all rows;
-2. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
-3. ``F.linear``.
+2. under CPU autocast to bf16 on a CPU without bf16 arithmetic, float32 products of the
+   bf16-rounded operands, which compute the same function (``glassgpt.kernels.bf16``);
+3. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
+4. ``F.linear``.
 
 Every kernel computes the same products; only the summation order (and so the rounding)
 differs. Packed copies live in this module's registry, keyed by the weight tensor itself
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from glassgpt.kernels import bf16
 from glassgpt.kernels.onednn import OneDNNLinear, use_onednn
 from glassgpt.kernels.pages import huge_page_copy
 
@@ -87,6 +90,8 @@ def out_in_view(W: Tensor, *, transposed: bool = False) -> Tensor:
 def unpacked(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool = False) -> Tensor:
     """x W + b (x Wᵀ + b when ``transposed``) by the kernels that need no packed copy."""
     W2 = W.flatten(0, -2) if W.ndim > 2 else W
+    if bf16.emulated(x):
+        return bf16.linear(x, W2, b, transposed=transposed)
     if use_onednn(x, W2):
         return OneDNNLinear.apply(x, W2, b, transposed)
     return F.linear(x, W2 if transposed else W2.T, b)

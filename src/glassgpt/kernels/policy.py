@@ -7,6 +7,9 @@ import (``describe`` and the trainer's memory check stay cheap).
 On a CPU (measured with PyTorch 2.x):
 
 - dropout on the pattern sends PyTorch's fused kernel to its float32 math fallback;
+- on a CPU without bf16 arithmetic (no AVX-512 BF16, no AMX) every bf16 attention takes
+  float32 copies of q, k and v (PyTorch's bf16 products there are many times slower than
+  its float32 ones, see ``glassgpt.kernels.bf16``), z rounded back to bf16;
 - bf16 heads narrower than ``SMALL_HEAD`` avoid PyTorch's bf16 fused kernel, about 3x slower
   there than its float32 one: up to ``EXPLICIT_MAX_KEYS`` keys (no mask of their own) they
   take the explicit product in bf16 with the softmax in float32 (forward + backward at
@@ -34,7 +37,9 @@ On a GPU every shape takes PyTorch's fused kernel in the compute dtype.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from pathlib import Path
 from typing import Any, Literal
 
 SMALL_HEAD = 64  # below this d_head, CPU bf16 attention avoids PyTorch's bf16 fused kernel ...
@@ -60,7 +65,7 @@ def is_bf16(dtype: Any) -> bool:
 def attention_path(
     device: str, dtype: Any, d_head: int, n_keys: int, *, masked: bool = False,
     dropout: bool = False, n_queries: int | None = None, inference: bool = False,
-    few_queries_kernel: bool = False, causal_kernel: bool = False,
+    few_queries_kernel: bool = False, causal_kernel: bool = False, native_bf16: bool = True,
 ) -> AttentionPath:  # fmt: skip
     """The kernel that computes z = softmax(q kᵀ/√d_head + M) v on ``device`` (a device type,
     ``"cpu"`` or ``"cuda"``) with compute ``dtype``, for heads of ``d_head`` and ``n_keys`` keys.
@@ -69,14 +74,17 @@ def attention_path(
     dropout on the pattern; ``n_queries``, ``inference`` (no autograd) and
     ``few_queries_kernel`` (glassgpt's decoding kernel is built) choose ``few_queries``;
     ``n_queries`` equal to ``n_keys`` (self-attention, offset 0) and ``causal_kernel``
-    (glassgpt's causal kernel is built) ``causal_small``.
+    (glassgpt's causal kernel is built) ``causal_small``. ``native_bf16``: the CPU has bf16
+    arithmetic (AVX-512 BF16 or AMX); without it every bf16 attention takes float32 copies.
 
     - ``fused``: PyTorch's fused kernel in ``dtype``;
     - ``math``: the same call, which PyTorch sends to its math fallback (CPU, dropout);
     - ``explicit_bf16``: the explicit product in bf16, softmax in float32 (CPU, small bf16
       heads, no mask of the caller's, no dropout, up to ``EXPLICIT_MAX_KEYS`` keys);
-    - ``fused_float32``: the fused kernel on float32 copies (CPU, the other small bf16 heads;
-      with dropout that is the float32 math fallback);
+    - ``fused_float32``: the fused kernel on float32 copies (CPU, the other small bf16 heads,
+      and every bf16 head on a CPU without bf16 arithmetic, where glassgpt's causal kernel
+      takes the copies when it would take float32 ones; with dropout that is the float32
+      math fallback);
     - ``few_queries``: glassgpt's decoding kernel (CPU, float32, inference, no dropout, at most
       ``FEW_QUERIES`` queries);
     - ``causal_small``: glassgpt's causal kernel (CPU, float32, no mask of the caller's, no
@@ -85,6 +93,8 @@ def attention_path(
 
     >>> attention_path("cpu", "bf16", 32, 64), attention_path("cpu", "bf16", 32, 256)
     ('explicit_bf16', 'fused_float32')
+    >>> attention_path("cpu", "bf16", 32, 64, native_bf16=False)
+    'fused_float32'
     >>> attention_path("cuda", "bf16", 32, 64), attention_path("cpu", "float32", 32, 64)
     ('fused', 'fused')
     >>> attention_path("cpu", "float32", 64, 80, n_queries=1, inference=True,
@@ -100,8 +110,8 @@ def attention_path(
         return "few_queries"
     if causal_kernel and _causal_small(dtype, d_head, n_keys, n_queries, masked, dropout):
         return "causal_small"
-    if is_bf16(dtype) and d_head < SMALL_HEAD:
-        if not masked and not dropout and n_keys <= EXPLICIT_MAX_KEYS:
+    if is_bf16(dtype) and (d_head < SMALL_HEAD or not native_bf16):
+        if native_bf16 and not masked and not dropout and n_keys <= EXPLICIT_MAX_KEYS:
             return "explicit_bf16"
         return "fused_float32"  # with dropout: the float32 math fallback
     return "math" if dropout else "fused"
@@ -119,6 +129,23 @@ def _causal_small(
     ):
         return False
     return d_head <= CAUSAL_MAX_HEAD and n_keys <= CAUSAL_MAX_KEYS
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively: AVX-512 BF16 or AMX (x86), or the bf16
+    instructions (Arm), by the flags Linux lists in /proc/cpuinfo. Where there is no such
+    file, True: PyTorch's own bf16 kernels are kept."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return True
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags = set(value.split())
+            return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return True
 
 
 def compiled_gelu() -> bool:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glassgpt.kernels import flash
+from glassgpt.kernels import bf16, flash
 from glassgpt.kernels.policy import attention_path
 
 try:
@@ -59,7 +59,7 @@ def attention(
         device, compute_dtype(q, device), q.shape[-1], k.shape[-2],
         masked=mask is not None, dropout=dropout_p > 0.0, n_queries=q.shape[-2],
         inference=inference, few_queries_kernel=_attend is not None,
-        causal_kernel=flash._flash is not None,
+        causal_kernel=flash._flash is not None, native_bf16=device != "cpu" or bf16.native(),
     )  # fmt: skip
     if path == "few_queries" and _few_queries_ok(q, k, v, offset, mask):
         return few_queries(q, k, v, offset, mask)
@@ -71,10 +71,22 @@ def attention(
         pattern = torch.softmax(scores.float(), dim=-1)
         return torch.matmul(pattern.to(v.dtype), v).to(torch.bfloat16)
     if path == "fused_float32":
+        q32, k32, v32 = q.float(), k.float(), v.float()
         with torch.autocast(q.device.type, enabled=False):
-            z = _sdpa(q.float(), k.float(), v.float(), offset, dropout_p, mask)
+            causal = offset == 0 and mask is None and not dropout_p
+            if causal and _causal_small(q32, k32) and flash.takes(q32, k32, v32):
+                z = flash.causal_attention(q32, k32, v32)
+            else:
+                z = _sdpa(q32, k32, v32, offset, dropout_p, mask)
         return z.to(torch.bfloat16)
     return _sdpa(q, k, v, offset, dropout_p, mask)
+
+
+def _causal_small(q: Tensor, k: Tensor) -> bool:
+    """Whether glassgpt's causal kernel would take float32 q, k of these shapes."""
+    d_head, T = q.shape[-1], k.shape[-2]
+    return attention_path("cpu", "float32", d_head, T, n_queries=q.shape[-2],
+                          causal_kernel=True) == "causal_small"  # fmt: skip
 
 
 def _sdpa(

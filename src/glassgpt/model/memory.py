@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from glassgpt.errors import ConfigError
-from glassgpt.kernels.policy import attention_path, compiled_gelu
+from glassgpt.kernels.policy import attention_path, compiled_gelu, native_bf16
 from glassgpt.model.accounting import _int, count_parameters
 from glassgpt.model.config import GPTConfig
 
@@ -130,6 +130,9 @@ def activation_bytes(
     else:
         kept_inputs = _kept_by(gate, device, s, autocast) + _kept_by(value, device, s, autocast)
         mlp = s * dm * (3 + kept_inputs) + (s * d if autocast else 0)
+    if s == 2 and device == "cpu" and compiled_gelu() and not native_bf16():
+        # a bf16 GELU there runs glassgpt's float32 kernel on a float32 copy, which it keeps
+        mlp += (4 - s) * dm * sum(a in ("gelu", "gelu_tanh") for a in (gate, value))
     if c.attn_only:  # no MLP sublayer and no second norm
         per_block = norm + attn + (s * d if dropout else 0)
     else:
@@ -149,7 +152,8 @@ def _attention_bytes(
 ) -> int:
     """Bytes one attention sublayer keeps per token (see :func:`activation_bytes`)."""
     H, dh = c.n_heads, _int(c.d_head)
-    path = attention_path(device, "bfloat16" if s == 2 else "float32", dh, T, dropout=dropout)
+    path = attention_path(device, "bfloat16" if s == 2 else "float32", dh, T, dropout=dropout,
+                          native_bf16=device != "cpu" or native_bf16())  # fmt: skip
     if attn_impl == "explicit":
         return s * (4 * H * dh + H * T * (3 if dropout else 1))
     if dropout and path in ("math", "fused_float32"):

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glassgpt.kernels import sdpa
+from glassgpt.kernels import bf16, sdpa
 from glassgpt.kernels.policy import FEW_QUERIES
 
 pytest.importorskip(
@@ -101,13 +101,23 @@ def test_the_seam_routes_decoding_steps_to_it(monkeypatch: pytest.MonkeyPatch) -
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert calls == [1]
-    # autograd, more queries than FEW_QUERIES and bf16 keep PyTorch's kernel
+    # autograd, more queries than FEW_QUERIES, and bf16 on a CPU with bf16 arithmetic keep
+    # PyTorch's kernel
+    monkeypatch.setattr(bf16, "native", lambda: True)
     sdpa.attention(q.requires_grad_(), k, v, offset=8)
     with torch.no_grad():
         long_q = torch.randn(2, 4, FEW_QUERIES + 1, 16)
         sdpa.attention(long_q, k, v, offset=0)
         sdpa.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), offset=8)
     assert calls == [1]
+    # without bf16 arithmetic a bf16 step takes it on float32 copies, z rounded to bf16
+    monkeypatch.setattr(bf16, "native", lambda: False)
+    qb, kb, vb = q.detach().bfloat16(), k.bfloat16(), v.bfloat16()
+    with torch.inference_mode():
+        z = sdpa.attention(qb, kb, vb, offset=8)
+    assert calls == [1, 1] and z.dtype == torch.bfloat16
+    ref = torch.nn.functional.scaled_dot_product_attention(qb.double(), kb.double(), vb.double())
+    torch.testing.assert_close(z.double(), ref.bfloat16().double(), rtol=8e-3, atol=1e-3)
 
 
 def test_decoding_through_it_gives_the_full_forward_logits(

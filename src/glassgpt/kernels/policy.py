@@ -81,10 +81,10 @@ def attention_path(
     - ``math``: the same call, which PyTorch sends to its math fallback (CPU, dropout);
     - ``explicit_bf16``: the explicit product in bf16, softmax in float32 (CPU, small bf16
       heads, no mask of the caller's, no dropout, up to ``EXPLICIT_MAX_KEYS`` keys);
-    - ``fused_float32``: the fused kernel on float32 copies (CPU, the other small bf16 heads,
-      and every bf16 head on a CPU without bf16 arithmetic, where glassgpt's causal kernel
-      takes the copies when it would take float32 ones; with dropout that is the float32
-      math fallback);
+    - ``fused_float32``: float32 copies (CPU, the other small bf16 heads, and every bf16
+      head on a CPU without bf16 arithmetic), by the kernel float32 q, k, v would take
+      (the fused one, glassgpt's decoding or causal kernel; with dropout the float32 math
+      fallback);
     - ``few_queries``: glassgpt's decoding kernel (CPU, float32, inference, no dropout, at most
       ``FEW_QUERIES`` queries);
     - ``causal_small``: glassgpt's causal kernel (CPU, float32, no mask of the caller's, no

@@ -70,23 +70,11 @@ def attention(
         scores = scores.masked_fill(_hidden(q.shape[-2], k.shape[-2], offset, q.device), -math.inf)
         pattern = torch.softmax(scores.float(), dim=-1)
         return torch.matmul(pattern.to(v.dtype), v).to(torch.bfloat16)
-    if path == "fused_float32":
-        q32, k32, v32 = q.float(), k.float(), v.float()
+    if path == "fused_float32":  # float32 copies, by the kernel float32 ones would take
         with torch.autocast(q.device.type, enabled=False):
-            causal = offset == 0 and mask is None and not dropout_p
-            if causal and _causal_small(q32, k32) and flash.takes(q32, k32, v32):
-                z = flash.causal_attention(q32, k32, v32)
-            else:
-                z = _sdpa(q32, k32, v32, offset, dropout_p, mask)
+            z = attention(q.float(), k.float(), v.float(), offset, dropout_p, mask)
         return z.to(torch.bfloat16)
     return _sdpa(q, k, v, offset, dropout_p, mask)
-
-
-def _causal_small(q: Tensor, k: Tensor) -> bool:
-    """Whether glassgpt's causal kernel would take float32 q, k of these shapes."""
-    d_head, T = q.shape[-1], k.shape[-2]
-    return attention_path("cpu", "float32", d_head, T, n_queries=q.shape[-2],
-                          causal_kernel=True) == "causal_small"  # fmt: skip
 
 
 def _sdpa(

@@ -437,10 +437,14 @@ def main() -> None:
 
     kept = False if args.default_malloc else keep_freed_memory()
 
+    from glassgpt.kernels.policy import native_bf16
+
+    bf16 = "native" if native_bf16() else "none (glassgpt's bf16 products: float32 on bf16 values)"
     print(
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} threads; torch {torch.__version__}, "
-        f"transformers {transformers.__version__}; malloc keeps freed memory: {kept}"
+        f"transformers {transformers.__version__}; malloc keeps freed memory: {kept}; "
+        f"CPU bf16 arithmetic: {bf16}"
     )
     if not args.skip_throughput:
         throughput(args.shapes, args.precisions, args.steps, args.repeats, args.clock,

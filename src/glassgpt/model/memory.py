@@ -201,9 +201,12 @@ def estimate_training_memory(
     dtype, or the weights' dtype without autocast) and weights stored in ``param_dtype``, on
     ``device`` (a device type, ``"cpu"`` or ``"cuda"``).
 
-    >>> m = estimate_training_memory(GPTConfig.preset("gpt2"), 8, 1024, "bfloat16")
+    >>> m = estimate_training_memory(GPTConfig.preset("gpt2"), 8, 1024, "bfloat16", device="cuda")
     >>> m.optimizer == 2 * m.weights, format_bytes(m.weights), format_bytes(m.activations)
     (True, '475 MiB', '5.10 GiB')
+
+    (On a CPU the attention kernels, and so what they keep, depend on the processor: bf16
+    without bf16 instructions keeps float32 copies, ``glassgpt.kernels.policy``.)
     """
     n = count_parameters(config)
     p = itemsize(param_dtype)

@@ -116,14 +116,10 @@ def _onednn_packed(W_out_in: Tensor) -> Product | None:
     return fn
 
 
+@functools.cache
 def native_bf16() -> bool:
     """Whether this CPU has bf16 arithmetic (AVX-512 BF16 or AMX) for oneDNN's bf16 products;
     without it they run ~80x slower than float32 ones (asked once, cached)."""
-    return _native_bf16()
-
-
-@functools.cache
-def _native_bf16() -> bool:
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 

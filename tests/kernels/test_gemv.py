@@ -1,8 +1,14 @@
-"""glassgpt's own small-batch float32 product y = x W + b (``glassgpt.kernels._gemv``):
-every shape, thread count and bias case against the float64 product, behind the seam for
-packed weights (live and copied layouts), and the seam without it."""
+"""glassgpt's own small-batch product y = x W + b (``glassgpt.kernels._gemv``): every shape,
+thread count and bias case against the float64 product, behind the seam for packed weights
+(live and copied layouts), and the seam without it. With bfloat16 weights
+(``gemv_rows_bf16``: W bf16, x, b, y float32) against the float64 product of the same bf16
+values, behind the seam on CPUs without native bf16 (a bf16 GPT's logits against float64 of
+its own weights), and oneDNN's packed product kept where the CPU has bf16 arithmetic."""
 
 from __future__ import annotations
+
+import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from glassgpt.kernels import dense, is_packed, matmul, pack, unpack
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.sample import generate
+from glassgpt.sample.precision import cast
 
 _gemv = pytest.importorskip(
     "glassgpt.kernels._gemv", reason="the C extension is not built (no compiler at install)"
@@ -20,11 +29,13 @@ def _rows(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, threads: int
     M, K = x.shape
     y = torch.full((M, W.shape[1]), float("nan"))  # every element must be written
     b_ptr = 0 if b is None else b.data_ptr()
-    _gemv.gemv_rows(x.data_ptr(), W.data_ptr(), b_ptr, y.data_ptr(), M, K, W.shape[1], threads)
+    kernel = _gemv.gemv_rows_bf16 if W.dtype == torch.bfloat16 else _gemv.gemv_rows
+    kernel(x.data_ptr(), W.data_ptr(), b_ptr, y.data_ptr(), M, K, W.shape[1], threads)
     return y
 
 
 def _close(got: torch.Tensor, x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> None:
+    """got = x W + b up to float32 sums (W's bf16 values are exact in float64)."""
     want = x.double() @ W.double() + (0.0 if b is None else b.double())
     # float32 sums of K products of N(0, 1) numbers: error ~ K · 2⁻²⁴ · √K at worst
     tol = 1e-6 * x.shape[1] ** 1.5 + 1e-5
@@ -114,3 +125,126 @@ def test_without_the_kernel_packing_still_computes_x_w_plus_b(monkeypatch) -> No
         got = matmul(x, W_E, None, transposed=True)
     unpack(W_E)
     _close(got, x, W_E.T, None)
+
+
+# ------------------------------------------------------------------ bfloat16 weights --
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    M=st.integers(1, 32),
+    K=st.integers(1, 200).map(lambda k: k | 1),  # odd: every tail of the 8- and 4-row steps
+    N=st.integers(1, 1300).map(lambda n: n | 1),  # odd, past 512: the column chunks and tails
+    threads=st.sampled_from([1, 2, 3]),
+    bias=st.booleans(),
+    portable=st.booleans(),  # the plain C loops
+    seed=st.integers(0, 2**31),
+)
+def test_bf16_rows_kernel_is_x_w_plus_b(
+    portable: bool, M: int, K: int, N: int, threads: int, bias: bool, seed: int
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=gen)
+    W = torch.randn(K, N, generator=gen).to(torch.bfloat16)
+    b = torch.randn(N, generator=gen) if bias else None
+    try:
+        assert _gemv.use_portable(portable) == ("portable" if portable else _gemv.kernel())
+        got = _rows(x, W, b, threads)
+    finally:
+        _gemv.use_portable(False)
+    _close(got, x, W, b)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("M", [1, 8, 32])
+def test_bf16_rows_kernel_at_a_model_shape(threads: int, M: int) -> None:
+    gen = torch.Generator().manual_seed(M)
+    x, b = torch.randn(M, 768, generator=gen), torch.randn(2304, generator=gen)
+    W = torch.randn(768, 2304, generator=gen).to(torch.bfloat16)
+    _close(_rows(x, W, b, threads), x, W, b)
+
+
+@pytest.fixture
+def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A CPU without bf16 arithmetic; returns the M of each ``gemv_rows_bf16`` call."""
+    monkeypatch.setattr(dense, "native_bf16", lambda: False)
+    calls: list[int] = []
+    real = _gemv.gemv_rows_bf16
+    monkeypatch.setattr(dense._gemv, "gemv_rows_bf16", lambda *a: calls.append(a[4]) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 32, 40])  # 40: past SMALL_BATCH, the float32 product
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_bf16_weight_streams_up_to_small_batch(
+    no_native_bf16: list[int], transposed: bool, rows: int, bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 1, 97, generator=gen).to(torch.bfloat16)  # [..., d_in], a 3-D x
+    W = torch.randn(97, 131, generator=gen).to(torch.bfloat16)  # [d_in, d_out]
+    b = torch.randn(131, generator=gen).to(torch.bfloat16) if bias else None
+    stored = W.T.contiguous() if transposed else W
+    assert pack(stored, transposed=transposed)
+    with torch.no_grad():
+        got = matmul(x, stored, b, transposed=transposed)
+    unpack(stored)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 1, 131)
+    want = x.view(rows, 97).double() @ W.double() + (0.0 if b is None else b.double())
+    # float32 sums, then one rounding to bf16 (8-bit mantissa: relative error ≤ 2⁻⁹)
+    torch.testing.assert_close(got.view(rows, 131).double(), want, rtol=2**-8, atol=1e-4)
+    assert no_native_bf16 == ([rows] if rows <= dense.SMALL_BATCH else [])
+
+
+def test_cpu_with_native_bf16_keeps_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dense, "native_bf16", lambda: True)
+    made, calls = [], []
+    real = dense._onednn_packed
+    monkeypatch.setattr(dense, "_onednn_packed", lambda W: made.append(W.shape) or real(W))
+    monkeypatch.setattr(dense._gemv, "gemv_rows_bf16", lambda *a: calls.append(a))
+    W = torch.randn(64, 48).to(torch.bfloat16)
+    packed = pack(W)
+    if packed:
+        with torch.no_grad():
+            matmul(torch.ones(2, 64, dtype=torch.bfloat16), W)
+        unpack(W)
+    assert made == [(48, 64)] and calls == []
+
+
+@pytest.mark.skipif(
+    not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo to read flags from"
+)
+def test_native_bf16_answers_what_torch_says() -> None:
+    """The flags Linux lists (glassgpt's answer) against PyTorch's own CPU detection."""
+    cpu = torch.cpu
+    flags = [
+        getattr(cpu, n, lambda: False)()
+        for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    ]
+    assert dense.native_bf16() == any(flags)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_bf16_gpt_on_the_kernel_matches_float64_of_its_weights(
+    no_native_bf16: list[int], tie: bool
+) -> None:
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_vocab=101, n_ctx=48, d_model=48, n_layers=2, n_heads=4, bias=True,
+                    tie_embeddings=tie)  # fmt: skip
+    bf = cast(GPT(cfg).eval(), torch.bfloat16)
+    ref = copy.deepcopy(bf).double()  # the same bf16-valued weights, float64 arithmetic
+    tokens = torch.randint(0, 101, (2, 20), generator=torch.Generator().manual_seed(1))
+    for rows in (tokens[:1, :9], tokens):  # 9 rows of x on the kernel; 40 past SMALL_BATCH
+        with torch.no_grad():
+            got, want = bf(rows).double(), ref(rows)
+        # bf16 activations: each of ~10 roundings per layer is ≤ 2⁻⁹ relative
+        assert (got - want).abs().max().item() <= 0.015 * want.abs().max().item()
+    assert 9 in no_native_bf16
+    ids = generate(bf, tokens[0, :5].tolist(), max_new_tokens=10, temperature=0)
+    assert no_native_bf16.count(1) >= 9 * 9  # 9 decoding steps, 9 products each, streamed
+    with torch.no_grad():
+        want = ref(torch.tensor([tokens[0, :5].tolist() + ids]))[0, 4:-1]
+    best = want.max(dim=-1).values
+    chosen = want.gather(-1, torch.tensor(ids)[:, None])[:, 0]
+    # each greedy id is float64's argmax, or within bf16's error of it (a near tie)
+    assert ((best - chosen) <= 0.015 * want.abs().max()).all()

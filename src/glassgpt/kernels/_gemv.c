@@ -7,14 +7,19 @@
  *   y[m, :] = b + Σ_k x[m, k] · W[k, :]
  *
  * with float32 products and sums (AVX2 + FMA where the CPU has them, plain C otherwise).
+ * W is float32 or bfloat16 (gemv_rows_bf16: stored as uint16, each value widened exactly to
+ * float32 as it is read, eight at a time by a zero-extend and a 16-bit shift), x, b and y
+ * float32 in both: the result of a bf16 product with float32 accumulation, at half the
+ * bytes read, on CPUs without native bf16 arithmetic. One kernel body serves both formats.
  * The rows of W are split over PyTorch's own OpenMP threads (see run_parts), each streaming
  * one contiguous band of W into its own partial sums, which are added at the end.
  * The GIL is released while they run.
  *
- * Python API (pointers are addresses of contiguous float32 buffers; the caller checks
- * shapes, dtypes and contiguity):
- *   gemv_rows(x, W, b or 0, y, M, K, N, threads)
- *   has_avx2() -> bool
+ * Python API (pointers are addresses of contiguous buffers, float32 but for the bf16 W;
+ * the caller checks shapes, dtypes and contiguity):
+ *   gemv_rows(x, W, b or 0, y, M, K, N, threads)        W float32
+ *   gemv_rows_bf16(x, W, b or 0, y, M, K, N, threads)   W bfloat16
+ *   has_avx2() -> bool; kernel() -> "avx2" or "portable"; use_portable(flag) (tests)
  *   solo_for(ns): the parts run one after another on the caller for the next ns
  *   (as after slow parallel runs, see _parallel.h; 0 ends it)
  */
@@ -32,27 +37,38 @@
 #define MAX_THREADS 256
 
 typedef struct {
-    const float *x, *W, *b;
+    const float *x, *b;
+    const void *W; /* float32, or bfloat16 (uint16_t) where bf16 */
     float *y;
-    int M, K, N;
+    int M, K, N, bf16;
     float *partial; /* rows form: parts 1, 2, ... sum their rows of W into [M, N] each here */
 } Job;
 
+/* W's element i as float32: a bfloat16 is the top 16 bits of the float32 it stands for, so
+ * the conversion is exact. */
+static inline float weight(const void *W, size_t i, int bf16) {
+    if (!bf16)
+        return ((const float *)W)[i];
+    uint32_t bits = (uint32_t)((const uint16_t *)W)[i] << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
 
 /* ------------------------------------------------------------------- plain C kernels -- */
 
 /* rows form, rows k0 ≤ k < k1 of W: out[m, :] = bias + Σ_k x[m, k] · W[k, :] */
 static void rows_plain(const Job *j, float *out, const float *bias, int k0, int k1) {
-    const int M = j->M, K = j->K, N = j->N;
+    const int M = j->M, K = j->K, N = j->N, bf16 = j->bf16;
     for (int m = 0; m < M; m++) {
         float *y = out + (size_t)m * N;
         for (int n = 0; n < N; n++)
             y[n] = bias ? bias[n] : 0.0f;
         for (int k = k0; k < k1; k++) {
-            const float *w = j->W + (size_t)k * N;
+            const size_t w = (size_t)k * N;
             float xk = j->x[(size_t)m * K + k];
             for (int n = 0; n < N; n++)
-                y[n] += xk * w[n];
+                y[n] += xk * weight(j->W, w + n, bf16);
         }
     }
 }
@@ -60,14 +76,26 @@ static void rows_plain(const Job *j, float *out, const float *bias, int k0, int 
 /* ---------------------------------------------------------------- AVX2 + FMA kernels -- */
 #if GG_X86
 
+/* W's elements i..i+8 as float32: eight uint16 widened to 32 bits and shifted up 16. */
+AVX2 static inline __attribute__((always_inline)) __m256 load8(const void *W, size_t i,
+                                                                int bf16) {
+    if (!bf16)
+        return _mm256_loadu_ps((const float *)W + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)W + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 /* rows form, rows k0 ≤ k < k1 of W, eight (or four) at a time: each thread streams one
  * contiguous band of W, and the M output rows stay in L1 or L2. The rows are taken a chunk
  * of columns at a time, small enough that the chunk's M rows of y and eight rows of W stay
- * in L1, so that with several rows of x each W value is read from L1 after the first. */
+ * in L1, so that with several rows of x each W value is read from L1 after the first.
+ * One body for both weight formats: `bf16` is a constant in each caller below. */
 static int chunk_columns(int M) { return M <= 16 ? 256 : 128; }
 
-AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, int k1) {
+AVX2 static inline __attribute__((always_inline)) void
+rows_avx2_body(const Job *j, float *out, const float *bias, int k0, int k1, const int bf16) {
     const int M = j->M, K = j->K, N = j->N, nv = N / 8 * 8, CHUNK = chunk_columns(M);
+    const void *W = j->W;
     for (int m = 0; m < M; m++) {
         if (bias)
             memcpy(out + (size_t)m * N, bias, sizeof(float) * N);
@@ -76,7 +104,7 @@ AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, 
     }
     int k = k0;
     for (; k + 8 <= k1 && M > 1; k += 8) { /* eight rows of W at a time: y read once per 8 */
-        const float *w = j->W + (size_t)k * N;
+        const size_t w = (size_t)k * N;
         for (int c = 0; c < nv; c += CHUNK) {
             const int c1 = c + CHUNK < nv ? c + CHUNK : nv;
             for (int m = 0; m < M; m++) {
@@ -86,15 +114,16 @@ AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, 
                     xs[r] = _mm256_set1_ps(x[r]);
                 float *y = out + (size_t)m * N;
                 for (int n = c; n < c1; n += 8) {
+                    const size_t i = w + n;
                     __m256 a = _mm256_loadu_ps(y + n);
-                    __m256 b = _mm256_mul_ps(xs[1], _mm256_loadu_ps(w + N + n));
-                    a = _mm256_fmadd_ps(xs[0], _mm256_loadu_ps(w + n), a);
-                    a = _mm256_fmadd_ps(xs[2], _mm256_loadu_ps(w + 2 * N + n), a);
-                    b = _mm256_fmadd_ps(xs[3], _mm256_loadu_ps(w + 3 * N + n), b);
-                    a = _mm256_fmadd_ps(xs[4], _mm256_loadu_ps(w + 4 * N + n), a);
-                    b = _mm256_fmadd_ps(xs[5], _mm256_loadu_ps(w + 5 * N + n), b);
-                    a = _mm256_fmadd_ps(xs[6], _mm256_loadu_ps(w + 6 * N + n), a);
-                    b = _mm256_fmadd_ps(xs[7], _mm256_loadu_ps(w + 7 * N + n), b);
+                    __m256 b = _mm256_mul_ps(xs[1], load8(W, i + N, bf16));
+                    a = _mm256_fmadd_ps(xs[0], load8(W, i, bf16), a);
+                    a = _mm256_fmadd_ps(xs[2], load8(W, i + 2 * (size_t)N, bf16), a);
+                    b = _mm256_fmadd_ps(xs[3], load8(W, i + 3 * (size_t)N, bf16), b);
+                    a = _mm256_fmadd_ps(xs[4], load8(W, i + 4 * (size_t)N, bf16), a);
+                    b = _mm256_fmadd_ps(xs[5], load8(W, i + 5 * (size_t)N, bf16), b);
+                    a = _mm256_fmadd_ps(xs[6], load8(W, i + 6 * (size_t)N, bf16), a);
+                    b = _mm256_fmadd_ps(xs[7], load8(W, i + 7 * (size_t)N, bf16), b);
                     _mm256_storeu_ps(y + n, _mm256_add_ps(a, b));
                 }
             }
@@ -104,11 +133,11 @@ AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, 
             float *y = out + (size_t)m * N;
             for (int n = nv; n < N; n++)
                 for (int r = 0; r < 8; r++)
-                    y[n] += x[r] * w[(size_t)r * N + n];
+                    y[n] += x[r] * weight(W, w + (size_t)r * N + n, bf16);
         }
     }
     for (; k + 4 <= k1; k += 4) {
-        const float *w0 = j->W + (size_t)k * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+        const size_t w0 = (size_t)k * N, w1 = w0 + N, w2 = w1 + N, w3 = w2 + N;
         for (int c = 0; c < nv; c += CHUNK) {
             const int c1 = c + CHUNK < nv ? c + CHUNK : nv;
             for (int m = 0; m < M; m++) {
@@ -118,10 +147,10 @@ AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, 
                 float *y = out + (size_t)m * N;
                 for (int n = c; n < c1; n += 8) {
                     __m256 a = _mm256_loadu_ps(y + n);
-                    a = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + n), a);
-                    a = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w1 + n), a);
-                    a = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w2 + n), a);
-                    a = _mm256_fmadd_ps(x3, _mm256_loadu_ps(w3 + n), a);
+                    a = _mm256_fmadd_ps(x0, load8(W, w0 + n, bf16), a);
+                    a = _mm256_fmadd_ps(x1, load8(W, w1 + n, bf16), a);
+                    a = _mm256_fmadd_ps(x2, load8(W, w2 + n, bf16), a);
+                    a = _mm256_fmadd_ps(x3, load8(W, w3 + n, bf16), a);
                     _mm256_storeu_ps(y + n, a);
                 }
             }
@@ -130,26 +159,43 @@ AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, 
             const float *x = j->x + (size_t)m * K + k;
             float *y = out + (size_t)m * N;
             for (int n = nv; n < N; n++)
-                y[n] += x[0] * w0[n] + x[1] * w1[n] + x[2] * w2[n] + x[3] * w3[n];
+                y[n] += x[0] * weight(W, w0 + n, bf16) + x[1] * weight(W, w1 + n, bf16) +
+                        x[2] * weight(W, w2 + n, bf16) + x[3] * weight(W, w3 + n, bf16);
         }
     }
     for (; k < k1; k++) {
-        const float *w = j->W + (size_t)k * N;
+        const size_t w = (size_t)k * N;
         for (int m = 0; m < M; m++) {
             float xk = j->x[(size_t)m * K + k], *y = out + (size_t)m * N;
             __m256 xv = _mm256_set1_ps(xk);
             for (int n = 0; n < nv; n += 8)
-                _mm256_storeu_ps(y + n, _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + n),
+                _mm256_storeu_ps(y + n, _mm256_fmadd_ps(xv, load8(W, w + n, bf16),
                                                         _mm256_loadu_ps(y + n)));
             for (int n = nv; n < N; n++)
-                y[n] += xk * w[n];
+                y[n] += xk * weight(W, w + n, bf16);
         }
     }
+}
+
+AVX2 static void rows_avx2(const Job *j, float *out, const float *bias, int k0, int k1) {
+    rows_avx2_body(j, out, bias, k0, k1, 0);
+}
+
+AVX2 static void rows_avx2_bf16(const Job *j, float *out, const float *bias, int k0, int k1) {
+    rows_avx2_body(j, out, bias, k0, k1, 1);
 }
 
 #endif
 
 static int use_avx2 = -1;
+static const char *KERNEL_NAME = "portable";
+
+static void pick_kernels(int portable) {
+    use_avx2 = !portable && cpu_has_avx2();
+    KERNEL_NAME = use_avx2 ? "avx2" : "portable";
+}
+
+#include "_module.h" /* ints(), use_portable(), kernel_name() */
 
 /* Part p of the rows form: rows of W in a contiguous band, into y (part 0, with the bias)
  * or into its own [M, N] of partial sums (the caller adds them up). */
@@ -161,7 +207,7 @@ static void rows_part(const void *job, int part, int parts) {
     const float *bias = part == 0 ? j->b : NULL;
 #if GG_X86
     if (use_avx2) {
-        rows_avx2(j, out, bias, k0, k1);
+        (j->bf16 ? rows_avx2_bf16 : rows_avx2)(j, out, bias, k0, k1);
         return;
     }
 #endif
@@ -170,22 +216,25 @@ static void rows_part(const void *job, int part, int parts) {
 
 /* ------------------------------------------------------------------------- Python -- */
 
-static PyObject *call(PyObject *args, PartFn fn) {
-    unsigned long long x, W, b, y;
-    int M, K, N, threads;
-    if (!PyArg_ParseTuple(args, "KKKKiiii", &x, &W, &b, &y, &M, &K, &N, &threads))
+/* gemv_rows(x, W, b, y, M, K, N, threads) with W float32 (bf16 = 0) or bfloat16 (bf16 = 1) */
+static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int bf16) {
+    long long a[8];
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "gemv: expected x, W, b, y, M, K, N, threads");
         return NULL;
-    if (M < 1 || M > MAX_ROWS || K < 1 || N < 1) {
-        PyErr_Format(PyExc_ValueError, "gemv: need 1 <= M <= %d, K, N >= 1; got %d, %d, %d",
+    }
+    if (!ints(args, 8, a))
+        return NULL;
+    const long long M = a[4], K = a[5], N = a[6];
+    if (M < 1 || M > MAX_ROWS || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "gemv: need 1 <= M <= %d, K, N >= 1; got %lld, %lld, %lld",
                      MAX_ROWS, M, K, N);
         return NULL;
     }
-    if (threads < 1)
-        threads = 1;
-    if (threads > MAX_THREADS)
-        threads = MAX_THREADS;
-    Job job = {(const float *)(uintptr_t)x, (const float *)(uintptr_t)W,
-               (const float *)(uintptr_t)b, (float *)(uintptr_t)y, M, K, N, NULL};
+    int threads = a[7] < 1 ? 1 : a[7] > MAX_THREADS ? MAX_THREADS : (int)a[7];
+    Job job = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
+               (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3],
+               (int)M, (int)K, (int)N, bf16, NULL};
     /* Small products are not worth a second thread's wake-up. */
     if ((int64_t)K * N < 32768 || K < 8 * threads)
         threads = 1;
@@ -195,7 +244,7 @@ static PyObject *call(PyObject *args, PartFn fn) {
             return PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS
-    run_parts(fn, &job, threads);
+    run_parts(rows_part, &job, threads);
     if (job.partial) { /* y += each part's partial sums, in part order */
         size_t size = (size_t)M * N;
         for (int p = 0; p < threads - 1; p++) {
@@ -209,7 +258,14 @@ static PyObject *call(PyObject *args, PartFn fn) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_rows(PyObject *self, PyObject *args) { return call(args, rows_part); }
+static PyObject *py_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return call(args, nargs, 0);
+}
+
+static PyObject *py_rows_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return call(args, nargs, 1);
+}
+
 static PyObject *py_has_avx2(PyObject *self, PyObject *args) { return PyBool_FromLong(use_avx2); }
 
 static PyObject *py_solo_for(PyObject *self, PyObject *args) {
@@ -222,8 +278,13 @@ static PyObject *py_solo_for(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"gemv_rows", py_rows, METH_VARARGS, "y[M, N] = x[M, K] W[K, N] (+ b): W row-major [K, N]"},
+    {"gemv_rows", (PyCFunction)(void (*)(void))py_rows, METH_FASTCALL,
+     "y[M, N] = x[M, K] W[K, N] (+ b): W row-major [K, N] float32"},
+    {"gemv_rows_bf16", (PyCFunction)(void (*)(void))py_rows_bf16, METH_FASTCALL,
+     "y[M, N] = x[M, K] W[K, N] (+ b): W row-major [K, N] bfloat16, x, b, y float32"},
     {"has_avx2", py_has_avx2, METH_NOARGS, "whether the AVX2 + FMA kernels are in use"},
+    {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},
+    {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},
     {"solo_for", py_solo_for, METH_VARARGS,
      "solo_for(ns): run the parts one after another on the caller for the next ns (tests)"},
     {NULL, NULL, 0, NULL},
@@ -232,6 +293,6 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gemv", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__gemv(void) {
-    use_avx2 = cpu_has_avx2();
+    pick_kernels(0);
     return PyModule_Create(&module);
 }

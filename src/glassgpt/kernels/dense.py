@@ -7,7 +7,8 @@ The kernel, first that applies:
 1. a packed copy of W registered by :func:`pack` or ``glassgpt.kernels.int8.pack_int8``
    (inference only: no autograd, x in W's dtype, W unchanged since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
-   (``glassgpt.kernels._gemv``), which streams W once for all rows;
+   (``glassgpt.kernels._gemv``), which streams W once for all rows, and for bfloat16 too on
+   CPUs without bf16 arithmetic (:func:`native_bf16`);
 2. under CPU autocast to bf16 on a CPU without bf16 arithmetic, float32 products of the
    bf16-rounded operands, which compute the same function (``glassgpt.kernels.bf16``);
 3. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
@@ -119,25 +120,47 @@ def _onednn_packed(W_out_in: Tensor) -> Product | None:
     return fn
 
 
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 arithmetic (AVX-512 BF16 or AMX) for oneDNN's bf16 products;
+    without it they run ~80x slower than float32 ones (``glassgpt.kernels.bf16.native``)."""
+    return bf16.native()
+
+
 def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
     """``fn(x, W, b) = x W + b`` by ``_gemv`` for up to ``SMALL_BATCH`` rows of x, streaming
     W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
-    a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x."""
+    a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x. A bfloat16
+    W is read as bf16 (``gemv_rows_bf16``) with x and b in float32, y rounded to bf16."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
     W_io = None if out_in.T.is_contiguous() else huge_page_copy(out_in.T)  # [d_in, d_out]
+    half = out_in.dtype == torch.bfloat16
+    kernel = _gemv.gemv_rows_bf16 if half else _gemv.gemv_rows
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in
         if M > SMALL_BATCH or M == 0 or (b is not None and not b.is_contiguous()):
             return fallback(x, W, b)
-        x2 = x.contiguous()
-        y = torch.empty(*x.shape[:-1], d_out, dtype=x.dtype)
+        x2, b2 = (x.float(), None if b is None else b.float()) if half else (x, b)
+        x2 = x2.contiguous()
+        y = torch.empty(*x.shape[:-1], d_out, dtype=torch.float32)
         rows = W if W_io is None else W_io
-        b_ptr = 0 if b is None else b.data_ptr()
-        _gemv.gemv_rows(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in, d_out,
-                        torch.get_num_threads())  # fmt: skip
-        return y
+        b_ptr = 0 if b2 is None else b2.data_ptr()
+        kernel(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in, d_out,
+               torch.get_num_threads())  # fmt: skip
+        return y.to(x.dtype)
+
+    return fn
+
+
+def _upcast(transposed: bool) -> Product:
+    """``fn(x, W, b) = x W + b`` as a float32 product of float32 copies of x, W and b, rounded
+    to x's dtype: bf16 products on CPUs without native bf16 (a pass over W per call costs far
+    less than the bf16 GEMM there)."""
+
+    def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        W_oi = out_in_view(W, transposed=transposed).float()
+        return F.linear(x.float(), W_oi, None if b is None else b.float()).to(x.dtype)
 
     return fn
 
@@ -158,7 +181,14 @@ def _row_major(out_in: Tensor, transposed: bool) -> Product:
 def pack(W: Tensor, *, transposed: bool = False) -> bool:
     """Register a packed copy of a CPU weight for inference products; returns whether one was made.
 
-    - bfloat16: oneDNN's pre-packed layout (plain bf16 GEMV re-packs the weight every call);
+    - bfloat16 on a CPU with bf16 arithmetic (:func:`native_bf16`): oneDNN's pre-packed layout
+      (plain bf16 GEMV re-packs the weight every call);
+    - bfloat16 elsewhere (bf16 products there run ~80x slower than float32 ones): as for
+      float32 below, ``_gemv`` streams the bf16 W (read live or copied) for up to
+      ``SMALL_BATCH`` rows of x, widening each weight exactly to float32 as it reads it,
+      with x and b in float32 and y rounded to bf16; more rows (a long prompt) take a
+      float32 ``F.linear`` of float32 copies of x, W and b made per call (:func:`_upcast`).
+      Either way: products and sums in float32, the result rounded to bf16;
     - float32: W read as a row-major [d_in, d_out] matrix, the layout in which x W streams
       fastest: W itself, or a contiguous copy where W is stored the other way round (the
       tied W_E); glassgpt's own kernel (``_gemv``) streams it for up to ``SMALL_BATCH`` rows
@@ -172,15 +202,16 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     with torch.inference_mode(False), torch.no_grad():
         out_in = out_in_view(W, transposed=transposed)  # [d_out, d_in]
         float32 = W.dtype == torch.float32
-        if float32 and _gemv is not None and W.is_contiguous():
+        if not float32 and native_bf16():
+            fn: Product | None = _onednn_packed(out_in)
+        elif _gemv is not None and W.is_contiguous():
             if out_in.T.is_contiguous() and not W.is_inference():  # streamed live: move it
                 W.data = huge_page_copy(W.data)
                 out_in = out_in_view(W, transposed=transposed)
-            fn: Product | None = _streamed(out_in, transposed, _row_major(out_in, transposed))
-        elif float32:
-            fn = _row_major(out_in, transposed)
+            fallback = _row_major(out_in, transposed) if float32 else _upcast(transposed)
+            fn = _streamed(out_in, transposed, fallback)
         else:
-            fn = _onednn_packed(out_in)
+            fn = _row_major(out_in, transposed) if float32 else _upcast(transposed)
         if fn is None:
             return False
     register(W, fn, transposed=transposed)

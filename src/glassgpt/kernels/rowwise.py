@@ -30,6 +30,11 @@ except ImportError:  # not built (no C compiler at install): PyTorch's kernels e
 MAX_ROWS = 8  # rows of x (positions of a decoding step) up to which the compiled kernels run
 
 
+def built() -> bool:
+    """Whether the compiled kernels are there (``glassgpt.kernels._rowwise``)."""
+    return _rowwise is not None
+
+
 def few_rows(x: Tensor, w: Tensor | None = None, b: Tensor | None = None) -> bool:
     """Whether the compiled kernels take x [..., d] and its parameters w, b [d] (None:
     absent): contiguous float32 CPU tensors, 1 ≤ rows ≤ ``MAX_ROWS``, autograd off, not

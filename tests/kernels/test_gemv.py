@@ -164,13 +164,36 @@ def test_bf16_rows_kernel_at_a_model_shape(threads: int, M: int) -> None:
     _close(_rows(x, W, b, threads), x, W, b)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_io_kernel_is_the_float32_kernel_rounded(threads: int, bias: bool) -> None:
+    """``gemv_rows_bf16_io`` (bf16 x, b and y) gives bit for bit what ``gemv_rows_bf16`` on
+    float32 copies gives, rounded to bf16 by PyTorch (nearest, ties to even), NaN and
+    infinities included."""
+    gen = torch.Generator().manual_seed(7 + threads)
+    M, K, N = 5, 300, 1031
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    W = torch.randn(K, N, generator=gen).to(torch.bfloat16)
+    b = (torch.randn(N, generator=gen) * 3).to(torch.bfloat16) if bias else None
+    x[0, 0], x[1, 3] = float("inf"), float("nan")  # rows 0 and 1 overflow and NaN
+    want = _rows(x.float(), W, None if b is None else b.float(), threads).to(torch.bfloat16)
+    got = torch.empty(M, N, dtype=torch.bfloat16)
+    b_ptr = 0 if b is None else b.data_ptr()
+    _gemv.gemv_rows_bf16_io(x.data_ptr(), W.data_ptr(), b_ptr, got.data_ptr(), M, K, N, threads)
+    assert torch.equal(got[2:], want[2:])
+    assert torch.equal(got[:2].isnan(), want[:2].isnan())
+    assert torch.equal(got[:2].nan_to_num(), want[:2].nan_to_num())
+
+
 @pytest.fixture
 def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A CPU without bf16 arithmetic; returns the M of each ``gemv_rows_bf16`` call."""
+    """A CPU without bf16 arithmetic; returns the M of each bf16 ``_gemv`` call."""
     monkeypatch.setattr(dense, "native_bf16", lambda: False)
     calls: list[int] = []
-    real = _gemv.gemv_rows_bf16
-    monkeypatch.setattr(dense._gemv, "gemv_rows_bf16", lambda *a: calls.append(a[4]) or real(*a))
+    for name in ("gemv_rows_bf16", "gemv_rows_bf16_io"):
+        real = getattr(_gemv, name)
+        spy = lambda *a, real=real: calls.append(a[4]) or real(*a)  # noqa: E731
+        monkeypatch.setattr(dense._gemv, name, spy)
     return calls
 
 
@@ -202,6 +225,7 @@ def test_cpu_with_native_bf16_keeps_onednn(monkeypatch: pytest.MonkeyPatch) -> N
     real = dense._onednn_packed
     monkeypatch.setattr(dense, "_onednn_packed", lambda W: made.append(W.shape) or real(W))
     monkeypatch.setattr(dense._gemv, "gemv_rows_bf16", lambda *a: calls.append(a))
+    monkeypatch.setattr(dense._gemv, "gemv_rows_bf16_io", lambda *a: calls.append(a))
     W = torch.randn(64, 48).to(torch.bfloat16)
     packed = pack(W)
     if packed:

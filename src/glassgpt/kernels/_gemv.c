@@ -19,6 +19,9 @@
  * the caller checks shapes, dtypes and contiguity):
  *   gemv_rows(x, W, b or 0, y, M, K, N, threads)        W float32
  *   gemv_rows_bf16(x, W, b or 0, y, M, K, N, threads)   W bfloat16
+ *   gemv_rows_bf16_io(x, W, b or 0, y, M, K, N, threads)   W, x, b and y bfloat16: x and b
+ *                   widened here, y rounded to nearest (ties to even) at the end, which
+ *                   saves a bf16 decoding step's three conversions per product in Python
  *   has_avx2() -> bool; kernel() -> "avx2" or "portable"; use_portable(flag) (tests)
  *   solo_for(ns): the parts run one after another on the caller for the next ns
  *   (as after slow parallel runs, see _parallel.h; 0 ends it)
@@ -216,8 +219,46 @@ static void rows_part(const void *job, int part, int parts) {
 
 /* ------------------------------------------------------------------------- Python -- */
 
-/* gemv_rows(x, W, b, y, M, K, N, threads) with W float32 (bf16 = 0) or bfloat16 (bf16 = 1) */
-static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int bf16) {
+/* bf16 ↔ float32: widening is exact; narrowing rounds to nearest, ties to even (NaN stays
+ * a quiet NaN), as PyTorch's conversion does. */
+static float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Float32 copies of a bf16 call's x and b (io = 1), y narrowed back after the run. */
+typedef struct {
+    float *x, *b, *y;
+} Widened;
+
+static int widen_inputs(Job *job, Widened *w, const uint16_t *x, const uint16_t *b,
+                        size_t xs, size_t ys) {
+    w->x = PyMem_RawMalloc(sizeof(float) * (xs + ys + (size_t)job->N));
+    if (!w->x)
+        return 0;
+    w->y = w->x + xs, w->b = b ? w->y + ys : NULL;
+    for (size_t i = 0; i < xs; i++)
+        w->x[i] = bf16_to_float(x[i]);
+    for (int i = 0; b && i < job->N; i++)
+        w->b[i] = bf16_to_float(b[i]);
+    job->x = w->x, job->b = w->b, job->y = w->y;
+    return 1;
+}
+
+/* gemv_rows(x, W, b, y, M, K, N, threads) with W float32 (bf16 = 0) or bfloat16 (bf16 = 1);
+ * io = 1: x, b and y bfloat16 too (widened before, y narrowed after) */
+static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int bf16, int io) {
     long long a[8];
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "gemv: expected x, W, b, y, M, K, N, threads");
@@ -238,32 +279,46 @@ static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int bf16) {
     /* Small products are not worth a second thread's wake-up. */
     if ((int64_t)K * N < 32768 || K < 8 * threads)
         threads = 1;
+    Widened wide = {NULL, NULL, NULL};
+    uint16_t *y16 = (uint16_t *)(uintptr_t)a[3];
+    if (io && !widen_inputs(&job, &wide, (const uint16_t *)(uintptr_t)a[0],
+                            (const uint16_t *)(uintptr_t)a[2], (size_t)(M * K), (size_t)(M * N)))
+        return PyErr_NoMemory();
     if (threads > 1) {
         job.partial = PyMem_RawMalloc(sizeof(float) * (size_t)(threads - 1) * M * N);
-        if (!job.partial)
+        if (!job.partial) {
+            PyMem_RawFree(wide.x);
             return PyErr_NoMemory();
+        }
     }
     Py_BEGIN_ALLOW_THREADS
     run_parts(rows_part, &job, threads);
+    size_t size = (size_t)M * N;
     if (job.partial) { /* y += each part's partial sums, in part order */
-        size_t size = (size_t)M * N;
         for (int p = 0; p < threads - 1; p++) {
             const float *part = job.partial + p * size;
             for (size_t i = 0; i < size; i++)
                 job.y[i] += part[i];
         }
     }
+    for (size_t i = 0; io && i < size; i++)
+        y16[i] = float_to_bf16(job.y[i]);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(job.partial);
+    PyMem_RawFree(wide.x);
     Py_RETURN_NONE;
 }
 
 static PyObject *py_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return call(args, nargs, 0);
+    return call(args, nargs, 0, 0);
 }
 
 static PyObject *py_rows_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return call(args, nargs, 1);
+    return call(args, nargs, 1, 0);
+}
+
+static PyObject *py_rows_bf16_io(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return call(args, nargs, 1, 1);
 }
 
 static PyObject *py_has_avx2(PyObject *self, PyObject *args) { return PyBool_FromLong(use_avx2); }
@@ -282,6 +337,8 @@ static PyMethodDef methods[] = {
      "y[M, N] = x[M, K] W[K, N] (+ b): W row-major [K, N] float32"},
     {"gemv_rows_bf16", (PyCFunction)(void (*)(void))py_rows_bf16, METH_FASTCALL,
      "y[M, N] = x[M, K] W[K, N] (+ b): W row-major [K, N] bfloat16, x, b, y float32"},
+    {"gemv_rows_bf16_io", (PyCFunction)(void (*)(void))py_rows_bf16_io, METH_FASTCALL,
+     "y[M, N] = x[M, K] W[K, N] (+ b): W, x, b, y bfloat16, float32 sums, y rounded"},
     {"has_avx2", py_has_avx2, METH_NOARGS, "whether the AVX2 + FMA kernels are in use"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},

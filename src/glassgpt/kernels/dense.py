@@ -130,7 +130,9 @@ def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
     """``fn(x, W, b) = x W + b`` by ``_gemv`` for up to ``SMALL_BATCH`` rows of x, streaming
     W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
     a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x. A bfloat16
-    W is read as bf16 (``gemv_rows_bf16``) with x and b in float32, y rounded to bf16."""
+    W is read as bf16 with float32 sums: with bf16 x and b (the inference copy's) by
+    ``gemv_rows_bf16_io``, which widens them and rounds y to bf16 itself, else by
+    ``gemv_rows_bf16`` on float32 copies of x and b, y rounded here."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
     W_io = None if out_in.T.is_contiguous() else huge_page_copy(out_in.T)  # [d_in, d_out]
@@ -141,13 +143,19 @@ def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
         M = x.numel() // d_in
         if M > SMALL_BATCH or M == 0 or (b is not None and not b.is_contiguous()):
             return fallback(x, W, b)
+        rows = W if W_io is None else W_io
+        threads = torch.get_num_threads()
+        if half and x.dtype == torch.bfloat16 and (b is None or b.dtype == torch.bfloat16):
+            x2, y = x.contiguous(), torch.empty(*x.shape[:-1], d_out, dtype=torch.bfloat16)
+            b_ptr = 0 if b is None else b.data_ptr()
+            _gemv.gemv_rows_bf16_io(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in,
+                                    d_out, threads)  # fmt: skip
+            return y
         x2, b2 = (x.float(), None if b is None else b.float()) if half else (x, b)
         x2 = x2.contiguous()
         y = torch.empty(*x.shape[:-1], d_out, dtype=torch.float32)
-        rows = W if W_io is None else W_io
         b_ptr = 0 if b2 is None else b2.data_ptr()
-        kernel(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in, d_out,
-               torch.get_num_threads())  # fmt: skip
+        kernel(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in, d_out, threads)
         return y.to(x.dtype)
 
     return fn

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glassgpt.kernels import dense, is_packed, matmul, pack, unpack
+from glassgpt.kernels import bf16, dense, is_packed, matmul, pack, unpack
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.sample import generate
 from glassgpt.sample.precision import cast
@@ -188,7 +188,7 @@ def test_bf16_io_kernel_is_the_float32_kernel_rounded(threads: int, bias: bool) 
 @pytest.fixture
 def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A CPU without bf16 arithmetic; returns the M of each bf16 ``_gemv`` call."""
-    monkeypatch.setattr(dense, "native_bf16", lambda: False)
+    monkeypatch.setattr(bf16, "native", lambda: False)
     calls: list[int] = []
     for name in ("gemv_rows_bf16", "gemv_rows_bf16_io"):
         real = getattr(_gemv, name)
@@ -220,7 +220,7 @@ def test_packed_bf16_weight_streams_up_to_small_batch(
 
 
 def test_cpu_with_native_bf16_keeps_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dense, "native_bf16", lambda: True)
+    monkeypatch.setattr(bf16, "native", lambda: True)
     made, calls = [], []
     real = dense._onednn_packed
     monkeypatch.setattr(dense, "_onednn_packed", lambda W: made.append(W.shape) or real(W))
@@ -245,7 +245,7 @@ def test_native_bf16_answers_what_torch_says() -> None:
         getattr(cpu, n, lambda: False)()
         for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     ]
-    assert dense.native_bf16() == any(flags)
+    assert bf16.native() == any(flags)
 
 
 @pytest.mark.parametrize("tie", [True, False])

@@ -47,15 +47,18 @@ typedef struct {
     float *partial; /* rows form: parts 1, 2, ... sum their rows of W into [M, N] each here */
 } Job;
 
-/* W's element i as float32: a bfloat16 is the top 16 bits of the float32 it stands for, so
- * the conversion is exact. */
+/* A bfloat16 as float32: it is the top 16 bits of the float32 it stands for, so the
+ * conversion is exact. */
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* W's element i as float32. */
 static inline float weight(const void *W, size_t i, int bf16) {
-    if (!bf16)
-        return ((const float *)W)[i];
-    uint32_t bits = (uint32_t)((const uint16_t *)W)[i] << 16;
-    float v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
+    return bf16 ? bf16_to_float(((const uint16_t *)W)[i]) : ((const float *)W)[i];
 }
 
 /* ------------------------------------------------------------------- plain C kernels -- */
@@ -219,15 +222,8 @@ static void rows_part(const void *job, int part, int parts) {
 
 /* ------------------------------------------------------------------------- Python -- */
 
-/* bf16 ↔ float32: widening is exact; narrowing rounds to nearest, ties to even (NaN stays
- * a quiet NaN), as PyTorch's conversion does. */
-static float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
+/* float32 → bf16, rounded to nearest, ties to even (NaN stays a quiet NaN), as PyTorch's
+ * conversion does. */
 static uint16_t float_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);

@@ -8,7 +8,7 @@ The kernel, first that applies:
    (inference only: no autograd, x in W's dtype, W unchanged since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
    (``glassgpt.kernels._gemv``), which streams W once for all rows, and for bfloat16 too on
-   CPUs without bf16 arithmetic (:func:`native_bf16`);
+   CPUs without bf16 arithmetic (``glassgpt.kernels.bf16.native``);
 2. under CPU autocast to bf16 on a CPU without bf16 arithmetic, float32 products of the
    bf16-rounded operands, which compute the same function (``glassgpt.kernels.bf16``);
 3. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
@@ -120,43 +120,31 @@ def _onednn_packed(W_out_in: Tensor) -> Product | None:
     return fn
 
 
-def native_bf16() -> bool:
-    """Whether this CPU has bf16 arithmetic (AVX-512 BF16 or AMX) for oneDNN's bf16 products;
-    without it they run ~80x slower than float32 ones (``glassgpt.kernels.bf16.native``)."""
-    return bf16.native()
-
-
 def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
     """``fn(x, W, b) = x W + b`` by ``_gemv`` for up to ``SMALL_BATCH`` rows of x, streaming
     W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
     a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x. A bfloat16
-    W is read as bf16 with float32 sums: with bf16 x and b (the inference copy's) by
-    ``gemv_rows_bf16_io``, which widens them and rounds y to bf16 itself, else by
-    ``gemv_rows_bf16`` on float32 copies of x and b, y rounded here."""
+    W (and so x, whose dtype a packed product matches) takes ``gemv_rows_bf16_io``: x and b
+    widened to float32, float32 sums, y rounded to bf16, all in the kernel."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
     W_io = None if out_in.T.is_contiguous() else huge_page_copy(out_in.T)  # [d_in, d_out]
     half = out_in.dtype == torch.bfloat16
-    kernel = _gemv.gemv_rows_bf16 if half else _gemv.gemv_rows
+    kernel = _gemv.gemv_rows_bf16_io if half else _gemv.gemv_rows
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in
         if M > SMALL_BATCH or M == 0 or (b is not None and not b.is_contiguous()):
             return fallback(x, W, b)
+        if b is not None and b.dtype != x.dtype:
+            b = b.to(x.dtype)
+        x2 = x.contiguous()
+        y = torch.empty(*x.shape[:-1], d_out, dtype=x.dtype)
         rows = W if W_io is None else W_io
-        threads = torch.get_num_threads()
-        if half and x.dtype == torch.bfloat16 and (b is None or b.dtype == torch.bfloat16):
-            x2, y = x.contiguous(), torch.empty(*x.shape[:-1], d_out, dtype=torch.bfloat16)
-            b_ptr = 0 if b is None else b.data_ptr()
-            _gemv.gemv_rows_bf16_io(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in,
-                                    d_out, threads)  # fmt: skip
-            return y
-        x2, b2 = (x.float(), None if b is None else b.float()) if half else (x, b)
-        x2 = x2.contiguous()
-        y = torch.empty(*x.shape[:-1], d_out, dtype=torch.float32)
-        b_ptr = 0 if b2 is None else b2.data_ptr()
-        kernel(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in, d_out, threads)
-        return y.to(x.dtype)
+        b_ptr = 0 if b is None else b.data_ptr()
+        kernel(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in, d_out,
+               torch.get_num_threads())  # fmt: skip
+        return y
 
     return fn
 
@@ -189,12 +177,13 @@ def _row_major(out_in: Tensor, transposed: bool) -> Product:
 def pack(W: Tensor, *, transposed: bool = False) -> bool:
     """Register a packed copy of a CPU weight for inference products; returns whether one was made.
 
-    - bfloat16 on a CPU with bf16 arithmetic (:func:`native_bf16`): oneDNN's pre-packed layout
+    - bfloat16 on a CPU with bf16 arithmetic (``glassgpt.kernels.bf16.native``): oneDNN's
+      pre-packed layout
       (plain bf16 GEMV re-packs the weight every call);
     - bfloat16 elsewhere (bf16 products there run ~80x slower than float32 ones): as for
       float32 below, ``_gemv`` streams the bf16 W (read live or copied) for up to
-      ``SMALL_BATCH`` rows of x, widening each weight exactly to float32 as it reads it,
-      with x and b in float32 and y rounded to bf16; more rows (a long prompt) take a
+      ``SMALL_BATCH`` rows of x, widening each weight (and x and b) exactly to float32 as it
+      reads it and rounding y to bf16; more rows (a long prompt) take a
       float32 ``F.linear`` of float32 copies of x, W and b made per call (:func:`_upcast`).
       Either way: products and sums in float32, the result rounded to bf16;
     - float32: W read as a row-major [d_in, d_out] matrix, the layout in which x W streams
@@ -210,7 +199,7 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     with torch.inference_mode(False), torch.no_grad():
         out_in = out_in_view(W, transposed=transposed)  # [d_out, d_in]
         float32 = W.dtype == torch.float32
-        if not float32 and native_bf16():
+        if not float32 and bf16.native():
             fn: Product | None = _onednn_packed(out_in)
         elif _gemv is not None and W.is_contiguous():
             if out_in.T.is_contiguous() and not W.is_inference():  # streamed live: move it

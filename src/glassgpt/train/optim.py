@@ -60,7 +60,7 @@ class AdamW(torch.optim.AdamW):
                 return False
             if group["differentiable"] or torch.is_tensor(group["lr"]):
                 return False
-            if any(not p.is_cpu for p in group["params"][:1]):
+            if group["params"] and not group["params"][0].is_cpu:
                 return False
         return True
 

@@ -17,6 +17,16 @@ static int ints(PyObject *const *args, Py_ssize_t n, long long *out) {
     return 1;
 }
 
+/* Exactly n integer arguments into out; False with a TypeError naming `usage` otherwise. */
+__attribute__((unused)) static int int_args(PyObject *const *args, Py_ssize_t nargs,
+                                            Py_ssize_t n, long long *out, const char *usage) {
+    if (nargs != n) {
+        PyErr_Format(PyExc_TypeError, "expected %s", usage);
+        return 0;
+    }
+    return ints(args, n, out);
+}
+
 /* use_portable(flag): force the portable loops (tests only: no call may be in flight). */
 static PyObject *use_portable(PyObject *self, PyObject *flag) {
     int on = PyObject_IsTrue(flag);

@@ -25,6 +25,9 @@
  *                              gradient (g ≠ 0), over n values, in parts (a decoding step's
  *                              few rows: threads = 1), the GIL released
  *   kv_write(K, V, k, v, B, H, T, D, n, strides)   a KV cache's step: K[:, :, n:n+T] = k, V…
+ *   add(a, b, y, n)   y = a + b over n values (a replayed step's residual sums)
+ *   embed(W_E, tokens, P or 0, y, B, d, n_vocab, pos)   y[b] = W_E[tokens[b]] + P[pos], the
+ *                              step's first residual (tokens int64; ValueError out of range)
  *   kernel() → "avx2" or "portable";  use_portable(flag) → the kernel now in use (tests)
  */
 #define _GNU_SOURCE
@@ -350,7 +353,47 @@ static PyObject *kv_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
+/* add(a, b, y, n): y = a + b elementwise over n float32 values. */
+static PyObject *add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[4];
+    if (!int_args(args, nargs, 4, a, "add(a, b, y, n)"))
+        return NULL;
+    const float *x = (const float *)(uintptr_t)a[0], *z = (const float *)(uintptr_t)a[1];
+    float *y = (float *)(uintptr_t)a[2];
+    for (long long i = 0; i < a[3]; i++)
+        y[i] = x[i] + z[i];
+    Py_RETURN_NONE;
+}
+
+/* embed(W_E, tokens, P or 0, y, B, d, n_vocab, pos): y[b, :] = W_E[tokens[b], :] (+ P[pos, :])
+ * for B int64 tokens, each checked against n_vocab. */
+static PyObject *embed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[8];
+    if (!int_args(args, nargs, 8, a, "embed(W_E, tokens, P, y, B, d, n_vocab, pos)"))
+        return NULL;
+    const float *W = (const float *)(uintptr_t)a[0], *P = (const float *)(uintptr_t)a[2];
+    const long long *tokens = (const long long *)(uintptr_t)a[1];
+    float *y = (float *)(uintptr_t)a[3];
+    const long long B = a[4], d = a[5], n_vocab = a[6], pos = a[7];
+    for (long long b = 0; b < B; b++)
+        if (tokens[b] < 0 || tokens[b] >= n_vocab) {
+            PyErr_Format(PyExc_ValueError, "tokens: id %lld is out of range [0, %lld) for n_vocab=%lld",
+                         tokens[b], n_vocab, n_vocab);
+            return NULL;
+        }
+    for (long long b = 0; b < B; b++) {
+        const float *row = W + tokens[b] * d, *p = P ? P + pos * d : NULL;
+        float *out = y + b * d;
+        for (long long i = 0; i < d; i++)
+            out[i] = p ? row[i] + p[i] : row[i];
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"add", (PyCFunction)(void (*)(void))add, METH_FASTCALL, "add(a, b, y, n): y = a + b"},
+    {"embed", (PyCFunction)(void (*)(void))embed, METH_FASTCALL,
+     "embed(W_E, tokens, P, y, B, d, n_vocab, pos): y[b] = W_E[tokens[b]] (+ P[pos])"},
     {"norm", (PyCFunction)(void (*)(void))norm, METH_FASTCALL,
      "norm(x, w, b, y, rows, d, eps, centred): layer norm (centred) or RMS norm of each row"},
     {"gelu_many", (PyCFunction)(void (*)(void))gelu_many, METH_FASTCALL,

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glassgpt.kernels import bf16
+from glassgpt.kernels import bf16, replay
 from glassgpt.kernels.onednn import OneDNNLinear, use_onednn
 from glassgpt.kernels.pages import huge_page_copy
 
@@ -141,9 +141,11 @@ def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
         x2 = x.contiguous()
         y = torch.empty(*x.shape[:-1], d_out, dtype=x.dtype)
         rows = W if W_io is None else W_io
-        b_ptr = 0 if b is None else b.data_ptr()
-        kernel(x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in, d_out,
-               torch.get_num_threads())  # fmt: skip
+        args = (x2.data_ptr(), rows.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
+                M, d_in, d_out, torch.get_num_threads())  # fmt: skip
+        kernel(*args)
+        if replay.RECORDER is not None:
+            replay.RECORDER.add(kernel, args)
         return y
 
     return fn

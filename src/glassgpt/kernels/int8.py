@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.kernels import replay
 from glassgpt.kernels.pages import huge_page_copy
 
 MAX_ROWS = 8  # rows of x (batch × tokens) that the compiled kernel takes
@@ -171,8 +172,11 @@ def product(q: Tensor, s: Tensor, *, many: Any) -> Any:
             return many(x, W, b)
         x = x if x.is_contiguous() else x.contiguous()  # float32: the seam's packed products
         y = x.new_empty((*x.shape[:-1], d_out))  # see only x of W's dtype
-        ext.gemv(x.data_ptr(), q_ptr, s_ptr, 0 if b is None else b.data_ptr(), y.data_ptr(),
-                 rows, d_in, d_out, torch.get_num_threads())  # fmt: skip
+        args = (x.data_ptr(), q_ptr, s_ptr, 0 if b is None else b.data_ptr(), y.data_ptr(),
+                rows, d_in, d_out, torch.get_num_threads())  # fmt: skip
+        ext.gemv(*args)
+        if replay.RECORDER is not None:
+            replay.RECORDER.add(ext.gemv, args)
         return y
 
     fn.panels, fn.s = p, s  # type: ignore[attr-defined]

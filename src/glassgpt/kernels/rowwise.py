@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from glassgpt.kernels import replay
+
 try:
     from glassgpt.kernels import _rowwise
 except ImportError:  # not built (no C compiler at install): PyTorch's kernels everywhere
@@ -59,8 +61,11 @@ def norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float, *, centred: bool) -
     assert _rowwise is not None
     y = torch.empty_like(x)
     d = x.shape[-1]
-    _rowwise.norm(x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
-                  x.numel() // d, d, eps, centred)  # fmt: skip
+    args = (x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
+            x.numel() // d, d, eps, centred)  # fmt: skip
+    _rowwise.norm(*args)
+    if replay.RECORDER is not None:
+        replay.RECORDER.add(_rowwise.norm, args)
     return y
 
 
@@ -68,7 +73,10 @@ def gelu_tanh(x: Tensor) -> Tensor:
     """½ x (1 + tanh(√(2/π) (x + 0.044715 x³))) elementwise (``few_rows(x)`` holds)."""
     assert _rowwise is not None
     y = torch.empty_like(x)
-    _rowwise.gelu_many(x.data_ptr(), 0, y.data_ptr(), x.numel(), 1, False)  # one thread
+    args = (x.data_ptr(), 0, y.data_ptr(), x.numel(), 1, False)  # one thread
+    _rowwise.gelu_many(*args)
+    if replay.RECORDER is not None:
+        replay.RECORDER.add(_rowwise.gelu_many, args)
     return y
 
 
@@ -88,8 +96,10 @@ def gelu_many(x: Tensor, g: Tensor | None = None, *, exact: bool = False) -> Ten
     if g is not None and not (g.shape == x.shape and g.dtype is x.dtype and g.is_cpu):
         raise ValueError(f"gelu_many: g must be float32 of shape {tuple(x.shape)}")
     g_ptr = 0 if g is None else g.contiguous().data_ptr()
-    _rowwise.gelu_many(x.data_ptr(), g_ptr, y.data_ptr(), x.numel(), torch.get_num_threads(),
-                       exact)  # fmt: skip
+    args = (x.data_ptr(), g_ptr, y.data_ptr(), x.numel(), torch.get_num_threads(), exact)
+    _rowwise.gelu_many(*args)
+    if replay.RECORDER is not None:
+        replay.RECORDER.add(_rowwise.gelu_many, args)
     return y
 
 
@@ -103,8 +113,10 @@ def write_kv(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int) -> None:
         assert _rowwise is not None
         B, H, _, D = k.shape
         strides = (*K.stride(), *V.stride(), *k.stride(), *v.stride())
-        _rowwise.kv_write(K.data_ptr(), V.data_ptr(), k.data_ptr(), v.data_ptr(), B, H, T, D, n,
-                          strides)  # fmt: skip
+        args = (K.data_ptr(), V.data_ptr(), k.data_ptr(), v.data_ptr(), B, H, T, D, n, strides)
+        _rowwise.kv_write(*args)
+        if replay.RECORDER is not None:
+            replay.RECORDER.add(_rowwise.kv_write, args, positional=(8,))  # n
         return
     K.narrow(2, n, T).copy_(k)
     V.narrow(2, n, T).copy_(v)

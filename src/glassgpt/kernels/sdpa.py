@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glassgpt.kernels import bf16, flash
+from glassgpt.kernels import bf16, flash, replay
 from glassgpt.kernels.policy import attention_path
 
 try:
@@ -124,6 +124,11 @@ def few_queries(
         H * D,
         1,
     )  # fmt: skip  (z's, read as [B, H, Tq, D])
-    _attend.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if m is None else m.data_ptr(),
-                   z.data_ptr(), B, H, Tq, Tk, D, offset, strides, torch.get_num_threads())  # fmt: skip
+    args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if m is None else m.data_ptr(),
+            z.data_ptr(), B, H, Tq, Tk, D, offset, strides, torch.get_num_threads())  # fmt: skip
+    _attend.attend(*args)
+    if replay.RECORDER is not None:
+        if m is not None:  # a mask's keys do not move with the position
+            replay.RECORDER.fail("a masked attention")
+        replay.RECORDER.add(_attend.attend, args, positional=(8, 10))  # Tk, offset
     return z.transpose(1, 2)  # [B, H, Tq, D]

@@ -40,6 +40,7 @@ from glassgpt.errors import ConfigError, GlassError
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token
 from glassgpt.sample.graphs import GraphedStep, StaticKVCache
+from glassgpt.sample.replay import ReplayedStep
 from glassgpt.sample.stops import StopMatcher
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class GenerationConfig(SamplingConfig):
     overflow: Literal["slide", "truncate", "error"] = "slide"
     window: int | None = None  # tokens kept when the window slides (default 3·n_ctx/4)
     cuda_graph: bool = True  # on a GPU, replay each one-token step from a CUDA graph
+    replay: bool = True  # on a CPU, replay each one-token step from its recorded kernel calls
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -300,7 +302,8 @@ def _steps(
     cache = kind.for_model(model, len(rows), max(capacity, tokens.shape[1]), pad=pads,
                            last_only=True)  # fmt: skip
     logits = _forward(model, tokens, cache)
-    step_fn: GraphedStep | None = None
+    step_fn: GraphedStep | ReplayedStep | None = None
+    record = cfg.replay and device.type == "cpu"  # recorded at the first one-token step
     for step in range(cfg.max_new_tokens):
         last = mask_padded(logits[:, -1], n_valid)  # [B, V]
         nxt = next_token(last, sampling, counts, gens)  # [B]
@@ -313,15 +316,36 @@ def _steps(
         if counts is not None:
             counts[torch.arange(len(ids), device=device), nxt.to(device)] += 1
         if cache.length < cache.capacity:
-            if graphed and step_fn is None:
-                assert isinstance(cache, StaticKVCache)
-                step_fn = GraphedStep(model, cache)
             new = nxt.to(device)[:, None]  # [B, 1]
-            logits = step_fn(new) if step_fn is not None else _forward(model, new, cache)
+            if graphed:
+                if step_fn is None:
+                    assert isinstance(cache, StaticKVCache)
+                    step_fn = GraphedStep(model, cache)
+                logits = step_fn(new)
+            elif cache.pad is not None or model._hook_fns:  # (hooks attached since)
+                logits = _forward(model, new, cache)
+            elif record:
+                record = False
+                step_fn, logits = _recorded(model, new, cache)
+            else:
+                logits = step_fn(new) if step_fn is not None else _forward(model, new, cache)
         else:
             tokens, pads = left_pad(slide(f"{len(hist[0])} tokens"), device)
             cache.reset(pads)
             logits = _forward(model, tokens, cache)
+
+
+def _recorded(model: GPT, tokens: Tensor, cache: KVCache) -> tuple[ReplayedStep | None, Tensor]:
+    """The step ``model(tokens, cache=cache)`` recorded for replay (None where it cannot be)
+    and its logits, as :func:`_forward` computes them."""
+    training = model.training
+    if training:
+        model.eval()
+    try:
+        return ReplayedStep.record(model, cache, tokens)
+    finally:
+        if training:
+            model.train()
 
 
 def _forward(model: GPT, tokens: Tensor, cache: KVCache) -> Tensor:

@@ -1,0 +1,110 @@
+"""Recording a decoding step's kernel calls, for replay without the Python between them.
+
+A float32 decoding step on a CPU is, underneath the model's Python, a fixed sequence of
+glassgpt's compiled kernels (``_gemv``, ``_rowwise``, ``_attend``, ``_int8``) on fixed
+buffers: the weights, the KV cache, and the step's activations. Only the position n moves:
+the cache column written, the keys attended to (n + 1) and the position row added to the
+embedding. A :class:`Recorder` collects that sequence while one step runs eagerly:
+
+- each kernel seam reports its compiled call (the function and its integer arguments,
+  addresses included) through :func:`record`, naming the arguments that are positions;
+- every PyTorch operation of the step passes through :class:`StepMode`, which keeps every
+  tensor the step allocates alive (so that the addresses stay valid), lets views and
+  allocations through, records a float32 ``a + b`` of two contiguous tensors of one shape as
+  ``_rowwise.add``, and marks the recording unusable on anything else (it then names the
+  operation).
+
+Replaying the calls with the positions moved computes exactly what the eager step would
+have: the same kernels on the same buffers in the same order (see
+``glassgpt.sample.replay``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+try:
+    from glassgpt.kernels import _rowwise
+except ImportError:  # not built: nothing can be recorded (the seams call no kernel)
+    _rowwise = None
+
+Call = tuple[Callable[..., Any], tuple[Any, ...], tuple[int, ...]]  # fn, args, position args
+
+
+class Recorder:
+    """The compiled calls of one step at position ``position``: ``calls`` holds (fn, args,
+    positional) with each argument index in ``positional`` stored relative to the position;
+    ``failed`` names the first operation that could not be recorded (None while all could)."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+        self.calls: list[Call] = []
+        self.keep: list[Any] = []  # tensors whose memory the recorded addresses point into
+        self.failed: str | None = None
+
+    def add(
+        self, fn: Callable[..., Any], args: Sequence[Any], positional: Sequence[int] = ()
+    ) -> None:
+        rel = list(args)
+        for i in positional:
+            rel[i] -= self.position
+        self.calls.append((fn, tuple(rel), tuple(positional)))
+
+    def fail(self, why: str) -> None:
+        if self.failed is None:
+            self.failed = why
+
+
+RECORDER: Recorder | None = None  # set while a step is recorded (one thread: the caller's)
+
+
+def record(fn: Callable[..., Any], args: Sequence[Any], positional: Sequence[int] = ()) -> None:
+    """Report a compiled call just made (``fn(*args)``) to the recorder, if one is active;
+    the arguments at the indices ``positional`` are positions (cache columns, key counts)."""
+    if RECORDER is not None:
+        RECORDER.add(fn, args, positional)
+
+
+_ALLOCATIONS = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"))
+
+
+class StepMode(TorchDispatchMode):
+    """Every PyTorch operation of a recorded step (see the module docstring); ``active`` off
+    lets operations through unseen (the step's prologue, the embedding)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self.active = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not self.active:
+            return out
+        rec = self.recorder
+        rec.keep.append(out)
+        name = func.overloadpacket.__name__
+        if func.is_view or name in _ALLOCATIONS:
+            return out
+        if func is torch.ops.aten.add.Tensor and _plain_sum(args, kwargs, out):
+            a, b = args
+            rec.add(_rowwise.add, (a.data_ptr(), b.data_ptr(), out.data_ptr(), out.numel()))
+            return out
+        rec.fail(f"aten.{name}")
+        return out
+
+
+def _plain_sum(args: Any, kwargs: Any, out: Any) -> bool:
+    """Whether ``a + b`` is two contiguous float32 CPU tensors of one shape (no alpha)."""
+    if _rowwise is None or kwargs or len(args) != 2:
+        return False
+    a, b = args
+    return all(
+        isinstance(t, torch.Tensor) and t.dtype is torch.float32 and t.is_cpu
+        and t.is_contiguous() and t.shape == out.shape
+        for t in (a, b, out)
+    )  # fmt: skip

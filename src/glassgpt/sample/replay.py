@@ -1,0 +1,176 @@
+"""Decoding on a CPU from a recorded step: one compiled call per kernel, no model Python.
+
+A one-token step of a float32 (or int8) model on a CPU,
+
+    x₀ = W_E[token] + P[n],   x_{l+1} = Block_l(x_l | cache),   logits = N_f(x_L) W_U + b_U,
+
+runs as glassgpt's compiled kernels (the products, norms, GELU, cache writes and attention)
+with Python between them: module calls, hooks that are off, the seams' choices, views and
+allocations, about 2 ms a GPT-2-small step against 17-25 ms of weight reads. The kernels
+and the buffers they work on are the same at every step; only the position n moves (the
+cache column written, the n + 1 keys attended to, the position row P[n]).
+:class:`ReplayedStep` runs one step eagerly while ``glassgpt.kernels.replay`` records its
+compiled calls, then replays those calls for the following steps with n moved, and the
+embedding x₀ computed by ``_rowwise.embed``. The replay makes the same calls on the same
+buffers in the same order, so its logits equal the eager step's bit for bit.
+
+It records only what it can replay: a plain :class:`~glassgpt.sample.cache.KVCache` without
+padding, no hooks, no RoPE (its rotation is PyTorch operations), float32 activations, and
+every operation of the blocks a compiled kernel, a view, an allocation or a float32
+residual sum (anything else, say a ReLU MLP, leaves decoding eager; :attr:`why_not` names
+it). Prompts (several tokens) always run eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from glassgpt.kernels import replay
+from glassgpt.model.gpt import TokenError
+from glassgpt.sample.cache import CacheFullError, KVCache
+
+if TYPE_CHECKING:
+    from glassgpt.model.gpt import GPT
+
+
+def unreplayable(model: GPT, cache: Any) -> str | None:
+    """Why a one-token step of ``model`` over ``cache`` cannot be recorded (None: it can be
+    tried; the recording may still find an operation it cannot replay)."""
+    if replay._rowwise is None:
+        return "glassgpt's compiled kernels are not built"
+    if type(cache) is not KVCache or cache.pad is not None:
+        return "the cache is padded or not a plain KVCache"
+    W_E = model.embed.W_E
+    if W_E.device.type != "cpu" or W_E.dtype != torch.float32 or not W_E.is_contiguous():
+        return "the model is not float32 on a CPU"
+    if model.rotary is not None:
+        return "RoPE rotates q and k with PyTorch operations"
+    if model._hook_fns:
+        return "hooks are attached"
+    if model.training:
+        return "the model is in training mode"
+    return None
+
+
+class ReplayedStep:
+    """``step(tokens [B, 1])`` → logits [B, 1, n_vocab] of the next position of ``cache``,
+    from the calls recorded by :meth:`record` (see the module docstring).
+
+    The logits tensor is the recording's own buffer: the next call overwrites it.
+
+    >>> from glassgpt.model import GPT, GPTConfig
+    >>> from glassgpt.sample.precision import cast
+    >>> torch.manual_seed(0) and None
+    >>> model = cast(GPT(GPTConfig(n_vocab=10, n_ctx=8, d_model=8, n_layers=1, n_heads=2)), "float32")
+    >>> cache = KVCache.for_model(model, batch_size=1, last_only=True)
+    >>> _ = model(torch.tensor([[1, 2]]), cache=cache)
+    >>> step, _ = ReplayedStep.record(model, cache, torch.tensor([[3]]))
+    >>> replayed = step(torch.tensor([[4]]))
+    >>> eager = model(torch.tensor([[1, 2, 3, 4]]))[:, -1:]
+    >>> bool(torch.allclose(replayed, eager, atol=1e-6))
+    True
+    """
+
+    def __init__(self, cache: KVCache, calls: list[replay.Call], keep: list[Any],
+                 tokens: Tensor, logits: Tensor) -> None:  # fmt: skip
+        self.cache, self.calls, self.keep = cache, calls, keep
+        self.tokens, self.logits = tokens, logits
+
+    @classmethod
+    def record(
+        cls, model: GPT, cache: KVCache, tokens: Tensor
+    ) -> tuple[ReplayedStep | None, Tensor]:
+        """Run ``model(tokens, cache=cache)`` (one token per row, in inference mode) while
+        recording its compiled calls: (the step, or None where it cannot be replayed, and
+        the step's logits). ``why_not`` on the class keeps the last reason."""
+        why = unreplayable(model, cache)
+        if why is None and (tokens.ndim != 2 or tokens.shape[1] != 1):
+            why = "a step of more than one token"
+        if why is not None:
+            cls.why_not = why
+            with torch.inference_mode():
+                return None, model(tokens, cache=cache)
+        rec = replay.Recorder(cache.length)
+        mode = replay.StepMode(rec)
+        first: list[Tensor] = []
+
+        def start(_module: Any, args: tuple[Any, ...]) -> None:  # x₀ reaches block 0
+            first.append(args[0])
+            mode.active = True
+            replay.RECORDER = rec
+
+        hook = model.blocks[0].register_forward_pre_hook(start)
+        try:
+            with torch.inference_mode(), mode:
+                logits = model(tokens, cache=cache)
+        finally:
+            hook.remove()
+            replay.RECORDER = None
+            mode.active = False
+        assert isinstance(logits, Tensor)
+        x0 = first[0] if first else None
+        if rec.failed is None and (x0 is None or not _plain(x0) or not rec.calls):
+            rec.fail("no recorded kernel calls" if x0 is not None else "no block")
+        if rec.failed is not None:
+            cls.why_not = rec.failed
+            return None, logits
+        step = cls._build(model, cache, rec, x0, logits)  # type: ignore[arg-type]
+        return step, logits
+
+    why_not: str | None = None
+
+    @classmethod
+    def _build(
+        cls, model: GPT, cache: KVCache, rec: replay.Recorder, x0: Tensor, logits: Tensor
+    ) -> ReplayedStep:
+        config = model.config
+        B = x0.shape[0]
+        with torch.inference_mode(False):
+            tokens = torch.zeros(B, dtype=torch.long)
+        keep: list[Any] = [rec.keep, x0, logits, tokens]
+        table = None
+        if model.pos_embed is not None:
+            if hasattr(model.pos_embed, "W_P"):
+                table = model.pos_embed.W_P.detach()
+            else:  # the fixed rows, computed as the eager step computes each of them
+                table = model.pos_embed(config.n_ctx, 0, dtype=torch.float32)
+            keep.append(table)
+        embed = (
+            replay._rowwise.embed,
+            (model.embed.W_E.data_ptr(), tokens.data_ptr(), 0 if table is None else table.data_ptr(),
+             x0.data_ptr(), B, config.d_model, config.n_vocab, 0),
+            (7,),
+        )  # fmt: skip
+        return cls(cache, [embed, *rec.calls], keep, tokens, logits)
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        cache = self.cache
+        n = cache.length
+        if n + 1 > cache.capacity:
+            raise CacheFullError(
+                f"{n} cached + 1 new position exceed the cache capacity {cache.capacity}"
+            )
+        if tokens.shape != (self.tokens.shape[0], 1):
+            raise TokenError(f"a replayed step takes [{self.tokens.shape[0]}, 1] tokens, "
+                             f"got {tuple(tokens.shape)}")  # fmt: skip
+        self.tokens.copy_(tokens.view(-1))
+        try:
+            for fn, args, positional in self.calls:
+                if positional:
+                    moved = list(args)
+                    for i in positional:
+                        moved[i] += n
+                    args = tuple(moved)
+                fn(*args)
+        except ValueError as e:  # an id out of range (checked before anything is written)
+            raise TokenError(str(e)) from None
+        cache.length = n + 1
+        return self.logits
+
+
+def _plain(x: Tensor) -> bool:
+    """Whether x₀ is a contiguous float32 CPU [B, 1, d_model] tensor of its own."""
+    return x.dtype is torch.float32 and x.is_cpu and x.is_contiguous() and x.ndim == 3

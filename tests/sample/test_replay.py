@@ -1,0 +1,140 @@
+"""Replayed decoding steps (glassgpt.sample.replay) against the eager steps they were recorded
+from: the same kernels on the same buffers, so the logits must be equal bit for bit, step after
+step, as the position moves; and what cannot be replayed is refused and decoded eagerly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glassgpt.kernels import rowwise
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.model.gpt import TokenError
+from glassgpt.sample.cache import CacheFullError, KVCache
+from glassgpt.sample.generation import generate
+from glassgpt.sample.precision import cast
+from glassgpt.sample.replay import ReplayedStep
+
+pytestmark = pytest.mark.skipif(not rowwise.built(), reason="glassgpt's kernels are not built")
+
+
+def model_of(dtype: str = "float32", **overrides: object) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(**{"n_vocab": 61, "n_ctx": 40, "d_model": 32, "n_layers": 2, "n_heads": 4,
+                       **overrides})  # type: ignore[arg-type]  # fmt: skip
+    model = GPT(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.1)  # biases and norm weights away from 0 and 1
+    return cast(model, dtype)
+
+
+def prefilled(model: GPT, prompt: torch.Tensor, capacity: int | None = None) -> KVCache:
+    cache = KVCache.for_model(model, prompt.shape[0], capacity, last_only=True)
+    with torch.inference_mode():
+        model(prompt, cache=cache)
+    return cache
+
+
+def replay_against_eager(model: GPT, batch: int = 1, steps: int = 12) -> None:
+    """Record one step, then ``steps`` more replayed beside eager steps on a second cache."""
+    g = torch.Generator().manual_seed(1)
+    V = model.config.n_vocab
+    prompt = torch.randint(0, V, (batch, 5), generator=g)
+    mine, theirs = prefilled(model, prompt), prefilled(model, prompt)
+    first = torch.randint(0, V, (batch, 1), generator=g)
+    step, logits = ReplayedStep.record(model, mine, first)
+    assert step is not None, ReplayedStep.why_not
+    with torch.inference_mode():
+        assert torch.equal(logits, model(first, cache=theirs))
+        for _ in range(steps):
+            tokens = torch.randint(0, V, (batch, 1), generator=g)
+            assert torch.equal(step(tokens), model(tokens, cache=theirs))
+    assert mine.length == theirs.length == 6 + steps
+    for a, b in zip(mine.layers, theirs.layers):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # GPT-2's choices: learned positions, layer norm, biases, tanh GELU, tied W_U
+        {"positional": "sinusoidal", "norm": "rmsnorm", "bias": False, "tie_embeddings": False},
+        {"positional": "none", "norm_placement": "post", "mlp": "gelu"},
+        {"n_heads": 2, "d_mlp": 40},
+    ],
+    ids=["gpt2", "sinusoidal-rms-nobias-untied", "none-post-erf", "wide-heads"],
+)
+def test_replayed_steps_equal_eager_steps_bit_for_bit(overrides: dict[str, object]) -> None:
+    replay_against_eager(model_of(**overrides))
+
+
+def test_a_batch_and_int8_weights_replay_bit_for_bit() -> None:
+    replay_against_eager(model_of(), batch=3)
+    replay_against_eager(model_of("int8"), batch=2)
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        (lambda: model_of(positional="rope"), "RoPE"),
+        (lambda: model_of(mlp="relu"), "aten.relu"),
+        (
+            lambda: GPT(GPTConfig(n_vocab=61, n_ctx=40, d_model=32, n_layers=2, n_heads=4)).eval(),
+            "aten.",
+        ),  # not cast: its products are PyTorch's
+    ],
+    ids=["rope", "relu", "uncast"],
+)
+def test_what_cannot_be_replayed_is_refused_with_its_reason_and_decoded_eagerly(
+    model: object, why: str
+) -> None:
+    m = model()  # type: ignore[operator]
+    prompt = torch.tensor([[3, 1, 4]])
+    mine, theirs = prefilled(m, prompt), prefilled(m, prompt)
+    step, logits = ReplayedStep.record(m, mine, torch.tensor([[5]]))
+    assert step is None and why in str(ReplayedStep.why_not)
+    with torch.inference_mode():
+        torch.testing.assert_close(logits, m(torch.tensor([[5]]), cache=theirs), rtol=0, atol=0)
+
+
+def test_hooks_and_padding_are_refused() -> None:
+    m = model_of()
+    with m.hooks({"blocks.0.resid_pre": lambda t, name: None}):
+        step, _ = ReplayedStep.record(m, prefilled(m, torch.tensor([[1, 2]])), torch.tensor([[3]]))
+    assert step is None and "hooks" in str(ReplayedStep.why_not)
+    padded = KVCache.for_model(m, 2, pad=[1, 0], last_only=True)
+    with torch.inference_mode():
+        m(torch.tensor([[0, 1], [2, 3]]), cache=padded)
+    step, _ = ReplayedStep.record(m, padded, torch.tensor([[4], [5]]))
+    assert step is None and "padded" in str(ReplayedStep.why_not)
+
+
+def test_a_full_cache_and_bad_ids_raise_without_writing() -> None:
+    m = model_of()
+    cache = prefilled(m, torch.tensor([[1, 2, 3]]), capacity=5)
+    step, _ = ReplayedStep.record(m, cache, torch.tensor([[4]]))
+    assert step is not None
+    with pytest.raises(TokenError, match="out of range"):
+        step(torch.tensor([[61]]))
+    with pytest.raises(TokenError, match="takes"):
+        step(torch.tensor([[1], [2]]))
+    assert cache.length == 4
+    step(torch.tensor([[7]]))
+    with pytest.raises(CacheFullError):
+        step(torch.tensor([[8]]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_generate_gives_the_same_ids_with_and_without_replay(dtype: str) -> None:
+    m = model_of(dtype)
+    rows = [[1, 2, 3, 4, 5, 6]]
+    opts = {"max_new_tokens": 60, "temperature": 0.0}  # past n_ctx = 40: the window slides
+    with pytest.warns(UserWarning, match="sliding"):
+        replayed = generate(m, rows, replay=True, **opts)
+    with pytest.warns(UserWarning, match="sliding"):
+        eager = generate(m, rows, replay=False, **opts)
+    assert replayed == eager
+    sampled = {"max_new_tokens": 20, "temperature": 0.9, "top_k": 20, "seed": 3}
+    two = [[1, 2, 3], [4, 5, 6]]  # one length: no padding, so the batch replays too
+    assert generate(m, two, replay=True, **sampled) == generate(m, two, replay=False, **sampled)

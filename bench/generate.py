@@ -70,11 +70,13 @@ def bandwidth(threads: int, device: str = "cpu") -> float:
 
 
 def ours_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
-    return generate(model, prompts, max_new_tokens=n, temperature=0)  # a CUDA graph on GPUs
+    # one-token steps from a CUDA graph on GPUs, replayed kernel calls on CPUs
+    return generate(model, prompts, max_new_tokens=n, temperature=0)
 
 
 def eager_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
-    return generate(model, prompts, max_new_tokens=n, temperature=0, cuda_graph=False)
+    return generate(model, prompts, max_new_tokens=n, temperature=0, cuda_graph=False,
+                    replay=False)  # fmt: skip
 
 
 def hf_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
@@ -189,8 +191,9 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int]:
     }
     if args.skip_bf16:
         del engines["glassgpt bf16"], engines["transformers bf16"]
-    if dev != "cpu":  # the same generate without its CUDA graph, in the same interleaved run
-        engines["glassgpt float32 eager"] = (lambda x, n: eager_call(o32, x, n), "float32", 4)
+    # the same generate without its CUDA graph or its replayed steps, in the same interleaved run
+    engines["glassgpt float32 eager"] = (lambda x, n: eager_call(o32, x, n), "float32", 4)
+    if dev != "cpu":
         if not args.skip_bf16:
             engines["glassgpt bf16 eager"] = (lambda x, n: eager_call(obf, x, n), "bf16", 2)
     else:

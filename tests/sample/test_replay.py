@@ -138,3 +138,35 @@ def test_generate_gives_the_same_ids_with_and_without_replay(dtype: str) -> None
     sampled = {"max_new_tokens": 20, "temperature": 0.9, "top_k": 20, "seed": 3}
     two = [[1, 2, 3], [4, 5, 6]]  # one length: no padding, so the batch replays too
     assert generate(m, two, replay=True, **sampled) == generate(m, two, replay=False, **sampled)
+
+
+def test_another_threads_kernel_calls_during_a_recording_are_not_recorded() -> None:
+    import threading
+
+    m, other = model_of(), model_of(n_layers=3)
+    prompt = torch.tensor([[2, 7, 1, 8]])
+    clean, _ = ReplayedStep.record(m, prefilled(m, prompt), torch.tensor([[5]]))
+    other_cache = prefilled(other, prompt)
+
+    def eager_elsewhere(_module: object, _args: object) -> None:  # mid-recording
+        def run() -> None:
+            with torch.inference_mode():
+                other(torch.tensor([[3]]), cache=other_cache)
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+
+    mine = prefilled(m, prompt)
+    hook = m.blocks[1].register_forward_pre_hook(eager_elsewhere)
+    try:
+        step, _ = ReplayedStep.record(m, mine, torch.tensor([[5]]))
+    finally:
+        hook.remove()
+    assert clean is not None and step is not None and other_cache.length == 5
+    assert len(step.calls) == len(clean.calls)
+    theirs = prefilled(m, prompt)
+    with torch.inference_mode():
+        m(torch.tensor([[5]]), cache=theirs)
+        for t in (9, 4, 6):
+            assert torch.equal(step(torch.tensor([[t]])), m(torch.tensor([[t]]), cache=theirs))

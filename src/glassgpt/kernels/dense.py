@@ -144,8 +144,8 @@ def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
         args = (x2.data_ptr(), rows.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
                 M, d_in, d_out, torch.get_num_threads())  # fmt: skip
         kernel(*args)
-        if replay.RECORDER is not None:
-            replay.RECORDER.add(kernel, args)
+        if replay.RECORDING:
+            replay.add(kernel, args)
         return y
 
     return fn

@@ -175,8 +175,8 @@ def product(q: Tensor, s: Tensor, *, many: Any) -> Any:
         args = (x.data_ptr(), q_ptr, s_ptr, 0 if b is None else b.data_ptr(), y.data_ptr(),
                 rows, d_in, d_out, torch.get_num_threads())  # fmt: skip
         ext.gemv(*args)
-        if replay.RECORDER is not None:
-            replay.RECORDER.add(ext.gemv, args)
+        if replay.RECORDING:
+            replay.add(ext.gemv, args)
         return y
 
     fn.panels, fn.s = p, s  # type: ignore[attr-defined]

@@ -7,7 +7,8 @@ the cache column written, the keys attended to (n + 1) and the position row adde
 embedding. A :class:`Recorder` collects that sequence while one step runs eagerly:
 
 - each kernel seam reports its compiled call (the function and its integer arguments,
-  addresses included) through :func:`record`, naming the arguments that are positions;
+  addresses included) through :func:`add` while ``RECORDING``, naming the arguments that
+  are positions; calls from other threads go to their own recorders, if any;
 - every PyTorch operation of the step passes through :class:`StepMode`, which keeps every
   tensor the step allocates alive (so that the addresses stay valid), lets views and
   allocations through, records a float32 ``a + b`` of two contiguous tensors of one shape as
@@ -21,6 +22,7 @@ have: the same kernels on the same buffers in the same order (see
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,14 +61,41 @@ class Recorder:
             self.failed = why
 
 
-RECORDER: Recorder | None = None  # set while a step is recorded (one thread: the caller's)
+RECORDING = 0  # recordings in progress, in any thread: the seams' one cheap test
+_lock = threading.Lock()
+_local = threading.local()  # .recorder: this thread's Recorder, if it is recording
 
 
-def record(fn: Callable[..., Any], args: Sequence[Any], positional: Sequence[int] = ()) -> None:
-    """Report a compiled call just made (``fn(*args)``) to the recorder, if one is active;
-    the arguments at the indices ``positional`` are positions (cache columns, key counts)."""
-    if RECORDER is not None:
-        RECORDER.add(fn, args, positional)
+def start(recorder: Recorder) -> None:
+    """Report this thread's compiled calls to ``recorder`` until :func:`stop`."""
+    global RECORDING
+    with _lock:
+        _local.recorder = recorder
+        RECORDING += 1
+
+
+def stop() -> None:
+    """End this thread's recording (if any)."""
+    global RECORDING
+    with _lock:
+        if getattr(_local, "recorder", None) is not None:
+            _local.recorder = None
+            RECORDING -= 1
+
+
+def add(fn: Callable[..., Any], args: Sequence[Any], positional: Sequence[int] = ()) -> None:
+    """A compiled call just made, ``fn(*args)``, for this thread's recorder (if any); the
+    arguments at the indices ``positional`` are positions (cache columns, key counts)."""
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.add(fn, args, positional)
+
+
+def fail(why: str) -> None:
+    """This thread's recording (if any) cannot be replayed: ``why``."""
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.fail(why)
 
 
 _ALLOCATIONS = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"))

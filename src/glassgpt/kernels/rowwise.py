@@ -64,8 +64,8 @@ def norm(x: Tensor, w: Tensor, b: Tensor | None, eps: float, *, centred: bool) -
     args = (x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
             x.numel() // d, d, eps, centred)  # fmt: skip
     _rowwise.norm(*args)
-    if replay.RECORDER is not None:
-        replay.RECORDER.add(_rowwise.norm, args)
+    if replay.RECORDING:
+        replay.add(_rowwise.norm, args)
     return y
 
 
@@ -75,8 +75,8 @@ def gelu_tanh(x: Tensor) -> Tensor:
     y = torch.empty_like(x)
     args = (x.data_ptr(), 0, y.data_ptr(), x.numel(), 1, False)  # one thread
     _rowwise.gelu_many(*args)
-    if replay.RECORDER is not None:
-        replay.RECORDER.add(_rowwise.gelu_many, args)
+    if replay.RECORDING:
+        replay.add(_rowwise.gelu_many, args)
     return y
 
 
@@ -98,8 +98,8 @@ def gelu_many(x: Tensor, g: Tensor | None = None, *, exact: bool = False) -> Ten
     g_ptr = 0 if g is None else g.contiguous().data_ptr()
     args = (x.data_ptr(), g_ptr, y.data_ptr(), x.numel(), torch.get_num_threads(), exact)
     _rowwise.gelu_many(*args)
-    if replay.RECORDER is not None:
-        replay.RECORDER.add(_rowwise.gelu_many, args)
+    if replay.RECORDING:
+        replay.add(_rowwise.gelu_many, args)
     return y
 
 
@@ -115,8 +115,8 @@ def write_kv(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int) -> None:
         strides = (*K.stride(), *V.stride(), *k.stride(), *v.stride())
         args = (K.data_ptr(), V.data_ptr(), k.data_ptr(), v.data_ptr(), B, H, T, D, n, strides)
         _rowwise.kv_write(*args)
-        if replay.RECORDER is not None:
-            replay.RECORDER.add(_rowwise.kv_write, args, positional=(8,))  # n
+        if replay.RECORDING:
+            replay.add(_rowwise.kv_write, args, positional=(8,))  # n
         return
     K.narrow(2, n, T).copy_(k)
     V.narrow(2, n, T).copy_(v)

@@ -127,8 +127,8 @@ def few_queries(
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if m is None else m.data_ptr(),
             z.data_ptr(), B, H, Tq, Tk, D, offset, strides, torch.get_num_threads())  # fmt: skip
     _attend.attend(*args)
-    if replay.RECORDER is not None:
+    if replay.RECORDING:
         if m is not None:  # a mask's keys do not move with the position
-            replay.RECORDER.fail("a masked attention")
-        replay.RECORDER.add(_attend.attend, args, positional=(8, 10))  # Tk, offset
+            replay.fail("a masked attention")
+        replay.add(_attend.attend, args, positional=(8, 10))  # Tk, offset
     return z.transpose(1, 2)  # [B, H, Tq, D]

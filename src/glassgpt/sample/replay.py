@@ -100,7 +100,7 @@ class ReplayedStep:
         def start(_module: Any, args: tuple[Any, ...]) -> None:  # x₀ reaches block 0
             first.append(args[0])
             mode.active = True
-            replay.RECORDER = rec
+            replay.start(rec)
 
         hook = model.blocks[0].register_forward_pre_hook(start)
         try:
@@ -108,7 +108,7 @@ class ReplayedStep:
                 logits = model(tokens, cache=cache)
         finally:
             hook.remove()
-            replay.RECORDER = None
+            replay.stop()
             mode.active = False
         assert isinstance(logits, Tensor)
         x0 = first[0] if first else None

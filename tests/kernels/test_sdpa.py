@@ -68,3 +68,30 @@ def test_small_cpu_heads_match_float64(length: int, offset: int, bf16: bool, mon
     assert (z.double() - z64).norm() / z64.norm() < tol
     for got, want in zip(leaves, leaves64, strict=True):
         assert (got.grad.double() - want.grad).norm() / want.grad.norm() < 1.5 * tol
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["decoding-kernel", "mask"])
+def test_per_row_offsets_equal_each_row_alone(kernel: bool, monkeypatch) -> None:
+    """Row b's query at position offset[b] sees keys 0..offset[b] of its own row, equal to each
+    row's own causal attention in float64; the keys past it are never read by the decoding
+    kernel (NaN there) and weigh nothing through the mask (large finite values there)."""
+    from glassgpt.kernels import sdpa
+
+    if kernel and sdpa._attend is None:
+        pytest.skip("glassgpt's decoding kernel is not built")
+    if not kernel:
+        monkeypatch.setattr(sdpa, "_attend", None)
+    g = torch.Generator().manual_seed(0)
+    B, H, Tk, D = 4, 3, 20, 16
+    q = torch.randn(B, H, 1, D, generator=g)
+    k, v = torch.randn(B, H, Tk, D, generator=g), torch.randn(B, H, Tk, D, generator=g)
+    offsets = torch.tensor([0, 7, 19, 3])
+    for b, n in enumerate(offsets.tolist()):  # past each row's keys: values no row may see
+        k[b, :, n + 1 :] = float("nan") if kernel else 1e4
+        v[b, :, n + 1 :] = float("inf") if kernel else -1e4
+    with torch.inference_mode():
+        z = sdpa.attention(q, k, v, offsets)
+    for b, n in enumerate(offsets.tolist()):
+        qb, kb, vb = (t[b : b + 1].double() for t in (q, k[:, :, : n + 1], v[:, :, : n + 1]))
+        want = F.scaled_dot_product_attention(qb, kb, vb)
+        torch.testing.assert_close(z[b : b + 1].double(), want, rtol=1e-5, atol=1e-6)

@@ -49,3 +49,41 @@ def test_move_keeps_the_sequence() -> None:
         torch.testing.assert_close(got, model(torch.tensor([[*seqs[1], 9]]))[0, -1],
                                    atol=2e-5, rtol=1e-4)  # fmt: skip
     assert cache.lengths[0] == 6
+
+
+def test_replayed_slot_steps_equal_eager_ones_bit_for_bit() -> None:
+    """A step recorded over slots of different lengths replays, bit for bit, as the lengths
+    move on and after a sequence leaves (a new recording for the smaller batch)."""
+    from glassgpt.kernels import rowwise
+    from glassgpt.sample.precision import cast
+    from glassgpt.sample.replay import ReplayedStep
+
+    if not rowwise.built():
+        pytest.skip("glassgpt's kernels are not built")
+    torch.manual_seed(0)
+    model = cast(GPT(GPTConfig(n_vocab=29, n_ctx=32, d_model=16, n_layers=2, n_heads=2)), "float32")
+    gen = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(0, 29, (n,), generator=gen).tolist() for n in (3, 11, 1)]
+    mine, theirs = SlotCache.for_model(model, slots=4), SlotCache.for_model(model, slots=4)
+    with torch.inference_mode():
+        for cache in (mine, theirs):
+            for b, s in enumerate(seqs):
+                pre = KVCache.for_model(model, 1, len(s))
+                model(torch.tensor([s]), cache=pre)
+                cache.load(b, pre)
+        steps: dict[int, ReplayedStep] = {}
+        for i in range(8):
+            if i == 4:  # the second sequence leaves; the last moves into its slot
+                for cache in (mine, theirs):
+                    cache.move(2, 1)
+            B = 3 if i < 4 else 2
+            new = torch.randint(0, 29, (B, 1), generator=gen)
+            if B not in steps:
+                step, got = ReplayedStep.record(model, mine, new)
+                assert step is not None, ReplayedStep.why_not
+                steps[B] = step
+            else:
+                got = steps[B](new)
+            assert torch.equal(got, model(new, cache=theirs))
+    assert torch.equal(mine.lengths, theirs.lengths)
+    assert mine.lengths[:2].tolist() == [3 + 8, 1 + 8]

@@ -2,9 +2,10 @@
  *
  *   z[b, h, i, :] = Σ_j p_j v[b, h, j, :],   p = softmax_j(q[b, h, i, :] · k[b, h, j, :] / √D)
  *
- * over the keys j that query i may see: j ≤ offset + i (causal), or, when a boolean mask
- * is given, the j with mask[b, h, i, j] true (the mask replaces the causal rule). A query
- * that may see no key gets z = 0.
+ * over the keys j that query i may see: j ≤ offset + i (causal), with row b's own offset
+ * offsets[b] where per-row offsets are given (a batch of sequences of different lengths),
+ * or, when a boolean mask is given, the j with mask[b, h, i, j] true (the mask replaces the
+ * causal rule). A query that may see no key gets z = 0.
  *
  * Each (b, h, i) is one item: its scores go to a scratch row, then z is the exp-weighted sum
  * of the value rows over the normaliser, in float32. With AVX2 + FMA (and D a multiple of
@@ -15,8 +16,10 @@
  *
  * Python API (pointers are addresses of float32 buffers, the mask's of bytes; strides are in
  * elements, any may be 0 (broadcast); the caller checks shapes and dtypes):
- *   attend(q, k, v, mask or 0, z, B, H, Tq, Tk, D, offset, strides, threads)
- *   strides: a tuple of 20 ints, (b, h, t, d) for q, k, v, mask and z in that order.
+ *   attend(q, k, v, mask or 0, z, B, H, Tq, Tk, D, offset, strides, threads[, offsets])
+ *   strides: a tuple of 20 ints, (b, h, t, d) for q, k, v, mask and z in that order;
+ *   offsets: the address of B int64 offsets (0 or absent: `offset` for every row), read
+ *   when the call runs.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -36,6 +39,7 @@ typedef struct {
     float *z;
     int B, H, Tq, Tk, D;
     long long offset;
+    const long long *offsets; /* per row, or NULL */
     long long s[20]; /* (b, h, t, d) strides of q, k, v, mask, z */
     float *scratch;  /* Tk floats per part */
     float scale;
@@ -160,7 +164,7 @@ static void attend_item(const Job *j, int b, int h, int i, float *s) {
     const unsigned char *mask = j->mask ? j->mask + b * st[12] + h * st[13] + i * st[14] : NULL;
     float *z = j->z + b * st[16] + h * st[17] + i * st[18];
     const int D = j->D;
-    long long seen = j->offset + i + 1; /* causal: keys 0 .. offset + i */
+    long long seen = (j->offsets ? j->offsets[b] : j->offset) + i + 1; /* keys 0 .. offset + i */
     const int n = mask ? j->Tk : (int)(seen < j->Tk ? (seen > 0 ? seen : 0) : j->Tk);
     /* fast: unit strides along d and D a multiple of 8 */
     const int fast = use_avx2 && D % 8 == 0 && st[3] == 1 && st[7] == 1 && st[11] == 1 &&
@@ -224,10 +228,11 @@ static void attend_part(const void *job, int part, int parts) {
 static PyObject *py_attend(PyObject *self, PyObject *args) {
     unsigned long long q, k, v, mask, z;
     int B, H, Tq, Tk, D, threads;
+    unsigned long long offsets = 0;
     long long offset;
     PyObject *strides;
-    if (!PyArg_ParseTuple(args, "KKKKKiiiiiLO!i", &q, &k, &v, &mask, &z, &B, &H, &Tq, &Tk, &D,
-                          &offset, &PyTuple_Type, &strides, &threads))
+    if (!PyArg_ParseTuple(args, "KKKKKiiiiiLO!i|K", &q, &k, &v, &mask, &z, &B, &H, &Tq, &Tk, &D,
+                          &offset, &PyTuple_Type, &strides, &threads, &offsets))
         return NULL;
     if (B < 1 || H < 1 || Tq < 1 || Tk < 1 || D < 1 || PyTuple_GET_SIZE(strides) != 20) {
         PyErr_Format(PyExc_ValueError,
@@ -237,7 +242,8 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     }
     Job job = {(const float *)(uintptr_t)q, (const float *)(uintptr_t)k,
                (const float *)(uintptr_t)v, (const unsigned char *)(uintptr_t)mask,
-               (float *)(uintptr_t)z, B, H, Tq, Tk, D, offset, {0}, NULL,
+               (float *)(uintptr_t)z, B, H, Tq, Tk, D, offset,
+               (const long long *)(uintptr_t)offsets, {0}, NULL,
                1.0f / sqrtf((float)D)};
     for (int i = 0; i < 20; i++) {
         job.s[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));

@@ -26,8 +26,12 @@
  *                              few rows: threads = 1), the GIL released
  *   kv_write(K, V, k, v, B, H, T, D, n, strides)   a KV cache's step: K[:, :, n:n+T] = k, V…
  *   add(a, b, y, n)   y = a + b over n values (a replayed step's residual sums)
- *   embed(W_E, tokens, P or 0, y, B, d, n_vocab, pos)   y[b] = W_E[tokens[b]] + P[pos], the
- *                              step's first residual (tokens int64; ValueError out of range)
+ *   embed(W_E, tokens, P or 0, y, B, d, n_vocab, pos, positions or 0)   y[b] = W_E[tokens[b]]
+ *                              + P[pos] (+ P[positions[b]] where int64 positions are given),
+ *                              the step's first residual (tokens int64; ValueError out of range)
+ *   kv_write_rows(K, V, k, v, B, H, D, lengths, strides)   K[b, :, n_b] = k[b, :, 0] and the
+ *                              same for V, n_b = lengths[b] (int64, read when it runs)
+ *   advance(lengths, B, T)     lengths[b] += T for b < B (int64)
  *   kernel() → "avx2" or "portable";  use_portable(flag) → the kernel now in use (tests)
  */
 #define _GNU_SOURCE
@@ -320,6 +324,30 @@ static PyObject *gelu_many(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
+/* K[b, h, n_b + t, :] = k[b, h, t, :] and the same for V and v (ptr: K, V, k, v), with
+ * n_b = lengths[b] where lengths are given, else n; s: the (b, h, t, d) strides of K, V, k, v. */
+static void write_kv(const long long *ptr, long long B, long long H, long long T, long long D,
+                     long long n, const long long *lengths, const long long *s) {
+    for (int m = 0; m < 2; m++) { /* K from k, then V from v */
+        float *dst = (float *)(uintptr_t)ptr[m];
+        const float *src = (const float *)(uintptr_t)ptr[2 + m];
+        const long long *sd = s + 4 * m, *ss = s + 8 + 4 * m;
+        for (long long b = 0; b < B; b++) {
+            const long long at = lengths ? lengths[b] : n;
+            for (long long h = 0; h < H; h++)
+                for (long long t = 0; t < T; t++) {
+                    float *to = dst + b * sd[0] + h * sd[1] + (at + t) * sd[2];
+                    const float *from = src + b * ss[0] + h * ss[1] + t * ss[2];
+                    if (sd[3] == 1 && ss[3] == 1)
+                        memcpy(to, from, sizeof(float) * (size_t)D);
+                    else
+                        for (long long d = 0; d < D; d++)
+                            to[d * sd[3]] = from[d * ss[3]];
+                }
+        }
+    }
+}
+
 /* kv_write(K, V, k, v, B, H, T, D, n, strides): K[b, h, n + t, :] = k[b, h, t, :] and the
  * same for V and v, strides a tuple of 16 ints: (b, h, t, d) of K, V, k and v. */
 static PyObject *kv_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -334,22 +362,7 @@ static PyObject *kv_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_ValueError, "kv_write: negative size or position");
         return NULL;
     }
-    for (int m = 0; m < 2; m++) { /* K from k, then V from v */
-        float *dst = (float *)(uintptr_t)a[m] + a[8] * s[4 * m + 2];
-        const float *src = (const float *)(uintptr_t)a[2 + m];
-        const long long *sd = s + 4 * m, *ss = s + 8 + 4 * m;
-        for (long long b = 0; b < a[4]; b++)
-            for (long long h = 0; h < a[5]; h++)
-                for (long long t = 0; t < a[6]; t++) {
-                    float *to = dst + b * sd[0] + h * sd[1] + t * sd[2];
-                    const float *from = src + b * ss[0] + h * ss[1] + t * ss[2];
-                    if (sd[3] == 1 && ss[3] == 1)
-                        memcpy(to, from, sizeof(float) * (size_t)a[7]);
-                    else
-                        for (long long d = 0; d < a[7]; d++)
-                            to[d * sd[3]] = from[d * ss[3]];
-                }
-    }
+    write_kv(a, a[4], a[5], a[6], a[7], a[8], NULL, s);
     Py_RETURN_NONE;
 }
 
@@ -365,12 +378,14 @@ static PyObject *add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
-/* embed(W_E, tokens, P or 0, y, B, d, n_vocab, pos): y[b, :] = W_E[tokens[b], :] (+ P[pos, :])
- * for B int64 tokens, each checked against n_vocab. */
+/* embed(W_E, tokens, P or 0, y, B, d, n_vocab, pos, positions or 0): y[b, :] =
+ * W_E[tokens[b], :] (+ P[p_b, :], p_b = positions[b] if given, else pos) for B int64 tokens,
+ * each checked against n_vocab. */
 static PyObject *embed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[8];
-    if (!int_args(args, nargs, 8, a, "embed(W_E, tokens, P, y, B, d, n_vocab, pos)"))
+    long long a[9];
+    if (!int_args(args, nargs, 9, a, "embed(W_E, tokens, P, y, B, d, n_vocab, pos, positions)"))
         return NULL;
+    const long long *positions = (const long long *)(uintptr_t)a[8];
     const float *W = (const float *)(uintptr_t)a[0], *P = (const float *)(uintptr_t)a[2];
     const long long *tokens = (const long long *)(uintptr_t)a[1];
     float *y = (float *)(uintptr_t)a[3];
@@ -382,7 +397,8 @@ static PyObject *embed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             return NULL;
         }
     for (long long b = 0; b < B; b++) {
-        const float *row = W + tokens[b] * d, *p = P ? P + pos * d : NULL;
+        const long long at = positions ? positions[b] : pos;
+        const float *row = W + tokens[b] * d, *p = P ? P + at * d : NULL;
         float *out = y + b * d;
         for (long long i = 0; i < d; i++)
             out[i] = p ? row[i] + p[i] : row[i];
@@ -390,10 +406,39 @@ static PyObject *embed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_NONE;
 }
 
+/* kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, h, n_b, :] = k[b, h, 0, :] and
+ * the same for V and v, n_b = lengths[b]; strides as kv_write's. */
+static PyObject *kv_write_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[8], s[16];
+    if (nargs != 9 || !PyTuple_Check(args[8]) || PyTuple_GET_SIZE(args[8]) != 16) {
+        PyErr_SetString(PyExc_TypeError, "kv_write_rows(K, V, k, v, B, H, D, lengths, 16 strides)");
+        return NULL;
+    }
+    if (!ints(args, 8, a) || !ints(&PyTuple_GET_ITEM(args[8], 0), 16, s))
+        return NULL;
+    write_kv(a, a[4], a[5], 1, a[6], 0, (const long long *)(uintptr_t)a[7], s);
+    Py_RETURN_NONE;
+}
+
+/* advance(lengths, B, T): lengths[b] += T for b < B, int64. */
+static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[3];
+    if (!int_args(args, nargs, 3, a, "advance(lengths, B, T)"))
+        return NULL;
+    long long *lengths = (long long *)(uintptr_t)a[0];
+    for (long long b = 0; b < a[1]; b++)
+        lengths[b] += a[2];
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
+     "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
+    {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,
+     "advance(lengths, B, T): lengths[:B] += T (int64)"},
     {"add", (PyCFunction)(void (*)(void))add, METH_FASTCALL, "add(a, b, y, n): y = a + b"},
     {"embed", (PyCFunction)(void (*)(void))embed, METH_FASTCALL,
-     "embed(W_E, tokens, P, y, B, d, n_vocab, pos): y[b] = W_E[tokens[b]] (+ P[pos])"},
+     "embed(W_E, tokens, P, y, B, d, n_vocab, pos, positions): y[b] = W_E[tokens[b]] (+ P[·])"},
     {"norm", (PyCFunction)(void (*)(void))norm, METH_FASTCALL,
      "norm(x, w, b, y, rows, d, eps, centred): layer norm (centred) or RMS norm of each row"},
     {"gelu_many", (PyCFunction)(void (*)(void))gelu_many, METH_FASTCALL,

@@ -6,6 +6,8 @@
     gelu_many(x, g)    the same (or the exact x Φ(x)) over whole activations, or g ⊙ its
                        derivative (training)
     write_kv(K, V, k, v, n)   K[:, :, n : n + T] = k,  V[:, :, n : n + T] = v   (a KV cache)
+    write_kv_rows(K, V, k, v, lengths)   K[b, :, n_b] = k[b, :, 0],  V likewise  (n_b = lengths[b])
+    advance(lengths, B, T)    lengths[:B] += T
 
 On one row of GPT-2 small (768 or 3072 values, about 1 µs of arithmetic) PyTorch's layer
 norm took 4-10 µs a call and its tanh GELU 12-17 (alone, and inside a decoding step, which
@@ -138,3 +140,48 @@ def _kv_ok(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int, T: int) -> bool:
         and v.dtype is f32
         and (K.is_cpu and V.is_cpu and k.is_cpu and v.is_cpu)
     )
+
+
+def write_kv_rows(K: Tensor, V: Tensor, k: Tensor, v: Tensor, lengths: Tensor) -> bool:
+    """K[b, :, n_b] = k[b, :, 0] and V[b, :, n_b] = v[b, :, 0] for b < B, n_b = lengths[b]
+    (int64 [B]; read when the kernel runs), for a cache of per-row lengths (K, V [slots, H,
+    capacity, d_head], k, v [B, H, 1, d_head], any strides): one compiled call for float32
+    CPU tensors without autograd; returns False (nothing written) otherwise."""
+    B = k.shape[0] if k.ndim == 4 else 0
+    if not (
+        _kv_ok(K[:B], V[:B], k, v, 0, 1)
+        and k.shape[2] == 1
+        and lengths.dtype is torch.int64
+        and lengths.is_cpu
+        and lengths.is_contiguous()
+        and lengths.shape == (B,)
+    ):
+        return False
+    assert _rowwise is not None
+    H, D = k.shape[1], k.shape[3]
+    strides = (*K.stride(), *V.stride(), *k.stride(), *v.stride())
+    args = (K.data_ptr(), V.data_ptr(), k.data_ptr(), v.data_ptr(), B, H, D, lengths.data_ptr(),
+            strides)  # fmt: skip
+    _rowwise.kv_write_rows(*args)
+    if replay.RECORDING:
+        replay.add(_rowwise.kv_write_rows, args)
+    return True
+
+
+def advance(lengths: Tensor, B: int, T: int) -> None:
+    """lengths[:B] += T for an int64 tensor: one compiled call on a contiguous CPU tensor
+    without autograd (recorded for replay), PyTorch's in-place add otherwise."""
+    if (
+        _rowwise is None
+        or lengths.dtype is not torch.int64
+        or not lengths.is_cpu
+        or not lengths.is_contiguous()
+        or torch.compiler.is_compiling()
+        or not 0 <= B <= lengths.numel()
+    ):
+        lengths[:B] += T
+        return
+    args = (lengths.data_ptr(), B, T)
+    _rowwise.advance(*args)
+    if replay.RECORDING:
+        replay.add(_rowwise.advance, args)

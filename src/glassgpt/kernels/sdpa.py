@@ -45,24 +45,29 @@ def attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    offset: int = 0,
+    offset: int | Tensor = 0,
     dropout_p: float = 0.0,
     mask: Tensor | None = None,
 ) -> Tensor:
     """q, k, v [B, H, T, d_head] → z [B, H, T_q, d_head] (keys T_k ≥ T_q, queries at
-    positions offset … offset + T_q − 1); ``mask`` (bool, True = may attend) replaces the
-    causal mask (a padded batch)."""
+    positions offset … offset + T_q − 1, or row b's at offset[b] … for int64 per-row offsets
+    [B], a batch of sequences of different lengths, whose keys past each row's own are never
+    read); ``mask`` (bool, True = may attend) replaces the causal mask (a padded batch)."""
     inference = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                    or v.requires_grad))  # fmt: skip
     device = "cpu" if q.is_cpu else q.device.type  # (is_cpu: the cheaper question)
+    rows = isinstance(offset, Tensor)
     path = attention_path(
         device, compute_dtype(q, device), q.shape[-1], k.shape[-2],
-        masked=mask is not None, dropout=dropout_p > 0.0, n_queries=q.shape[-2],
+        masked=mask is not None or rows, dropout=dropout_p > 0.0, n_queries=q.shape[-2],
         inference=inference, few_queries_kernel=_attend is not None,
         causal_kernel=flash._flash is not None, native_bf16=device != "cpu" or bf16.native(),
     )  # fmt: skip
     if path == "few_queries" and _few_queries_ok(q, k, v, offset, mask):
         return few_queries(q, k, v, offset, mask)
+    if rows:  # the mask that per-row offsets stand for, over the keys some row may see
+        k, v, mask = _rows_as_mask(q, k, v, offset, mask)  # type: ignore[arg-type]
+        offset = 0
     if path == "causal_small" and offset == 0 and flash.takes(q, k, v):
         return flash.causal_attention(q, k, v)
     if path == "explicit_bf16":
@@ -91,19 +96,42 @@ def _sdpa(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
 
 
+def _rows_as_mask(
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """k, v narrowed to the keys some row may see, and the mask [B, 1, T_q, m] (and ``mask``'s,
+    if given) of keys j ≤ offsets[b] + i."""
+    t_q = q.shape[-2]
+    m = min(k.shape[-2], int(offsets.max()) + t_q)
+    k, v = k[..., :m, :], v[..., :m, :]
+    cols = torch.arange(m, device=q.device)
+    last = offsets.to(q.device)[:, None] + torch.arange(t_q, device=q.device)  # [B, T_q]
+    allowed = (cols <= last[..., None])[:, None]  # [B, 1, T_q, m]
+    if mask is not None:
+        allowed = allowed & mask[..., :m]
+    return k, v, allowed
+
+
 def _few_queries_ok(q: Tensor, k: Tensor, v: Tensor, offset: object, mask: Tensor | None) -> bool:
     """Whether the decoding kernel takes these inputs: float32 q, k, v of one shape family,
-    an int offset, and no mask or a boolean one that broadcasts to the scores."""
-    if not (q.dtype == k.dtype == v.dtype == torch.float32) or not isinstance(offset, int):
+    an int offset or int64 per-row offsets [B] (contiguous, on the CPU), and no mask or a
+    boolean one that broadcasts to the scores."""
+    if not (q.dtype == k.dtype == v.dtype == torch.float32):
         return False
     qs, ks = q.shape, k.shape
     if len(qs) != 4 or ks != v.shape or qs[0] != ks[0] or qs[1] != ks[1] or qs[3] != ks[3]:
+        return False
+    if isinstance(offset, Tensor):
+        if not (offset.dtype == torch.int64 and offset.is_cpu and offset.is_contiguous()
+                and offset.shape == (qs[0],)):  # fmt: skip
+            return False
+    elif not isinstance(offset, int):
         return False
     return mask is None or (mask.dtype == torch.bool and mask.ndim == 4)
 
 
 def few_queries(
-    q: Tensor, k: Tensor, v: Tensor, offset: int = 0, mask: Tensor | None = None
+    q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor = 0, mask: Tensor | None = None
 ) -> Tensor:
     """z = softmax(q kᵀ/√d_head + M) v by ``glassgpt.kernels._attend`` (float32, no autograd):
     q [B, H, T_q, d_head], k, v [B, H, T_k, d_head], any strides; M as in :func:`attention`.
@@ -124,11 +152,13 @@ def few_queries(
         H * D,
         1,
     )  # fmt: skip  (z's, read as [B, H, Tq, D])
+    rows = isinstance(offset, Tensor)  # per-row offsets, read by the kernel when it runs
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if m is None else m.data_ptr(),
-            z.data_ptr(), B, H, Tq, Tk, D, offset, strides, torch.get_num_threads())  # fmt: skip
+            z.data_ptr(), B, H, Tq, Tk, D, 0 if rows else offset, strides,
+            torch.get_num_threads(), offset.data_ptr() if rows else 0)  # type: ignore[union-attr]  # fmt: skip
     _attend.attend(*args)
     if replay.RECORDING:
         if m is not None:  # a mask's keys do not move with the position
             replay.fail("a masked attention")
-        replay.add(_attend.attend, args, positional=(8, 10))  # Tk, offset
+        replay.add(_attend.attend, args, positional=() if rows else (8, 10))  # Tk, offset
     return z.transpose(1, 2)  # [B, H, Tq, D]

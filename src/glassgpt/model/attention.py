@@ -42,18 +42,28 @@ ATTN_IMPLS: tuple[str, ...] = ("auto", "explicit")
 QKV = ("Q", "K", "V")
 
 
-def causal_mask(t_q: int, t_k: int, offset: int = 0, device: torch.device | None = None) -> Tensor:
-    """Boolean [t_q, t_k], True where query i must NOT see key j (j > offset + i).
+def causal_mask(
+    t_q: int, t_k: int, offset: int | Tensor = 0, device: torch.device | None = None
+) -> Tensor:
+    """Boolean [t_q, t_k], True where query i must NOT see key j (j > offset + i); for
+    per-row offsets [B] (row b's queries at offset[b] + i), [B, 1, t_q, t_k].
 
     >>> causal_mask(3, 3).int().tolist()
     [[0, 1, 1], [0, 0, 1], [0, 0, 0]]
     >>> causal_mask(1, 3, offset=2).int().tolist()
     [[0, 0, 0]]
+    >>> causal_mask(1, 3, offset=torch.tensor([0, 1])).int().flatten(1).tolist()
+    [[0, 1, 1], [0, 0, 1]]
     """
+    if isinstance(offset, Tensor):
+        last = offset.to(device)[:, None] + torch.arange(t_q, device=device)  # [B, t_q]
+        return (torch.arange(t_k, device=device) > last[..., None])[:, None]
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(offset + 1)
 
 
-def attention_scores(q: Tensor, k: Tensor, offset: int = 0, mask: Tensor | None = None) -> Tensor:
+def attention_scores(
+    q: Tensor, k: Tensor, offset: int | Tensor = 0, mask: Tensor | None = None
+) -> Tensor:
     """q kᵀ/√d_head + M for q [B, H, T_q, d_head], k [B, H, T_k, d_head] → [B, H, T_q, T_k].
 
     ``mask`` (bool, True = may attend, broadcast to [B, H, T_q, T_k]) replaces the causal one.
@@ -135,7 +145,7 @@ class Attention(nn.Module):
         self,
         x: Tensor,
         rope: tuple[Tensor, Tensor] | None = None,
-        offset: int = 0,
+        offset: int | Tensor = 0,
         kv: LayerKV | None = None,
     ) -> Tensor:
         """x [B, T, d_model] → Attn(x) [B, T, d_model]; ``rope`` = (cos, sin) [T, d_head/2].
@@ -177,7 +187,13 @@ class Attention(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _explicit(
-        self, q: Tensor, k: Tensor, v: Tensor, offset: int, p_drop: float, mask: Tensor | None
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        offset: int | Tensor,
+        p_drop: float,
+        mask: Tensor | None,
     ) -> Tensor:
         """z = pattern v from the materialised scores and pattern, each handed to its hook.
 

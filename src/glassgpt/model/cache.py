@@ -24,8 +24,9 @@ class LayerKV(Protocol):
     """One layer's view of a KV cache, as ``Attention.forward(..., kv=)`` uses it."""
 
     @property
-    def offset(self) -> int:
-        """Positions cached before this step."""
+    def offset(self) -> int | Tensor:
+        """Positions cached before this step: one count, or each row's [B] (int64) where the
+        rows have seen different numbers of positions (keys past a row's own are not read)."""
         ...
 
     @property

@@ -15,7 +15,8 @@ embedding x₀ computed by ``_rowwise.embed``. The replay makes the same calls o
 buffers in the same order, so its logits equal the eager step's bit for bit.
 
 It records only what it can replay: a plain :class:`~glassgpt.sample.cache.KVCache` without
-padding, no hooks, no RoPE (its rotation is PyTorch operations), float32 activations, and
+padding or a server's slots (``glassgpt.serve.slots.SlotCache``, whose rows each have their
+own length n_b: its compiled calls read the lengths when they run), no hooks, no RoPE (its rotation is PyTorch operations), float32 activations, and
 every operation of the blocks a compiled kernel, a view, an allocation or a float32
 residual sum (anything else, say a ReLU MLP, leaves decoding eager; :attr:`why_not` names
 it). Prompts (several tokens) always run eagerly.
@@ -41,7 +42,8 @@ def unreplayable(model: GPT, cache: Any) -> str | None:
     tried; the recording may still find an operation it cannot replay)."""
     if replay._rowwise is None:
         return "glassgpt's compiled kernels are not built"
-    if type(cache) is not KVCache or cache.pad is not None:
+    per_row = getattr(cache, "per_row_lengths", False)  # a server's slots
+    if not per_row and (type(cache) is not KVCache or cache.pad is not None):
         return "the cache is padded or not a plain KVCache"
     W_E = model.embed.W_E
     if W_E.device.type != "cpu" or W_E.dtype != torch.float32 or not W_E.is_contiguous():
@@ -93,7 +95,7 @@ class ReplayedStep:
             cls.why_not = why
             with torch.inference_mode():
                 return None, model(tokens, cache=cache)
-        rec = replay.Recorder(cache.length)
+        rec = replay.Recorder(0 if getattr(cache, "per_row_lengths", False) else cache.length)
         mode = replay.StepMode(rec)
         first: list[Tensor] = []
 
@@ -131,6 +133,7 @@ class ReplayedStep:
         with torch.inference_mode(False):
             tokens = torch.zeros(B, dtype=torch.long)
         keep: list[Any] = [rec.keep, x0, logits, tokens]
+        per_row = getattr(cache, "per_row_lengths", False)
         table = None
         if model.pos_embed is not None:
             if hasattr(model.pos_embed, "W_P"):
@@ -141,19 +144,22 @@ class ReplayedStep:
         embed = (
             replay._rowwise.embed,
             (model.embed.W_E.data_ptr(), tokens.data_ptr(), 0 if table is None else table.data_ptr(),
-             x0.data_ptr(), B, config.d_model, config.n_vocab, 0),
-            (7,),
+             x0.data_ptr(), B, config.d_model, config.n_vocab, 0,
+             cache.lengths.data_ptr() if per_row else 0),  # row b at lengths[b], or all at n
+            () if per_row else (7,),
         )  # fmt: skip
         return cls(cache, [embed, *rec.calls], keep, tokens, logits)
 
     def __call__(self, tokens: Tensor) -> Tensor:
         cache = self.cache
-        n = cache.length
+        B = self.tokens.shape[0]
+        per_row = getattr(cache, "per_row_lengths", False)  # the recorded calls advance them
+        n = int(cache.lengths[:B].max()) if per_row else cache.length
         if n + 1 > cache.capacity:
             raise CacheFullError(
                 f"{n} cached + 1 new position exceed the cache capacity {cache.capacity}"
             )
-        if tokens.shape != (self.tokens.shape[0], 1):
+        if tokens.shape != (B, 1):
             raise TokenError(f"a replayed step takes [{self.tokens.shape[0]}, 1] tokens, "
                              f"got {tuple(tokens.shape)}")  # fmt: skip
         self.tokens.copy_(tokens.view(-1))
@@ -167,7 +173,8 @@ class ReplayedStep:
                 fn(*args)
         except ValueError as e:  # an id out of range (checked before anything is written)
             raise TokenError(str(e)) from None
-        cache.length = n + 1
+        if not per_row:
+            cache.length = n + 1
         return self.logits
 
 

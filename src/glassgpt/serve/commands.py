@@ -52,7 +52,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from glassgpt.errors import GlassError
     from glassgpt.sample.commands import SMALL_MODEL
     from glassgpt.sample.loading import load, parse_device
-    from glassgpt.sample.precision import cast, parse_dtype
+    from glassgpt.sample.precision import attach_kernels, cast, parse_dtype
     from glassgpt.serve.app import create_app
 
     if not 0 <= args.port <= 65535:
@@ -69,8 +69,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise GlassError(f"{args.checkpoint}: has no tokenizer; pass --tokenizer FILE")
     small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL
     torch.set_num_threads(args.threads or (1 if small else torch.get_num_threads()))
-    if dtype != torch.float32:  # float32: the model as loaded
+    if dtype != torch.float32:
         model = cast(model, dtype)
+    else:  # the model as loaded, its products registered with the kernels in place (no copy)
+        attach_kernels(model.eval())
     name = args.name or Path(args.checkpoint).resolve().name
     app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch)
     # The scheduler thread and the event loop share the GIL: hand it over every 0.5 ms, not

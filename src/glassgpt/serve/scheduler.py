@@ -36,6 +36,7 @@ from torch import Tensor
 
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token_rows
+from glassgpt.sample.replay import ReplayedStep
 from glassgpt.sample.stops import StopMatcher
 from glassgpt.serve.slots import SlotCache
 
@@ -86,7 +87,7 @@ class _Seq:
 class Scheduler:
     """Owns the model while serving; ``submit`` jobs from any thread."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, slots: int = 16) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, slots: int = 16, replay: bool = True) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.config = model.config
         self.device = next(model.parameters()).device
@@ -97,6 +98,9 @@ class Scheduler:
         self.active: list[_Seq] = []  # active[b] lives in slot b
         self.waiting: list[Job] = []  # received, not yet admitted
         self.steps = 0  # batched decode steps so far (for tests and stats)
+        # per batch size B: the step recorded for replay, or None where it cannot be replayed
+        self.replays: dict[int, ReplayedStep | None] = {} if replay else dict.fromkeys(
+            range(1, slots + 1))  # fmt: skip
         self.widest = 0  # the largest batch decoded in one step
         self.dropped = 0  # sequences ended because their client went away
         self.admitting: Job | None = None  # the job being prefilled now
@@ -190,12 +194,25 @@ class Scheduler:
         self.widest = max(self.widest, B)
         fed = torch.tensor([[s.pending] for s in self.active], device=self.device)  # [B, 1]
         with self.lock, torch.inference_mode():
-            logits = self.model(fed, cache=self.cache)  # [B, 1, V]
+            logits = self._forward(fed)  # [B, 1, V]
         self.steps += 1
         finished = self._sample(self.active, logits[:, -1])
         for b in reversed(range(B)):
             if finished[b]:
                 self._free(b)
+
+    def _forward(self, fed: Tensor) -> Tensor:
+        """The step's logits: replayed from the step recorded for this batch size (on a CPU,
+        ``glassgpt.sample.replay``; the same logits bit for bit), else the model's forward
+        (hooks attached, say by the explorer, decode eagerly)."""
+        B = fed.shape[0]
+        if B not in self.replays and self.device.type == "cpu" and not self.model._hook_fns:
+            self.replays[B], logits = ReplayedStep.record(self.model, self.cache, fed)
+            return logits
+        step = self.replays.get(B)
+        if step is not None and not self.model._hook_fns:
+            return step(fed)
+        return self.model(fed, cache=self.cache)
 
     def _slide(self, b: int) -> None:
         """The context is full: re-encode the last ``window`` tokens of slot b's sequence

@@ -6,11 +6,15 @@ seen a different number of tokens. Slot b holds its sequence's keys and values a
 lets its query see exactly the columns j ≤ n_b:
 
     K_l[b, :, n_b] = k_new[b],   V_l[b, :, n_b] = v_new[b]
-    mask[b, 0, 0, j] = (j ≤ n_b)               for j < m = max_b n_b + 1
-    z_b = softmax(q_b K_l[b, :, :m]ᵀ / √d_head + M_b) V_l[b, :, :m]
+    z_b = softmax(q_b K_l[b, :, :n_b+1]ᵀ / √d_head) V_l[b, :, :n_b+1]
 
-and the token's position is n_b (``begin`` returns the per-row positions). Masked columns
-get probability 0, so row b computes what it would compute alone, up to float rounding.
+and the token's position is n_b (``begin`` returns the per-row positions). Each layer's view
+hands attention the per-row offsets n_b (``offset``), which glassgpt's decoding kernel reads
+row by row (it never reads a key past a row's own); other kernels turn them into the mask
+j ≤ n_b over the first max_b n_b + 1 columns. So row b computes what it would compute
+alone, up to float rounding. On a CPU the writes at the columns n_b and the lengths' step
+are compiled calls that read n_b when they run, which lets a step be replayed
+(``glassgpt.sample.replay``).
 
 The active sequences always fill slots 0..B−1 (a departing sequence's slot is refilled by
 the last one), so a step reads views, never gathers. A new sequence is prefilled on its own
@@ -28,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.kernels.rowwise import advance, write_kv_rows
+
 
 class _SlotLayer:
     """Layer l's view, as ``Attention.forward(..., kv=)`` expects (offset, mask, update)."""
@@ -38,21 +44,23 @@ class _SlotLayer:
         self.cache, self.k, self.v = cache, k, v  # [slots, H, n_ctx, d_head]
 
     @property
-    def offset(self) -> int:
-        return 0  # unused: every step passes its own mask
+    def offset(self) -> Tensor:
+        return self.cache.step_lengths  # [B]: row b's query sits at position n_b
 
     @property
     def mask(self) -> Tensor | None:
-        return self.cache.mask
+        return None
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write row b's k, v [B, H, 1, d_head] at column n_b; return [B, H, m, d_head] views."""
+        """Write row b's k, v [B, H, 1, d_head] at column n_b; return [B, H, n_ctx, d_head]
+        views (attention reads row b's first n_b + 1 columns)."""
         c = self.cache
-        B, m = k.shape[0], c.step_width
-        rows = c.rows[:B]
-        self.k[rows, :, c.step_lengths] = k[:, :, 0]
-        self.v[rows, :, c.step_lengths] = v[:, :, 0]
-        return self.k[:B, :, :m], self.v[:B, :, :m]
+        B = k.shape[0]
+        if not write_kv_rows(self.k, self.v, k, v, c.step_lengths):
+            rows = c.rows[:B]
+            self.k[rows, :, c.step_lengths] = k[:, :, 0]
+            self.v[rows, :, c.step_lengths] = v[:, :, 0]
+        return self.k[:B], self.v[:B]
 
 
 class SlotCache:
@@ -74,6 +82,7 @@ class SlotCache:
     """
 
     last_only = True  # GPT.forward unembeds only the new position
+    per_row_lengths = True  # each row at its own position (``glassgpt.sample.replay``)
 
     def __init__(
         self,
@@ -93,9 +102,7 @@ class SlotCache:
             self.layers.append(_SlotLayer(self, k, v))
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
         self.rows = torch.arange(slots, device=device)
-        self.mask: Tensor | None = None
         self.step_lengths = self.lengths[:0]
-        self.step_width = 0
 
     @classmethod
     def for_model(cls, model: Any, slots: int) -> SlotCache:
@@ -119,19 +126,14 @@ class SlotCache:
         self.lengths[dst] = n
 
     def begin(self, B: int, T: int) -> Tensor:
-        """A decode step of one token for slots 0..B−1: the mask and positions [B, 1]."""
+        """A decode step of one token for slots 0..B−1: the positions [B, 1]."""
         if T != 1:
             raise ValueError(f"a slot cache decodes one token per row, got {T}")
         lengths = self.lengths[:B]
         if bool((lengths >= self.capacity).any()):
             raise ValueError(f"a slot is full (n_ctx={self.capacity})")
-        m = int(lengths.max()) + 1
-        self.step_lengths, self.step_width = lengths, m
-        cols = torch.arange(m, device=lengths.device)
-        self.mask = (cols[None, :] <= lengths[:, None])[:, None, None, :]  # [B, 1, 1, m]
+        self.step_lengths = lengths  # a view: the layers read n_b from it
         return lengths[:, None].clone()  # positions [B, 1]
 
     def end(self, T: int) -> None:
-        B = self.step_lengths.shape[0]
-        self.lengths[:B] += T
-        self.mask = None
+        advance(self.lengths, self.step_lengths.shape[0], T)  # lengths[:B] += T

@@ -222,7 +222,13 @@ def measure(engines: dict[str, tuple], prompts: torch.Tensor, n: int, repeats: i
             t, ids[name] = timed(call, prompts, n)
             rec[name]["n"].append(t)
     med = {k: (statistics.median(v["1"]), statistics.median(v["n"])) for k, v in rec.items()}
-    return med, ids
+    return med, ids, rec
+
+
+def step_ms(rec: dict[str, list[float]], n: int) -> float:
+    """ms per decoding step: the median over repeats of (t_n − t_1)/(n − 1), each repeat's two
+    calls paired (they ran back to back), so that a slow minute falls on both."""
+    return statistics.median((tn - t1) / (n - 1) for t1, tn in zip(rec["1"], rec["n"])) * 1e3
 
 
 def speed_table(args: argparse.Namespace) -> None:
@@ -240,7 +246,7 @@ def speed_table(args: argparse.Namespace) -> None:
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for batch in (1, args.batch):
         prompts = torch.randint(0, 50257, (batch, args.prompt), generator=g).to(dev)
-        med, ids = measure(engines, prompts, N, args.repeats)
+        med, ids, _ = measure(engines, prompts, N, args.repeats)
         rate = {k: batch * N / t_n for k, (_, t_n) in med.items()}
         for name, (_, dtype, nbytes) in engines.items():
             t1, tn = med[name]
@@ -262,19 +268,22 @@ def speed_table(args: argparse.Namespace) -> None:
 
 
 def context_table(engines: dict[str, tuple], args: argparse.Namespace) -> None:
-    """ms per decoding step (batch 1) after prompts of 64, 256 and 1,024 − n tokens."""
-    n = 16
+    """ms per decoding step (batch 1) over the last n = min(64, context/2) positions of each
+    context (64, 256 and 1,024): prompts of context − n tokens, then n new tokens, the step
+    taken from paired calls (:func:`step_ms`) so that a long prompt's noise averages out."""
     contexts = [int(c) for c in args.contexts.split(",")]
-    print(f"\nms/step at context (batch 1, {n} new tokens after a prompt of context − {n}):")
+    print("\nms/step at context (batch 1, n = min(64, context/2) new tokens after a prompt of "
+          "context − n; the median of paired (t_n − t_1)/(n − 1)):")  # fmt: skip
     print("| engine | " + " | ".join(str(c) for c in contexts) + " |")
     print("|---|" + "---|" * len(contexts))
     g = torch.Generator().manual_seed(2)
     rows: dict[str, list[str]] = {k: [] for k in engines}
     for c in contexts:
+        n = min(64, c // 2)
         prompts = torch.randint(0, 50257, (1, c - n), generator=g).to(args.device)
-        med, _ = measure(engines, prompts, n, args.repeats)
-        for name, (t1, tn) in med.items():
-            rows[name].append(f"{(tn - t1) / (n - 1) * 1e3:.1f}")
+        _, _, rec = measure(engines, prompts, n, args.repeats)
+        for name, times in rec.items():
+            rows[name].append(f"{step_ms(times, n):.1f}")
     for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(cells) + " |")
 

@@ -137,7 +137,7 @@ class ReplayedStep:
         table = None
         if model.pos_embed is not None:
             if hasattr(model.pos_embed, "W_P"):
-                table = model.pos_embed.W_P.detach()
+                table = model.pos_embed.W_P.detach().contiguous()
             else:  # the fixed rows, computed as the eager step computes each of them
                 table = model.pos_embed(config.n_ctx, 0, dtype=torch.float32)
             keep.append(table)

@@ -63,3 +63,32 @@ def test_serve_int8_serves_the_int8_copy(live: object, monkeypatch) -> None:
     base, _ = load(live.run)  # type: ignore[attr-defined]
     want = generate(cast(base, "int8"), [1, 2, 3], max_new_tokens=10, temperature=0)
     assert generate(model, [1, 2, 3], max_new_tokens=10, temperature=0) == want
+
+
+def test_serve_float32_registers_the_kernels_in_place(live: object, monkeypatch) -> None:
+    """--dtype float32 (the default): the loaded model itself, its projections registered with
+    glassgpt's kernels (no copy), so its steps replay; its completions are the inference
+    copy's."""
+    import sys
+
+    import torch
+    import uvicorn
+
+    from glassgpt.kernels import is_packed
+    from glassgpt.sample import generate
+    from glassgpt.sample.loading import load
+    from glassgpt.sample.precision import cast
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    monkeypatch.setattr(sys, "setswitchinterval", lambda _: None)
+    threads = torch.get_num_threads()
+    try:
+        assert main(["serve", "--checkpoint", str(live.run)]) == 0  # type: ignore[attr-defined]
+    finally:
+        torch.set_num_threads(threads)
+    model = served[0].state.glassgpt.model
+    assert is_packed(model.blocks[0].attn.W_QKV) and not model.training
+    base, _ = load(live.run)  # type: ignore[attr-defined]
+    want = generate(cast(base, "float32"), [1, 2, 3], max_new_tokens=10, temperature=0)
+    assert generate(model, [1, 2, 3], max_new_tokens=10, temperature=0) == want

@@ -175,3 +175,26 @@ def test_another_threads_kernel_calls_during_a_recording_are_not_recorded() -> N
         m(torch.tensor([[5]]), cache=theirs)
         for t in (9, 4, 6):
             assert torch.equal(step(torch.tensor([[t]])), m(torch.tensor([[t]]), cache=theirs))
+
+
+def test_bf16_keys_kept_in_a_float32_cache_give_the_same_logits() -> None:
+    """On a CPU without bf16 arithmetic a bf16 model's cache is float32 (its attention reads
+    float32 copies): the bf16 keys and values are held exactly, so every step's logits equal
+    those over a bf16 cache, bit for bit; the explicit attention path reads them too."""
+    from glassgpt.kernels import bf16
+
+    m = model_of("bf16")
+    p = torch.tensor([[3, 1, 4, 1, 5]])
+    ours = KVCache.for_model(m, 1, last_only=True)
+    assert ours.layers[0].k.dtype == bf16.cache_dtype(torch.bfloat16)
+    theirs = KVCache(m.config, 1, dtype=torch.bfloat16, last_only=True)
+    with torch.inference_mode():
+        assert torch.equal(m(p, cache=ours), m(p, cache=theirs))
+        for t in (9, 2, 6, 5):
+            assert torch.equal(
+                m(torch.tensor([[t]]), cache=ours), m(torch.tensor([[t]]), cache=theirs)
+            )
+        m.attn_impl = "explicit"
+        explicit = m(torch.tensor([[3]]), cache=ours)
+        m.attn_impl = "auto"
+        assert explicit.dtype == torch.bfloat16 and bool(torch.isfinite(explicit).all())

@@ -87,3 +87,24 @@ def test_replayed_slot_steps_equal_eager_ones_bit_for_bit() -> None:
             assert torch.equal(got, model(new, cache=theirs))
     assert torch.equal(mine.lengths, theirs.lengths)
     assert mine.lengths[:2].tolist() == [3 + 8, 1 + 8]
+
+
+def test_a_bf16_model_decodes_over_its_slots() -> None:
+    """A bf16 inference copy's slot steps (its cache float32 on a CPU without bf16 arithmetic)
+    give each row its own logits, to bf16's rounding."""
+    from glassgpt.sample.precision import cast
+
+    torch.manual_seed(0)
+    model = cast(GPT(GPTConfig(n_vocab=29, n_ctx=32, d_model=16, n_layers=2, n_heads=2)), "bf16")
+    seqs = [[1, 2, 3], [4]]
+    cache = SlotCache.for_model(model, slots=2)
+    with torch.inference_mode():
+        for b, s in enumerate(seqs):
+            pre = KVCache.for_model(model, 1, len(s))
+            model(torch.tensor([s]), cache=pre)
+            cache.load(b, pre)
+        got = model(torch.tensor([[5], [6]]), cache=cache)[:, -1].float()
+        for b, (s, t) in enumerate(zip(seqs, (5, 6))):
+            alone = model(torch.tensor([[*s, t]]))[0, -1].float()
+            torch.testing.assert_close(got[b], alone, atol=0.05, rtol=0.05)
+    assert cache.lengths.tolist() == [4, 2]

@@ -68,6 +68,7 @@ def attention_scores(
 
     ``mask`` (bool, True = may attend, broadcast to [B, H, T_q, T_k]) replaces the causal one.
     """
+    k = k.to(q.dtype)  # (a cache may keep bf16 keys in float32, exactly)
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     if mask is not None:
         return scores.masked_fill(~mask, float("-inf"))
@@ -209,7 +210,7 @@ class Attention(nn.Module):
             return fused_attention(q, k, v, offset, p_drop, mask)
         if p_drop:
             hooked = F.dropout(hooked, p_drop, training=True)
-        return torch.matmul(hooked.to(v.dtype), v)  # [B, H, T_q, d_head]
+        return torch.matmul(hooked.to(q.dtype), v.to(q.dtype))  # [B, H, T_q, d_head]
 
     def _hooked_result(self, z: Tensor, out: Tensor) -> Tensor:
         """Hand result_h = z_h W_O[h] [B, T, H, d_model] to its hook; a replacement makes

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
+from glassgpt.kernels.bf16 import cache_dtype
 from glassgpt.kernels.rowwise import write_kv
 from glassgpt.model.config import GPTConfig
 
@@ -117,9 +118,11 @@ class KVCache:
     @classmethod
     def for_model(cls, model: GPT, batch_size: int, capacity: int | None = None,
                   **kw: object) -> KVCache:  # fmt: skip
-        """A cache in the model's dtype and on its device."""
+        """A cache on the model's device, in its dtype (float32 for bf16 on a CPU without bf16
+        arithmetic: ``glassgpt.kernels.bf16.cache_dtype``)."""
         p = next(model.parameters())
-        return cls(model.config, batch_size, capacity, dtype=p.dtype, device=p.device, **kw)  # type: ignore[arg-type]
+        dtype = cache_dtype(p.dtype, p.device)
+        return cls(model.config, batch_size, capacity, dtype=dtype, device=p.device, **kw)  # type: ignore[arg-type]
 
     def begin(self, B: int, T: int) -> int | Tensor:
         """Start a step of T tokens: check room, set the mask; return the first position

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.kernels.bf16 import cache_dtype
 from glassgpt.kernels.rowwise import advance, write_kv_rows
 
 
@@ -58,8 +59,8 @@ class _SlotLayer:
         B = k.shape[0]
         if not write_kv_rows(self.k, self.v, k, v, c.step_lengths):
             rows = c.rows[:B]
-            self.k[rows, :, c.step_lengths] = k[:, :, 0]
-            self.v[rows, :, c.step_lengths] = v[:, :, 0]
+            self.k[rows, :, c.step_lengths] = k[:, :, 0].to(self.k.dtype)  # (bf16 in float32)
+            self.v[rows, :, c.step_lengths] = v[:, :, 0].to(self.v.dtype)
         return self.k[:B], self.v[:B]
 
 
@@ -107,7 +108,7 @@ class SlotCache:
     @classmethod
     def for_model(cls, model: Any, slots: int) -> SlotCache:
         p = next(model.parameters())
-        return cls(model.config, slots, dtype=p.dtype, device=p.device)
+        return cls(model.config, slots, dtype=cache_dtype(p.dtype, p.device), device=p.device)
 
     def load(self, slot: int, prefill: Any) -> None:
         """Copy a one-row cache (``KVCache`` after its prefill) into ``slot``."""

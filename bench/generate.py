@@ -259,6 +259,12 @@ def speed_table(args: argparse.Namespace) -> None:
                   f"{gbs / bw:.0%} | {vs_ct} | {rate[name] / rate['transformers float32']:.2f}× | "
                   f"{agree:.0%} |")  # fmt: skip
             sys.stdout.flush()
+    if dev == "cpu":
+        from glassgpt.sample.replay import ReplayedStep
+
+        why = ReplayedStep.why_not  # the last recording's reason, if it failed
+        print("glassgpt's one-token steps: " + ("replayed from their recorded kernel calls"
+              if why is None else f"eager ({why})"))  # fmt: skip
     print(
         "targets: float32 ≥ 1.0× ctranslate2 float32 and ≥ 80% of the float32 limit; "
         "int8 ≥ 1.0× ctranslate2 int8; same ids 100% in float32 (batch 1)"

@@ -124,6 +124,8 @@ def test_a_full_cache_and_bad_ids_raise_without_writing() -> None:
         step(torch.tensor([[61]]))
     with pytest.raises(TokenError, match="takes"):
         step(torch.tensor([[1], [2]]))
+    with pytest.raises(TokenError, match="integer ids"):
+        step(torch.tensor([[1.0]]))
     assert cache.length == 4
     step(torch.tensor([[7]]))
     with pytest.raises(CacheFullError):

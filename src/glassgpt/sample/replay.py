@@ -159,6 +159,8 @@ class ReplayedStep:
             raise CacheFullError(
                 f"{n} cached + 1 new position exceed the cache capacity {cache.capacity}"
             )
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TokenError(f"tokens must be integer ids, got dtype {tokens.dtype}")
         if tokens.shape != (B, 1):
             raise TokenError(f"a replayed step takes [{self.tokens.shape[0]}, 1] tokens, "
                              f"got {tuple(tokens.shape)}")  # fmt: skip

@@ -10,6 +10,14 @@ from glassgpt.sample.cache import KVCache
 from glassgpt.serve.slots import SlotCache
 
 
+def load(model: GPT, cache: SlotCache, seqs: list[list[int]]) -> None:
+    """Prefill each sequence alone (as the scheduler does) into slots 0, 1, …"""
+    for b, s in enumerate(seqs):
+        pre = KVCache.for_model(model, 1, len(s))
+        model(torch.tensor([s]), cache=pre)
+        cache.load(b, pre)
+
+
 @pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope", "none"])
 def test_batched_steps_equal_whole_sequences(positional: str) -> None:
     torch.manual_seed(0)
@@ -20,10 +28,7 @@ def test_batched_steps_equal_whole_sequences(positional: str) -> None:
     seqs = [torch.randint(0, 23, (n,), generator=gen).tolist() for n in (3, 9, 1, 14)]
     cache = SlotCache.for_model(model, slots=5)
     with torch.no_grad():
-        for b, s in enumerate(seqs):
-            pre = KVCache.for_model(model, 1, len(s))
-            model(torch.tensor([s]), cache=pre)
-            cache.load(b, pre)
+        load(model, cache, seqs)
         for _ in range(6):  # six batched steps; each row continues with a random token
             new = torch.randint(0, 23, (len(seqs),), generator=gen).tolist()
             got = model(torch.tensor(new)[:, None], cache=cache)[:, -1]  # [B, V]
@@ -40,10 +45,7 @@ def test_move_keeps_the_sequence() -> None:
     seqs = [[1, 2, 3], [4, 5, 6, 7, 8]]
     cache = SlotCache.for_model(model, slots=2)
     with torch.no_grad():
-        for b, s in enumerate(seqs):
-            pre = KVCache.for_model(model, 1, len(s))
-            model(torch.tensor([s]), cache=pre)
-            cache.load(b, pre)
+        load(model, cache, seqs)
         cache.move(1, 0)  # the second sequence now alone, in slot 0
         got = model(torch.tensor([[9]]), cache=cache)[0, -1]
         torch.testing.assert_close(got, model(torch.tensor([[*seqs[1], 9]]))[0, -1],
@@ -67,10 +69,7 @@ def test_replayed_slot_steps_equal_eager_ones_bit_for_bit() -> None:
     mine, theirs = SlotCache.for_model(model, slots=4), SlotCache.for_model(model, slots=4)
     with torch.inference_mode():
         for cache in (mine, theirs):
-            for b, s in enumerate(seqs):
-                pre = KVCache.for_model(model, 1, len(s))
-                model(torch.tensor([s]), cache=pre)
-                cache.load(b, pre)
+            load(model, cache, seqs)
         steps: dict[int, ReplayedStep] = {}
         for i in range(8):
             if i == 4:  # the second sequence leaves; the last moves into its slot
@@ -99,10 +98,7 @@ def test_a_bf16_model_decodes_over_its_slots() -> None:
     seqs = [[1, 2, 3], [4]]
     cache = SlotCache.for_model(model, slots=2)
     with torch.inference_mode():
-        for b, s in enumerate(seqs):
-            pre = KVCache.for_model(model, 1, len(s))
-            model(torch.tensor([s]), cache=pre)
-            cache.load(b, pre)
+        load(model, cache, seqs)
         got = model(torch.tensor([[5], [6]]), cache=cache)[:, -1].float()
         for b, (s, t) in enumerate(zip(seqs, (5, 6))):
             alone = model(torch.tensor([[*s, t]]))[0, -1].float()

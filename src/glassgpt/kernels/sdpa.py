@@ -36,8 +36,12 @@ def compute_dtype(q: Tensor, device: str | None = None) -> torch.dtype:
     return q.dtype
 
 
-def _hidden(t_q: int, t_k: int, offset: int, device: torch.device) -> Tensor:
-    """Boolean [t_q, t_k], True where key j is past query i (j > offset + i)."""
+def _hidden(t_q: int, t_k: int, offset: int | Tensor, device: torch.device) -> Tensor:
+    """Boolean [t_q, t_k], True where key j is past query i (j > offset + i); for per-row
+    offsets [B], [B, 1, t_q, t_k] (j > offset[b] + i)."""
+    if isinstance(offset, Tensor):
+        last = offset.to(device)[:, None] + torch.arange(t_q, device=device)  # [B, t_q]
+        return (torch.arange(t_k, device=device) > last[..., None])[:, None]
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(offset + 1)
 
 
@@ -103,13 +107,10 @@ def _rows_as_mask(
     if given) of keys j ≤ offsets[b] + i."""
     t_q = q.shape[-2]
     m = min(k.shape[-2], int(offsets.max()) + t_q)
-    k, v = k[..., :m, :], v[..., :m, :]
-    cols = torch.arange(m, device=q.device)
-    last = offsets.to(q.device)[:, None] + torch.arange(t_q, device=q.device)  # [B, T_q]
-    allowed = (cols <= last[..., None])[:, None]  # [B, 1, T_q, m]
+    allowed = ~_hidden(t_q, m, offsets, q.device)  # [B, 1, T_q, m]
     if mask is not None:
         allowed = allowed & mask[..., :m]
-    return k, v, allowed
+    return k[..., :m, :], v[..., :m, :], allowed
 
 
 def _few_queries_ok(q: Tensor, k: Tensor, v: Tensor, offset: object, mask: Tensor | None) -> bool:

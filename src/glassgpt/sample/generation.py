@@ -30,6 +30,7 @@ from __future__ import annotations
 import codecs
 import warnings
 from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -335,30 +336,31 @@ def _steps(
             logits = _forward(model, tokens, cache)
 
 
-def _recorded(model: GPT, tokens: Tensor, cache: KVCache) -> tuple[ReplayedStep | None, Tensor]:
-    """The step ``model(tokens, cache=cache)`` recorded for replay (None where it cannot be)
-    and its logits, as :func:`_forward` computes them."""
-    training = model.training
-    if training:
-        model.eval()
-    try:
-        return ReplayedStep.record(model, cache, tokens)
-    finally:
-        if training:
-            model.train()
-
-
-def _forward(model: GPT, tokens: Tensor, cache: KVCache) -> Tensor:
-    """logits [B, 1, V] of the last position, in inference mode and without dropout."""
+@contextmanager
+def _inference(model: GPT) -> Iterator[None]:
+    """Eval mode and inference mode for the block (the model's mode restored after)."""
     training = model.training
     if training:
         model.eval()
     try:
         with torch.inference_mode():
-            return model(tokens, cache=cache)
+            yield
     finally:
         if training:
             model.train()
+
+
+def _recorded(model: GPT, tokens: Tensor, cache: KVCache) -> tuple[ReplayedStep | None, Tensor]:
+    """The step ``model(tokens, cache=cache)`` recorded for replay (None where it cannot be)
+    and its logits, as :func:`_forward` computes them."""
+    with _inference(model):
+        return ReplayedStep.record(model, cache, tokens)
+
+
+def _forward(model: GPT, tokens: Tensor, cache: KVCache) -> Tensor:
+    """logits [B, 1, V] of the last position, in inference mode and without dropout."""
+    with _inference(model):
+        return model(tokens, cache=cache)
 
 
 def decode_stream(tokenizer: Any, ids: Iterator[int]) -> Iterator[str]:

@@ -42,8 +42,7 @@ def unreplayable(model: GPT, cache: Any) -> str | None:
     tried; the recording may still find an operation it cannot replay)."""
     if replay._rowwise is None:
         return "glassgpt's compiled kernels are not built"
-    per_row = getattr(cache, "per_row_lengths", False)  # a server's slots
-    if not per_row and (type(cache) is not KVCache or cache.pad is not None):
+    if not _per_row(cache) and (type(cache) is not KVCache or cache.pad is not None):
         return "the cache is padded or not a plain KVCache"
     W_E = model.embed.W_E
     if W_E.device.type != "cpu" or W_E.dtype != torch.float32 or not W_E.is_contiguous():
@@ -80,6 +79,7 @@ class ReplayedStep:
                  tokens: Tensor, logits: Tensor) -> None:  # fmt: skip
         self.cache, self.calls, self.keep = cache, calls, keep
         self.tokens, self.logits = tokens, logits
+        self.per_row = _per_row(cache)  # the recorded calls advance its lengths
 
     @classmethod
     def record(
@@ -95,7 +95,7 @@ class ReplayedStep:
             cls.why_not = why
             with torch.inference_mode():
                 return None, model(tokens, cache=cache)
-        rec = replay.Recorder(0 if getattr(cache, "per_row_lengths", False) else cache.length)
+        rec = replay.Recorder(0 if _per_row(cache) else cache.length)
         mode = replay.StepMode(rec)
         first: list[Tensor] = []
 
@@ -133,7 +133,7 @@ class ReplayedStep:
         with torch.inference_mode(False):
             tokens = torch.zeros(B, dtype=torch.long)
         keep: list[Any] = [rec.keep, x0, logits, tokens]
-        per_row = getattr(cache, "per_row_lengths", False)
+        per_row = _per_row(cache)
         table = None
         if model.pos_embed is not None:
             if hasattr(model.pos_embed, "W_P"):
@@ -153,7 +153,7 @@ class ReplayedStep:
     def __call__(self, tokens: Tensor) -> Tensor:
         cache = self.cache
         B = self.tokens.shape[0]
-        per_row = getattr(cache, "per_row_lengths", False)  # the recorded calls advance them
+        per_row = self.per_row
         n = int(cache.lengths[:B].max()) if per_row else cache.length
         if n + 1 > cache.capacity:
             raise CacheFullError(
@@ -178,6 +178,11 @@ class ReplayedStep:
         if not per_row:
             cache.length = n + 1
         return self.logits
+
+
+def _per_row(cache: Any) -> bool:
+    """Whether each row of ``cache`` has its own length (a server's slots)."""
+    return getattr(cache, "per_row_lengths", False)
 
 
 def _plain(x: Tensor) -> bool:

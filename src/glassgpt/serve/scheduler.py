@@ -98,9 +98,9 @@ class Scheduler:
         self.active: list[_Seq] = []  # active[b] lives in slot b
         self.waiting: list[Job] = []  # received, not yet admitted
         self.steps = 0  # batched decode steps so far (for tests and stats)
+        self.replay = replay and self.device.type == "cpu"  # each batch size's recorded step
         # per batch size B: the step recorded for replay, or None where it cannot be replayed
-        self.replays: dict[int, ReplayedStep | None] = {} if replay else dict.fromkeys(
-            range(1, slots + 1))  # fmt: skip
+        self.replays: dict[int, ReplayedStep | None] = {}
         self.widest = 0  # the largest batch decoded in one step
         self.dropped = 0  # sequences ended because their client went away
         self.admitting: Job | None = None  # the job being prefilled now
@@ -205,12 +205,12 @@ class Scheduler:
         """The step's logits: replayed from the step recorded for this batch size (on a CPU,
         ``glassgpt.sample.replay``; the same logits bit for bit), else the model's forward
         (hooks attached, say by the explorer, decode eagerly)."""
-        B = fed.shape[0]
-        if B not in self.replays and self.device.type == "cpu" and not self.model._hook_fns:
+        B, hooked = fed.shape[0], bool(self.model._hook_fns)
+        if self.replay and B not in self.replays and not hooked:
             self.replays[B], logits = ReplayedStep.record(self.model, self.cache, fed)
             return logits
         step = self.replays.get(B)
-        if step is not None and not self.model._hook_fns:
+        if step is not None and not hooked:
             return step(fed)
         return self.model(fed, cache=self.cache)
 

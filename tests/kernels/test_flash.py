@@ -13,7 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from glassgpt.kernels import bf16, flash, sdpa
-from glassgpt.kernels.policy import CAUSAL_MAX_HEAD, CAUSAL_MAX_KEYS, attention_path
+from glassgpt.kernels.policy import (
+    CAUSAL_MAX_HEAD,
+    CAUSAL_MAX_KEYS,
+    attention_path,
+    keeps_probabilities,
+)
 
 ext = pytest.importorskip(
     "glassgpt.kernels._flash", reason="the C extension is not built (no compiler at install)"
@@ -117,8 +122,9 @@ def test_a_broadcast_gradient_and_inference() -> None:
         assert torch.equal(flash.causal_attention(q, k, v), z.detach())
 
 
+@pytest.mark.parametrize("keep_p", [False, True])
 @pytest.mark.parametrize("portable_loop", [False, True])
-def test_results_do_not_depend_on_the_thread_count(portable_loop: bool) -> None:
+def test_results_do_not_depend_on_the_thread_count(portable_loop: bool, keep_p: bool) -> None:
     ext.use_portable(portable_loop)
     q, k, v = _inputs(3, 4, 70, 32, True, seed=7)
     g = torch.randn(3, 4, 70, 32)
@@ -127,14 +133,63 @@ def test_results_do_not_depend_on_the_thread_count(portable_loop: bool) -> None:
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            z, lse = flash.forward(q, k, v)
-            runs.append((z, lse, *flash.backward(q, k, v, z, lse, g)))
+            z, kept = flash.forward(q, k, v, keep_p=keep_p)
+            runs.append((z, kept, *flash.backward(q, k, v, z, kept, g)))
     finally:
         torch.set_num_threads(before)
         ext.use_portable(False)
     for other in runs[1:]:
         for a, b in zip(runs[0], other, strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("T, D", [(1, 8), (7, 8), (64, 32), (70, 16), (129, 32)])
+@pytest.mark.parametrize("portable_loop", [False, True])
+def test_kept_p_and_recomputed_p_give_the_same_gradients(
+    T: int, D: int, portable_loop: bool
+) -> None:
+    """The backward from the forward's P against the backward that recomputes it from lse, both
+    against the float64 oracle; P itself is the softmax, zero past each row's last key and in
+    the padding to 16 columns."""
+    ext.use_portable(portable_loop)
+    try:
+        q, k, v = _inputs(2, 3, T, D, True, seed=T + D)
+        g = torch.randn(2, 3, T, D, generator=torch.Generator().manual_seed(D))
+        z, P = flash.forward(q, k, v, keep_p=True)
+        z2, lse = flash.forward(q, k, v)
+        assert torch.equal(z, z2) and P.shape == (2, 3, T, (T + 15) // 16 * 16)
+        scores = (q.double() @ k.double().transpose(-1, -2) / math.sqrt(D)).masked_fill(
+            torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf
+        )
+        _close(P[..., :T], torch.softmax(scores, -1), rel=1e-6)
+        assert not P[..., T:].any()
+        _close(z, _oracle(q, k, v, g)[0])
+        grads64 = _oracle(q, k, v, g)[1]
+        from_p, from_lse = flash.backward(q, k, v, z, P, g), flash.backward(q, k, v, z, lse, g)
+        for a, b, want in zip(from_p, from_lse, grads64, strict=True):
+            _close(a, want)
+            _close(b, want)
+    finally:
+        ext.use_portable(False)
+
+
+def test_the_training_forward_keeps_p_for_short_rows_only() -> None:
+    """P is kept while T (rounded up to 16) ≤ 4 d_head (rounded up to 8): nanoGPT's CPU shape
+    and the speedrun's keep it; longer rows recompute it."""
+    assert (
+        keeps_probabilities(64, 32) and keeps_probabilities(128, 32) and keeps_probabilities(1, 1)
+    )
+    assert (
+        not keeps_probabilities(129, 32)
+        and not keeps_probabilities(256, 32)
+        and keeps_probabilities(256, 64)
+    )
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 2, 40, 16, False, seed=2))
+    z = flash.causal_attention(q, k, v)
+    assert z.grad_fn.saved_tensors[-1].shape == (1, 2, 40, 48)  # P, not lse
+    q, k, v = (t.detach()[..., :8].contiguous().requires_grad_() for t in (q, k, v))
+    z = flash.causal_attention(q, k, v)
+    assert z.grad_fn.saved_tensors[-1].shape == (1, 2, 40)  # 48 > 4 × 8: lse
 
 
 def test_lse_is_the_rows_log_sum_exp() -> None:
@@ -150,11 +205,14 @@ def test_lse_is_the_rows_log_sum_exp() -> None:
 def test_bad_calls_are_refused() -> None:
     z = torch.empty(1, 1, 4, 8)
     with pytest.raises(ValueError, match="need 1 <= B"):
-        ext.forward(z.data_ptr(), z.data_ptr(), z.data_ptr(), z.data_ptr(), 0, 1, 1, 0, 8,
+        ext.forward(z.data_ptr(), z.data_ptr(), z.data_ptr(), z.data_ptr(), 0, 0, 1, 1, 0, 8,
                     (0,) * 16, 1)  # fmt: skip
     with pytest.raises(ValueError, match="unit strides along d"):
-        ext.forward(z.data_ptr(), z.data_ptr(), z.data_ptr(), z.data_ptr(), 0, 1, 1, 4, 2,
+        ext.forward(z.data_ptr(), z.data_ptr(), z.data_ptr(), z.data_ptr(), 0, 0, 1, 1, 4, 2,
                     (32, 32, 8, 1) * 3 + (32, 32, 8, 2), 1)  # fmt: skip
+    with pytest.raises(ValueError, match="needs lse or P"):
+        ext.backward(*(z.data_ptr(),) * 4, 0, 0, *(z.data_ptr(),) * 4, 1, 1, 4, 8,
+                     (32, 32, 8, 1) * 8, 1)  # fmt: skip
     with pytest.raises(TypeError):
         ext.backward(z.data_ptr(), 1, 1, 4, 8, (0,) * 32, 1)
 

@@ -188,7 +188,15 @@ def test_memory_components_scale_as_documented(monkeypatch: pytest.MonkeyPatch) 
     # without bf16 arithmetic every bf16 attention takes float32 copies: affine in T again
     monkeypatch.setattr(memory, "native_bf16", lambda: False)
     assert b(16) - 2 * b(12) + b(8) == 0
-    assert activation_bytes(wide, 4, 16, attn_impl="explicit") > activation_bytes(wide, 4, 16)
+    # glassgpt's float32 causal kernel keeps P up to 4 d_head keys (as the explicit path keeps
+    # the pattern, rows rounded up to 16 keys), the row log-sum-exps beyond
+    monkeypatch.setattr(memory, "compiled_causal", lambda: True)
+    assert activation_bytes(wide, 4, 16, attn_impl="explicit") == activation_bytes(wide, 4, 16)
+    assert activation_bytes(wide, 4, 300, attn_impl="explicit") > activation_bytes(wide, 4, 300)
+    p = lambda T: a(wide, 4, T)  # noqa: E731  T² per row up to 256 keys, then affine
+    assert p(256) - 2 * p(192) + p(128) > 0 and p(400) - 2 * p(350) + p(300) == 0
+    monkeypatch.setattr(memory, "compiled_causal", lambda: False)
+    assert p(256) - 2 * p(192) + p(128) == 0
     assert weight_bytes(c, torch.bfloat16) == 2 * n
 
 

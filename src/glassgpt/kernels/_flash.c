@@ -9,8 +9,9 @@
  * (rows of D rounded up to 8, T rounded up to 16, kᵀ and vᵀ too), small enough at the
  * shapes this serves (T ≤ 512, D ≤ 128) to stay in the core's caches. The forward takes 6
  * queries at a time: their scores against the keys up to the last of them (in 16s), the
- * softmax of each row over the keys it may see (P = 0 beyond), then z = P v. The backward
- * recomputes P = exp(S − lse) and dS for the whole lower triangle block by block (dq
+ * softmax of each row over the keys it may see (P = 0 beyond), then z = P v; where the
+ * caller gives it a buffer, it keeps P there. The backward reads that P, or recomputes
+ * P = exp(S − lse), and dS for the whole lower triangle block by block (dq
  * follows each block), then dv = Pᵀ dz and dk = dSᵀ q column block by column block, each
  * product over the keys (or queries) that are not masked. The products are _tile.h's
  * 6 × 16 register tiles with AVX2 + FMA, the softmax and the other row maps _flash_rows.h's
@@ -23,9 +24,12 @@
  * Python API (addresses of float32 buffers as ints; strides in elements, (b, h, t, d) per
  * tensor; z, dq, dk, dv need d-stride 1, lse is a contiguous [B, H, T]; the caller checks
  * shapes and dtypes):
- *   forward(q, k, v, z, lse or 0, B, H, T, D, strides of q, k, v, z (16), threads)
- *   backward(q, k, v, z, lse, dz, dq, dk, dv, B, H, T, D, strides of q, k, v, z, dz, dq,
- *            dk, dv (32), threads)
+ *   forward(q, k, v, z, lse or 0, P or 0, B, H, T, D, strides of q, k, v, z (16), threads)
+ *   backward(q, k, v, z, lse or 0, P or 0, dz, dq, dk, dv, B, H, T, D, strides of q, k, v,
+ *            z, dz, dq, dk, dv (32), threads)
+ * P: a contiguous [B, H, T, Tp] buffer (Tp = T rounded up to 16) for the forward to keep the
+ * probabilities in, rows zero past their last key; the backward then reads them instead of
+ * recomputing S and its exps (one product of five and the exps fewer; needs lse otherwise).
  *   kernel() → "avx2" or "portable";  use_portable(flag) → the kernel now in use (tests)
  */
 #define _GNU_SOURCE
@@ -47,6 +51,8 @@
 typedef struct {
     const float *q, *k, *v, *z, *dz; /* dz NULL: the forward */
     float *lse, *dq, *dk, *dv;       /* lse NULL: not kept (inference) */
+    float *P;                        /* the forward's P [B, H, T, Tp], kept for the backward
+                                        (NULL: not kept; the backward recomputes it) */
     float *out_z;
     int B, H, T, D, Tp, Dp; /* Tp, Dp: T and D padded (scratch rows) */
     long long s[8][4];      /* (b, h, t, d) strides of q, k, v, z, dz, dq, dk, dv */
@@ -126,6 +132,7 @@ static void forward_item(const Job *j, int b, int h, int next, float *scratch) {
     TRANSPOSE(kt, k, T, D, Tp, Dp);
     float *z = j->out_z + b * j->s[Z][0] + h * j->s[Z][1];
     float *lse = j->lse ? j->lse + ((size_t)b * j->H + h) * T : NULL;
+    float *P = j->P ? j->P + ((size_t)b * j->H + h) * T * Tp : NULL;
     const long long zt = j->s[Z][2];
     for (int i0 = 0; i0 < T; i0 += TILE_M) {
         const int i1 = min_int(T, i0 + TILE_M), M = i1 - i0, W = round_up(i1, TILE_N);
@@ -137,11 +144,17 @@ static void forward_item(const Job *j, int b, int h, int next, float *scratch) {
         if (lse)
             memcpy(lse + i0, l, sizeof(float) * (size_t)M);
         product(M, i1, S, Tp, 1, v, Dp, z + i0 * zt, zt, D, inv); /* z = P v */
+        if (P) /* P's rows for the backward, zero past each query's last key */
+            for (int r = 0; r < M; r++) {
+                COPY_ROW(P + (size_t)(i0 + r) * Tp, S + (size_t)r * Tp, W, inv[r]);
+                memset(P + (size_t)(i0 + r) * Tp + W, 0, sizeof(float) * (size_t)(Tp - W));
+            }
     }
 }
 
-/* P = exp(S − lse) and dS = P ∘ (dP − Δ) for queries [i0, i1) into rows i0… of P and dS,
- * zero past each query's last key (through i1 + 5 at least, where dv and dk's tiles read). */
+/* P = exp(S − lse) (kt given; else P holds the forward's) and dS = P ∘ (dP − Δ) for queries
+ * [i0, i1) into rows i0… of P and dS, zero past each query's last key (through i1 + 5 at
+ * least, where dv and dk's tiles read). */
 static void backward_block(const Job *j, int i0, int i1, const float *q, const float *kt,
                            const float *dz, const float *vt, const float *lse,
                            const float *delta, float *P, float *dS) {
@@ -150,12 +163,14 @@ static void backward_block(const Job *j, int i0, int i1, const float *q, const f
     Wz = Wz > W ? Wz : W;
     P += (size_t)i0 * Tp, dS += (size_t)i0 * Tp;
     for (int j0 = 0; j0 < W; j0 += TILE_N) {
-        TILE(M, TILE_N, D, q + (size_t)i0 * Dp, Dp, 1, kt + j0, Tp, P + j0, Tp, ONES);   /* S */
+        if (kt) /* S */
+            TILE(M, TILE_N, D, q + (size_t)i0 * Dp, Dp, 1, kt + j0, Tp, P + j0, Tp, ONES);
         TILE(M, TILE_N, D, dz + (size_t)i0 * Dp, Dp, 1, vt + j0, Tp, dS + j0, Tp, ONES); /* dP */
     }
     for (int r = 0; r < M; r++) {
         const int i = i0 + r;
-        EXPS(P + (size_t)r * Tp, i + 1, Wz, lse[i]);
+        if (kt)
+            EXPS(P + (size_t)r * Tp, i + 1, Wz, lse[i]);
         DSCORES(P + (size_t)r * Tp, dS + (size_t)r * Tp, i + 1, Wz, delta[i]);
     }
 }
@@ -182,11 +197,14 @@ static void backward_item(const Job *j, int b, int h, int next, float *scratch) 
     copy_rows(k, j, j->k, K, b, h, 1.0f);
     copy_rows(v, j, j->v, V, b, h, 1.0f);
     copy_rows(dz, j, j->dz, DZ, b, h, 1.0f);
-    TRANSPOSE(kt, k, T, D, Tp, Dp);
+    if (j->P) /* the forward's P: no scores to recompute */
+        P = j->P + ((size_t)b * j->H + h) * T * Tp, kt = NULL;
+    else
+        TRANSPOSE(kt, k, T, D, Tp, Dp);
     TRANSPOSE(vt, v, T, D, Tp, Dp);
     copy_rows(v, j, j->z, Z, b, h, 1.0f); /* v's rows are done with: z's there */
     deltas(dz, v, delta, T, Dp);
-    const float *lse = j->lse + ((size_t)b * j->H + h) * T;
+    const float *lse = j->lse ? j->lse + ((size_t)b * j->H + h) * T : NULL;
     float *dq = j->dq + b * j->s[DQ][0] + h * j->s[DQ][1];
     float *dk = j->dk + b * j->s[DK][0] + h * j->s[DK][1];
     float *dv = j->dv + b * j->s[DV][0] + h * j->s[DV][1];
@@ -225,8 +243,8 @@ static void run_part(const void *job, int part, int parts) {
 
 /* Both entry points: n_ptr addresses, B, H, T, D, a tuple of strides, threads. */
 static PyObject *run(PyObject *const *args, Py_ssize_t nargs, int backward) {
-    const int n_ptr = backward ? 9 : 5, n_strides = backward ? 32 : 16;
-    long long a[16], s[32];
+    const int n_ptr = backward ? 10 : 6, n_strides = backward ? 32 : 16;
+    long long a[17], s[32];
     if (nargs != n_ptr + 6 || !PyTuple_Check(args[n_ptr + 4]) ||
         PyTuple_GET_SIZE(args[n_ptr + 4]) != n_strides) {
         PyErr_Format(PyExc_TypeError, "%s: %d addresses, B, H, T, D, %d strides, threads",
@@ -246,10 +264,15 @@ static PyObject *run(PyObject *const *args, Py_ssize_t nargs, int backward) {
     Job j = {0};
     j.q = (const float *)(uintptr_t)a[0], j.k = (const float *)(uintptr_t)a[1];
     j.v = (const float *)(uintptr_t)a[2];
+    j.P = (float *)(uintptr_t)a[5];
     if (backward) {
         j.z = (const float *)(uintptr_t)a[3], j.lse = (float *)(uintptr_t)a[4];
-        j.dz = (const float *)(uintptr_t)a[5], j.dq = (float *)(uintptr_t)a[6];
-        j.dk = (float *)(uintptr_t)a[7], j.dv = (float *)(uintptr_t)a[8];
+        j.dz = (const float *)(uintptr_t)a[6], j.dq = (float *)(uintptr_t)a[7];
+        j.dk = (float *)(uintptr_t)a[8], j.dv = (float *)(uintptr_t)a[9];
+        if (!j.lse && !j.P) {
+            PyErr_SetString(PyExc_ValueError, "flash: the backward needs lse or P");
+            return NULL;
+        }
     } else {
         j.out_z = (float *)(uintptr_t)a[3], j.lse = (float *)(uintptr_t)a[4];
     }
@@ -291,9 +314,9 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
 static PyMethodDef methods[] = {
     {"forward", (PyCFunction)(void (*)(void))forward, METH_FASTCALL,
-     "forward(q, k, v, z, lse, B, H, T, D, strides, threads): causal z = softmax(q kᵀ/√D) v"},
+     "forward(q, k, v, z, lse, P, B, H, T, D, strides, threads): causal z = softmax(q kᵀ/√D) v"},
     {"backward", (PyCFunction)(void (*)(void))backward, METH_FASTCALL,
-     "backward(q, k, v, z, lse, dz, dq, dk, dv, B, H, T, D, strides, threads): its gradients"},
+     "backward(q, k, v, z, lse, P, dz, dq, dk, dv, B, H, T, D, strides, threads): its gradients"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},
     {NULL, NULL, 0, NULL},

@@ -3,8 +3,12 @@ gradients, by glassgpt's kernel ``glassgpt.kernels._flash`` (float32, CPU):
 
     dv = Pᵀ dz,  dS = P ∘ (dz vᵀ − Δ),  Δ_i = Σ_d dz_id z_id,  dq = dS k/√d,  dk = dSᵀ q/√d
 
-with P = exp(S − lse) recomputed from the row log-sum-exps the forward keeps, so that
-autograd keeps q, k, v, z and lse as PyTorch's fused kernel does. At a small model's heads
+with P kept from the forward where it is small (``policy.keeps_probabilities``: T up to 4 d_head, so that it
+at most doubles what autograd keeps for the attention), else recomputed as exp(S − lse) from
+the row log-sum-exps the forward keeps, so that autograd keeps q, k, v, z and lse as
+PyTorch's fused kernel does. Keeping P saves one product of the backward's five and its
+exps, for one more write in the forward (nanoGPT's CPU shape [12, 4, 64, 32] on 2 threads:
+backward 409 µs against 519, forward 305 against 275). At a small model's heads
 (d_head 32, T 64-256) PyTorch's CPU flash kernel runs its small products at about a tenth of
 the core's multiply-add rate; this one holds each (batch, head)'s q, k and v in the caches
 and computes the products in register tiles (``kernels/_tile.h``). z comes back as a
@@ -17,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+from glassgpt.kernels.policy import keeps_probabilities
 
 try:
     from glassgpt.kernels import _flash
@@ -32,6 +38,10 @@ def takes(q: Tensor, k: Tensor, v: Tensor) -> bool:
     if not (q.dtype is k.dtype is v.dtype is torch.float32) or q.ndim != 4:
         return False
     return q.shape == k.shape == v.shape and q.is_cpu and k.is_cpu and v.is_cpu
+
+
+def _round16(n: int) -> int:
+    return (n + 15) // 16 * 16
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -84,31 +94,35 @@ def _bthd(like: Tensor) -> Tensor:
     return torch.empty(B, T, H, D, dtype=torch.float32).transpose(1, 2)
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, *, keep_lse: bool = True) -> tuple[Tensor, Tensor]:
-    """z [B, H, T, D] (a view of [B, T, H, D]) and the row log-sum-exps lse [B, H, T] (an
-    empty tensor without ``keep_lse``)."""
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, *, keep_lse: bool = True, keep_p: bool = False
+) -> tuple[Tensor, Tensor]:
+    """z [B, H, T, D] (a view of [B, T, H, D]) and what the backward needs: P [B, H, T, T
+    rounded up to 16] (rows zero past their last key) with ``keep_p``, else the row
+    log-sum-exps lse [B, H, T] (an empty tensor without ``keep_lse``)."""
     assert _flash is not None
     B, H, T, D = q.shape
     z = _bthd(q)
-    lse = torch.empty(B, H, T if keep_lse else 0, dtype=torch.float32)
+    kept = torch.empty((B, H, T, _round16(T)) if keep_p else (B, H, T if keep_lse else 0))
+    lse, P = (0, kept.data_ptr()) if keep_p else (kept.data_ptr() if keep_lse else 0, 0)
     strides = (*q.stride(), *k.stride(), *v.stride(), *z.stride())
-    _flash.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), z.data_ptr(),
-                   lse.data_ptr() if keep_lse else 0, B, H, T, D, strides,
-                   torch.get_num_threads())  # fmt: skip
-    return z, lse
+    _flash.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), z.data_ptr(), lse, P,
+                   B, H, T, D, strides, torch.get_num_threads())  # fmt: skip
+    return z, kept
 
 
 def backward(
-    q: Tensor, k: Tensor, v: Tensor, z: Tensor, lse: Tensor, dz: Tensor
+    q: Tensor, k: Tensor, v: Tensor, z: Tensor, kept: Tensor, dz: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv [B, H, T, D] (views of [B, T, H, D]) for the gradient dz of z."""
+    """dq, dk, dv [B, H, T, D] (views of [B, T, H, D]) for the gradient dz of z; ``kept`` is
+    what :func:`forward` kept (P or the row log-sum-exps)."""
     dq, dk, dv = _bthd(q), _bthd(q), _bthd(q)
-    _backward_into(q, k, v, z, lse, dz, dq, dk, dv)
+    _backward_into(q, k, v, z, kept, dz, dq, dk, dv)
     return dq, dk, dv
 
 
 def _backward_into(
-    q: Tensor, k: Tensor, v: Tensor, z: Tensor, lse: Tensor, dz: Tensor,
+    q: Tensor, k: Tensor, v: Tensor, z: Tensor, kept: Tensor, dz: Tensor,
     dq: Tensor, dk: Tensor, dv: Tensor,
 ) -> None:  # fmt: skip
     """:func:`backward`, writing into the given dq, dk, dv [B, H, T, D] (any strides)."""
@@ -116,27 +130,28 @@ def _backward_into(
     B, H, T, D = q.shape
     tensors = (q, k, v, z, dz, dq, dk, dv)
     strides = tuple(s for t in tensors for s in t.stride())
-    _flash.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), z.data_ptr(), lse.data_ptr(),
+    lse, P = (0, kept.data_ptr()) if kept.ndim == 4 else (kept.data_ptr(), 0)
+    _flash.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), z.data_ptr(), lse, P,
                     dz.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, H, T, D,
                     strides, torch.get_num_threads())  # fmt: skip
 
 
 class CausalAttention(torch.autograd.Function):
-    """z = softmax(q kᵀ/√d + M) v, M causal; keeps q, k, v, z and the row log-sum-exps."""
+    """z = softmax(q kᵀ/√d + M) v, M causal; keeps q, k, v, z and P or the row log-sum-exps."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        z, lse = forward(q, k, v)
-        ctx.save_for_backward(q, k, v, z, lse)
+        z, kept = forward(q, k, v, keep_p=keeps_probabilities(*q.shape[-2:]))
+        ctx.save_for_backward(q, k, v, z, kept)
         return z
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v, z, lse = ctx.saved_tensors
+        q, k, v, z, kept = ctx.saved_tensors
         if dz.dtype is not torch.float32:
             dz = dz.float()
-        return backward(q, k, v, z, lse, dz)
+        return backward(q, k, v, z, kept, dz)
 
 
 class CausalAttentionQKV(torch.autograd.Function):
@@ -145,18 +160,18 @@ class CausalAttentionQKV(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv: Tensor, B: int, H: int, T: int, D: int) -> Tensor:
-        z, lse = forward(*_qkv_views(qkv, B, H, T, D))
-        ctx.save_for_backward(qkv, z, lse)
+        z, kept = forward(*_qkv_views(qkv, B, H, T, D), keep_p=keeps_probabilities(T, D))
+        ctx.save_for_backward(qkv, z, kept)
         ctx.shape = B, H, T, D
         return z
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dz: Tensor) -> tuple[Tensor, None, None, None, None]:
-        qkv, z, lse = ctx.saved_tensors
+        qkv, z, kept = ctx.saved_tensors
         if dz.dtype is not torch.float32:
             dz = dz.float()
         dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
         views = _qkv_views(qkv, *ctx.shape), _qkv_views(dqkv, *ctx.shape)
-        _backward_into(*views[0], z, lse, dz, *views[1])
+        _backward_into(*views[0], z, kept, dz, *views[1])
         return dqkv, None, None, None, None

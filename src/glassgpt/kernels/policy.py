@@ -29,8 +29,9 @@ On a CPU (measured with PyTorch 2.x):
   alone took 1.5 ms forward and 3.3 backward against PyTorch's 2.9 and 7.0; forward and
   backward 1.6-2x faster up to 512 positions (d_head 32-128), no faster at 1024, where its
   per-head scratch (two T × T blocks) leaves the caches (``bench/attention_train.py``). It
-  keeps what the fused kernel keeps (q, k, v, z and the row log-sum-exps), so memory
-  estimates need not tell the two apart.
+  keeps what the fused kernel keeps (q, k, v, z and the row log-sum-exps), except where
+  :func:`keeps_probabilities`: for rows of up to 4 d_head keys it keeps P itself [B, H, T,
+  T rounded up to 16] instead of the log-sum-exps, and its backward skips recomputing it.
 
 On a GPU every shape takes PyTorch's fused kernel in the compute dtype.
 """
@@ -129,6 +130,18 @@ def _causal_small(
     ):
         return False
     return d_head <= CAUSAL_MAX_HEAD and n_keys <= CAUSAL_MAX_KEYS
+
+
+def keeps_probabilities(n_keys: int, d_head: int) -> bool:
+    """Whether glassgpt's causal kernel keeps P for the backward in training: while P (rows
+    rounded up to 16 keys) is at most 4/3 of q, k and v together (heads rounded up to 8),
+    that is T ≤ 4 d_head, so that the attention's saved tensors at most double."""
+    return (n_keys + 15) // 16 * 16 <= 4 * ((d_head + 7) // 8 * 8)
+
+
+def compiled_causal() -> bool:
+    """Whether glassgpt's causal attention kernel (``kernels/_flash.c``) is built."""
+    return importlib.util.find_spec("glassgpt.kernels._flash") is not None
 
 
 @functools.cache

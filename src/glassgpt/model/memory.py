@@ -17,7 +17,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from glassgpt.errors import ConfigError
-from glassgpt.kernels.policy import attention_path, compiled_gelu, native_bf16
+from glassgpt.kernels.policy import (
+    attention_path,
+    compiled_causal,
+    compiled_gelu,
+    keeps_probabilities,
+    native_bf16,
+)
 from glassgpt.model.accounting import _int, count_parameters
 from glassgpt.model.config import GPTConfig
 
@@ -92,7 +98,8 @@ def activation_bytes(
     - each norm: its input (r·d), its output as the next matmul's input (s·d), float32
       statistics; RMSNorm (a composite kernel) also keeps x/rms (r·d);
     - attention, fused kernel: the q|k|v buffer and z (s·4·H·d_head), a float32 log-sum-exp
-      per head, and with RoPE the rotated q and k (s·2·H·d_head); the explicit path keeps
+      per head (glassgpt's float32 causal kernel on a CPU: P instead, 4·H·T rounded up to
+      16, where it keeps it, up to 4 d_head keys), and with RoPE the rotated q and k (s·2·H·d_head); the explicit path keeps
       q, k, v, z and the pattern (s·H·T), with dropout also its mask and the dropped
       pattern (s·2·H·T); on a CPU (``glassgpt.kernels.policy``) dropout on the pattern sends
       the fused kernel to its float32 fallback, which keeps q, k, v, the pattern, its mask
@@ -153,9 +160,17 @@ def _attention_bytes(
     """Bytes one attention sublayer keeps per token (see :func:`activation_bytes`)."""
     H, dh = c.n_heads, _int(c.d_head)
     path = attention_path(device, "bfloat16" if s == 2 else "float32", dh, T, dropout=dropout,
+                          n_queries=T, causal_kernel=compiled_causal(),
                           native_bf16=device != "cpu" or native_bf16())  # fmt: skip
     if attn_impl == "explicit":
         return s * (4 * H * dh + H * T * (3 if dropout else 1))
+    # the row log-sum-exps, or the float32 P that glassgpt's causal kernel keeps (also when it
+    # runs on float32 copies of bf16 heads)
+    kept = 4 * H
+    float32_path = attention_path(device, "float32", dh, T, dropout=dropout, n_queries=T,
+                                  causal_kernel=compiled_causal())  # fmt: skip
+    if float32_path == "causal_small" and keeps_probabilities(T, dh):
+        kept = 4 * H * ((T + 15) // 16 * 16)
     if dropout and path in ("math", "fused_float32"):
         # the fused kernel falls back to float32 math: q, k, v, pattern, mask, dropped
         return 4 * (3 * H * dh + 3 * H * T) + s * H * dh
@@ -165,8 +180,8 @@ def _attention_bytes(
     if path == "fused_float32" and autocast:
         # float32 q, k, v and z, the bf16 z for W_O, the log-sum-exp
         # (measured: tests/model/test_accounting.py)
-        return 4 * 4 * H * dh + s * H * dh + 4 * H
-    return s * (4 * H * dh + (2 * H * dh if c.positional == "rope" else 0)) + 4 * H
+        return 4 * 4 * H * dh + s * H * dh + kept
+    return s * (4 * H * dh + (2 * H * dh if c.positional == "rope" else 0)) + kept
 
 
 @dataclass(frozen=True)

@@ -173,3 +173,53 @@ def test_write_kv_past_the_capacity_raises_as_narrow_does() -> None:
     K, V = torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8)
     with torch.no_grad(), pytest.raises(RuntimeError):
         rowwise.write_kv(K, V, torch.ones(1, 1, 2, 8), torch.ones(1, 1, 2, 8), 3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40_000), min_size=0, max_size=6),
+    seed=st.integers(0, 2**16),
+)
+def test_sum_squares_is_the_float64_sum_for_any_thread_count(sizes: list[int], seed: int) -> None:
+    """Buffers of any length (empty, one value, over a chunk of 16,384): Σ x² as float64 NumPy
+    sums it, and bit for bit the same on 1, 2 and 3 threads."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = [torch.randn(n, generator=gen) * 3 for n in sizes]
+    want = sum(float((t.double().numpy() ** 2).sum()) for t in tensors)
+    before = torch.get_num_threads()
+    got = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            got.append(rowwise.sum_squares(tensors))
+    finally:
+        torch.set_num_threads(before)
+    assert got[0] == pytest.approx(want, rel=1e-12, abs=1e-12)
+    assert got[0] == got[1] == got[2]
+
+
+def test_sum_squares_and_scale_take_the_portable_loops_too(portable: bool) -> None:
+    tensors = [torch.randn(5, 7), torch.randn(33_000), torch.randn(1)]
+    want = sum(float(t.double().square().sum()) for t in tensors)
+    assert rowwise.sum_squares(tensors) == pytest.approx(want, rel=1e-12)
+    copies = [t.clone() for t in tensors]
+    assert rowwise.scale_(tensors, 0.3)
+    for t, c in zip(tensors, copies, strict=True):
+        assert torch.equal(t, c * torch.tensor(0.3, dtype=torch.float32))  # float32 c, one product
+
+
+def test_sum_squares_keeps_nan_and_inf_and_refuses_what_it_cannot_read() -> None:
+    assert math.isnan(rowwise.sum_squares([torch.ones(3), torch.tensor([math.nan])]))
+    assert rowwise.sum_squares([torch.tensor([math.inf, 1.0])]) == math.inf
+    assert rowwise.sum_squares([]) == 0.0
+    for other in (
+        torch.ones(4, 4).t(),
+        torch.ones(3, dtype=torch.float64),
+        torch.ones(3).bfloat16(),
+    ):
+        assert rowwise.sum_squares([torch.ones(3), other]) is None
+        assert not rowwise.scale_([other], 2.0)
+    with pytest.raises(TypeError, match="equal length"):
+        ext.sum_squares((0,), (), 1)
+    with pytest.raises(ValueError, match="lengths >= 0"):
+        ext.scale_many((torch.ones(1).data_ptr(),), (-1,), 2.0, 1)

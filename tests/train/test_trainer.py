@@ -298,5 +298,8 @@ def test_clip_gradients_matches_torch_clip_grad_norm(max_norm: float, poison: bo
     norm = clip_gradients(ours, max_norm)
     want = torch.nn.utils.clip_grad_norm_(theirs, max_norm, foreach=True)
     torch.testing.assert_close(norm, want, equal_nan=True)
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, equal_nan=True)
+    for a, b in zip(ours, theirs):  # the float64 norm's rounding: within a few float32 ulps
+        torch.testing.assert_close(a.grad, b.grad, rtol=3e-7, atol=0, equal_nan=True)
+    if not poison and max_norm < 1e9:  # clipped: the norm is now max_norm (within rounding)
+        total = math.sqrt(sum(float(p.grad.double().square().sum()) for p in ours[:3]))
+        assert total == pytest.approx(max_norm, rel=1e-6)

@@ -32,6 +32,10 @@
  *   kv_write_rows(K, V, k, v, B, H, D, lengths, strides)   K[b, :, n_b] = k[b, :, 0] and the
  *                              same for V, n_b = lengths[b] (int64, read when it runs)
  *   advance(lengths, B, T)     lengths[b] += T for b < B (int64)
+ *   sum_squares(addresses, lengths, threads) → Σ x² over float32 buffers (a tuple of each),
+ *                              in float64, chunk by chunk in a fixed order, in parts, the
+ *                              GIL released (gradient clipping's ‖g‖₂², one call for all)
+ *   scale_many(addresses, lengths, factor, threads)   x ← factor · x in each buffer, likewise
  *   kernel() → "avx2" or "portable";  use_portable(flag) → the kernel now in use (tests)
  */
 #define _GNU_SOURCE
@@ -225,6 +229,40 @@ AVX2 static void gelu_erf_backward_avx2(const float *x, const float *g, float *d
 }
 #endif
 
+/* Σ x² over n float32 values, accumulated in float64 (a gradient's share of ‖g‖₂²). */
+typedef double (*SumSqFn)(const float *x, Py_ssize_t n);
+
+static double sum_sq_portable(const float *x, Py_ssize_t n) {
+    double acc[4] = {0, 0, 0, 0};
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int l = 0; l < 4; l++)
+            acc[l] += (double)x[i + l] * x[i + l];
+    for (; i < n; i++)
+        acc[0] += (double)x[i] * x[i];
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
+#if GG_X86
+AVX2 static double sum_sq_avx2(const float *x, Py_ssize_t n) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 u = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
+        __m256d u0 = _mm256_cvtps_pd(_mm256_castps256_ps128(u));
+        __m256d u1 = _mm256_cvtps_pd(_mm256_extractf128_ps(u, 1));
+        __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(w));
+        __m256d w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1));
+        a0 = _mm256_fmadd_pd(u0, u0, a0), a1 = _mm256_fmadd_pd(u1, u1, a1);
+        a2 = _mm256_fmadd_pd(w0, w0, a2), a3 = _mm256_fmadd_pd(w1, w1, a3);
+    }
+    __m256d a = _mm256_add_pd(_mm256_add_pd(a0, a2), _mm256_add_pd(a1, a3));
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    double total = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    return total + sum_sq_portable(x + i, n - i);
+}
+#endif
+
 /* ------------------------------------------------------------------------- Python -- */
 
 static NormFn NORM = norm_portable;
@@ -232,16 +270,18 @@ static GeluFn GELU = gelu_portable;
 static GeluBackFn GELU_BACK = gelu_backward_portable;
 static GeluFn GELU_ERF = gelu_erf_portable;
 static GeluBackFn GELU_ERF_BACK = gelu_erf_backward_portable;
+static SumSqFn SUM_SQ = sum_sq_portable;
 static const char *KERNEL_NAME = "portable";
 
 static void pick_kernels(int portable) {
     NORM = norm_portable, GELU = gelu_portable, GELU_BACK = gelu_backward_portable;
     GELU_ERF = gelu_erf_portable, GELU_ERF_BACK = gelu_erf_backward_portable;
-    KERNEL_NAME = "portable";
+    SUM_SQ = sum_sq_portable, KERNEL_NAME = "portable";
 #if GG_X86
     if (!portable && cpu_has_avx2()) {
         NORM = norm_avx2, GELU = gelu_avx2, GELU_BACK = gelu_backward_avx2;
-        GELU_ERF = gelu_erf_avx2, GELU_ERF_BACK = gelu_erf_backward_avx2, KERNEL_NAME = "avx2";
+        GELU_ERF = gelu_erf_avx2, GELU_ERF_BACK = gelu_erf_backward_avx2, SUM_SQ = sum_sq_avx2;
+        KERNEL_NAME = "avx2";
     }
 #endif
 }
@@ -431,6 +471,151 @@ static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+/* The gradients of a clipping step: many float32 buffers, cut into chunks of SQ_CHUNK values
+ * (one buffer's tail is a chunk of its own), the chunks shared among the parts. */
+#define SQ_CHUNK 16384
+
+typedef struct {
+    float **x;          /* the buffers */
+    long long *n;       /* their lengths */
+    long long *first;   /* chunk index of each buffer's first chunk; first[count] = chunks */
+    int count, chunks;
+    double *sums;       /* one per chunk (sum_squares) */
+    float factor;       /* scale_many */
+} Buffers;
+
+/* The buffer and offset of chunk c. */
+static void chunk_at(const Buffers *b, int c, int *buf, long long *lo, long long *len) {
+    int i = *buf;
+    while (b->first[i + 1] <= c)
+        i++;
+    *buf = i;
+    *lo = (c - b->first[i]) * (long long)SQ_CHUNK;
+    *len = b->n[i] - *lo < SQ_CHUNK ? b->n[i] - *lo : SQ_CHUNK;
+}
+
+/* Each chunk of the part: its Σ x² into sums (sum_squares), else x ← factor · x (scale_many). */
+static void chunks_part(const void *job, int part, int parts) {
+    const Buffers *b = job;
+    int lo, hi, buf = 0;
+    share(b->chunks, 1, part, parts, &lo, &hi);
+    for (int c = lo; c < hi; c++) {
+        long long at, len;
+        chunk_at(b, c, &buf, &at, &len);
+        float *x = b->x[buf] + at;
+        if (b->sums)
+            b->sums[c] = SUM_SQ(x, (Py_ssize_t)len);
+        else
+            for (long long i = 0; i < len; i++)
+                x[i] *= b->factor;
+    }
+}
+
+/* Parses (addresses, lengths, ..., threads) into b (chunks laid out); False with an error set. */
+static int buffers(PyObject *addresses, PyObject *lengths, Buffers *b) {
+    if (!PyTuple_Check(addresses) || !PyTuple_Check(lengths) ||
+        PyTuple_GET_SIZE(addresses) != PyTuple_GET_SIZE(lengths)) {
+        PyErr_SetString(PyExc_TypeError, "need two tuples of equal length: addresses, lengths");
+        return 0;
+    }
+    const Py_ssize_t count = PyTuple_GET_SIZE(addresses);
+    if (count > INT32_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "too many buffers");
+        return 0;
+    }
+    b->count = (int)count;
+    b->x = PyMem_Malloc(sizeof(float *) * (size_t)(count + 1));
+    b->n = PyMem_Malloc(sizeof(long long) * (size_t)(count + 1));
+    b->first = PyMem_Malloc(sizeof(long long) * (size_t)(count + 1));
+    b->sums = NULL;
+    if (!b->x || !b->n || !b->first) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    long long chunks = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long a;
+        if (!ints(&PyTuple_GET_ITEM(addresses, i), 1, &a) ||
+            !ints(&PyTuple_GET_ITEM(lengths, i), 1, &b->n[i]))
+            return 0;
+        if (b->n[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "need lengths >= 0; got %lld", b->n[i]);
+            return 0;
+        }
+        b->x[i] = (float *)(uintptr_t)a;
+        b->first[i] = chunks;
+        chunks += (b->n[i] + SQ_CHUNK - 1) / SQ_CHUNK;
+        if (chunks > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "too many values");
+            return 0;
+        }
+    }
+    b->first[count] = chunks;
+    b->chunks = (int)chunks;
+    return 1;
+}
+
+static void free_buffers(Buffers *b) {
+    PyMem_Free(b->x), PyMem_Free(b->n), PyMem_Free(b->first), PyMem_Free(b->sums);
+}
+
+static int part_count(long long threads, int chunks) {
+    int parts = threads < 1 ? 1 : threads > 256 ? 256 : (int)threads;
+    return parts < chunks ? parts : chunks > 0 ? chunks : 1;
+}
+
+/* sum_squares(addresses, lengths, threads) → Σ x² over every value, in float64, in a fixed
+ * order (chunk by chunk): the same for any thread count. */
+static PyObject *sum_squares(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long threads;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "sum_squares(addresses, lengths, threads)");
+        return NULL;
+    }
+    Buffers b = {0};
+    if (!buffers(args[0], args[1], &b) || !ints(args + 2, 1, &threads)) {
+        free_buffers(&b);
+        return NULL;
+    }
+    b.sums = PyMem_Malloc(sizeof(double) * (size_t)(b.chunks + 1));
+    if (!b.sums) {
+        free_buffers(&b);
+        return PyErr_NoMemory();
+    }
+    const int parts = part_count(threads, b.chunks);
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(chunks_part, &b, parts);
+    Py_END_ALLOW_THREADS
+    double total = 0.0;
+    for (int c = 0; c < b.chunks; c++)
+        total += b.sums[c];
+    free_buffers(&b);
+    return PyFloat_FromDouble(total);
+}
+
+/* scale_many(addresses, lengths, factor, threads): x ← factor · x (float32) in every buffer. */
+static PyObject *scale_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long threads;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "scale_many(addresses, lengths, factor, threads)");
+        return NULL;
+    }
+    Buffers b = {0};
+    const double factor = PyFloat_AsDouble(args[2]);
+    if ((factor == -1.0 && PyErr_Occurred()) || !buffers(args[0], args[1], &b) ||
+        !ints(args + 3, 1, &threads)) {
+        free_buffers(&b);
+        return NULL;
+    }
+    b.factor = (float)factor;
+    const int parts = part_count(threads, b.chunks);
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(chunks_part, &b, parts);
+    Py_END_ALLOW_THREADS
+    free_buffers(&b);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
      "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
@@ -445,6 +630,10 @@ static PyMethodDef methods[] = {
      "gelu_many(x, g, y, n, threads, exact): y = GELU(x) (g = 0) or g GELU'(x), in parallel"},
     {"kv_write", (PyCFunction)(void (*)(void))kv_write, METH_FASTCALL,
      "kv_write(K, V, k, v, B, H, T, D, n, strides): K[:, :, n:n+T] = k, V[:, :, n:n+T] = v"},
+    {"sum_squares", (PyCFunction)(void (*)(void))sum_squares, METH_FASTCALL,
+     "sum_squares(addresses, lengths, threads): the sum of x² over float32 buffers, in float64"},
+    {"scale_many", (PyCFunction)(void (*)(void))scale_many, METH_FASTCALL,
+     "scale_many(addresses, lengths, factor, threads): x *= factor in each float32 buffer"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},
     {NULL, NULL, 0, NULL},

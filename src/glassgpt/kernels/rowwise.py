@@ -8,6 +8,8 @@
     write_kv(K, V, k, v, n)   K[:, :, n : n + T] = k,  V[:, :, n : n + T] = v   (a KV cache)
     write_kv_rows(K, V, k, v, lengths)   K[b, :, n_b] = k[b, :, 0],  V likewise  (n_b = lengths[b])
     advance(lengths, B, T)    lengths[:B] += T
+    sum_squares(ts)    Σ_t Σ x_t²  over many tensors in one parallel pass (‖g‖₂² for clipping)
+    scale_(ts, c)      x_t ← c · x_t  for each tensor, likewise
 
 On one row of GPT-2 small (768 or 3072 values, about 1 µs of arithmetic) PyTorch's layer
 norm took 4-10 µs a call and its tanh GELU 12-17 (alone, and inside a decoding step, which
@@ -103,6 +105,39 @@ def gelu_many(x: Tensor, g: Tensor | None = None, *, exact: bool = False) -> Ten
     if replay.RECORDING:
         replay.add(_rowwise.gelu_many, args)
     return y
+
+
+def _buffers(tensors: list[Tensor]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The addresses and lengths of contiguous float32 CPU tensors, else None."""
+    if _rowwise is None or torch.compiler.is_compiling():
+        return None
+    for t in tensors:
+        if t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous():
+            return None
+    return tuple(t.data_ptr() for t in tensors), tuple(t.numel() for t in tensors)
+
+
+def sum_squares(tensors: list[Tensor]) -> float | None:
+    """Σ x² over every value of ``tensors`` (contiguous float32 on a CPU), summed in float64
+    in an order that does not depend on the thread count; None where the kernel does not take
+    them (another dtype or device, non-contiguous, not built).
+
+    One parallel pass for all of them: the 53 gradients of nanoGPT's CPU model (810 k
+    values) in about 0.1 ms, where a norm per tensor and the norm of those took 0.55."""
+    buffers = _buffers(tensors)
+    if buffers is None:
+        return None
+    return _rowwise.sum_squares(*buffers, torch.get_num_threads())
+
+
+def scale_(tensors: list[Tensor], factor: float) -> bool:
+    """x ← float32(factor) · x in place for each tensor (contiguous float32 on a CPU), in one
+    parallel pass; False (nothing done) where the kernel does not take them."""
+    buffers = _buffers(tensors)
+    if buffers is None:
+        return False
+    _rowwise.scale_many(*buffers, float(factor), torch.get_num_threads())
+    return True
 
 
 def write_kv(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int) -> None:

@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from glassgpt import checkpoint as ckpt
 from glassgpt.errors import GlassError
 from glassgpt.train import rng
+from glassgpt.train.collector import collect_between_steps
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.device import (  # noqa: F401  (re-exported: the trainer's public helpers)
     PendingStep,
@@ -103,6 +104,7 @@ class Trainer:
         self.autocast_dtype, use_scaler = resolve_precision(cfg.precision, self.ctx.device)
         self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
         self.optimizer = build_optimizer(self.model, cfg)
+        self._parameters = list(self.model.parameters())  # the clipping's, listed once
         self.step = 0
         self.tokens = 0
         self.best_val_loss = math.inf
@@ -160,7 +162,7 @@ class Trainer:
         if cfg.grad_clip > 0:
             if self.scaler:
                 self.scaler.unscale_(opt)
-            norm = clip_gradients(list(self.model.parameters()), cfg.grad_clip)
+            norm = clip_gradients(self._parameters, cfg.grad_clip)
         # A non-finite loss must not move the weights. Where reading it would stall a GPU,
         # the fused AdamW kernel skips the update on the device (its found_inf input, which
         # a GradScaler also uses) and the host raises when it reads the loss a step later.
@@ -306,10 +308,11 @@ class Trainer:
         ended = "max_steps"
         pending: PendingStep | None = None
         lag = self.ctx.device.type == "cuda"  # read a step's loss one step late (no stall)
-        with stop_on_signals(self._stop_at):
+        with stop_on_signals(self._stop_at), collect_between_steps() as collector:
             try:
                 while self.step < cfg.max_steps:
                     launched = self.launch_step()
+                    collector.step()
                     bar.step(self.step)
                     if pending is not None:  # the previous step, while the device runs this one
                         record = self._finish(pending, bar, clock)

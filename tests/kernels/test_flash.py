@@ -347,3 +347,34 @@ def test_views_that_are_not_one_unbind_take_the_unpacked_function() -> None:
     assert flash.packed_base(*_from_qkv(x, B, H, T, D)[:2], v) is None
     with torch.no_grad():
         assert flash.packed_base(*_from_qkv(x, B, H, T, D)) is None
+
+
+@pytest.mark.parametrize("onednn_on", [False, True])
+def test_the_qkv_projection_reaches_the_packed_function_by_either_product_kernel(
+    monkeypatch: pytest.MonkeyPatch, onednn_on: bool
+) -> None:
+    """q, k, v of the model's own QKV projection (``kernels.dense.matmul``) are views of one
+    tensor that autograd tracks, whether oneDNN or ``F.linear`` computed it: an output that is
+    a view made inside an autograd Function has an untracked base, which hid the projection
+    from ``packed_base`` on AVX-512 CPUs."""
+    from glassgpt.kernels import dense, onednn
+
+    monkeypatch.setattr(onednn, "ONEDNN_PREFERRED", onednn_on)
+    monkeypatch.setattr(onednn, "MIN_MACS", 0)
+    B, H, T, D = 2, 2, 24, 8
+    x = torch.randn(B, T, 16, requires_grad=True)
+    W = torch.randn(16, 3 * H * D, requires_grad=True)
+    assert onednn.use_onednn(x, W) == (onednn_on and onednn._KERNEL is not None)
+    q, k, v = dense.matmul(x, W).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+    assert flash.packed_base(q, k, v) is not None
+    z = flash.causal_attention(q, k, v)
+    assert type(z.grad_fn).__name__ == "CausalAttentionQKVBackward"
+    g = torch.randn_like(z)
+    dx, dW = torch.autograd.grad(z, (x, W), g)
+    x64, W64 = x.detach().double(), W.detach().double()
+    q, k, v = (x64 @ W64).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+    want_z, (dq, dk, dv) = _oracle(q, k, v, g.double())
+    dqkv = torch.stack([dq, dk, dv]).permute(1, 3, 0, 2, 4).reshape(B, T, 3 * H * D)
+    _close(z, want_z)
+    _close(dx, dqkv @ W64.T)
+    _close(dW, x64.flatten(0, 1).T @ dqkv.flatten(0, 1))

@@ -40,7 +40,7 @@ def test_forward_and_gradients_match_float64(
     y64.backward(g64)
 
     x, W, b = (t.detach().float().requires_grad_() for t in leaves64)
-    y = onednn.OneDNNLinear.apply(x, W, b if bias else None, transposed)
+    y = onednn.linear(x, W, b if bias else None, transposed)
     y.backward(g64.float())
 
     assert y.shape == y64.shape and y.dtype == torch.float32
@@ -88,7 +88,7 @@ def test_linear_takes_the_onednn_path_for_three_dimensional_weights(monkeypatch)
     monkeypatch.setattr(onednn, "MIN_MACS", 0)
     monkeypatch.setattr(onednn, "ONEDNN_PREFERRED", True)
     monkeypatch.setattr(
-        "glassgpt.kernels.dense.OneDNNLinear.apply", lambda *a: calls.append(1) or real(*a)
+        "glassgpt.kernels.onednn.OneDNNLinear.apply", lambda *a: calls.append(1) or real(*a)
     )
     z, W_O = (t.float() for t in _leaves((2, 5, 4 * 6), (4, 6, 10)))
     out = linear(z, W_O)

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glassgpt.kernels import bf16, replay
-from glassgpt.kernels.onednn import OneDNNLinear, use_onednn
+from glassgpt.kernels import bf16, onednn, replay
+from glassgpt.kernels.onednn import use_onednn
 from glassgpt.kernels.pages import huge_page_copy
 
 try:
@@ -94,7 +94,7 @@ def unpacked(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool 
     if bf16.emulated(x):
         return bf16.linear(x, W2, b, transposed=transposed)
     if use_onednn(x, W2):
-        return OneDNNLinear.apply(x, W2, b, transposed)
+        return onednn.linear(x, W2, b, transposed)
     return F.linear(x, W2 if transposed else W2.T, b)
 
 

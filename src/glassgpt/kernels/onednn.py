@@ -21,6 +21,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from glassgpt.kernels import rowwise
+
 
 def _find_kernel():
     try:
@@ -71,7 +73,8 @@ def use_onednn(x: Tensor, W: Tensor) -> bool:
 
 
 class OneDNNLinear(torch.autograd.Function):
-    """y = x W + b for W [d_in, d_out] (``transposed=False``) or x Wᵀ + b for W [d_out, d_in]."""
+    """y = x W + b for W [d_in, d_out] (``transposed=False``) or x Wᵀ + b for W [d_out, d_in];
+    y comes back 2-D [rows, d_out] (see :func:`linear`)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, W: Tensor, b: Tensor | None, transposed: bool) -> Tensor:
@@ -82,7 +85,7 @@ class OneDNNLinear(torch.autograd.Function):
         ctx.transposed = transposed
         ctx.x_shape = x.shape
         ctx.has_bias = b is not None
-        return y.view(*x.shape[:-1], W_t.shape[0])
+        return y
 
     @staticmethod
     @once_differentiable
@@ -94,10 +97,23 @@ class OneDNNLinear(torch.autograd.Function):
             W_in_out = W.T if ctx.transposed else W  # [d_in, d_out] as the kernel's [N, K]
             grad_x = _mm(g2, W_in_out).view(ctx.x_shape)
         if ctx.needs_input_grad[1]:  # ∂W = xᵀ g, laid out like W
-            # The kernel copies its transposed first operand: make it the narrower of xᵀ, gᵀ.
+            # The kernel copies a transposed first operand (PyTorch's strided copy) and reads
+            # a transposed second one in place: the first is the narrower of xᵀ and gᵀ, made
+            # by glassgpt's transposition where it is built (5x faster than the copy).
             x_first = x2.shape[1] <= g2.shape[1]
-            prod = _mm(x2.T, g2.T) if x_first else _mm(g2.T, x2.T)  # xᵀ g or gᵀ x
+            first, second = (x2, g2) if x_first else (g2, x2)
+            first_t = rowwise.transposed(first)
+            prod = _mm(first.T if first_t is None else first_t, second.T)  # xᵀ g or gᵀ x
             grad_W = prod.T if x_first == ctx.transposed else prod
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0)
         return grad_x, grad_W, grad_b, None
+
+
+def linear(x: Tensor, W: Tensor, b: Tensor | None, transposed: bool) -> Tensor:
+    """:class:`OneDNNLinear` with y shaped [..., d_out] like x. The Function returns y 2-D and
+    the reshape happens outside it, so that y's views have the Function's output as their
+    base (a view made inside a Function has an untracked base): the causal kernel finds the
+    QKV projection's output that q, k and v are views of (``flash.packed_base``)."""
+    y = OneDNNLinear.apply(x, W, b, transposed)
+    return y.view(*x.shape[:-1], y.shape[-1])

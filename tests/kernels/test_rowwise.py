@@ -223,3 +223,29 @@ def test_sum_squares_keeps_nan_and_inf_and_refuses_what_it_cannot_read() -> None
         ext.sum_squares((0,), (), 1)
     with pytest.raises(ValueError, match="lengths >= 0"):
         ext.scale_many((torch.ones(1).data_ptr(),), (-1,), 2.0, 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(0, 70), cols=st.integers(0, 70), threads=st.integers(1, 3))
+def test_transposed_is_numpys_transpose_for_any_shape(rows: int, cols: int, threads: int) -> None:
+    """Shapes on and off the 8 × 8 blocks (and empty), split among 1-3 threads: every value
+    lands where NumPy's transpose puts it, on the AVX2 blocks and the portable loop alike."""
+    x = torch.randn(rows, cols)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for portable_loop in (False, True):
+            ext.use_portable(portable_loop)
+            y = rowwise.transposed(x)
+            assert y.shape == (cols, rows) and y.is_contiguous()
+            np.testing.assert_array_equal(y.numpy(), x.numpy().T)
+    finally:
+        ext.use_portable(False)
+        torch.set_num_threads(before)
+
+
+def test_transposed_refuses_what_it_cannot_read() -> None:
+    for other in (torch.ones(4, 6).t(), torch.ones(3, 4, 5), torch.ones(3, 4).double()):
+        assert rowwise.transposed(other) is None
+    with pytest.raises(ValueError, match="rows >= 0"):
+        ext.transpose(0, 0, -1, 3, 1)

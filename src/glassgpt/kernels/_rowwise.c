@@ -36,6 +36,9 @@
  *                              in float64, chunk by chunk in a fixed order, in parts, the
  *                              GIL released (gradient clipping's ‖g‖₂², one call for all)
  *   scale_many(addresses, lengths, factor, threads)   x ← factor · x in each buffer, likewise
+ *   transpose(x, y, rows, cols, threads)   y[c, r] = x[r, c] for contiguous float32 x [rows,
+ *                              cols] and y [cols, rows], in 8 × 8 blocks, in parts, the GIL
+ *                              released (the first operand of oneDNN's ∂W = xᵀ g)
  *   kernel() → "avx2" or "portable";  use_portable(flag) → the kernel now in use (tests)
  */
 #define _GNU_SOURCE
@@ -272,16 +275,17 @@ static GeluFn GELU_ERF = gelu_erf_portable;
 static GeluBackFn GELU_ERF_BACK = gelu_erf_backward_portable;
 static SumSqFn SUM_SQ = sum_sq_portable;
 static const char *KERNEL_NAME = "portable";
+static int KERNEL_AVX2 = 0; /* the transposition's 8 × 8 blocks in registers */
 
 static void pick_kernels(int portable) {
     NORM = norm_portable, GELU = gelu_portable, GELU_BACK = gelu_backward_portable;
     GELU_ERF = gelu_erf_portable, GELU_ERF_BACK = gelu_erf_backward_portable;
-    SUM_SQ = sum_sq_portable, KERNEL_NAME = "portable";
+    SUM_SQ = sum_sq_portable, KERNEL_NAME = "portable", KERNEL_AVX2 = 0;
 #if GG_X86
     if (!portable && cpu_has_avx2()) {
         NORM = norm_avx2, GELU = gelu_avx2, GELU_BACK = gelu_backward_avx2;
         GELU_ERF = gelu_erf_avx2, GELU_ERF_BACK = gelu_erf_backward_avx2, SUM_SQ = sum_sq_avx2;
-        KERNEL_NAME = "avx2";
+        KERNEL_NAME = "avx2", KERNEL_AVX2 = 1;
     }
 #endif
 }
@@ -616,6 +620,86 @@ static PyObject *scale_many(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------- transposition -- */
+
+typedef struct {
+    const float *x;
+    float *y;
+    long long rows, cols;
+} Transpose;
+
+/* y[c, r] = x[r, c] for r in [r0, r1), c in [c0, c1), one value at a time. */
+static void transpose_portable(const Transpose *t, long long r0, long long r1, long long c0,
+                               long long c1) {
+    for (long long r = r0; r < r1; r++)
+        for (long long c = c0; c < c1; c++)
+            t->y[c * t->rows + r] = t->x[r * t->cols + c];
+}
+
+#if GG_X86
+/* The 8 × 8 block at (r, c) of x into y, in registers. */
+AVX2 static inline void transpose8_avx2(const float *x, long long ldx, float *y, long long ldy) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm256_loadu_ps(x + i * ldx);
+    for (int i = 0; i < 8; i += 2) { /* pairs of rows interleaved */
+        b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+        b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { /* then pairs of pairs */
+        a[i] = _mm256_shuffle_ps(b[i], b[i + 2], 0x44);
+        a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], 0xEE);
+        a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], 0x44);
+        a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) { /* then the 128-bit halves */
+        _mm256_storeu_ps(y + i * ldy, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
+        _mm256_storeu_ps(y + (i + 4) * ldy, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+    }
+}
+#endif
+
+/* A part: the columns [c0, c1) of x (rows c0… of y), 8 × 8 blocks where whole, rows of 32
+ * at a time so that y's lines are written while still in the cache. */
+static void transpose_part(const void *job, int part, int parts) {
+    const Transpose *t = job;
+    int lo, hi;
+    share((int)t->cols, 8, part, parts, &lo, &hi);
+    const long long R8 = t->rows / 8 * 8;
+    long long c8 = lo;
+#if GG_X86
+    if (KERNEL_AVX2) {
+        c8 = lo + (hi - lo) / 8 * 8;
+        for (long long r0 = 0; r0 < R8; r0 += 32)
+            for (long long c = lo; c < c8; c += 8)
+                for (long long r = r0; r < r0 + 32 && r < R8; r += 8)
+                    transpose8_avx2(t->x + r * t->cols + c, t->cols, t->y + c * t->rows + r,
+                                    t->rows);
+        transpose_portable(t, R8, t->rows, lo, c8); /* the last rows of these columns */
+    }
+#endif
+    transpose_portable(t, 0, t->rows, c8, hi); /* the rest (all of it, portable) */
+}
+
+/* transpose(x, y, rows, cols, threads): y [cols, rows] = xᵀ for x [rows, cols] (float32). */
+static PyObject *transpose(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[5];
+    if (!int_args(args, nargs, 5, a, "transpose(x, y, rows, cols, threads)"))
+        return NULL;
+    if (a[2] < 0 || a[3] < 0 || a[3] > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "transpose: need rows >= 0 and 0 <= cols < 2^31");
+        return NULL;
+    }
+    Transpose t = {(const float *)(uintptr_t)a[0], (float *)(uintptr_t)a[1], a[2], a[3]};
+    const int blocks = (int)((a[3] + 7) / 8);
+    int parts = a[4] < 1 ? 1 : a[4] > 256 ? 256 : (int)a[4];
+    parts = parts < blocks ? parts : blocks > 0 ? blocks : 1;
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(transpose_part, &t, parts);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
      "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
@@ -634,6 +718,8 @@ static PyMethodDef methods[] = {
      "sum_squares(addresses, lengths, threads): the sum of x² over float32 buffers, in float64"},
     {"scale_many", (PyCFunction)(void (*)(void))scale_many, METH_FASTCALL,
      "scale_many(addresses, lengths, factor, threads): x *= factor in each float32 buffer"},
+    {"transpose", (PyCFunction)(void (*)(void))transpose, METH_FASTCALL,
+     "transpose(x, y, rows, cols, threads): y [cols, rows] = the transpose of x [rows, cols]"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},
     {NULL, NULL, 0, NULL},

@@ -105,6 +105,9 @@ class OneDNNLinear(torch.autograd.Function):
             first_t = rowwise.transposed(first)
             prod = _mm(first.T if first_t is None else first_t, second.T)  # xᵀ g or gᵀ x
             grad_W = prod.T if x_first == ctx.transposed else prod
+            if not grad_W.is_contiguous() and W.is_contiguous():  # as W: AccumulateGrad
+                laid_out = rowwise.transposed(prod)  # would copy it, 5x slower than this
+                grad_W = grad_W if laid_out is None else laid_out
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0)
         return grad_x, grad_W, grad_b, None

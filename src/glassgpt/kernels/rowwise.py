@@ -11,6 +11,8 @@
     sum_squares(ts)    Σ_t Σ x_t²  over many tensors in one parallel pass (‖g‖₂² for clipping)
     scale_(ts, c)      x_t ← c · x_t  for each tensor, likewise
     transposed(x)      xᵀ as a new contiguous tensor, for a 2-D float32 x in either layout
+    norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
+                       (μ, s) its backward needs;  norm_train_backward(...) → dx, dw, db
 
 On one row of GPT-2 small (768 or 3072 values, about 1 µs of arithmetic) PyTorch's layer
 norm took 4-10 µs a call and its tanh GELU 12-17 (alone, and inside a decoding step, which
@@ -139,6 +141,52 @@ def scale_(tensors: list[Tensor], factor: float) -> bool:
         return False
     _rowwise.scale_many(*buffers, float(factor), torch.get_num_threads())
     return True
+
+
+def trains_norm(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
+    """Whether :func:`norm_train` takes x [..., d] with w, b [d]: contiguous float32 CPU
+    tensors, at least one row, not compiling."""
+    if _rowwise is None or torch.compiler.is_compiling() or not x.ndim:
+        return False
+    if x.dtype is not torch.float32 or not x.is_cpu or not x.is_contiguous() or not x.numel():
+        return False
+    d = x.shape[-1]
+    return _param_ok(w, d) and _param_ok(b, d)
+
+
+def norm_train(
+    x: Tensor, w: Tensor, b: Tensor | None, eps: float, *, centred: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """y = (x − μ) s ⊙ w + b (``centred``; else x s ⊙ w), with s = 1/√(mean((x − μ)²) + ε),
+    over the last axis of x [..., d] (``trains_norm`` holds), and μ, s [rows] (μ = 0 when not
+    centred): rows in blocks, in parallel."""
+    assert _rowwise is not None
+    d = x.shape[-1]
+    rows = x.numel() // d
+    y, stats = torch.empty_like(x), torch.empty(2, rows)
+    _rowwise.norm_train(x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(),
+                        y.data_ptr(), stats[0].data_ptr(), stats[1].data_ptr(), rows, d,
+                        float(eps), int(centred), torch.get_num_threads())  # fmt: skip
+    return y, stats[0], stats[1]
+
+
+def norm_train_backward(
+    x: Tensor, w: Tensor, mean: Tensor, rstd: Tensor, g: Tensor, *, centred: bool, bias: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """dx = s (ĝ − mean(ĝ) − x̂ mean(ĝ x̂)) (mean(ĝ) left out when not ``centred``), dw = Σ g x̂
+    and db = Σ g over the rows (``bias``; else None), with x̂ = (x − μ) s and ĝ = g ⊙ w, for
+    what :func:`norm_train` kept. dw and db are summed in blocks of rows, then block by block
+    in float64: the same for any thread count."""
+    assert _rowwise is not None
+    d = x.shape[-1]
+    g = g.contiguous()
+    dx, dw = torch.empty_like(x), torch.empty(d)
+    db = torch.empty(d) if bias else None
+    _rowwise.norm_train_backward(x.data_ptr(), w.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+                                 g.data_ptr(), dx.data_ptr(), dw.data_ptr(),
+                                 0 if db is None else db.data_ptr(), x.numel() // d, d,
+                                 int(centred), torch.get_num_threads())  # fmt: skip
+    return dx, dw, db
 
 
 def transposed(x: Tensor) -> Tensor | None:

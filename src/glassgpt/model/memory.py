@@ -96,7 +96,8 @@ def activation_bytes(
     (s < r under autocast). Per token and block:
 
     - each norm: its input (r·d), its output as the next matmul's input (s·d), float32
-      statistics; RMSNorm (a composite kernel) also keeps x/rms (r·d);
+      statistics; RMSNorm (a composite kernel) also keeps x/rms (r·d), except in float32 on a
+      CPU, where glassgpt's kernel keeps what the layer norm keeps (``kernels.norms``);
     - attention, fused kernel: the q|k|v buffer and z (s·4·H·d_head), a float32 log-sum-exp
       per head (glassgpt's float32 causal kernel on a CPU: P instead, 4·H·T rounded up to
       16, where it keeps it, up to 4 d_head keys), and with RoPE the rotated q and k (s·2·H·d_head); the explicit path keeps
@@ -129,7 +130,8 @@ def activation_bytes(
         raise ConfigError("attn_impl", f"must be 'sdpa' or 'explicit', got {attn_impl!r}")
     d, H, dh, dm, T, V = c.d_model, c.n_heads, _int(c.d_head), _int(c.d_mlp), seq_len, c.n_vocab
     dropout, autocast = c.dropout > 0.0, s < r
-    norm = r * d + s * d + (8 if c.norm == "layernorm" else 4 + r * d)
+    compiled_rms = device == "cpu" and r == 4 and compiled_gelu()  # kernels/_rowwise built
+    norm = r * d + s * d + (8 if c.norm == "layernorm" or compiled_rms else 4 + r * d)
     attn = _attention_bytes(c, T, s, autocast, dropout, attn_impl, device)
     gate, value = c.mlp_activations
     if value is None:

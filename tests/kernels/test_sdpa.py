@@ -95,3 +95,19 @@ def test_per_row_offsets_equal_each_row_alone(kernel: bool, monkeypatch) -> None
         qb, kb, vb = (t[b : b + 1].double() for t in (q, k[:, :, : n + 1], v[:, :, : n + 1]))
         want = F.scaled_dot_product_attention(qb, kb, vb)
         torch.testing.assert_close(z[b : b + 1].double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gpt_traces_into_one_graph_under_torch_compile() -> None:
+    """Dynamo traces the whole CPU forward and loss without a graph break: the seams ask
+    nothing it cannot trace while compiling (the CPU's bf16 question reads /proc/cpuinfo,
+    which broke the graph at every attention before)."""
+    import torch._dynamo
+
+    from glassgpt.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_vocab=65, n_ctx=16, d_model=32, n_layers=2, n_heads=4))
+    tokens = torch.randint(0, 65, (2, 16))
+    explained = torch._dynamo.explain(model)(tokens, tokens)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1

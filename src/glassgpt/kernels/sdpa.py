@@ -61,11 +61,14 @@ def attention(
                                                    or v.requires_grad))  # fmt: skip
     device = "cpu" if q.is_cpu else q.device.type  # (is_cpu: the cheaper question)
     rows = isinstance(offset, Tensor)
+    # Under torch.compile only PyTorch's kernels are traced (glassgpt's bf16 paths are off
+    # there too), and asking the CPU (it reads /proc/cpuinfo) would break the graph.
+    native = device != "cpu" or torch.compiler.is_compiling() or bf16.native()
     path = attention_path(
         device, compute_dtype(q, device), q.shape[-1], k.shape[-2],
         masked=mask is not None or rows, dropout=dropout_p > 0.0, n_queries=q.shape[-2],
         inference=inference, few_queries_kernel=_attend is not None,
-        causal_kernel=flash._flash is not None, native_bf16=device != "cpu" or bf16.native(),
+        causal_kernel=flash._flash is not None, native_bf16=native,
     )  # fmt: skip
     if path == "few_queries" and _few_queries_ok(q, k, v, offset, mask):
         return few_queries(q, k, v, offset, mask)

@@ -65,3 +65,14 @@ def test_fit_runs_its_steps_with_the_collector_off(tmp_path: Path) -> None:
     trainer.fit()
     assert len(seen) == 4 and all(not on and frozen > 0 for on, frozen in seen)
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_a_callers_own_freeze_is_left_in_place() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with collect_between_steps():
+            pass
+        assert gc.get_freeze_count() >= frozen and gc.isenabled()
+    finally:
+        gc.unfreeze()

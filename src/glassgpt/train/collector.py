@@ -16,7 +16,8 @@ long as its neighbours.
 - automatic collection is off while the loop runs, and :meth:`StepCollector.step` collects
   generations 0 and 1 (the objects made since) every ``every`` steps, in a few milliseconds;
 - on leaving, automatic collection is on again as before, and the frozen objects are
-  unfrozen.
+  unfrozen (unless the caller had frozen objects itself: CPython unfreezes all or nothing,
+  so they then stay frozen, as the caller left them).
 
 Nothing is leaked: a step's tensors are freed by reference counting as before; only cyclic
 garbage waits, at most ``every`` steps, and a training step makes almost none.
@@ -51,6 +52,7 @@ def collect_between_steps(every: int = EVERY) -> Iterator[StepCollector]:
     """Freeze what exists, turn automatic collection off, and yield a :class:`StepCollector`
     for the loop to call once a step; restore both on the way out."""
     was_enabled = gc.isenabled()
+    was_frozen = gc.get_freeze_count() > 0  # the caller's own freeze: left as it was
     gc.collect(1)  # the setup's young garbage, so that it is not frozen with the rest
     gc.freeze()
     gc.disable()
@@ -59,4 +61,5 @@ def collect_between_steps(every: int = EVERY) -> Iterator[StepCollector]:
     finally:
         if was_enabled:
             gc.enable()
-        gc.unfreeze()
+        if not was_frozen:
+            gc.unfreeze()

@@ -6,6 +6,7 @@ thread count; and which norms take them."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -112,3 +113,41 @@ def test_bad_calls_are_refused() -> None:
         ext.norm_train_backward(0, 0, 0, 0, 0, 0, 0, 0, -1, 4, 1, 1)
     with pytest.raises(TypeError):
         ext.norm_train(0, 0, 0)
+
+
+def test_an_rms_norm_gpt_in_float32_matches_the_reference_and_float64_gradients() -> None:
+    """A whole float32 GPT with RMS norms (so every norm takes the kernels in training):
+    logits against the NumPy reference, every parameter's gradient against the float64
+    model's (PyTorch's composite RMS norm there)."""
+    from tests.model.helpers import numpy_weights, random_model, random_tokens, tiny_config
+
+    from glassgpt.model import reference
+
+    cfg = tiny_config(norm="rmsnorm", d_model=16, n_heads=4, d_mlp=40, n_ctx=12)
+    model64 = random_model(cfg, seed=5)
+    model32 = random_model(cfg, seed=5, dtype=torch.float32)
+    tokens = random_tokens(cfg, batch=3, length=cfg.n_ctx)
+    targets = random_tokens(cfg, batch=3, length=cfg.n_ctx, seed=9)
+    logits = model32(tokens)
+    assert any(
+        type(n).__name__ == "CompiledNormBackward" for n in _graph(logits.grad_fn)
+    )  # the kernels ran
+    expected = reference.forward(cfg, numpy_weights(model64), tokens.numpy())
+    np.testing.assert_allclose(logits.detach().double().numpy(), expected, rtol=0, atol=2e-5)
+    F.cross_entropy(logits.flatten(0, 1).double(), targets.flatten()).backward()
+    F.cross_entropy(model64(tokens).flatten(0, 1), targets.flatten()).backward()
+    grads64 = dict(model64.named_parameters())
+    scale = max(p.grad.abs().max().item() for p in grads64.values())
+    for name, p in model32.named_parameters():
+        err = (p.grad.double() - grads64[name].grad).abs().max().item()
+        assert err < 1e-5 * scale, name
+
+
+def _graph(node) -> list:
+    seen, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if n is not None and n not in seen:
+            seen.append(n)
+            stack.extend(nx for nx, _ in n.next_functions)
+    return seen

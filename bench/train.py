@@ -7,8 +7,10 @@
    seconds of its first step, compilation included, are printed), beside
    ``transformers.GPT2LMHeadModel`` with ``torch.optim.AdamW`` (its default kernel). They
    take turns repeat by repeat, the order flipping each time; medians of tokens/s and the
-   ratios glassgpt / transformers (> 1: glassgpt faster) are printed (``--no-compile``:
-   eager only). The process first asks
+   ratios glassgpt / transformers (> 1: glassgpt faster) are printed, as the ratio of the
+   medians and as the median of each repeat's own ratio ('paired': the two runs of a pair
+   are next to each other in time, so a host whose speed drifts moves it less)
+   (``--no-compile``: eager only). The process first asks
    glibc's malloc to keep freed buffers, as ``glassgpt train`` does on CPUs
    (``keep_freed_memory``); the setting is process-wide, so transformers gets it too
    (``--default-malloc`` leaves glibc's defaults for both).
@@ -139,14 +141,14 @@ def build(
     return [*steps, hf_step], B * T, first_step_s
 
 
-def median_step_times(
+def step_times(
     steps: Sequence[Callable[[], None]],
     n: int,
     repeats: int,
     clock: Callable[[], float] = time.perf_counter,
-) -> list[float]:
-    """The median seconds per step of each of ``steps``, run in turn ``repeats`` times (the
-    order reversed every other repeat), ``n`` steps each time."""
+) -> list[list[float]]:
+    """Seconds per step of each of ``steps`` in each repeat: they run in turn ``repeats``
+    times (the order reversed every other repeat), ``n`` steps each time."""
     for step in steps:  # warm up each (allocator, kernels, first-touch)
         for _ in range(3):
             step()
@@ -158,7 +160,24 @@ def median_step_times(
             for _ in range(n):
                 steps[i]()
             times[i].append((clock() - t0) / n)
-    return [statistics.median(t) for t in times]
+    return times
+
+
+def median_step_times(
+    steps: Sequence[Callable[[], None]],
+    n: int,
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """The median of :func:`step_times` for each of ``steps``."""
+    return [statistics.median(t) for t in step_times(steps, n, repeats, clock)]
+
+
+def paired_ratio(theirs: list[float], ours: list[float]) -> float:
+    """The median over repeats of theirs / ours, each pair timed next to each other: on a
+    shared host whose speed drifts from minute to minute this moves less than the ratio of
+    the two medians."""
+    return statistics.median(t / o for t, o in zip(theirs, ours, strict=True))
 
 
 def throughput(
@@ -173,19 +192,22 @@ def throughput(
               "its first step, compilation included (inductor's on-disk cache makes a later "
               "run's shorter).\n")  # fmt: skip
         print("| shape | L×H×D, B×T | precision | glassgpt | glassgpt compiled | transformers | "
-              "ratio | compiled ratio | first step s | load |")  # fmt: skip
-        print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+              "ratio | paired | compiled ratio | paired | first step s | load |")  # fmt: skip
+        print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     else:
-        print("| shape | L×H×D, B×T | precision | glassgpt | transformers | ratio | load |")
-        print("|---|---|---|---:|---:|---:|---:|")
+        print("| shape | L×H×D, B×T | precision | glassgpt | transformers | ratio | paired | "
+              "load |")  # fmt: skip
+        print("|---|---|---|---:|---:|---:|---:|---:|")
     for shape in shapes:
         L, H, D, T, B, _ = SHAPES[shape]
         for precision in precisions:
             load = os.getloadavg()[0]
             steps, tokens, first_s = build(shape, precision, compiled)
-            times = median_step_times(steps, n, repeats, timer)
+            each = step_times(steps, n, repeats, timer)
+            times = [statistics.median(t) for t in each]
             rates = " | ".join(f"{tokens / t:,.0f}" for t in times)
-            ratios = " | ".join(f"{times[-1] / t:.2f}×" for t in times[:-1])
+            ratios = " | ".join(f"{times[-1] / t:.2f}× | {paired_ratio(each[-1], e):.2f}×"
+                                for t, e in zip(times[:-1], each[:-1], strict=True))  # fmt: skip
             first = f" {first_s:.1f} |" if first_s is not None else ""
             print(f"| {shape} | {L}×{H}×{D}, {B}×{T} | {precision} | {rates} | {ratios} |{first} "
                   f"{load:.2f} → {os.getloadavg()[0]:.2f} |", flush=True)  # fmt: skip

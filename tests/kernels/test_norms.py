@@ -82,9 +82,9 @@ def test_the_results_do_not_depend_on_the_thread_count() -> None:
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            y, mean, rstd = rowwise.norm_train(x, w, b, 1e-5, centred=True)
-            runs.append((y, mean, rstd, *rowwise.norm_train_backward(
-                x, w, mean, rstd, g, centred=True, bias=True)))  # fmt: skip
+            y, stats = rowwise.norm_train(x, w, b, 1e-5, centred=True)
+            runs.append((y, stats, *rowwise.norm_train_backward(
+                x, w, stats, g, centred=True, bias=True)))  # fmt: skip
     finally:
         torch.set_num_threads(before)
     for other in runs[1:]:
@@ -108,9 +108,9 @@ def test_which_norms_take_the_kernels() -> None:
 
 def test_bad_calls_are_refused() -> None:
     with pytest.raises(ValueError, match="1 <= d"):
-        ext.norm_train(0, 0, 0, 0, 0, 0, 1, 0, 1e-5, 1, 1)
+        ext.norm_train(0, 0, 0, 0, 0, 1, 0, 1e-5, 1, 1)
     with pytest.raises(ValueError, match="rows >= 0"):
-        ext.norm_train_backward(0, 0, 0, 0, 0, 0, 0, 0, -1, 4, 1, 1)
+        ext.norm_train_backward(0, 0, 0, 0, 0, 0, 0, -1, 4, 1, 1)
     with pytest.raises(TypeError):
         ext.norm_train(0, 0, 0)
 

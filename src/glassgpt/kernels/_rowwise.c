@@ -36,11 +36,11 @@
  *                              in float64, chunk by chunk in a fixed order, in parts, the
  *                              GIL released (gradient clipping's ‖g‖₂², one call for all)
  *   scale_many(addresses, lengths, factor, threads)   x ← factor · x in each buffer, likewise
- *   norm_train(x, w, b or 0, y, mean, rstd, rows, d, eps, centred, threads)   the norm of
- *                              each row as norm() computes it, keeping μ (0 when not centred)
- *                              and s = 1/√(σ² + ε) per row for the backward, rows in parts
- *   norm_train_backward(x, w, mean, rstd, g, dx, dw or 0, db or 0, rows, d, centred,
- *                              threads)   dx, and dw = Σ g ⊙ x̂, db = Σ g over the rows, summed
+ *   norm_train(x, w, b or 0, y, stats, rows, d, eps, centred, threads)   norm() of each row,
+ *                              keeping μ (0 when not centred) and s = 1/√(σ² + ε) per row in
+ *                              stats [rows, 2] for the backward, rows in parts
+ *   norm_train_backward(x, w, stats, g, dx, dw or 0, db or 0, rows, d, centred, threads)
+ *                              dx, and dw = Σ g ⊙ x̂, db = Σ g over the rows, summed
  *                              in blocks of NORM_BLOCK rows and then block by block: the same
  *                              for any thread count
  *   transpose(x, y, rows, cols, threads)   y[c, r] = x[r, c] for contiguous float32 x [rows,
@@ -59,8 +59,9 @@
 #include "_cpu.h"
 #include "_parallel.h"
 
+/* y = (x − μ) s w + b for one row of d values; stats (NULL: not kept) gets μ and s. */
 typedef void (*NormFn)(const float *x, const float *w, const float *b, float *y, int d,
-                       float eps, int centred);
+                       float eps, int centred, float *stats);
 typedef void (*GeluFn)(const float *x, float *y, Py_ssize_t n);
 typedef void (*GeluBackFn)(const float *x, const float *g, float *dx, Py_ssize_t n);
 
@@ -72,7 +73,7 @@ typedef void (*GeluBackFn)(const float *x, const float *g, float *dx, Py_ssize_t
 /* ------------------------------------------------------------------- portable loops -- */
 
 static void norm_portable(const float *x, const float *w, const float *b, float *y, int d,
-                          float eps, int centred) {
+                          float eps, int centred, float *stats) {
     double sum = 0.0, squares = 0.0;
     for (int i = 0; i < d; i++)
         sum += x[i];
@@ -84,6 +85,8 @@ static void norm_portable(const float *x, const float *w, const float *b, float 
     const float s = (float)(1.0 / sqrt(squares / d + eps));
     for (int i = 0; i < d; i++)
         y[i] = (x[i] - mu) * s * w[i] + (b ? b[i] : 0.0f);
+    if (stats)
+        stats[0] = mu, stats[1] = s;
 }
 
 static void gelu_portable(const float *x, float *y, Py_ssize_t n) {
@@ -157,7 +160,7 @@ AVX2 static float row_sum(const float *x, int d, float c, int squares) {
 }
 
 AVX2 static void norm_avx2(const float *x, const float *w, const float *b, float *y, int d,
-                           float eps, int centred) {
+                           float eps, int centred, float *stats) {
     const float mu = centred ? row_sum(x, d, 0.0f, 0) / d : 0.0f;
     const float s = 1.0f / sqrtf(row_sum(x, d, mu, 1) / d + eps);
     const __m256 muv = _mm256_set1_ps(mu), sv = _mm256_set1_ps(s);
@@ -169,6 +172,8 @@ AVX2 static void norm_avx2(const float *x, const float *w, const float *b, float
     }
     for (; i < d; i++)
         y[i] = (x[i] - mu) * s * w[i] + (b ? b[i] : 0.0f);
+    if (stats)
+        stats[0] = mu, stats[1] = s;
 }
 
 AVX2 static void gelu_avx2(const float *x, float *y, Py_ssize_t n) {
@@ -273,6 +278,158 @@ AVX2 static double sum_sq_avx2(const float *x, Py_ssize_t n) {
 }
 #endif
 
+/* A norm's backward over rows [r0, r1) of the job, shared among parts in blocks of
+ * NORM_BLOCK rows; each block's Σ g x̂ and Σ g go to its own row of parts_w, parts_b. */
+#define NORM_BLOCK 32
+
+typedef struct {
+    const float *x, *w, *b, *g;
+    float *y, *stats, *dx, *parts_w, *parts_b; /* stats: μ, s per row */
+    float *scratch;                            /* the backward's 2 d floats a part */
+    long long rows;
+    int d, centred;
+    float eps;
+} NormJob;
+
+typedef void (*NormBackFn)(const NormJob *j, long long r0, long long r1, float *pw, float *pb,
+                           float *scratch);
+
+/* Σ u[i] v[i] (v NULL: Σ u[i]) over n values in 8 lanes, then lane by lane. */
+static float lanes_dot(const float *u, const float *v, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            acc[l] += u[i + l] * (v ? v[i + l] : 1.0f);
+    for (; i < n; i++)
+        acc[0] += u[i] * (v ? v[i] : 1.0f);
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* Rows [r0, r1) of the backward: x̂ = (x − μ) s, ĝ = g ⊙ w,
+ * dx = s (ĝ − mean(ĝ) − x̂ mean(ĝ x̂))  (mean(ĝ) left out when not centred),
+ * and this block's Σ g x̂ and Σ g added to pw, pb (zeroed by the caller; pb NULL: no bias).
+ * scratch: 2 d floats. */
+static void norm_back_portable(const NormJob *j, long long r0, long long r1, float *pw,
+                               float *pb, float *scratch) {
+    const int d = j->d;
+    float *xh = scratch, *gh = scratch + d;
+    for (long long r = r0; r < r1; r++) {
+        const float *x = j->x + r * d, *g = j->g + r * d;
+        float *dx = j->dx + r * d;
+        const float mu = j->stats[2 * r], s = j->stats[2 * r + 1];
+        for (int i = 0; i < d; i++)
+            xh[i] = (x[i] - mu) * s, gh[i] = g[i] * j->w[i];
+        const float a = j->centred ? lanes_dot(gh, NULL, d) / (float)d : 0.0f;
+        const float c = lanes_dot(gh, xh, d) / (float)d;
+        for (int i = 0; i < d; i++)
+            dx[i] = s * (gh[i] - a - xh[i] * c);
+        for (int i = 0; i < d; i++)
+            pw[i] += g[i] * xh[i];
+        if (pb)
+            for (int i = 0; i < d; i++)
+                pb[i] += g[i];
+    }
+}
+
+/* y [cols, rows] = xᵀ for x [rows, cols]: the columns [c0, c1) of x go to rows c0… of y. */
+typedef struct {
+    const float *x;
+    float *y;
+    long long rows, cols;
+} Transpose;
+
+typedef void (*TransposeFn)(const Transpose *t, long long c0, long long c1);
+
+/* y[c, r] = x[r, c] for r in [r0, r1), c in [c0, c1), one value at a time. */
+static void transpose_values(const Transpose *t, long long r0, long long r1, long long c0,
+                             long long c1) {
+    for (long long r = r0; r < r1; r++)
+        for (long long c = c0; c < c1; c++)
+            t->y[c * t->rows + r] = t->x[r * t->cols + c];
+}
+
+static void transpose_portable(const Transpose *t, long long c0, long long c1) {
+    transpose_values(t, 0, t->rows, c0, c1);
+}
+
+#if GG_X86
+/* The backward's rows with 8-wide vectors; d not a multiple of 8: the portable loops. */
+AVX2 static void norm_back_avx2(const NormJob *j, long long r0, long long r1, float *pw,
+                                float *pb, float *scratch) {
+    const int d = j->d;
+    if (d % 8) {
+        norm_back_portable(j, r0, r1, pw, pb, scratch);
+        return;
+    }
+    const float inv_d = 1.0f / (float)d;
+    for (long long r = r0; r < r1; r++) {
+        const float *x = j->x + r * d, *g = j->g + r * d;
+        float *dx = j->dx + r * d;
+        const __m256 m = _mm256_set1_ps(j->stats[2 * r]), sv = _mm256_set1_ps(j->stats[2 * r + 1]);
+        __m256 sum_gh[4], sum_ghx[4]; /* four chains each, so that the adds overlap */
+        for (int k = 0; k < 4; k++)
+            sum_gh[k] = sum_ghx[k] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8) {
+            const int k = (i >> 3) & 3;
+            const __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), sv);
+            const __m256 gi = _mm256_loadu_ps(g + i);
+            const __m256 gh = _mm256_mul_ps(gi, _mm256_loadu_ps(j->w + i));
+            sum_gh[k] = _mm256_add_ps(sum_gh[k], gh);
+            sum_ghx[k] = _mm256_fmadd_ps(gh, xh, sum_ghx[k]);
+            _mm256_storeu_ps(pw + i, _mm256_fmadd_ps(gi, xh, _mm256_loadu_ps(pw + i)));
+            if (pb)
+                _mm256_storeu_ps(pb + i, _mm256_add_ps(gi, _mm256_loadu_ps(pb + i)));
+        }
+        const __m256 t_gh = _mm256_add_ps(_mm256_add_ps(sum_gh[0], sum_gh[1]),
+                                          _mm256_add_ps(sum_gh[2], sum_gh[3]));
+        const __m256 t_ghx = _mm256_add_ps(_mm256_add_ps(sum_ghx[0], sum_ghx[1]),
+                                           _mm256_add_ps(sum_ghx[2], sum_ghx[3]));
+        const __m256 a = _mm256_set1_ps(j->centred ? hsum(t_gh) * inv_d : 0.0f);
+        const __m256 c = _mm256_set1_ps(hsum(t_ghx) * inv_d);
+        for (int i = 0; i < d; i += 8) { /* dx = s (ĝ − a − x̂ c) */
+            const __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), sv);
+            const __m256 gh = _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(j->w + i));
+            const __m256 v = _mm256_sub_ps(_mm256_sub_ps(gh, a), _mm256_mul_ps(xh, c));
+            _mm256_storeu_ps(dx + i, _mm256_mul_ps(sv, v));
+        }
+    }
+}
+
+/* The 8 × 8 block of x at x into y, in registers. */
+AVX2 static inline void transpose8(const float *x, long long ldx, float *y, long long ldy) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm256_loadu_ps(x + i * ldx);
+    for (int i = 0; i < 8; i += 2) { /* pairs of rows interleaved */
+        b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+        b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { /* then pairs of pairs */
+        a[i] = _mm256_shuffle_ps(b[i], b[i + 2], 0x44);
+        a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], 0xEE);
+        a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], 0x44);
+        a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) { /* then the 128-bit halves */
+        _mm256_storeu_ps(y + i * ldy, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
+        _mm256_storeu_ps(y + (i + 4) * ldy, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+    }
+}
+
+/* The columns [c0, c1): 8 × 8 blocks where whole, 32 rows at a time so that y's lines are
+ * written while still in the cache; the edges one value at a time. */
+AVX2 static void transpose_avx2(const Transpose *t, long long c0, long long c1) {
+    const long long R8 = t->rows / 8 * 8, c8 = c0 + (c1 - c0) / 8 * 8;
+    for (long long r0 = 0; r0 < R8; r0 += 32)
+        for (long long c = c0; c < c8; c += 8)
+            for (long long r = r0; r < r0 + 32 && r < R8; r += 8)
+                transpose8(t->x + r * t->cols + c, t->cols, t->y + c * t->rows + r, t->rows);
+    transpose_values(t, R8, t->rows, c0, c8);    /* the last rows of these columns */
+    transpose_values(t, 0, t->rows, c8, c1); /* the last columns */
+}
+#endif
+
 /* ------------------------------------------------------------------------- Python -- */
 
 static NormFn NORM = norm_portable;
@@ -281,18 +438,20 @@ static GeluBackFn GELU_BACK = gelu_backward_portable;
 static GeluFn GELU_ERF = gelu_erf_portable;
 static GeluBackFn GELU_ERF_BACK = gelu_erf_backward_portable;
 static SumSqFn SUM_SQ = sum_sq_portable;
+static NormBackFn NORM_BACK = norm_back_portable;
+static TransposeFn TRANSPOSE = transpose_portable;
 static const char *KERNEL_NAME = "portable";
-static int KERNEL_AVX2 = 0; /* the transposition's 8 × 8 blocks in registers */
 
 static void pick_kernels(int portable) {
     NORM = norm_portable, GELU = gelu_portable, GELU_BACK = gelu_backward_portable;
     GELU_ERF = gelu_erf_portable, GELU_ERF_BACK = gelu_erf_backward_portable;
-    SUM_SQ = sum_sq_portable, KERNEL_NAME = "portable", KERNEL_AVX2 = 0;
+    SUM_SQ = sum_sq_portable, NORM_BACK = norm_back_portable, TRANSPOSE = transpose_portable;
+    KERNEL_NAME = "portable";
 #if GG_X86
     if (!portable && cpu_has_avx2()) {
         NORM = norm_avx2, GELU = gelu_avx2, GELU_BACK = gelu_backward_avx2;
         GELU_ERF = gelu_erf_avx2, GELU_ERF_BACK = gelu_erf_backward_avx2, SUM_SQ = sum_sq_avx2;
-        KERNEL_NAME = "avx2", KERNEL_AVX2 = 1;
+        NORM_BACK = norm_back_avx2, TRANSPOSE = transpose_avx2, KERNEL_NAME = "avx2";
     }
 #endif
 }
@@ -320,7 +479,7 @@ static PyObject *norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     float *y = (float *)(uintptr_t)a[3];
     const int d = (int)a[5];
     for (long long r = 0; r < a[4]; r++)
-        NORM(x + r * d, w, b, y + r * d, d, (float)eps, centred);
+        NORM(x + r * d, w, b, y + r * d, d, (float)eps, centred, NULL);
     Py_RETURN_NONE;
 }
 
@@ -570,9 +729,11 @@ static void free_buffers(Buffers *b) {
     PyMem_Free(b->x), PyMem_Free(b->n), PyMem_Free(b->first), PyMem_Free(b->sums);
 }
 
-static int part_count(long long threads, int chunks) {
+/* The parts of a run over `items` units of work (chunks, blocks of rows, groups of columns)
+ * on `threads` threads: 1 to 256, and no more than the items. */
+static int part_count(long long threads, int items) {
     int parts = threads < 1 ? 1 : threads > 256 ? 256 : (int)threads;
-    return parts < chunks ? parts : chunks > 0 ? chunks : 1;
+    return parts < items ? parts : items > 0 ? items : 1;
 }
 
 /* sum_squares(addresses, lengths, threads) → Σ x² over every value, in float64, in a fixed
@@ -629,309 +790,84 @@ static PyObject *scale_many(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 /* ---------------------------------------------------------- norms with a backward -- */
 
-/* The rows of a norm's forward or backward, shared among parts in blocks of NORM_BLOCK rows;
- * the backward's dw and db are summed block by block into parts_w, parts_b ([blocks, d]). */
-#define NORM_BLOCK 32
-
-typedef struct {
-    const float *x, *w, *b, *g;
-    float *y, *mean, *rstd, *dx, *parts_w, *parts_b;
-    float *scratch; /* 2 d floats a part */
-    long long rows;
-    int d, centred;
-    float eps;
-} NormJob;
-
-/* Σ v[i] over n values in 8 lanes, then lane by lane (the vectoriser's shape on any ISA). */
-static inline __attribute__((always_inline)) float lanes_sum(const float *v, int n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
-            acc[l] += v[i + l];
-    for (; i < n; i++)
-        acc[0] += v[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-/* Σ u[i] v[i] over n values, likewise. */
-static inline __attribute__((always_inline)) float lanes_dot(const float *u, const float *v,
-                                                             int n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
-            acc[l] += u[i + l] * v[i + l];
-    for (; i < n; i++)
-        acc[0] += u[i] * v[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-/* Rows [r0, r1): μ (centred), s = 1/√(mean((x − μ)²) + ε) and y = (x − μ) s w + b; scratch
- * holds d floats. */
-static inline __attribute__((always_inline)) void norm_rows_body(const NormJob *j, long long r0,
-                                                                 long long r1, float *c) {
-    const int d = j->d;
-    for (long long r = r0; r < r1; r++) {
-        const float *x = j->x + r * d;
-        float *y = j->y + r * d;
-        const float mu = j->centred ? lanes_sum(x, d) / (float)d : 0.0f;
-        for (int i = 0; i < d; i++)
-            c[i] = x[i] - mu;
-        const float s = 1.0f / sqrtf(lanes_dot(c, c, d) / (float)d + j->eps);
-        if (j->b)
-            for (int i = 0; i < d; i++)
-                y[i] = c[i] * s * j->w[i] + j->b[i];
-        else
-            for (int i = 0; i < d; i++)
-                y[i] = c[i] * s * j->w[i];
-        j->mean[r] = mu, j->rstd[r] = s;
-    }
-}
-
-/* Rows [r0, r1) of the backward: x̂ = (x − μ) s, ĝ = g ⊙ w,
- * dx = s (ĝ − mean(ĝ) − x̂ mean(ĝ x̂))  (mean(ĝ) left out when not centred),
- * and this block's Σ g x̂ and Σ g added to pw, pb (zeroed by the caller; pb NULL: no bias).
- * scratch: 2 d floats. */
-static inline __attribute__((always_inline)) void norm_back_body(const NormJob *j, long long r0,
-                                                                 long long r1, float *pw,
-                                                                 float *pb, float *scratch) {
-    const int d = j->d;
-    float *xh = scratch, *gh = scratch + d;
-    for (long long r = r0; r < r1; r++) {
-        const float *x = j->x + r * d, *g = j->g + r * d;
-        float *dx = j->dx + r * d;
-        const float mu = j->mean[r], s = j->rstd[r];
-        for (int i = 0; i < d; i++)
-            xh[i] = (x[i] - mu) * s, gh[i] = g[i] * j->w[i];
-        const float a = j->centred ? lanes_sum(gh, d) / (float)d : 0.0f;
-        const float c = lanes_dot(gh, xh, d) / (float)d;
-        for (int i = 0; i < d; i++)
-            dx[i] = s * (gh[i] - a - xh[i] * c);
-        for (int i = 0; i < d; i++)
-            pw[i] += g[i] * xh[i];
-        if (pb)
-            for (int i = 0; i < d; i++)
-                pb[i] += g[i];
-    }
-}
-
-static void norm_rows_portable(const NormJob *j, long long r0, long long r1, float *c) {
-    norm_rows_body(j, r0, r1, c);
-}
-
-static void norm_back_portable(const NormJob *j, long long r0, long long r1, float *pw,
-                               float *pb, float *scratch) {
-    norm_back_body(j, r0, r1, pw, pb, scratch);
-}
-
-#if GG_X86
-AVX2 static inline float hsum8(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
-/* Σ x over d values (d a multiple of 8) in four chains of 8 lanes, so that the adds overlap. */
-AVX2 static inline float sum8x4(const float *x, int d) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int i = 0;
-    for (; i + 32 <= d; i += 32) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
-        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(x + i + 16));
-        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + i + 24));
-    }
-    for (; i < d; i += 8)
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
-    return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-}
-
-/* Σ (x − m)² likewise. */
-AVX2 static inline float centred_squares8x4(const float *x, __m256 m, int d) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int i = 0;
-    for (; i + 32 <= d; i += 32) {
-        const __m256 c0 = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
-        const __m256 c1 = _mm256_sub_ps(_mm256_loadu_ps(x + i + 8), m);
-        const __m256 c2 = _mm256_sub_ps(_mm256_loadu_ps(x + i + 16), m);
-        const __m256 c3 = _mm256_sub_ps(_mm256_loadu_ps(x + i + 24), m);
-        a0 = _mm256_fmadd_ps(c0, c0, a0), a1 = _mm256_fmadd_ps(c1, c1, a1);
-        a2 = _mm256_fmadd_ps(c2, c2, a2), a3 = _mm256_fmadd_ps(c3, c3, a3);
-    }
-    for (; i < d; i += 8) {
-        const __m256 c = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
-        a0 = _mm256_fmadd_ps(c, c, a0);
-    }
-    return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-}
-
-/* The forward's rows with 8-wide vectors; d not a multiple of 8: the portable loops. */
-AVX2 static void norm_rows_avx2(const NormJob *j, long long r0, long long r1, float *c) {
-    const int d = j->d;
-    if (d % 8) {
-        norm_rows_body(j, r0, r1, c);
-        return;
-    }
-    const float inv_d = 1.0f / (float)d;
-    for (long long r = r0; r < r1; r++) {
-        const float *x = j->x + r * d;
-        float *y = j->y + r * d;
-        const float mu = j->centred ? sum8x4(x, d) * inv_d : 0.0f;
-        const __m256 m = _mm256_set1_ps(mu);
-        const float s = 1.0f / sqrtf(centred_squares8x4(x, m, d) * inv_d + j->eps);
-        const __m256 sv = _mm256_set1_ps(s);
-        for (int i = 0; i < d; i += 8) {
-            __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), sv),
-                                     _mm256_loadu_ps(j->w + i));
-            if (j->b)
-                v = _mm256_add_ps(v, _mm256_loadu_ps(j->b + i));
-            _mm256_storeu_ps(y + i, v);
-        }
-        j->mean[r] = mu, j->rstd[r] = s;
-    }
-}
-
-/* The backward's rows with 8-wide vectors, likewise. */
-AVX2 static void norm_back_avx2(const NormJob *j, long long r0, long long r1, float *pw,
-                                float *pb, float *scratch) {
-    const int d = j->d;
-    if (d % 8) {
-        norm_back_body(j, r0, r1, pw, pb, scratch);
-        return;
-    }
-    const float inv_d = 1.0f / (float)d;
-    for (long long r = r0; r < r1; r++) {
-        const float *x = j->x + r * d, *g = j->g + r * d;
-        float *dx = j->dx + r * d;
-        const __m256 m = _mm256_set1_ps(j->mean[r]), sv = _mm256_set1_ps(j->rstd[r]);
-        __m256 sum_gh[4], sum_ghx[4]; /* four chains each, so that the adds overlap */
-        for (int k = 0; k < 4; k++)
-            sum_gh[k] = sum_ghx[k] = _mm256_setzero_ps();
-        for (int i = 0; i < d; i += 8) {
-            const int k = (i >> 3) & 3;
-            const __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), sv);
-            const __m256 gi = _mm256_loadu_ps(g + i);
-            const __m256 gh = _mm256_mul_ps(gi, _mm256_loadu_ps(j->w + i));
-            sum_gh[k] = _mm256_add_ps(sum_gh[k], gh);
-            sum_ghx[k] = _mm256_fmadd_ps(gh, xh, sum_ghx[k]);
-            _mm256_storeu_ps(pw + i, _mm256_fmadd_ps(gi, xh, _mm256_loadu_ps(pw + i)));
-            if (pb)
-                _mm256_storeu_ps(pb + i, _mm256_add_ps(gi, _mm256_loadu_ps(pb + i)));
-        }
-        const __m256 t_gh = _mm256_add_ps(_mm256_add_ps(sum_gh[0], sum_gh[1]),
-                                          _mm256_add_ps(sum_gh[2], sum_gh[3]));
-        const __m256 t_ghx = _mm256_add_ps(_mm256_add_ps(sum_ghx[0], sum_ghx[1]),
-                                           _mm256_add_ps(sum_ghx[2], sum_ghx[3]));
-        const __m256 a = _mm256_set1_ps(j->centred ? hsum8(t_gh) * inv_d : 0.0f);
-        const __m256 c = _mm256_set1_ps(hsum8(t_ghx) * inv_d);
-        for (int i = 0; i < d; i += 8) { /* dx = s (ĝ − a − x̂ c) */
-            const __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), sv);
-            const __m256 gh = _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(j->w + i));
-            const __m256 v = _mm256_sub_ps(_mm256_sub_ps(gh, a), _mm256_mul_ps(xh, c));
-            _mm256_storeu_ps(dx + i, _mm256_mul_ps(sv, v));
-        }
-    }
-}
-#endif
-
-/* A part of the forward (g NULL) or of the backward: its share of the blocks of rows. */
+/* A part of the forward (g NULL: NORM row by row, keeping μ and s) or of the backward: its
+ * share of the blocks of rows. */
 static void norm_train_part(const void *job, int part, int parts) {
     const NormJob *j = job;
-    const int blocks = (int)((j->rows + NORM_BLOCK - 1) / NORM_BLOCK);
+    const int blocks = (int)((j->rows + NORM_BLOCK - 1) / NORM_BLOCK), d = j->d;
     int lo, hi;
     share(blocks, 1, part, parts, &lo, &hi);
-    float *scratch = j->scratch + (size_t)part * 2 * (size_t)j->d;
     for (int blk = lo; blk < hi; blk++) {
         const long long r0 = (long long)blk * NORM_BLOCK;
         const long long r1 = r0 + NORM_BLOCK < j->rows ? r0 + NORM_BLOCK : j->rows;
         if (!j->g) {
-#if GG_X86
-            if (KERNEL_AVX2) {
-                norm_rows_avx2(j, r0, r1, scratch);
-                continue;
-            }
-#endif
-            norm_rows_portable(j, r0, r1, scratch);
-        } else {
-            float *pw = j->parts_w + (size_t)blk * j->d;
-            float *pb = j->parts_b ? j->parts_b + (size_t)blk * j->d : NULL;
-            memset(pw, 0, sizeof(float) * (size_t)j->d);
-            if (pb)
-                memset(pb, 0, sizeof(float) * (size_t)j->d);
-#if GG_X86
-            if (KERNEL_AVX2) {
-                norm_back_avx2(j, r0, r1, pw, pb, scratch);
-                continue;
-            }
-#endif
-            norm_back_portable(j, r0, r1, pw, pb, scratch);
+            for (long long r = r0; r < r1; r++)
+                NORM(j->x + r * d, j->w, j->b, j->y + r * d, d, j->eps, j->centred,
+                     j->stats + 2 * r);
+            continue;
         }
+        float *pw = j->parts_w + (size_t)blk * d;
+        float *pb = j->parts_b ? j->parts_b + (size_t)blk * d : NULL;
+        memset(pw, 0, sizeof(float) * (size_t)d);
+        if (pb)
+            memset(pb, 0, sizeof(float) * (size_t)d);
+        NORM_BACK(j, r0, r1, pw, pb, j->scratch + (size_t)part * 2 * (size_t)d);
     }
 }
 
-static int norm_parts(long long threads, long long rows) {
-    const long long blocks = (rows + NORM_BLOCK - 1) / NORM_BLOCK;
-    long long parts = threads < 1 ? 1 : threads > 256 ? 256 : threads;
-    parts = parts < blocks ? parts : blocks > 0 ? blocks : 1;
-    return (int)parts;
+/* Whether rows and d are in range (else False with an error set); the blocks of rows. */
+static int norm_rows(const char *name, long long rows, long long d, int *blocks) {
+    if (rows < 0 || d < 1 || d > INT32_MAX / 2 || rows > INT32_MAX * (long long)NORM_BLOCK) {
+        PyErr_Format(PyExc_ValueError, "%s: need rows >= 0 and 1 <= d < 2^30", name);
+        return 0;
+    }
+    *blocks = (int)((rows + NORM_BLOCK - 1) / NORM_BLOCK);
+    return 1;
 }
 
-/* norm_train(x, w, b or 0, y, mean, rstd, rows, d, eps, centred, threads) */
+/* norm_train(x, w, b or 0, y, stats, rows, d, eps, centred, threads) */
 static PyObject *norm_train(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[8], centred, threads;
-    if (nargs != 11) {
+    long long a[7], centred, threads;
+    if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError,
-                        "norm_train(x, w, b, y, mean, rstd, rows, d, eps, centred, threads)");
+                        "norm_train(x, w, b, y, stats, rows, d, eps, centred, threads)");
         return NULL;
     }
-    const double eps = PyFloat_AsDouble(args[8]);
-    if ((eps == -1.0 && PyErr_Occurred()) || !ints(args, 8, a) || !ints(args + 9, 1, &centred) ||
-        !ints(args + 10, 1, &threads))
+    const double eps = PyFloat_AsDouble(args[7]);
+    int blocks;
+    if ((eps == -1.0 && PyErr_Occurred()) || !ints(args, 7, a) || !ints(args + 8, 1, &centred) ||
+        !ints(args + 9, 1, &threads) || !norm_rows("norm_train", a[5], a[6], &blocks))
         return NULL;
-    if (a[6] < 0 || a[7] < 1 || a[7] > INT32_MAX / 2 || a[6] > INT32_MAX * (long long)NORM_BLOCK) {
-        PyErr_SetString(PyExc_ValueError, "norm_train: need rows >= 0 and 1 <= d < 2^30");
-        return NULL;
-    }
     NormJob j = {0};
     j.x = (const float *)(uintptr_t)a[0], j.w = (const float *)(uintptr_t)a[1];
     j.b = (const float *)(uintptr_t)a[2], j.y = (float *)(uintptr_t)a[3];
-    j.mean = (float *)(uintptr_t)a[4], j.rstd = (float *)(uintptr_t)a[5];
-    j.rows = a[6], j.d = (int)a[7], j.eps = (float)eps, j.centred = centred != 0;
-    const int parts = norm_parts(threads, j.rows);
-    j.scratch = PyMem_Malloc(sizeof(float) * 2 * (size_t)j.d * (size_t)parts);
-    if (!j.scratch)
-        return PyErr_NoMemory();
+    j.stats = (float *)(uintptr_t)a[4];
+    j.rows = a[5], j.d = (int)a[6], j.eps = (float)eps, j.centred = centred != 0;
     Py_BEGIN_ALLOW_THREADS
-    run_parts(norm_train_part, &j, parts);
+    run_parts(norm_train_part, &j, part_count(threads, blocks));
     Py_END_ALLOW_THREADS
-    PyMem_Free(j.scratch);
     Py_RETURN_NONE;
 }
 
-/* norm_train_backward(x, w, mean, rstd, g, dx, dw or 0, db or 0, rows, d, centred, threads) */
+/* norm_train_backward(x, w, stats, g, dx, dw or 0, db or 0, rows, d, centred, threads) */
 static PyObject *norm_train_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[12];
-    if (!int_args(args, nargs, 12, a,
-                  "norm_train_backward(x, w, mean, rstd, g, dx, dw, db, rows, d, centred, "
-                  "threads)"))
+    long long a[11];
+    int blocks;
+    if (!int_args(args, nargs, 11, a,
+                  "norm_train_backward(x, w, stats, g, dx, dw, db, rows, d, centred, threads)") ||
+        !norm_rows("norm_train_backward", a[7], a[8], &blocks))
         return NULL;
-    if (a[8] < 0 || a[9] < 1 || a[9] > INT32_MAX / 2 || a[8] > INT32_MAX * (long long)NORM_BLOCK) {
-        PyErr_SetString(PyExc_ValueError, "norm_train_backward: need rows >= 0 and 1 <= d < 2^30");
-        return NULL;
-    }
     NormJob j = {0};
     j.x = (const float *)(uintptr_t)a[0], j.w = (const float *)(uintptr_t)a[1];
-    j.mean = (float *)(uintptr_t)a[2], j.rstd = (float *)(uintptr_t)a[3];
-    j.g = (const float *)(uintptr_t)a[4], j.dx = (float *)(uintptr_t)a[5];
-    float *dw = (float *)(uintptr_t)a[6], *db = (float *)(uintptr_t)a[7];
-    j.rows = a[8], j.d = (int)a[9], j.centred = a[10] != 0;
-    const long long blocks = (j.rows + NORM_BLOCK - 1) / NORM_BLOCK;
+    j.stats = (float *)(uintptr_t)a[2], j.g = (const float *)(uintptr_t)a[3];
+    j.dx = (float *)(uintptr_t)a[4];
+    float *dw = (float *)(uintptr_t)a[5], *db = (float *)(uintptr_t)a[6];
+    j.rows = a[7], j.d = (int)a[8], j.centred = a[9] != 0;
     const size_t d = (size_t)j.d;
-    const int parts = norm_parts(a[11], j.rows);
+    const int parts = part_count(a[10], blocks);
     /* the blocks' partial dw (and db), then each part's scratch */
-    const size_t n_parts = (size_t)(blocks > 0 ? blocks : 1) * d * (db ? 2 : 1);
-    j.parts_w = PyMem_Calloc(n_parts + 2 * d * (size_t)parts, sizeof(float));
+    const size_t n_parts = (size_t)blocks * d * (db ? 2 : 1);
+    j.parts_w = PyMem_Malloc(sizeof(float) * (n_parts + 2 * d * (size_t)parts));
     if (!j.parts_w)
         return PyErr_NoMemory();
     j.parts_b = db ? j.parts_w + (size_t)blocks * d : NULL;
@@ -940,7 +876,7 @@ static PyObject *norm_train_backward(PyObject *self, PyObject *const *args, Py_s
     run_parts(norm_train_part, &j, parts);
     for (size_t i = 0; i < d; i++) { /* the blocks' sums, block by block, in float64 */
         double sw = 0.0, sb = 0.0;
-        for (long long blk = 0; blk < blocks; blk++) {
+        for (int blk = 0; blk < blocks; blk++) {
             sw += j.parts_w[(size_t)blk * d + i];
             if (db)
                 sb += j.parts_b[(size_t)blk * d + i];
@@ -957,63 +893,11 @@ static PyObject *norm_train_backward(PyObject *self, PyObject *const *args, Py_s
 
 /* ------------------------------------------------------------------- transposition -- */
 
-typedef struct {
-    const float *x;
-    float *y;
-    long long rows, cols;
-} Transpose;
-
-/* y[c, r] = x[r, c] for r in [r0, r1), c in [c0, c1), one value at a time. */
-static void transpose_portable(const Transpose *t, long long r0, long long r1, long long c0,
-                               long long c1) {
-    for (long long r = r0; r < r1; r++)
-        for (long long c = c0; c < c1; c++)
-            t->y[c * t->rows + r] = t->x[r * t->cols + c];
-}
-
-#if GG_X86
-/* The 8 × 8 block at (r, c) of x into y, in registers. */
-AVX2 static inline void transpose8_avx2(const float *x, long long ldx, float *y, long long ldy) {
-    __m256 a[8], b[8];
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm256_loadu_ps(x + i * ldx);
-    for (int i = 0; i < 8; i += 2) { /* pairs of rows interleaved */
-        b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
-        b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) { /* then pairs of pairs */
-        a[i] = _mm256_shuffle_ps(b[i], b[i + 2], 0x44);
-        a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], 0xEE);
-        a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], 0x44);
-        a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; i++) { /* then the 128-bit halves */
-        _mm256_storeu_ps(y + i * ldy, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
-        _mm256_storeu_ps(y + (i + 4) * ldy, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
-    }
-}
-#endif
-
-/* A part: the columns [c0, c1) of x (rows c0… of y), 8 × 8 blocks where whole, rows of 32
- * at a time so that y's lines are written while still in the cache. */
 static void transpose_part(const void *job, int part, int parts) {
     const Transpose *t = job;
     int lo, hi;
     share((int)t->cols, 8, part, parts, &lo, &hi);
-    const long long R8 = t->rows / 8 * 8;
-    long long c8 = lo;
-#if GG_X86
-    if (KERNEL_AVX2) {
-        c8 = lo + (hi - lo) / 8 * 8;
-        for (long long r0 = 0; r0 < R8; r0 += 32)
-            for (long long c = lo; c < c8; c += 8)
-                for (long long r = r0; r < r0 + 32 && r < R8; r += 8)
-                    transpose8_avx2(t->x + r * t->cols + c, t->cols, t->y + c * t->rows + r,
-                                    t->rows);
-        transpose_portable(t, R8, t->rows, lo, c8); /* the last rows of these columns */
-    }
-#endif
-    transpose_portable(t, 0, t->rows, c8, hi); /* the rest (all of it, portable) */
+    TRANSPOSE(t, lo, hi);
 }
 
 /* transpose(x, y, rows, cols, threads): y [cols, rows] = xᵀ for x [rows, cols] (float32). */
@@ -1026,11 +910,8 @@ static PyObject *transpose(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     Transpose t = {(const float *)(uintptr_t)a[0], (float *)(uintptr_t)a[1], a[2], a[3]};
-    const int blocks = (int)((a[3] + 7) / 8);
-    int parts = a[4] < 1 ? 1 : a[4] > 256 ? 256 : (int)a[4];
-    parts = parts < blocks ? parts : blocks > 0 ? blocks : 1;
     Py_BEGIN_ALLOW_THREADS
-    run_parts(transpose_part, &t, parts);
+    run_parts(transpose_part, &t, part_count(a[4], (int)((a[3] + 7) / 8)));
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -1054,9 +935,9 @@ static PyMethodDef methods[] = {
     {"scale_many", (PyCFunction)(void (*)(void))scale_many, METH_FASTCALL,
      "scale_many(addresses, lengths, factor, threads): x *= factor in each float32 buffer"},
     {"norm_train", (PyCFunction)(void (*)(void))norm_train, METH_FASTCALL,
-     "norm_train(x, w, b, y, mean, rstd, rows, d, eps, centred, threads): a norm, keeping μ, s"},
+     "norm_train(x, w, b, y, stats, rows, d, eps, centred, threads): a norm, keeping μ, s"},
     {"norm_train_backward", (PyCFunction)(void (*)(void))norm_train_backward, METH_FASTCALL,
-     "norm_train_backward(x, w, mean, rstd, g, dx, dw, db, rows, d, centred, threads)"},
+     "norm_train_backward(x, w, stats, g, dx, dw, db, rows, d, centred, threads)"},
     {"transpose", (PyCFunction)(void (*)(void))transpose, METH_FASTCALL,
      "transpose(x, y, rows, cols, threads): y [cols, rows] = the transpose of x [rows, cols]"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from glassgpt.kernels.policy import keeps_probabilities
+from glassgpt.kernels.policy import keeps_probabilities, kept_p_width
 
 try:
     from glassgpt.kernels import _flash
@@ -38,10 +38,6 @@ def takes(q: Tensor, k: Tensor, v: Tensor) -> bool:
     if not (q.dtype is k.dtype is v.dtype is torch.float32) or q.ndim != 4:
         return False
     return q.shape == k.shape == v.shape and q.is_cpu and k.is_cpu and v.is_cpu
-
-
-def _round16(n: int) -> int:
-    return (n + 15) // 16 * 16
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -103,7 +99,7 @@ def forward(
     assert _flash is not None
     B, H, T, D = q.shape
     z = _bthd(q)
-    kept = torch.empty((B, H, T, _round16(T)) if keep_p else (B, H, T if keep_lse else 0))
+    kept = torch.empty((B, H, T, kept_p_width(T)) if keep_p else (B, H, T if keep_lse else 0))
     lse, P = (0, kept.data_ptr()) if keep_p else (kept.data_ptr() if keep_lse else 0, 0)
     strides = (*q.stride(), *k.stride(), *v.stride(), *z.stride())
     _flash.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), z.data_ptr(), lse, P,

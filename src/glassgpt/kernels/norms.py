@@ -55,18 +55,16 @@ class CompiledNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None, eps: float, centred: bool) -> Tensor:
-        y, mean, rstd = rowwise.norm_train(x, w, b, eps, centred=centred)
-        ctx.save_for_backward(x, w, mean, rstd)
+        y, stats = rowwise.norm_train(x, w, b, eps, centred=centred)
+        ctx.save_for_backward(x, w, stats)
         ctx.centred, ctx.bias = centred, b is not None
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, Tensor | None, None, None]:
-        x, w, mean, rstd = ctx.saved_tensors
+        x, w, stats = ctx.saved_tensors
         if g.dtype is not torch.float32:
             g = g.float()
-        dx, dw, db = rowwise.norm_train_backward(
-            x, w, mean, rstd, g, centred=ctx.centred, bias=ctx.bias
-        )
+        dx, dw, db = rowwise.norm_train_backward(x, w, stats, g, centred=ctx.centred, bias=ctx.bias)
         return dx, dw, db, None, None

@@ -132,11 +132,16 @@ def _causal_small(
     return d_head <= CAUSAL_MAX_HEAD and n_keys <= CAUSAL_MAX_KEYS
 
 
+def kept_p_width(n_keys: int) -> int:
+    """The row width of the P that glassgpt's causal kernel keeps: the keys rounded up to 16."""
+    return (n_keys + 15) // 16 * 16
+
+
 def keeps_probabilities(n_keys: int, d_head: int) -> bool:
     """Whether glassgpt's causal kernel keeps P for the backward in training: while P (rows
-    rounded up to 16 keys) is at most 4/3 of q, k and v together (heads rounded up to 8),
+    of :func:`kept_p_width`) is at most 4/3 of q, k and v together (heads rounded up to 8),
     that is T ≤ 4 d_head, so that the attention's saved tensors at most double."""
-    return (n_keys + 15) // 16 * 16 <= 4 * ((d_head + 7) // 8 * 8)
+    return kept_p_width(n_keys) <= 4 * ((d_head + 7) // 8 * 8)
 
 
 def compiled_causal() -> bool:

@@ -145,10 +145,8 @@ def scale_(tensors: list[Tensor], factor: float) -> bool:
 
 def trains_norm(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
     """Whether :func:`norm_train` takes x [..., d] with w, b [d]: contiguous float32 CPU
-    tensors, at least one row, not compiling."""
-    if _rowwise is None or torch.compiler.is_compiling() or not x.ndim:
-        return False
-    if x.dtype is not torch.float32 or not x.is_cpu or not x.is_contiguous() or not x.numel():
+    tensors (``whole_ok``), at least one row."""
+    if not whole_ok(x) or not x.ndim or not x.numel():
         return False
     d = x.shape[-1]
     return _param_ok(w, d) and _param_ok(b, d)
@@ -156,34 +154,34 @@ def trains_norm(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
 
 def norm_train(
     x: Tensor, w: Tensor, b: Tensor | None, eps: float, *, centred: bool
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """y = (x − μ) s ⊙ w + b (``centred``; else x s ⊙ w), with s = 1/√(mean((x − μ)²) + ε),
-    over the last axis of x [..., d] (``trains_norm`` holds), and μ, s [rows] (μ = 0 when not
-    centred): rows in blocks, in parallel."""
+    over the last axis of x [..., d] (``trains_norm`` holds), each row by :func:`norm`'s
+    kernel, rows in blocks, in parallel; and stats [rows, 2]: μ (0 when not centred) and s."""
     assert _rowwise is not None
     d = x.shape[-1]
     rows = x.numel() // d
-    y, stats = torch.empty_like(x), torch.empty(2, rows)
+    y, stats = torch.empty_like(x), torch.empty(rows, 2)
     _rowwise.norm_train(x.data_ptr(), w.data_ptr(), 0 if b is None else b.data_ptr(),
-                        y.data_ptr(), stats[0].data_ptr(), stats[1].data_ptr(), rows, d,
-                        float(eps), int(centred), torch.get_num_threads())  # fmt: skip
-    return y, stats[0], stats[1]
+                        y.data_ptr(), stats.data_ptr(), rows, d, float(eps), int(centred),
+                        torch.get_num_threads())  # fmt: skip
+    return y, stats
 
 
 def norm_train_backward(
-    x: Tensor, w: Tensor, mean: Tensor, rstd: Tensor, g: Tensor, *, centred: bool, bias: bool
+    x: Tensor, w: Tensor, stats: Tensor, g: Tensor, *, centred: bool, bias: bool
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """dx = s (ĝ − mean(ĝ) − x̂ mean(ĝ x̂)) (mean(ĝ) left out when not ``centred``), dw = Σ g x̂
     and db = Σ g over the rows (``bias``; else None), with x̂ = (x − μ) s and ĝ = g ⊙ w, for
-    what :func:`norm_train` kept. dw and db are summed in blocks of rows, then block by block
-    in float64: the same for any thread count."""
+    the stats :func:`norm_train` kept. dw and db are summed in blocks of rows, then block by
+    block in float64: the same for any thread count."""
     assert _rowwise is not None
     d = x.shape[-1]
     g = g.contiguous()
     dx, dw = torch.empty_like(x), torch.empty(d)
     db = torch.empty(d) if bias else None
-    _rowwise.norm_train_backward(x.data_ptr(), w.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
-                                 g.data_ptr(), dx.data_ptr(), dw.data_ptr(),
+    _rowwise.norm_train_backward(x.data_ptr(), w.data_ptr(), stats.data_ptr(), g.data_ptr(),
+                                 dx.data_ptr(), dw.data_ptr(),
                                  0 if db is None else db.data_ptr(), x.numel() // d, d,
                                  int(centred), torch.get_num_threads())  # fmt: skip
     return dx, dw, db
@@ -197,7 +195,7 @@ def transposed(x: Tensor) -> Tensor | None:
     strided copy of a [768, 128] activation took 54-72 µs alone there (16 a step at
     nanoGPT's CPU shape) and about 100 inside a training step, this one 13 and 34 (2
     threads, an AVX-512 EPYC)."""
-    if _rowwise is None or x.ndim != 2 or not whole_ok(x) or torch.compiler.is_compiling():
+    if x.ndim != 2 or not whole_ok(x):
         return None
     rows, cols = x.shape
     y = torch.empty(cols, rows, dtype=torch.float32)

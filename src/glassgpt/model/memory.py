@@ -22,6 +22,7 @@ from glassgpt.kernels.policy import (
     compiled_causal,
     compiled_gelu,
     keeps_probabilities,
+    kept_p_width,
     native_bf16,
 )
 from glassgpt.model.accounting import _int, count_parameters
@@ -160,9 +161,9 @@ def _attention_bytes(
     c: GPTConfig, T: int, s: int, autocast: bool, dropout: bool, attn_impl: str, device: str
 ) -> int:
     """Bytes one attention sublayer keeps per token (see :func:`activation_bytes`)."""
-    H, dh = c.n_heads, _int(c.d_head)
+    H, dh, causal = c.n_heads, _int(c.d_head), compiled_causal()
     path = attention_path(device, "bfloat16" if s == 2 else "float32", dh, T, dropout=dropout,
-                          n_queries=T, causal_kernel=compiled_causal(),
+                          n_queries=T, causal_kernel=causal,
                           native_bf16=device != "cpu" or native_bf16())  # fmt: skip
     if attn_impl == "explicit":
         return s * (4 * H * dh + H * T * (3 if dropout else 1))
@@ -170,9 +171,9 @@ def _attention_bytes(
     # runs on float32 copies of bf16 heads)
     kept = 4 * H
     float32_path = attention_path(device, "float32", dh, T, dropout=dropout, n_queries=T,
-                                  causal_kernel=compiled_causal())  # fmt: skip
+                                  causal_kernel=causal)  # fmt: skip
     if float32_path == "causal_small" and keeps_probabilities(T, dh):
-        kept = 4 * H * ((T + 15) // 16 * 16)
+        kept = 4 * H * kept_p_width(T)
     if dropout and path in ("math", "fused_float32"):
         # the fused kernel falls back to float32 math: q, k, v, pattern, mask, dropped
         return 4 * (3 * H * dh + 3 * H * T) + s * H * dh

@@ -163,16 +163,6 @@ def step_times(
     return times
 
 
-def median_step_times(
-    steps: Sequence[Callable[[], None]],
-    n: int,
-    repeats: int,
-    clock: Callable[[], float] = time.perf_counter,
-) -> list[float]:
-    """The median of :func:`step_times` for each of ``steps``."""
-    return [statistics.median(t) for t in step_times(steps, n, repeats, clock)]
-
-
 def paired_ratio(theirs: list[float], ours: list[float]) -> float:
     """The median over repeats of theirs / ours, each pair timed next to each other: on a
     shared host whose speed drifts from minute to minute this moves less than the ratio of
@@ -392,7 +382,7 @@ def gpu_row(vocab: int, args: argparse.Namespace, peak: float | None, measured: 
         peaks.append(torch.cuda.max_memory_allocated() / 2**30)
     syncs = (ours_syncs(), hf_syncs())
     steps = (lambda: ours(args.steps), lambda: theirs(args.steps))
-    times = median_step_times(steps, 1, args.repeats, cuda_clock)
+    times = [statistics.median(t) for t in step_times(steps, 1, args.repeats, cuda_clock)]
     t_ours, t_hf = (t / args.steps for t in times)
     tok = args.gpu_batch * 1024
     r_ours, r_hf = tok / t_ours, tok / t_hf

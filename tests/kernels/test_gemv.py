@@ -104,15 +104,86 @@ def test_packed_weight_takes_the_kernel_up_to_small_batch(
     b = torch.randn(130, generator=gen)
     stored = W.T.contiguous() if transposed else W
     calls = []
-    real = _gemv.gemv_rows
-    monkeypatch.setattr(dense._gemv, "gemv_rows", lambda *a: calls.append(a[4]) or real(*a))
+    rows_kernel, panels_kernel = _gemv.gemv_rows, _gemv.gemv_panels
+    monkeypatch.setattr(dense._gemv, "gemv_rows", lambda *a: calls.append(a[4]) or rows_kernel(*a))
+    monkeypatch.setattr(
+        dense._gemv, "gemv_panels", lambda *a: calls.append("panels") or panels_kernel(*a)
+    )
     assert pack(stored, transposed=transposed)
     with torch.no_grad():
         got = matmul(x, stored, b, transposed=transposed)
     unpack(stored)
     assert got.shape == (rows, 1, 130)
     _close(got.view(rows, 130), x.view(rows, 96), W, b)
-    assert calls == ([rows] if rows <= dense.SMALL_BATCH else [])
+    # one row of a W read live: its panel copy; the tied unembedding's copy: rows
+    want = (
+        [] if rows > dense.SMALL_BATCH else ["panels"] if rows == 1 and not transposed else [rows]
+    )
+    assert calls == want
+
+
+def _panels(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, threads: int) -> torch.Tensor:
+    K, N = W.shape
+    P = dense.panels(W)
+    y = torch.full((N,), float("nan"))  # every element must be written
+    _gemv.gemv_panels(x.data_ptr(), P.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
+                      K, N, threads)  # fmt: skip
+    return y
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    K=st.integers(1, 300),
+    N=st.integers(1, 700),  # partial last panels, fewer panels than threads
+    threads=st.sampled_from([1, 2, 3]),
+    bias=st.booleans(),
+    portable=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_panels_kernel_is_x_w_plus_b(
+    K: int, N: int, threads: int, bias: bool, portable: bool, seed: int
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x, W = torch.randn(1, K, generator=gen), torch.randn(K, N, generator=gen)
+    b = torch.randn(N, generator=gen) if bias else None
+    try:
+        _gemv.use_portable(portable)
+        got = _panels(x, W, b, threads)
+    finally:
+        _gemv.use_portable(False)
+    _close(got.view(1, N), x, W, b)
+
+
+@pytest.mark.parametrize("K, N", [(768, 2304), (3072, 768)])
+def test_panels_kernel_at_model_shapes_sums_in_order(K: int, N: int) -> None:
+    """Each output sums over k in order on one thread: the same bits for any thread count,
+    and float32 sums as close to float64 as the rows form's."""
+    gen = torch.Generator().manual_seed(K)
+    x, W, b = torch.randn(1, K, generator=gen), torch.randn(K, N, generator=gen), torch.randn(N)
+    one = _panels(x, W, b, 1)
+    assert torch.equal(one, _panels(x, W, b, 2)) and torch.equal(one, _panels(x, W, b, 3))
+    _close(one.view(1, N), x, W, b)
+
+
+def test_panel_copy_only_while_memory_allows(monkeypatch) -> None:
+    """No panel copy past its share of the memory available: the live W's rows serve."""
+    gen = torch.Generator().manual_seed(5)
+    x, W, b = torch.randn(1, 96, generator=gen), torch.randn(96, 130, generator=gen), None
+    need = 96 * 192 * 4  # two panels of 64 outputs
+    monkeypatch.setattr(dense, "_available_memory", lambda: need / dense.PANEL_MEMORY_SHARE - 1)
+    assert dense._panel_copy(W) is None
+    calls = []
+    real = _gemv.gemv_rows
+    monkeypatch.setattr(dense._gemv, "gemv_rows", lambda *a: calls.append(a[4]) or real(*a))
+    assert pack(W)
+    with torch.no_grad():
+        got = matmul(x, W, b)
+    unpack(W)
+    assert calls == [1]
+    _close(got, x, W, b)
+    monkeypatch.setattr(dense, "_available_memory", lambda: need / dense.PANEL_MEMORY_SHARE)
+    P = dense._panel_copy(W)
+    assert P is not None and P.shape == (3, 96, 64) and torch.equal(P, dense.panels(W))
 
 
 def test_without_the_kernel_packing_still_computes_x_w_plus_b(monkeypatch) -> None:

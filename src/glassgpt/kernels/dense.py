@@ -45,6 +45,10 @@ except ImportError:  # not built (no C compiler at install): PyTorch's kernels d
 # took 51-54; at 32 rows 53 against 74; at 64 rows the two were even)
 SMALL_BATCH = 32
 
+PANEL = 64  # outputs per panel of a float32 weight's panel copy (``_gemv.gemv_panels``)
+# a panel copy is made while it takes at most this share of the memory available then
+PANEL_MEMORY_SHARE = 0.25
+
 Product = Callable[[Tensor, Tensor, Tensor | None], Tensor]  # fn(x, W, b) = x W + b, packed
 
 
@@ -125,12 +129,15 @@ def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
     W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
     a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x. A bfloat16
     W (and so x, whose dtype a packed product matches) takes ``gemv_rows_bf16_io``: x and b
-    widened to float32, float32 sums, y rounded to bf16, all in the kernel."""
+    widened to float32, float32 sums, y rounded to bf16, all in the kernel. One row of x
+    (a decoding step) reads a float32 W read live from its panel copy (:func:`panels`) where
+    one was made (:func:`_panel_copy`)."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
     W_io = None if out_in.T.is_contiguous() else huge_page_copy(out_in.T)  # [d_in, d_out]
     half = out_in.dtype == torch.bfloat16
     kernel = _gemv.gemv_rows_bf16_io if half else _gemv.gemv_rows
+    P = _panel_copy(out_in.T) if W_io is None and not half else None
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in
@@ -140,15 +147,61 @@ def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
             b = b.to(x.dtype)
         x2 = x.contiguous()
         y = torch.empty(*x.shape[:-1], d_out, dtype=x.dtype)
-        rows = W if W_io is None else W_io
-        args = (x2.data_ptr(), rows.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
-                M, d_in, d_out, torch.get_num_threads())  # fmt: skip
-        kernel(*args)
+        b_ptr, threads = 0 if b is None else b.data_ptr(), torch.get_num_threads()
+        if M == 1 and P is not None:
+            call, args = _gemv.gemv_panels, (x2.data_ptr(), P.data_ptr(), b_ptr, y.data_ptr(),
+                                             d_in, d_out, threads)  # fmt: skip
+        else:
+            rows = W if W_io is None else W_io
+            call, args = kernel, (x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in,
+                                  d_out, threads)  # fmt: skip
+        call(*args)
         if replay.RECORDING:
-            replay.add(kernel, args)
+            replay.add(call, args)
         return y
 
     return fn
+
+
+def panels(W: Tensor) -> Tensor:
+    """W [d_in, d_out] as its panels P [⌈d_out/64⌉, d_in, 64], P[p, k, c] = W[k, 64p + c]
+    (zeros past d_out), contiguous: each panel of 64 outputs is one run of memory.
+
+    >>> panels(torch.arange(6.0).view(2, 3))[0, :, :4].tolist()
+    [[0.0, 1.0, 2.0, 0.0], [3.0, 4.0, 5.0, 0.0]]
+    """
+    d_in, d_out = W.shape
+    n = -(-d_out // PANEL)
+    padded = torch.zeros(d_in, n * PANEL, dtype=W.dtype)
+    padded[:, :d_out] = W
+    return padded.view(d_in, n, PANEL).transpose(0, 1).contiguous()
+
+
+def _panel_copy(W: Tensor) -> Tensor | None:
+    """The panels of a float32 W [d_in, d_out] on 2 MiB pages, for one-row products
+    (``_gemv.gemv_panels``: one stream of memory a thread, 28-31 GB/s over GPT-2 small's block
+    matrices where their rows streamed at 24-26); None where the kernel is not built, W is not
+    float32, or the copy would take more than ``PANEL_MEMORY_SHARE`` of the memory available
+    now (the rows of the live W serve then, a little slower)."""
+    if _gemv is None or not hasattr(_gemv, "gemv_panels") or W.dtype != torch.float32:
+        return None
+    d_in, d_out = W.shape
+    size = d_in * -(-d_out // PANEL) * PANEL * 4
+    if size > PANEL_MEMORY_SHARE * _available_memory():
+        return None
+    return huge_page_copy(panels(W))
+
+
+def _available_memory() -> float:
+    """Bytes of memory available to new allocations (Linux: MemAvailable), else infinity."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")
 
 
 def _upcast(transposed: bool) -> Product:
@@ -192,7 +245,9 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
       fastest: W itself, or a contiguous copy where W is stored the other way round (the
       tied W_E); glassgpt's own kernel (``_gemv``) streams it for up to ``SMALL_BATCH`` rows
       of x, ``F.linear`` for more. What it streams lives on 2 MiB pages
-      (``glassgpt.kernels.pages``): the copy, or W itself, moved there with its values.
+      (``glassgpt.kernels.pages``): the copy, or W itself, moved there with its values. A W
+      read live also gets a panel copy for one-row products (decoding), while memory
+      allows (:func:`_panel_copy`): W's bytes again, for a faster stream.
 
     The weight's values are untouched (hooks, training and the embedding still read them).
     """

@@ -166,6 +166,46 @@ def test_compiled_kernel_gives_one_result_for_any_thread_count(exact: bool) -> N
 
 
 @needs_kernel
+@pytest.mark.parametrize("portable", [False, True])
+def test_slope_kernel_keeps_the_forward_bits_and_the_derivative(portable: bool) -> None:
+    """gelu_slope's y is gelu_many's, bit for bit, and its d the tanh formula's derivative
+    (float64), the same for any thread count."""
+    x = torch.randn(3, 70_001, generator=torch.Generator().manual_seed(9)) * 3.0
+    x[0, :5] = torch.tensor([0.0, -12.0, 12.0, -40.0, 40.0])
+    outs = []
+    try:
+        rowwise._rowwise.use_portable(portable)
+        for threads in (1, 2, 3):
+            y, d = torch.empty_like(x), torch.empty_like(x)
+            rowwise._rowwise.gelu_slope(
+                x.data_ptr(), y.data_ptr(), d.data_ptr(), x.numel(), threads
+            )
+            outs.append((y, d))
+        plain = rowwise.gelu_many(x)
+    finally:
+        rowwise._rowwise.use_portable(False)
+    for y, d in outs:
+        assert torch.equal(y, plain) and torch.equal(d, outs[0][1])
+    _, want = _tanh_gelu_np(x.double().numpy())
+    np.testing.assert_allclose(outs[0][1].double().numpy(), want, rtol=2e-5, atol=2e-5)
+
+
+@needs_kernel
+def test_compiled_gelu_keeps_the_slope_only_for_autograd(monkeypatch) -> None:
+    """Without a gradient to compute the forward is y alone (no slope pass, nothing kept)."""
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(4))
+    slopes = []
+    real = rowwise.gelu_slope
+    monkeypatch.setattr(rowwise, "gelu_slope", lambda t: slopes.append(1) or real(t))
+    with torch.no_grad():
+        y = CompiledGELU.apply(x)
+    assert slopes == [] and torch.equal(y, rowwise.gelu_many(x))
+    xr = x.clone().requires_grad_(True)
+    y = CompiledGELU.apply(xr)
+    assert slopes == [1] and torch.equal(y.detach(), rowwise.gelu_many(x))
+
+
+@needs_kernel
 def test_the_models_exact_gelu_takes_the_kernel_only_for_float32(monkeypatch) -> None:
     from glassgpt.model.layers import ACTIVATION_FNS
 

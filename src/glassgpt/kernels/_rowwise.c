@@ -24,6 +24,9 @@
  *   gelu_many(x, g or 0, y, n, threads, exact)   the GELU, tanh or exact (erf), or its
  *                              gradient (g ≠ 0), over n values, in parts (a decoding step's
  *                              few rows: threads = 1), the GIL released
+ *   gelu_slope(x, y, d, n, threads)   the tanh GELU y (gelu_many's bits) and its slope d in
+ *                              one pass, in parts: a training step's forward keeps d, and its
+ *                              backward is one product g · d instead of the exps again
  *   kv_write(K, V, k, v, B, H, T, D, n, strides)   a KV cache's step: K[:, :, n:n+T] = k, V…
  *   add(a, b, y, n)   y = a + b over n values (a replayed step's residual sums)
  *   embed(W_E, tokens, P or 0, y, B, d, n_vocab, pos, positions or 0)   y[b] = W_E[tokens[b]]
@@ -64,6 +67,7 @@ typedef void (*NormFn)(const float *x, const float *w, const float *b, float *y,
                        float eps, int centred, float *stats);
 typedef void (*GeluFn)(const float *x, float *y, Py_ssize_t n);
 typedef void (*GeluBackFn)(const float *x, const float *g, float *dx, Py_ssize_t n);
+typedef void (*GeluSlopeFn)(const float *x, float *y, float *d, Py_ssize_t n);
 
 #define GELU_C0 0.7978845608028654f /* √(2/π) */
 #define GELU_C1 0.044715f
@@ -103,6 +107,18 @@ static void gelu_backward_portable(const float *x, const float *g, float *dx, Py
     for (Py_ssize_t i = 0; i < n; i++) {
         const float v = x[i], s = 1.0f / (1.0f + expf(-c0 * (v + GELU_C1 * v * v * v)));
         dx[i] = g[i] * (s + v * s * (1.0f - s) * c0 * (1.0f + 3.0f * GELU_C1 * v * v));
+    }
+}
+
+/* The tanh GELU y, as gelu_portable computes it (the same bits), and its slope d as
+ * gelu_backward_portable computes g · d for g = 1, in one pass: for a training step's forward
+ * to keep d, so that its backward is g · d. */
+static void gelu_slope_portable(const float *x, float *y, float *d, Py_ssize_t n) {
+    gelu_portable(x, y, n);
+    const float c0 = 2.0f * GELU_C0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float v = x[i], s = 1.0f / (1.0f + expf(-c0 * (v + GELU_C1 * v * v * v)));
+        d[i] = s + v * s * (1.0f - s) * c0 * (1.0f + 3.0f * GELU_C1 * v * v);
     }
 }
 
@@ -202,6 +218,25 @@ AVX2 static void gelu_backward_avx2(const float *x, const float *g, float *dx, P
         _mm256_storeu_ps(dx + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_add_ps(s, slope)));
     }
     gelu_backward_portable(x + i, g + i, dx + i, n - i);
+}
+
+/* gelu_slope_portable with exp8: y as gelu_avx2 gives it, d as gelu_backward_avx2's g · d
+ * for g = 1. */
+AVX2 static void gelu_slope_avx2(const float *x, float *y, float *d, Py_ssize_t n) {
+    const __m256 nc0 = _mm256_set1_ps(-2.0f * GELU_C0), nc1 = _mm256_set1_ps(-2.0f * GELU_C0 * GELU_C1);
+    const __m256 c0 = _mm256_set1_ps(2.0f * GELU_C0), c3 = _mm256_set1_ps(3.0f * GELU_C1);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), v2 = _mm256_mul_ps(v, v);
+        __m256 den = _mm256_add_ps(one, exp8(_mm256_mul_ps(v, _mm256_fmadd_ps(nc1, v2, nc0))));
+        __m256 s = _mm256_div_ps(one, den);
+        __m256 slope = _mm256_mul_ps(_mm256_mul_ps(v, s), _mm256_sub_ps(one, s)); /* x s (1 − s) */
+        slope = _mm256_mul_ps(slope, _mm256_mul_ps(c0, _mm256_fmadd_ps(c3, v2, one)));
+        _mm256_storeu_ps(y + i, _mm256_div_ps(v, den)); /* gelu_avx2's y, bit for bit */
+        _mm256_storeu_ps(d + i, _mm256_add_ps(s, slope));
+    }
+    gelu_slope_portable(x + i, y + i, d + i, n - i);
 }
 
 /* Φ(x) and exp(−x²/2) for 8 lanes: erfc(z) = t (a₁ + t (a₂ + t (a₃ + t (a₄ + t a₅)))) e^{−z²},
@@ -437,6 +472,7 @@ static GeluFn GELU = gelu_portable;
 static GeluBackFn GELU_BACK = gelu_backward_portable;
 static GeluFn GELU_ERF = gelu_erf_portable;
 static GeluBackFn GELU_ERF_BACK = gelu_erf_backward_portable;
+static GeluSlopeFn GELU_SLOPE = gelu_slope_portable;
 static SumSqFn SUM_SQ = sum_sq_portable;
 static NormBackFn NORM_BACK = norm_back_portable;
 static TransposeFn TRANSPOSE = transpose_portable;
@@ -445,6 +481,7 @@ static const char *KERNEL_NAME = "portable";
 static void pick_kernels(int portable) {
     NORM = norm_portable, GELU = gelu_portable, GELU_BACK = gelu_backward_portable;
     GELU_ERF = gelu_erf_portable, GELU_ERF_BACK = gelu_erf_backward_portable;
+    GELU_SLOPE = gelu_slope_portable;
     SUM_SQ = sum_sq_portable, NORM_BACK = norm_back_portable, TRANSPOSE = transpose_portable;
     KERNEL_NAME = "portable";
 #if GG_X86
@@ -452,6 +489,7 @@ static void pick_kernels(int portable) {
         NORM = norm_avx2, GELU = gelu_avx2, GELU_BACK = gelu_backward_avx2;
         GELU_ERF = gelu_erf_avx2, GELU_ERF_BACK = gelu_erf_backward_avx2, SUM_SQ = sum_sq_avx2;
         NORM_BACK = norm_back_avx2, TRANSPOSE = transpose_avx2, KERNEL_NAME = "avx2";
+        GELU_SLOPE = gelu_slope_avx2;
     }
 #endif
 }
@@ -490,6 +528,7 @@ typedef struct {
     float *y;
     Py_ssize_t n;
     int exact; /* the exact (erf) GELU, else the tanh one */
+    float *d;  /* the tanh GELU's slope, kept with y (forward; NULL: not kept) */
 } Elementwise;
 
 #define GELU_PART_MIN 32768 /* values per part at least: a thread's wake-up costs ~10 µs */
@@ -501,10 +540,25 @@ static void gelu_part(const void *job, int part, int parts) {
     hi = hi < e->n ? hi : e->n;
     if (lo >= hi)
         return;
-    if (e->g)
+    if (e->d)
+        GELU_SLOPE(e->x + lo, e->y + lo, e->d + lo, hi - lo);
+    else if (e->g)
         (e->exact ? GELU_ERF_BACK : GELU_BACK)(e->x + lo, e->g + lo, e->y + lo, hi - lo);
     else
         (e->exact ? GELU_ERF : GELU)(e->x + lo, e->y + lo, hi - lo);
+}
+
+/* e over its n values in parts of GELU_PART_MIN values at least, on up to `threads` threads,
+ * the GIL released. */
+static void run_elementwise(const Elementwise *e, long long threads) {
+    long long parts = threads < 1 ? 1 : threads;
+    if (parts > e->n / GELU_PART_MIN)
+        parts = e->n / GELU_PART_MIN > 0 ? e->n / GELU_PART_MIN : 1;
+    if (parts > 256)
+        parts = 256;
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(gelu_part, e, (int)parts);
+    Py_END_ALLOW_THREADS
 }
 
 /* gelu_many(x, g or 0, y, n, threads, exact): y = GELU(x) (g = 0) or y = g · GELU'(x), the
@@ -522,15 +576,23 @@ static PyObject *gelu_many(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     Elementwise e = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[1],
-                     (float *)(uintptr_t)a[2], (Py_ssize_t)a[3], a[5] != 0};
-    long long parts = a[4] < 1 ? 1 : a[4];
-    if (parts > e.n / GELU_PART_MIN)
-        parts = e.n / GELU_PART_MIN > 0 ? e.n / GELU_PART_MIN : 1;
-    if (parts > 256)
-        parts = 256;
-    Py_BEGIN_ALLOW_THREADS
-    run_parts(gelu_part, &e, (int)parts);
-    Py_END_ALLOW_THREADS
+                     (float *)(uintptr_t)a[2], (Py_ssize_t)a[3], a[5] != 0, NULL};
+    run_elementwise(&e, a[4]);
+    Py_RETURN_NONE;
+}
+
+/* gelu_slope(x, y, d, n, threads): y = GELU(x) and d = GELU'(x), the tanh GELU, in one pass. */
+static PyObject *gelu_slope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[5];
+    if (!int_args(args, nargs, 5, a, "gelu_slope(x, y, d, n, threads)"))
+        return NULL;
+    if (a[3] < 0) {
+        PyErr_Format(PyExc_ValueError, "gelu_slope: need n >= 0; got %lld", a[3]);
+        return NULL;
+    }
+    Elementwise e = {(const float *)(uintptr_t)a[0], NULL, (float *)(uintptr_t)a[1],
+                     (Py_ssize_t)a[3], 0, (float *)(uintptr_t)a[2]};
+    run_elementwise(&e, a[4]);
     Py_RETURN_NONE;
 }
 
@@ -926,6 +988,8 @@ static PyMethodDef methods[] = {
      "embed(W_E, tokens, P, y, B, d, n_vocab, pos, positions): y[b] = W_E[tokens[b]] (+ P[·])"},
     {"norm", (PyCFunction)(void (*)(void))norm, METH_FASTCALL,
      "norm(x, w, b, y, rows, d, eps, centred): layer norm (centred) or RMS norm of each row"},
+    {"gelu_slope", (PyCFunction)(void (*)(void))gelu_slope, METH_FASTCALL,
+     "gelu_slope(x, y, d, n, threads): y = GELU(x), d = GELU'(x) (tanh), in one pass"},
     {"gelu_many", (PyCFunction)(void (*)(void))gelu_many, METH_FASTCALL,
      "gelu_many(x, g, y, n, threads, exact): y = GELU(x) (g = 0) or g GELU'(x), in parallel"},
     {"kv_write", (PyCFunction)(void (*)(void))kv_write, METH_FASTCALL,

@@ -14,10 +14,10 @@ It differs from ``F.gelu(x, approximate="tanh")`` only in rounding (a few float3
 ``gelu_tanh`` picks, for a CPU tensor without autocast:
 - a decoding step's few float32 rows (no autograd): glassgpt's own one-thread kernel
   (``glassgpt.kernels.rowwise``: [1, 1, 3072] in about 2 µs against ``F.gelu``'s 12);
-- any other contiguous float32 tensor: glassgpt's parallel kernel for the σ form and its
-  derivative, one pass each, keeping only x for the backward (:class:`CompiledGELU`;
-  [12, 64, 512] on 2 threads: forward 127 µs against 476 in PyTorch's ops, forward and
-  backward 307 against 1,131);
+- any other contiguous float32 tensor: glassgpt's parallel kernel for the σ form, with its
+  derivative d in the same pass where autograd needs one, keeping d for a backward of
+  g ⊙ d (:class:`CompiledGELU`; [12, 64, 512] on 2 threads: forward 127 µs against 476 in
+  PyTorch's ops, forward and backward 145 against 1,131);
 - under ``torch.compile``, at any size, the plain expression, which inductor fuses into one
   loop (its own tanh is as slow);
 - float64, or float32 without the compiled kernels, from ``MIN_ELEMENTS`` elements: the σ
@@ -100,19 +100,24 @@ class SigmoidGELU(torch.autograd.Function):
 
 
 class CompiledGELU(torch.autograd.Function):
-    """y = x s and ∂x = g (s + x s (1 − s) c₀ (1 + 3 c₁ x²)), s = σ(c₀ (x + c₁ x³)), each in
-    one pass by glassgpt's kernel (``glassgpt.kernels.rowwise.gelu_many``); only x is kept."""
+    """y = x s and ∂x = g d, d = s + x s (1 − s) c₀ (1 + 3 c₁ x²), s = σ(c₀ (x + c₁ x³)), by
+    glassgpt's kernels: where x needs a gradient the forward computes y and d in one pass and
+    keeps d (``glassgpt.kernels.rowwise.gelu_slope``; as many values as x, which it need not
+    keep) and the backward is g ⊙ d; else y alone (``gelu_many``)."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
-        return rowwise.gelu_many(x)
+        if not ctx.needs_input_grad[0]:
+            return rowwise.gelu_many(x)
+        y, d = rowwise.gelu_slope(x)
+        ctx.save_for_backward(d)
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: Tensor) -> Tensor:
-        (x,) = ctx.saved_tensors
-        return rowwise.gelu_many(x, g)
+        (d,) = ctx.saved_tensors
+        return g * d
 
 
 def gelu_exact(x: Tensor) -> Tensor:

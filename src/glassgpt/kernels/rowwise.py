@@ -110,6 +110,19 @@ def gelu_many(x: Tensor, g: Tensor | None = None, *, exact: bool = False) -> Ten
     return y
 
 
+def gelu_slope(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The tanh GELU y = GELU(x) (:func:`gelu_many`'s bits) and its slope d = GELU'(x), in one
+    pass over a contiguous float32 CPU x (``whole_ok``): a training step's forward keeps d, so
+    that its backward is g ⊙ d, one product, instead of the exps again ([768, 512] on 2
+    threads: forward and backward 145 µs against 218-255)."""
+    assert _rowwise is not None
+    y, d = torch.empty_like(x), torch.empty_like(x)
+    _rowwise.gelu_slope(
+        x.data_ptr(), y.data_ptr(), d.data_ptr(), x.numel(), torch.get_num_threads()
+    )
+    return y, d
+
+
 def _buffers(tensors: list[Tensor]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The addresses and lengths of contiguous float32 CPU tensors, else None."""
     if _rowwise is None or torch.compiler.is_compiling():

@@ -71,8 +71,9 @@ _SAVES_INPUT = ("gelu", "gelu_tanh", "silu", "relu2")
 
 def _kept_by(act: str | None, device: str, s: int, autocast: bool) -> int:
     """Tensors of d_mlp per token an activation keeps beyond its output: its input (GELU,
-    SiLU; max(0, x) for the squared ReLU), and for the tanh GELU on a CPU in float64 (or float32 without glassgpt's compiled
-    GELU kernel) also its gate σ(·) (``glassgpt.kernels.activations``)."""
+    SiLU; max(0, x) for the squared ReLU; glassgpt's compiled tanh GELU keeps its slope
+    instead, as many values), and for the tanh GELU on a CPU in float64 (or float32 without
+    glassgpt's compiled GELU kernel) also its gate σ(·) (``glassgpt.kernels.activations``)."""
     if act not in _SAVES_INPUT:
         return 0
     if act != "gelu_tanh" or device != "cpu" or autocast or s < 4:

@@ -57,6 +57,43 @@ def test_forward_and_gradients_match_float64(
         assert b.grad is None
 
 
+@pytest.mark.parametrize(("d_in", "d_out"), [(96, 160), (160, 96), (96, 96)])
+def test_forward_keeps_the_transposed_input_only_where_it_is_the_narrower(d_in, d_out) -> None:
+    """Where xᵀ is ∂W's transposed operand (d_in < d_out) the forward keeps xᵀ, made while x
+    is in the caches, instead of x; otherwise x, transposed (or gᵀ) in the backward."""
+    x, W = (t.float().requires_grad_() for t in _leaves((2, 50, d_in), (d_in, d_out)))
+    y = onednn.OneDNNLinear.apply(x, W, None, False)
+    kept = y.grad_fn.saved_tensors[0]
+    if d_in < d_out:
+        assert kept.shape == (d_in, 100) and torch.equal(kept, x.detach().reshape(100, d_in).T)
+    else:
+        assert kept.shape == (100, d_in)
+    no_weight_grad = onednn.OneDNNLinear.apply(x, W.detach(), None, False)
+    assert no_weight_grad.grad_fn.saved_tensors[0].shape == (100, d_in)  # x: no ∂W, no xᵀ
+
+
+def test_two_products_of_one_input_share_its_transpose_while_it_is_unchanged() -> None:
+    """A gated MLP's W_in and W_gate read one x: one xᵀ for both; a changed x gets its own."""
+    x64, W64, V64 = _leaves((120, 64), (64, 192), (64, 256))
+    x, W, V = (t.float().requires_grad_() for t in (x64, W64, V64))
+    h = x * 1.0  # a non-leaf x, as the norm's output is
+    a = onednn.OneDNNLinear.apply(h, W, None, False)
+    b = onednn.OneDNNLinear.apply(h, V, None, False)
+    shared = a.grad_fn.saved_tensors[0]
+    assert shared is b.grad_fn.saved_tensors[0]
+    (a.sum() + (b * b).sum()).backward()
+    for t in (x64, W64, V64):
+        t.requires_grad_()
+    (x64 @ W64).sum().add((x64 @ V64).pow(2).sum()).backward()
+    for got, want in [(x.grad, x64.grad), (W.grad, W64.grad), (V.grad, V64.grad)]:
+        assert ((got.double() - want).abs().max() / want.abs().max()) < 1e-5
+    with torch.no_grad():
+        h.mul_(2.0)  # changed in place: a product of it now makes its own transpose
+    c = onednn.OneDNNLinear.apply(h, W, None, False)
+    kept = c.grad_fn.saved_tensors[0]
+    assert kept is not shared and torch.equal(kept, h.detach().T)
+
+
 def test_only_requested_gradients_are_computed() -> None:
     x, W = (t.float() for t in _leaves((64, 128), (128, 256)))
     W.requires_grad_()

@@ -17,6 +17,8 @@ approximation; ``use_onednn`` decides when it applies.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -74,14 +76,26 @@ def use_onednn(x: Tensor, W: Tensor) -> bool:
 
 class OneDNNLinear(torch.autograd.Function):
     """y = x W + b for W [d_in, d_out] (``transposed=False``) or x Wᵀ + b for W [d_out, d_in];
-    y comes back 2-D [rows, d_out] (see :func:`linear`)."""
+    y comes back 2-D [rows, d_out] (see :func:`linear`).
+
+    ∂W = xᵀ g needs a transposed operand: oneDNN copies a transposed first operand with
+    PyTorch's strided copy, so the narrower of xᵀ and gᵀ is made by glassgpt's transposition
+    (``rowwise.transposed``). Where that is xᵀ (d_in < d_out: W_QKV, W_in) the forward makes it,
+    while x is still in the caches, and keeps it instead of x, which the backward does not
+    otherwise read (nanoGPT's CPU step: 0.4-0.6 ms of its 33-37 faster than transposing the
+    cold x in the backward). Two products of one x (a gated MLP's W_in and W_gate) share it
+    (:func:`_kept_transpose`)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, W: Tensor, b: Tensor | None, transposed: bool) -> Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         W_t = W if transposed else W.T  # [d_out, d_in], the kernel's layout
         y = _mm(x2, W_t, b)
-        ctx.save_for_backward(x2, W)
+        x_t = None
+        if ctx.needs_input_grad[1] and x2.shape[1] < W_t.shape[0]:
+            x_t = _kept_transpose(x, x2)
+        ctx.save_for_backward(x2 if x_t is None else x_t, W)
+        ctx.x_transposed = x_t is not None
         ctx.transposed = transposed
         ctx.x_shape = x.shape
         ctx.has_bias = b is not None
@@ -90,20 +104,24 @@ class OneDNNLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, g: Tensor):
-        x2, W = ctx.saved_tensors
+        kept, W = ctx.saved_tensors
         g2 = g.reshape(-1, g.shape[-1])
         grad_x = grad_W = grad_b = None
         if ctx.needs_input_grad[0]:  # ∂x = g Wᵀ (row-vector W [d_in, d_out])
             W_in_out = W.T if ctx.transposed else W  # [d_in, d_out] as the kernel's [N, K]
             grad_x = _mm(g2, W_in_out).view(ctx.x_shape)
         if ctx.needs_input_grad[1]:  # ∂W = xᵀ g, laid out like W
-            # The kernel copies a transposed first operand (PyTorch's strided copy) and reads
-            # a transposed second one in place: the first is the narrower of xᵀ and gᵀ, made
-            # by glassgpt's transposition where it is built (5x faster than the copy).
-            x_first = x2.shape[1] <= g2.shape[1]
-            first, second = (x2, g2) if x_first else (g2, x2)
-            first_t = rowwise.transposed(first)
-            prod = _mm(first.T if first_t is None else first_t, second.T)  # xᵀ g or gᵀ x
+            if ctx.x_transposed:  # xᵀ [d_in, rows] from the forward
+                x_first, prod = True, _mm(kept, g2.T)
+            else:
+                # The kernel copies a transposed first operand (PyTorch's strided copy) and
+                # reads a transposed second one in place: the first is the narrower of xᵀ and
+                # gᵀ, made by glassgpt's transposition where it is built (5x faster).
+                x2 = kept
+                x_first = x2.shape[1] <= g2.shape[1]
+                first, second = (x2, g2) if x_first else (g2, x2)
+                first_t = rowwise.transposed(first)
+                prod = _mm(first.T if first_t is None else first_t, second.T)  # xᵀ g or gᵀ x
             grad_W = prod.T if x_first == ctx.transposed else prod
             if not grad_W.is_contiguous() and W.is_contiguous():  # as W: AccumulateGrad
                 laid_out = rowwise.transposed(prod)  # would copy it, 5x slower than this
@@ -111,6 +129,27 @@ class OneDNNLinear(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0)
         return grad_x, grad_W, grad_b, None
+
+
+# The last input the forward transposed (held weakly, with its version) and a weak reference
+# to its transpose: a second product of the same unchanged x (a gated MLP's W_gate after
+# W_in) reuses it.
+_LAST_TRANSPOSE: tuple[weakref.ref, int, weakref.ref] | None = None
+
+
+def _kept_transpose(x: Tensor, x2: Tensor) -> Tensor | None:
+    """x2ᵀ [d_in, rows] for x2, the 2-D view of x (``rowwise.transposed``; None where it does
+    not take x2): the one made for this same x just before where x is unchanged and that
+    transpose still alive."""
+    global _LAST_TRANSPOSE
+    last = _LAST_TRANSPOSE
+    if last is not None and last[0]() is x and last[1] == x._version:
+        x_t = last[2]()
+        if x_t is not None:
+            return x_t
+    x_t = rowwise.transposed(x2)
+    _LAST_TRANSPOSE = None if x_t is None else (weakref.ref(x), x._version, weakref.ref(x_t))
+    return x_t
 
 
 def linear(x: Tensor, W: Tensor, b: Tensor | None, transposed: bool) -> Tensor:

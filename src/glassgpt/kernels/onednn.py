@@ -142,6 +142,8 @@ def _kept_transpose(x: Tensor, x2: Tensor) -> Tensor | None:
     not take x2): the one made for this same x just before where x is unchanged and that
     transpose still alive."""
     global _LAST_TRANSPOSE
+    if x.is_inference():  # (no version counter: not shared)
+        return rowwise.transposed(x2)
     last = _LAST_TRANSPOSE
     if last is not None and last[0]() is x and last[1] == x._version:
         x_t = last[2]()
@@ -156,6 +158,11 @@ def linear(x: Tensor, W: Tensor, b: Tensor | None, transposed: bool) -> Tensor:
     """:class:`OneDNNLinear` with y shaped [..., d_out] like x. The Function returns y 2-D and
     the reshape happens outside it, so that y's views have the Function's output as their
     base (a view made inside a Function has an untracked base): the causal kernel finds the
-    QKV projection's output that q, k and v are views of (``flash.packed_base``)."""
-    y = OneDNNLinear.apply(x, W, b, transposed)
+    QKV projection's output that q, k and v are views of (``flash.packed_base``). Without
+    autograd (no grad mode, or nothing that needs a gradient) the product alone."""
+    needs_grad = x.requires_grad or W.requires_grad or (b is not None and b.requires_grad)
+    if torch.is_grad_enabled() and needs_grad:
+        y = OneDNNLinear.apply(x, W, b, transposed)
+    else:
+        y = _mm(x.reshape(-1, x.shape[-1]), W if transposed else W.T, b)
     return y.view(*x.shape[:-1], y.shape[-1])

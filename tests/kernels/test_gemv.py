@@ -115,24 +115,25 @@ def test_packed_weight_takes_the_kernel_up_to_small_batch(
     unpack(stored)
     assert got.shape == (rows, 1, 130)
     _close(got.view(rows, 130), x.view(rows, 96), W, b)
-    # one row of a W read live: its panel copy; the tied unembedding's copy: rows
-    want = (
-        [] if rows > dense.SMALL_BATCH else ["panels"] if rows == 1 and not transposed else [rows]
-    )
+    # a W read live: its panel copy for as many rows as the panels take; the tied
+    # unembedding's copy: rows
+    panels = rows <= _gemv.panels_rows() and not transposed
+    want = [] if rows > dense.SMALL_BATCH else ["panels"] if panels else [rows]
     assert calls == want
 
 
 def _panels(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, threads: int) -> torch.Tensor:
-    K, N = W.shape
+    (M, K), N = x.shape, W.shape[1]
     P = dense.panels(W)
-    y = torch.full((N,), float("nan"))  # every element must be written
+    y = torch.full((M, N), float("nan"))  # every element must be written
     _gemv.gemv_panels(x.data_ptr(), P.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
-                      K, N, threads)  # fmt: skip
+                      M, K, N, threads)  # fmt: skip
     return y
 
 
 @settings(max_examples=60, deadline=None)
 @given(
+    M=st.integers(1, 8),
     K=st.integers(1, 300),
     N=st.integers(1, 700),  # partial last panels, fewer panels than threads
     threads=st.sampled_from([1, 2, 3]),
@@ -141,17 +142,26 @@ def _panels(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, threads: i
     seed=st.integers(0, 2**31),
 )
 def test_panels_kernel_is_x_w_plus_b(
-    K: int, N: int, threads: int, bias: bool, portable: bool, seed: int
+    M: int, K: int, N: int, threads: int, bias: bool, portable: bool, seed: int
 ) -> None:
+    """Every row count the panels take here (1; up to 8 with AVX-512F, four at a time and
+    the rest), and the portable loop."""
     gen = torch.Generator().manual_seed(seed)
-    x, W = torch.randn(1, K, generator=gen), torch.randn(K, N, generator=gen)
-    b = torch.randn(N, generator=gen) if bias else None
+    W, b = torch.randn(K, N, generator=gen), torch.randn(N, generator=gen) if bias else None
     try:
         _gemv.use_portable(portable)
+        x = torch.randn(min(M, _gemv.panels_rows()), K, generator=gen)
         got = _panels(x, W, b, threads)
     finally:
         _gemv.use_portable(False)
-    _close(got.view(1, N), x, W, b)
+    _close(got, x, W, b)
+
+
+def test_panels_kernel_rejects_more_rows_than_it_takes() -> None:
+    M = _gemv.panels_rows() + 1
+    x = torch.zeros(M, 64)
+    with pytest.raises(ValueError, match=f"M <= {M - 1}"):
+        _gemv.gemv_panels(x.data_ptr(), x.data_ptr(), 0, x.data_ptr(), M, 64, 64, 1)
 
 
 @pytest.mark.parametrize("K, N", [(768, 2304), (3072, 768)])
@@ -162,7 +172,7 @@ def test_panels_kernel_at_model_shapes_sums_in_order(K: int, N: int) -> None:
     x, W, b = torch.randn(1, K, generator=gen), torch.randn(K, N, generator=gen), torch.randn(N)
     one = _panels(x, W, b, 1)
     assert torch.equal(one, _panels(x, W, b, 2)) and torch.equal(one, _panels(x, W, b, 3))
-    _close(one.view(1, N), x, W, b)
+    _close(one, x, W, b)
 
 
 def test_panel_copy_only_while_memory_allows(monkeypatch) -> None:

@@ -115,9 +115,9 @@ def test_packed_weight_takes_the_kernel_up_to_small_batch(
     unpack(stored)
     assert got.shape == (rows, 1, 130)
     _close(got.view(rows, 130), x.view(rows, 96), W, b)
-    # a W read live: its panel copy for as many rows as the panels take; the tied
-    # unembedding's copy: rows
-    panels = rows <= _gemv.panels_rows() and not transposed
+    # the panel copy for as many rows as the panels take, else the rows of W (the tied
+    # unembedding's: a row-major copy)
+    panels = rows <= _gemv.panels_rows()
     want = [] if rows > dense.SMALL_BATCH else ["panels"] if panels else [rows]
     assert calls == want
 

@@ -131,14 +131,13 @@ def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
     W (and so x, whose dtype a packed product matches) takes ``gemv_rows_bf16_io``: x and b
     widened to float32, float32 sums, y rounded to bf16, all in the kernel. One row of x
     (a decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads a float32
-    W read live from its panel copy (:func:`panels`) where one was made
-    (:func:`_panel_copy`)."""
+    W from its panel copy (:func:`panels`) where one was made (:func:`_panel_copy`)."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
     W_io = None if out_in.T.is_contiguous() else huge_page_copy(out_in.T)  # [d_in, d_out]
     half = out_in.dtype == torch.bfloat16
     kernel = _gemv.gemv_rows_bf16_io if half else _gemv.gemv_rows
-    P = _panel_copy(out_in.T) if W_io is None and not half else None
+    P = None if half else _panel_copy(out_in.T)
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in
@@ -219,11 +218,16 @@ def _upcast(transposed: bool) -> Product:
     return fn
 
 
+def _live(transposed: bool) -> Product:
+    """``fn(x, W, b) = x W + b`` by the kernels that read W itself (:func:`unpacked`)."""
+    return lambda x, W, b: unpacked(x, W, b, transposed=transposed)
+
+
 def _row_major(out_in: Tensor, transposed: bool) -> Product:
     """``fn(x, W, b) = x W + b`` reading W as a row-major [d_in, d_out] matrix: a copy where
     W is stored the other way round, else W itself."""
     if out_in.T.is_contiguous():  # W is already [d_in, d_out] row-major: read it live
-        return lambda x, W, b: unpacked(x, W, b, transposed=transposed)
+        return _live(transposed)
     W_io = out_in.T.contiguous()  # [d_in, d_out]
 
     def copied(x: Tensor, _W: Tensor, b: Tensor | None) -> Tensor:
@@ -247,10 +251,11 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     - float32: W read as a row-major [d_in, d_out] matrix, the layout in which x W streams
       fastest: W itself, or a contiguous copy where W is stored the other way round (the
       tied W_E); glassgpt's own kernel (``_gemv``) streams it for up to ``SMALL_BATCH`` rows
-      of x, ``F.linear`` for more. What it streams lives on 2 MiB pages
-      (``glassgpt.kernels.pages``): the copy, or W itself, moved there with its values. A W
-      read live also gets a panel copy for one-row products (decoding), while memory
-      allows (:func:`_panel_copy`): W's bytes again, for a faster stream.
+      of x, the unpacked kernels read W itself for more. What it streams lives on 2 MiB
+      pages (``glassgpt.kernels.pages``): the copy, or W itself, moved there with its
+      values. W also gets a panel copy for the products of one row (decoding; up to 8 rows
+      with AVX-512F), while memory allows (:func:`_panel_copy`): W's bytes again, for a
+      faster stream.
 
     The weight's values are untouched (hooks, training and the embedding still read them).
     """
@@ -265,7 +270,9 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
             if out_in.T.is_contiguous() and not W.is_inference():  # streamed live: move it
                 W.data = huge_page_copy(W.data)
                 out_in = out_in_view(W, transposed=transposed)
-            fallback = _row_major(out_in, transposed) if float32 else _upcast(transposed)
+            # more rows than _gemv takes: W itself (a tied W_E too: [d_out, d_in] is the
+            # layout oneDNN and MKL read fastest for many rows)
+            fallback = _live(transposed) if float32 else _upcast(transposed)
             fn = _streamed(out_in, transposed, fallback)
         else:
             fn = _row_major(out_in, transposed) if float32 else _upcast(transposed)

@@ -157,6 +157,15 @@ def test_panels_kernel_is_x_w_plus_b(
     _close(got, x, W, b)
 
 
+@pytest.mark.parametrize("d_out", [1, 63, 64, 65, 200, 256])
+def test_panels_are_w_by_64_outputs_padded_with_zeros(d_out: int) -> None:
+    W = torch.randn(7, d_out, generator=torch.Generator().manual_seed(d_out))
+    padded = torch.cat([W, torch.zeros(7, -d_out % 64)], dim=1)  # [7, 64 n]
+    want = torch.stack([padded[:, 64 * p : 64 * (p + 1)] for p in range(padded.shape[1] // 64)])
+    for P in (dense.panels(W), dense.panels(W, out=torch.full(want.shape, float("nan")))):
+        assert P.is_contiguous() and torch.equal(P, want)
+
+
 def test_panels_kernel_rejects_more_rows_than_it_takes() -> None:
     M = _gemv.panels_rows() + 1
     x = torch.zeros(M, 64)

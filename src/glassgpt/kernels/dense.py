@@ -33,7 +33,7 @@ from torch import Tensor
 
 from glassgpt.kernels import bf16, onednn, replay
 from glassgpt.kernels.onednn import use_onednn
-from glassgpt.kernels.pages import huge_page_copy
+from glassgpt.kernels.pages import huge_page_copy, huge_page_empty
 
 try:
     from glassgpt.kernels import _gemv
@@ -163,18 +163,24 @@ def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
     return fn
 
 
-def panels(W: Tensor) -> Tensor:
+def panels(W: Tensor, out: Tensor | None = None) -> Tensor:
     """W [d_in, d_out] as its panels P [⌈d_out/64⌉, d_in, 64], P[p, k, c] = W[k, 64p + c]
-    (zeros past d_out), contiguous: each panel of 64 outputs is one run of memory.
+    (zeros past d_out), contiguous: each panel of 64 outputs is one run of memory. Written into
+    ``out`` where given (contiguous, that shape), read from W in place: no other copy.
 
     >>> panels(torch.arange(6.0).view(2, 3))[0, :, :4].tolist()
     [[0.0, 1.0, 2.0, 0.0], [3.0, 4.0, 5.0, 0.0]]
     """
     d_in, d_out = W.shape
-    n = -(-d_out // PANEL)
-    padded = torch.zeros(d_in, n * PANEL, dtype=W.dtype)
-    padded[:, :d_out] = W
-    return padded.view(d_in, n, PANEL).transpose(0, 1).contiguous()
+    n, full = -(-d_out // PANEL), d_out // PANEL
+    P = torch.empty(n, d_in, PANEL, dtype=W.dtype) if out is None else out
+    if full:
+        P[:full].copy_(W[:, : full * PANEL].unflatten(1, (full, PANEL)).transpose(0, 1))
+    if full < n:  # the last panel: the remaining outputs, then zeros
+        rest = d_out - full * PANEL
+        P[full, :, :rest].copy_(W[:, full * PANEL :])
+        P[full, :, rest:].zero_()
+    return P
 
 
 def _panel_copy(W: Tensor) -> Tensor | None:
@@ -191,7 +197,7 @@ def _panel_copy(W: Tensor) -> Tensor | None:
     size = d_in * -(-d_out // PANEL) * PANEL * 4
     if size > PANEL_MEMORY_SHARE * _available_memory():
         return None
-    return huge_page_copy(panels(W))
+    return panels(W, out=huge_page_empty((-(-d_out // PANEL), d_in, PANEL), torch.float32))
 
 
 def _available_memory() -> float:

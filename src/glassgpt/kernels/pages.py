@@ -34,10 +34,25 @@ def huge_page_copy(t: Tensor) -> Tensor:
     >>> torch.equal(c, t), c.is_contiguous(), c.data_ptr() != t.data_ptr()
     (True, True, True)
     """
-    nbytes = t.numel() * t.element_size()
-    advise = getattr(mmap, "MADV_HUGEPAGE", None)
-    if t.device.type != "cpu" or nbytes < HUGE_PAGE or advise is None:
+    if t.device.type != "cpu":
         return t.clone(memory_format=torch.contiguous_format)
+    return huge_page_empty(t.shape, t.dtype).copy_(t)
+
+
+def huge_page_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Tensor:
+    """An uninitialised contiguous CPU tensor in memory advised for 2 MiB pages (an ordinary
+    one under 2 MiB or where the system has no such advice), for a caller to fill in place.
+
+    >>> huge_page_empty((3, 4), torch.float32).shape
+    torch.Size([3, 4])
+    """
+    numel = 1
+    for n in shape:
+        numel *= n
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes < HUGE_PAGE or advise is None:
+        return torch.empty(shape, dtype=dtype)
     size = nbytes + HUGE_PAGE  # room to start at a 2 MiB boundary
     buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = torch.frombuffer(buf, dtype=torch.uint8, count=1).data_ptr()
@@ -46,5 +61,4 @@ def huge_page_copy(t: Tensor) -> Tensor:
     with contextlib.suppress(OSError):  # a kernel without transparent huge pages: 4 KiB ones
         buf.madvise(advise, offset, whole)  # before the first touch: faults get 2 MiB pages
     # the tensor keeps ``buf`` alive; the mapping is unmapped when the tensor is freed
-    out = torch.frombuffer(buf, dtype=t.dtype, count=t.numel(), offset=offset)
-    return out.view(t.shape).copy_(t)
+    return torch.frombuffer(buf, dtype=dtype, count=numel, offset=offset).view(shape)

@@ -8,7 +8,9 @@ GPT-2 small shape (124M parameters) with random weights, a 16-token prompt, gree
 (both stop only at max_new_tokens). For each precision and batch size it prints tokens/s
 (new tokens over the whole call, prefill included), the decode time per step (from a second
 call with one new token: (t_N − t_1)/(N − 1)), the weight bytes read per step over that
-time (GB/s) beside the machine's memory bandwidth measured here (sum of a 512 MiB tensor),
+time (GB/s) beside the machine's memory bandwidth measured here (sum of a 512 MiB tensor,
+probed before every repeat: the limit is the median of those probes, taken in the same minutes
+as the steps it bounds),
 and "same ids": the share of greedy tokens equal to transformers' before the first
 difference (100% in float32; bf16 kernels round differently, so greedy paths may part).
 Medians over repeats, glassgpt and transformers interleaved to share the machine's noise.
@@ -56,17 +58,30 @@ from glassgpt.sample import generate  # noqa: E402
 from glassgpt.sample.precision import cast, perplexity  # noqa: E402
 
 
-def bandwidth(threads: int, device: str = "cpu") -> float:
-    """GB/s reading a 512 MiB float32 tensor (median of 5 sums)."""
-    x = torch.rand(128 * 1024 * 1024, device=device)
-    if device != "cpu":
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(6):
-        t = time.perf_counter()
-        x.sum().item()
-        times.append(time.perf_counter() - t)
-    return x.numel() * 4 / statistics.median(times[1:]) / 1e9
+class Bandwidth:
+    """GB/s reading a 512 MiB float32 tensor: ``probe()`` takes the median of 3 sums now and
+    keeps it, so that the limit can be measured in the same minutes as the decoding it bounds
+    (a shared host's memory speed drifts from minute to minute)."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self.x = torch.rand(128 * 1024 * 1024, device=device)
+        self.x.sum().item()  # first touch
+        self.seen: list[float] = []
+
+    def probe(self) -> float:
+        times = []
+        for _ in range(3):
+            if self.device != "cpu":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            self.x.sum().item()
+            times.append(time.perf_counter() - t)
+        self.seen.append(self.x.numel() * 4 / statistics.median(times) / 1e9)
+        return self.seen[-1]
+
+    def median(self) -> float:
+        return statistics.median(self.seen)
 
 
 def ours_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
@@ -209,14 +224,20 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int]:
     return engines, sum(p.numel() for p in base.parameters())
 
 
-def measure(engines: dict[str, tuple], prompts: torch.Tensor, n: int, repeats: int):  # type: ignore[no-untyped-def]
+def measure(  # type: ignore[no-untyped-def]
+    engines: dict[str, tuple], prompts: torch.Tensor, n: int, repeats: int,
+    bandwidth: Bandwidth | None = None,
+):  # fmt: skip
     """Per engine: median seconds for 1 and for n new tokens, and the ids of the n-token call,
-    the engines interleaved in every repeat so that they share the machine's noise."""
+    the engines interleaved in every repeat so that they share the machine's noise; the
+    memory bandwidth probed before each repeat where ``bandwidth`` is given."""
     for call, _, _ in engines.values():
         call(prompts, 4)  # warm up
     rec: dict[str, dict[str, list[float]]] = {k: {"1": [], "n": []} for k in engines}
     ids: dict[str, list[list[int]]] = {}
     for _ in range(repeats):
+        if bandwidth is not None:
+            bandwidth.probe()
         for name, (call, _, _) in engines.items():
             rec[name]["1"].append(timed(call, prompts, 1)[0])
             t, ids[name] = timed(call, prompts, n)
@@ -234,23 +255,31 @@ def step_ms(rec: dict[str, list[float]], n: int) -> float:
 def speed_table(args: argparse.Namespace) -> None:
     dev = args.device
     engines, n_params = make_engines(args)
-    bw = bandwidth(args.threads, dev)
+    probe = Bandwidth(dev)
+    bw = probe.probe()
     where = torch.cuda.get_device_name() if dev != "cpu" else f"{args.threads} threads"
-    print(f"{where}: memory bandwidth (sum of 512 MiB): {bw:.1f} GB/s; parameters "
-          f"{n_params / 1e6:.1f} M; float32 limit {bw * 1e9 / (4 * n_params):.0f} steps/s")  # fmt: skip
+    print(f"{where}: memory bandwidth (sum of 512 MiB) at the start: {bw:.1f} GB/s; parameters "
+          f"{n_params / 1e6:.1f} M")  # fmt: skip
     N = args.new_tokens
     g = torch.Generator().manual_seed(1)
     header = ("| batch | engine | tok/s | ms/step | GB/s | share of limit | "
               "vs ctranslate2 same dtype | vs transformers float32 | same ids |")  # fmt: skip
-    print(header)
-    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    tables = []
     for batch in (1, args.batch):
         prompts = torch.randint(0, 50257, (batch, args.prompt), generator=g).to(dev)
-        med, ids, _ = measure(engines, prompts, N, args.repeats)
+        med, ids, rec = measure(engines, prompts, N, args.repeats, probe)
+        tables.append((batch, med, ids, rec))
+    bw = probe.median()  # the limit in the same minutes as the steps it bounds
+    print(f"memory bandwidth probed before each repeat: median {bw:.1f} GB/s (range "
+          f"{min(probe.seen):.1f}-{max(probe.seen):.1f}); float32 limit "
+          f"{bw * 1e9 / (4 * n_params):.0f} steps/s; ms/step: the median of each repeat's paired "
+          f"(t_{N} - t_1)/{N - 1}\n")  # fmt: skip
+    print(header)
+    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    for batch, med, ids, rec in tables:
         rate = {k: batch * N / t_n for k, (_, t_n) in med.items()}
         for name, (_, dtype, nbytes) in engines.items():
-            t1, tn = med[name]
-            step = (tn - t1) / (N - 1)
+            step = step_ms(rec[name], N) / 1e3
             gbs = n_params * nbytes / step / 1e9
             ct = f"ctranslate2 {dtype}"
             vs_ct = f"{rate[name] / rate[ct]:.2f}×" if ct in rate else "–"

@@ -56,7 +56,7 @@ def test_quantization_error_is_at_most_half_a_step() -> None:
 @given(
     M=st.integers(1, 9),
     d_in=st.integers(1, 150),
-    d_out=st.integers(1, 70),
+    d_out=st.integers(1, 140),  # partial groups of 32 and of panels of 8
     bias=st.booleans(),
     threads=st.sampled_from([1, 2, 3]),
     portable=st.booleans(),
@@ -100,16 +100,16 @@ def test_kernel_on_model_shapes_and_threads(
 
 
 def test_panels_hold_each_weight_once_in_order() -> None:
-    """p[j // 8, i // 2, j % 8, i % 2] = q[j, i], zeros in the padding past d_out and d_in
+    """p[j // 32, i // 2, j % 32, i % 2] = q[j, i], zeros in the padding past d_out and d_in
     (checked entry by entry)."""
     gen = torch.Generator().manual_seed(1)
-    q = torch.randint(-127, 128, (13, 5), generator=gen, dtype=torch.int8)
+    q = torch.randint(-127, 128, (45, 5), generator=gen, dtype=torch.int8)
     p = int8.panels(q)
-    assert p.shape == (2, 3, 8, 2) and p.is_contiguous()
-    for j in range(16):
+    assert p.shape == (2, 3, 32, 2) and p.is_contiguous()
+    for j in range(64):
         for i in range(6):
-            want = q[j, i].item() if j < 13 and i < 5 else 0
-            assert p[j // 8, i // 2, j % 8, i % 2].item() == want
+            want = q[j, i].item() if j < 45 and i < 5 else 0
+            assert p[j // 32, i // 2, j % 32, i % 2].item() == want
 
 
 @needs_ext

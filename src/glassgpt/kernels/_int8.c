@@ -3,9 +3,12 @@
  *     y[m, j] = s[j] · Σ_i x[m, i] q[j, i] + b[j]        m < M, j < d_out, i < d_in
  *
  * x float32 [M, d_in], s float32 [d_out], b float32 [d_out] or none, y float32 [M, d_out];
- * q int8 in panels of 8 output channels and pairs of inputs, p[⌈d_out/8⌉, ⌈d_in/2⌉, 8, 2]
- * with p[j/8, i/2, j%8, i%2] = q[j, i] (zeros past d_out and d_in): the 16 weights of a
- * panel at inputs 2t, 2t+1 are 16 contiguous bytes.
+ * q int8 in groups of 32 output channels and pairs of inputs, p[⌈d_out/32⌉, ⌈d_in/2⌉, 32, 2]
+ * with p[j/32, i/2, j%32, i%2] = q[j, i] (zeros past d_out and d_in): the 64 weights of a
+ * group at inputs 2t, 2t+1 are one 64-byte line, and a group is one run of memory that a
+ * thread streams front to back (one stream, where panels of 8 channels one after another
+ * were four: 16.8 GB/s over GPT-2 small's block matrices at M = 1). The kernel works in
+ * panels of 8 channels, a quarter of a group's line: panel p is channels 8p .. 8p+7.
  *
  * Each row of x is first rounded to 16-bit integers with one scale per row,
  * x[m, i] ≈ r[m] x16[m, i], r[m] = max_i |x[m, i]| / 32767, so |x − r x16| ≤ r/2 (plus
@@ -19,11 +22,13 @@
  * per weight byte): each panel is read once for all M rows; 16 weights are widened
  * int8 → int16 once and serve M multiply-adds of pairs (AVX2 vpmaddwd: 16 products per
  * instruction, twice the float32 FMA's 8) into one 8-wide integer accumulator per row of x
- * (the pair x16[m, 2t], x16[m, 2t+1] broadcast). Fewer rows take several panels at a time.
+ * (the pair x16[m, 2t], x16[m, 2t+1] broadcast). Fewer rows take several panels of a group
+ * at a time (all four at M ≤ 2: each line read once; two or one at more rows, the group's
+ * other lines then read again from the cache, a group being 24-96 KB at GPT-2's widths).
  * The AVX2 kernel is chosen at run time (__builtin_cpu_supports); a portable loop computes
  * the same integer sums otherwise.
  *
- * Threads: the panels are split over PyTorch's own OpenMP threads (_parallel.h).
+ * Threads: whole groups are split over PyTorch's own OpenMP threads (_parallel.h).
  * The GIL is released during the call.
  */
 #define _GNU_SOURCE
@@ -88,18 +93,25 @@ static void quantize_row(const float *row, Py_ssize_t d_in, Py_ssize_t M, Py_ssi
 
 /* ---- portable kernel ---------------------------------------------------------------- */
 
+#define LINE 64 /* bytes of a group at one pair of inputs */
+
+/* Panel p's 16 weights at the first pair of inputs (the next pair LINE bytes on). */
+static inline const int8_t *panel(const Job *J, Py_ssize_t p) {
+    return J->q + (p / 4) * J->n2 * LINE + (p % 4) * 16;
+}
+
 static void rows_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) { /* panels p0 .. p1-1 */
     const Py_ssize_t n2 = J->n2, M = J->M;
     for (Py_ssize_t j = p0 * 8; j < p1 * 8 && j < J->d_out; j++) {
-        const int8_t *w = J->q + (j / 8) * n2 * 16 + 2 * (j % 8);
+        const int8_t *w = panel(J, j / 8) + 2 * (j % 8);
         for (Py_ssize_t m = 0; m < M; m++) {
             float acc = 0.0f;
             for (Py_ssize_t t0 = 0; t0 < n2; t0 += BLOCK) {
                 int32_t sum = 0;
                 for (Py_ssize_t t = t0; t < t0 + BLOCK && t < n2; t++) {
                     uint32_t pair = (uint32_t)J->x[t * M + m];
-                    sum += (int16_t)(pair & 0xffff) * w[16 * t];
-                    sum += (int16_t)(pair >> 16) * w[16 * t + 1];
+                    sum += (int16_t)(pair & 0xffff) * w[LINE * t];
+                    sum += (int16_t)(pair >> 16) * w[LINE * t + 1];
                 }
                 acc += (float)sum;
             }
@@ -125,14 +137,14 @@ TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const 
     for (Py_ssize_t c = 0; j + c < J->d_out; c++) y[c] = finish(J, m, j + c, acc[c]);
 }
 
-/* P panels (p .. p+P-1) against all M rows of x: P·M 8-wide 32-bit accumulators in
- * registers (the loops over P and M have constant bounds and unroll), emptied every BLOCK
- * pairs into float32 sums in memory. */
+/* P panels (p .. p+P-1, one group's: p % 4 + P ≤ 4) against all M rows of x: P·M 8-wide
+ * 32-bit accumulators in registers (the loops over P and M have constant bounds and unroll),
+ * emptied every BLOCK pairs into float32 sums in memory. */
 #define PANELS(M, P)                                                                          \
     TARGET static void panels_##M##_##P(const Job *J, Py_ssize_t p) {                         \
         const Py_ssize_t n2 = J->n2;                                                          \
         const int32_t *x = J->x;                                                              \
-        const int8_t *q = J->q + p * n2 * 16;                                                 \
+        const int8_t *q = panel(J, p);                                                        \
         float sums[P][M][8] = {{{0}}};                                                        \
         for (Py_ssize_t t0 = 0; t0 < n2; t0 += BLOCK) {                                       \
             const Py_ssize_t t1 = t0 + BLOCK < n2 ? t0 + BLOCK : n2;                          \
@@ -141,10 +153,11 @@ TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const 
             _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                               \
                 acc[r][m] = _mm256_setzero_si256();                                           \
             Py_ssize_t t = t0;                                                                \
-            for (; t + 4 <= t1; t += 4) { /* a cache line of each panel per turn */          \
-                _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                           \
-                    _mm_prefetch((const char *)(q + r * n2 * 16 + 16 * t + 1024), _MM_HINT_T0); \
-                _Pragma("GCC unroll 4") for (Py_ssize_t u = t; u < t + 4; u++) STEP(M, P, u); \
+            for (; t + 4 <= t1; t += 4) { /* four lines of the group per turn */             \
+                _Pragma("GCC unroll 4") for (Py_ssize_t u = t; u < t + 4; u++) {              \
+                    _mm_prefetch((const char *)(q + LINE * (u + 32)), _MM_HINT_T0);           \
+                    STEP(M, P, u);                                                            \
+                }                                                                             \
             }                                                                                 \
             for (; t < t1; t++) STEP(M, P, t);                                                \
             _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
@@ -159,7 +172,7 @@ TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const 
     do {                                                                                      \
         __m256i w[P];                                                                         \
         _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) w[r] = _mm256_cvtepi8_epi16(      \
-            _mm_loadu_si128((const __m128i *)(q + r * n2 * 16 + 16 * (u))));                  \
+            _mm_loadu_si128((const __m128i *)(q + r * 16 + LINE * (u))));                     \
         _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) {                                 \
             __m256i xv = _mm256_set1_epi32(x[(u) * M + m]);                                   \
             _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) {                             \
@@ -257,7 +270,7 @@ static const char *KERNEL_NAME;
 
 /* ---- the threads ------------------------------------------------------------------ */
 
-static void part(const void *job, int k, int parts) { /* panels of part k, in fours */
+static void part(const void *job, int k, int parts) { /* panels of part k: whole groups */
     const Job *J = job;
     int p0, p1;
     share((int)((J->d_out + 7) / 8), 4, k, parts, &p0, &p1);
@@ -319,8 +332,9 @@ static PyObject *kernel_name(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"gemv", gemv, METH_VARARGS,
-     "gemv(x, p, s, b, y, M, d_in, d_out, threads): y = (x qᵀ)·s + b, q in panels p [d_out/8 "
-     "(rounded up), d_in, 8]; addresses as ints, b 0 for none (the GIL is released)"},
+     "gemv(x, p, s, b, y, M, d_in, d_out, threads): y = (x qᵀ)·s + b, q in groups p [d_out/32 "
+     "(rounded up), d_in/2 (rounded up), 32, 2]; addresses as ints, b 0 for none (the GIL is "
+     "released)"},
     {"kernel", kernel_name, METH_NOARGS, "the kernel in use: 'avx2' or 'scalar'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loop (tests)"},
     {NULL},

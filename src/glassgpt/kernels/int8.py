@@ -10,12 +10,13 @@ batch 1) the product is bound by reading the weights, so a quarter of float32's 
 it up to 4x faster there; at 8 rows by its multiply-adds.
 
 Kernels (:func:`product`): rows ≤ ``MAX_ROWS`` go to the compiled ``_int8`` extension
-(``kernels/_int8.c``): q stored in panels of 8 output channels and pairs of inputs
-(:func:`panels`), each row of x rounded to 16-bit integers with one scale per row
+(``kernels/_int8.c``): q stored in groups of 32 output channels and pairs of inputs, one
+64-byte line a pair, so that a thread streams each group front to back (:func:`panels`),
+each row of x rounded to 16-bit integers with one scale per row
 (r_m = max_i |x[m, i]| / 32767, |Δx| ≤ r_m / 2: a relative error of 2^-16 of the row's
 largest entry, about 1/200 of the weights' own on a GPT-2-shape model's logits), exact
 integer sums (AVX2 ``vpmaddwd``, 16 products per instruction: twice float32 FMA's rate),
-then the scales in float32; panels split over ``torch.get_num_threads()`` threads. More
+then the scales in float32; groups split over ``torch.get_num_threads()`` threads. More
 rows (prefill, perplexity: compute-bound) and machines without the extension compute
 x W̃ + b in float32 from W̃ itself (a warning says once that the extension is missing).
 """
@@ -33,6 +34,7 @@ from glassgpt.kernels import replay
 from glassgpt.kernels.pages import huge_page_copy
 
 MAX_ROWS = 8  # rows of x (batch × tokens) that the compiled kernel takes
+GROUP = 32  # output channels per group of q's layout (:func:`panels`)
 
 
 def compiled() -> Any | None:
@@ -65,18 +67,19 @@ def dequantize(q: Tensor, s: Tensor) -> Tensor:
 
 
 def panels(q: Tensor) -> Tensor:
-    """q int8 [d_out, d_in] as the kernel reads it: panels of 8 output channels and pairs of
-    inputs, p [⌈d_out/8⌉, ⌈d_in/2⌉, 8, 2] with p[j // 8, i // 2, j % 8, i % 2] = q[j, i]
-    (zeros past d_out and d_in).
+    """q int8 [d_out, d_in] as the kernel reads it: groups of 32 output channels and pairs of
+    inputs, p [⌈d_out/32⌉, ⌈d_in/2⌉, 32, 2] with p[j // 32, i // 2, j % 32, i % 2] = q[j, i]
+    (zeros past d_out and d_in): a group's 64 weights at two inputs are one 64-byte line, and
+    each group one run of memory.
 
     >>> panels(torch.arange(6, dtype=torch.int8).view(3, 2)).flatten().tolist()[:8]
     [0, 1, 2, 3, 4, 5, 0, 0]
     """
     d_out, d_in = q.shape
-    n, n2 = -(-d_out // 8), -(-d_in // 2)
-    padded = torch.zeros(n * 8, n2 * 2, dtype=torch.int8)
+    n, n2 = -(-d_out // GROUP), -(-d_in // 2)
+    padded = torch.zeros(n * GROUP, n2 * 2, dtype=torch.int8)
     padded[:d_out, :d_in] = q
-    return padded.view(n, 8, n2, 2).transpose(1, 2).contiguous()
+    return padded.view(n, GROUP, n2, 2).transpose(1, 2).contiguous()
 
 
 _warned = False

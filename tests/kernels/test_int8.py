@@ -52,24 +52,29 @@ def test_quantization_error_is_at_most_half_a_step() -> None:
 
 
 @needs_ext
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=90, deadline=None)
 @given(
     M=st.integers(1, 9),
     d_in=st.integers(1, 150),
     d_out=st.integers(1, 140),  # partial groups of 32 and of panels of 8
     bias=st.booleans(),
     threads=st.sampled_from([1, 2, 3]),
-    portable=st.booleans(),
+    kernel=st.sampled_from(["portable", "avx2", "widest"]),
     seed=st.integers(0, 2**16),
 )
-def test_kernel_is_x_w_tilde_plus_b(M, d_in, d_out, bias, threads, portable, seed) -> None:
+def test_kernel_is_x_w_tilde_plus_b(M, d_in, d_out, bias, threads, kernel, seed) -> None:
+    """The portable loop, the AVX2 kernels (16 registers) and, on a CPU with AVX-512VL, the
+    kernels on 32 registers."""
     gen = torch.Generator().manual_seed(seed)
     W = torch.randn(d_out, d_in, generator=gen)
     x = torch.randn(M, d_in, generator=gen)
     b = torch.randn(d_out, generator=gen) if bias else None
     q, s = int8.quantize(W)
     ext = int8.compiled()
-    assert ext.use_portable(portable) == ("scalar" if portable else ext.kernel())
+    if kernel == "portable":
+        assert ext.use_portable(True) == "scalar"
+    else:
+        assert ext.wide_registers(kernel == "widest") == ext.kernel()
     try:
         if M > int8.MAX_ROWS:
             with pytest.raises(ValueError, match="gemv"):

@@ -349,6 +349,14 @@ static PyObject *use_portable(PyObject *self, PyObject *flag) { /* tests: the po
     return PyUnicode_FromString(KERNEL_NAME);
 }
 
+static PyObject *wide_registers(PyObject *self, PyObject *flag) { /* tests: the AVX2 kernels */
+    int on = PyObject_IsTrue(flag);
+    if (on < 0) return NULL;
+    KERNEL = pick_kernel(&KERNEL_NAME); /* tests only: no call may be in flight */
+    if (!on && use_vl) use_vl = 0, KERNEL_NAME = "avx2";
+    return PyUnicode_FromString(KERNEL_NAME);
+}
+
 static PyObject *kernel_name(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(KERNEL_NAME);
 }
@@ -360,6 +368,9 @@ static PyMethodDef methods[] = {
      "released)"},
     {"kernel", kernel_name, METH_NOARGS, "the kernel in use: 'avx2' or 'scalar'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loop (tests)"},
+    {"wide_registers", wide_registers, METH_O,
+     "wide_registers(flag): the AVX-512VL kernels where the CPU has them (True), or the AVX2 "
+     "ones (tests); returns the kernel now in use"},
     {NULL},
 };
 

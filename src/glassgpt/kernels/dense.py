@@ -124,20 +124,23 @@ def _onednn_packed(W_out_in: Tensor) -> Product | None:
     return fn
 
 
-def _streamed(out_in: Tensor, transposed: bool, fallback: Product) -> Product:
+def _streamed(
+    out_in: Tensor, transposed: bool, fallback: Product, *, with_panels: bool = True
+) -> Product:
     """``fn(x, W, b) = x W + b`` by ``_gemv`` for up to ``SMALL_BATCH`` rows of x, streaming
     W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
     a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x. A bfloat16
     W (and so x, whose dtype a packed product matches) takes ``gemv_rows_bf16_io``: x and b
     widened to float32, float32 sums, y rounded to bf16, all in the kernel. One row of x
     (a decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads a float32
-    W from its panel copy (:func:`panels`) where one was made (:func:`_panel_copy`)."""
+    W from its panel copy (:func:`panels`) where one was made (:func:`_panel_copy`; none
+    without ``with_panels``: a caller whose own kernel takes those rows)."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
     W_io = None if out_in.T.is_contiguous() else huge_page_copy(out_in.T)  # [d_in, d_out]
     half = out_in.dtype == torch.bfloat16
     kernel = _gemv.gemv_rows_bf16_io if half else _gemv.gemv_rows
-    P = None if half else _panel_copy(out_in.T)
+    P = _panel_copy(out_in.T) if with_panels and not half else None
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in

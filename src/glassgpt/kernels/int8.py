@@ -153,7 +153,8 @@ def float_product(W: Tensor, *, transposed: bool = False) -> Any:
 
     if transposed or not dense.has_small_batch_kernel() or not W.is_contiguous():
         return plain
-    return dense._streamed(dense.out_in_view(W), False, plain)  # reads W live: no copy
+    # reads W live, no copy: the int8 kernel takes the rows that a panel copy would serve
+    return dense._streamed(dense.out_in_view(W), False, plain, with_panels=False)
 
 
 def product(q: Tensor, s: Tensor, *, many: Any) -> Any:

@@ -97,23 +97,6 @@ static void rows_plain(const Job *j, float *out, const float *bias, int k0, int 
     }
 }
 
-/* y[m, 64p + c] = b + Σ_k x[m, k] P[p, k, c] for the panels p0 ≤ p < p1 of P, every row m of
- * x, each sum over k in order (c < 64, 64p + c < N). */
-static void panels_plain(const Job *j, int p0, int p1) {
-    const float *P = j->W;
-    for (int p = p0; p < p1; p++)
-        for (int m = 0; m < j->M; m++) {
-            float acc[PANEL] = {0};
-            const float *w = P + (size_t)p * j->K * PANEL, *x = j->x + (size_t)m * j->K;
-            for (int k = 0; k < j->K; k++, w += PANEL)
-                for (int c = 0; c < PANEL; c++)
-                    acc[c] += x[k] * w[c];
-            float *y = j->y + (size_t)m * j->N;
-            for (int c = 0; c < PANEL && p * PANEL + c < j->N; c++)
-                y[p * PANEL + c] = acc[c] + (j->b ? j->b[p * PANEL + c] : 0.0f);
-        }
-}
-
 /* The 64 sums of panel p for row m (acc) into y, plus the bias, up to N. */
 static inline void panel_out(const Job *j, int p, int m, const float *acc) {
     float *y = j->y + (size_t)m * j->N + (size_t)p * PANEL;
@@ -121,6 +104,21 @@ static inline void panel_out(const Job *j, int p, int m, const float *acc) {
     const int n = j->N - p * PANEL < PANEL ? j->N - p * PANEL : PANEL;
     for (int c = 0; c < n; c++)
         y[c] = acc[c] + (b ? b[c] : 0.0f);
+}
+
+/* y[m, 64p + c] = b + Σ_k x[m, k] P[p, k, c] for the panels p0 ≤ p < p1 of P, every row m of
+ * x, each sum over k in order (c < 64, 64p + c < N). */
+static void panels_plain(const Job *j, int p0, int p1) {
+    for (int p = p0; p < p1; p++)
+        for (int m = 0; m < j->M; m++) {
+            float acc[PANEL] = {0};
+            const float *w = (const float *)j->W + (size_t)p * j->K * PANEL;
+            const float *x = j->x + (size_t)m * j->K;
+            for (int k = 0; k < j->K; k++, w += PANEL)
+                for (int c = 0; c < PANEL; c++)
+                    acc[c] += x[k] * w[c];
+            panel_out(j, p, m, acc);
+        }
 }
 
 /* ---------------------------------------------------------------- AVX2 + FMA kernels -- */
@@ -341,8 +339,8 @@ static void rows_part(const void *job, int part, int parts) {
 /* Part p of the panels form: a contiguous run of panels, into its own outputs of y. */
 static void panels_part(const void *job, int part, int parts) {
     const Job *j = job;
-    const int n = (j->N + PANEL - 1) / PANEL;
-    const int p0 = (int)((long long)n * part / parts), p1 = (int)((long long)n * (part + 1) / parts);
+    int p0, p1;
+    share((j->N + PANEL - 1) / PANEL, 1, part, parts, &p0, &p1);
 #if GG_X86
     if (use_avx512) {
         panels_avx512(j, p0, p1);

@@ -23,6 +23,7 @@ differs. Packed copies live in this module's registry, keyed by the weight tenso
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -194,13 +195,13 @@ def _panel_copy(W: Tensor) -> Tensor | None:
     form's 19.5); None where the kernel is not built, W is not
     float32, or the copy would take more than ``PANEL_MEMORY_SHARE`` of the memory available
     now (the rows of the live W serve then, a little slower)."""
-    if _gemv is None or not hasattr(_gemv, "gemv_panels") or W.dtype != torch.float32:
+    if _gemv is None or W.dtype != torch.float32:
         return None
     d_in, d_out = W.shape
-    size = d_in * -(-d_out // PANEL) * PANEL * 4
-    if size > PANEL_MEMORY_SHARE * _available_memory():
+    shape = (-(-d_out // PANEL), d_in, PANEL)
+    if math.prod(shape) * 4 > PANEL_MEMORY_SHARE * _available_memory():
         return None
-    return panels(W, out=huge_page_empty((-(-d_out // PANEL), d_in, PANEL), torch.float32))
+    return panels(W, out=huge_page_empty(shape, torch.float32))
 
 
 def _available_memory() -> float:

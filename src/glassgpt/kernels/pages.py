@@ -18,6 +18,7 @@ values are the same either way, only the speed differs.
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 
 import torch
@@ -46,10 +47,8 @@ def huge_page_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> 
     >>> huge_page_empty((3, 4), torch.float32).shape
     torch.Size([3, 4])
     """
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    numel = math.prod(shape)
+    nbytes = numel * dtype.itemsize
     advise = getattr(mmap, "MADV_HUGEPAGE", None)
     if nbytes < HUGE_PAGE or advise is None:
         return torch.empty(shape, dtype=dtype)

@@ -49,6 +49,8 @@
  *   transpose(x, y, rows, cols, threads)   y[c, r] = x[r, c] for contiguous float32 x [rows,
  *                              cols] and y [cols, rows], in 8 × 8 blocks, in parts, the GIL
  *                              released (the first operand of oneDNN's ∂W = xᵀ g)
+ *   argmax_rows(z, ids, B, V) → whether every row is finite; ids[b] = the first index of the
+ *                              largest value of row b of float32 z [B, V] (greedy decoding)
  *   kernel() → "avx2" or "portable";  use_portable(flag) → the kernel now in use (tests)
  */
 #define _GNU_SOURCE
@@ -75,6 +77,21 @@ typedef void (*GeluSlopeFn)(const float *x, float *y, float *d, Py_ssize_t n);
 #define INV_SQRT_2PI 0.3989422804014327f
 
 /* ------------------------------------------------------------------- portable loops -- */
+
+/* The first index of z's largest value over n > 0 values; *finite = 0 where a value is NaN
+ * or the largest is ±inf (the caller then takes PyTorch's path, which handles those). */
+static long long argmax_portable(const float *z, long long n, int *finite) {
+    long long k = 0;
+    float m = z[0];
+    int nan = 0;
+    for (long long i = 0; i < n; i++) {
+        nan |= z[i] != z[i];
+        if (z[i] > m)
+            m = z[i], k = i;
+    }
+    *finite = !nan && isfinite(m);
+    return k;
+}
 
 static void norm_portable(const float *x, const float *w, const float *b, float *y, int d,
                           float eps, int centred, float *stats) {
@@ -374,6 +391,7 @@ typedef struct {
 } Transpose;
 
 typedef void (*TransposeFn)(const Transpose *t, long long c0, long long c1);
+typedef long long (*ArgmaxFn)(const float *z, long long n, int *finite);
 
 /* y[c, r] = x[r, c] for r in [r0, r1), c in [c0, c1), one value at a time. */
 static void transpose_values(const Transpose *t, long long r0, long long r1, long long c0,
@@ -464,6 +482,46 @@ AVX2 static void transpose_avx2(const Transpose *t, long long c0, long long c1) 
 }
 #endif
 
+#if GG_X86
+/* argmax_portable with 8 lanes, each keeping its first largest value and that value's index
+ * (n < 2^31); the lanes' largest value, at the smallest index among the lanes that hold it,
+ * is the first largest of z. */
+AVX2 static long long argmax_avx2(const float *z, long long n, int *finite) {
+    if (n < 16)
+        return argmax_portable(z, n, finite);
+    __m256 best = _mm256_loadu_ps(z);
+    __m256i at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), idx = at;
+    __m256 nan = _mm256_cmp_ps(best, best, _CMP_UNORD_Q);
+    const __m256i eight = _mm256_set1_epi32(8);
+    long long i = 8;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(z + i);
+        idx = _mm256_add_epi32(idx, eight);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+        best = _mm256_blendv_ps(best, v, gt);
+        at = _mm256_blendv_epi8(at, idx, _mm256_castps_si256(gt));
+    }
+    float bv[8];
+    int bi[8];
+    _mm256_storeu_ps(bv, best);
+    _mm256_storeu_si256((__m256i *)bi, at);
+    float m = bv[0];
+    long long k = bi[0];
+    for (int l = 1; l < 8; l++)
+        if (bv[l] > m || (bv[l] == m && bi[l] < k))
+            m = bv[l], k = bi[l];
+    int bad = _mm256_movemask_ps(nan) != 0;
+    for (; i < n; i++) { /* the last values come after every lane's: ties keep the lanes' */
+        bad |= z[i] != z[i];
+        if (z[i] > m)
+            m = z[i], k = i;
+    }
+    *finite = !bad && isfinite(m);
+    return k;
+}
+#endif
+
 /* ------------------------------------------------------------------------- Python -- */
 
 static NormFn NORM = norm_portable;
@@ -475,6 +533,7 @@ static GeluSlopeFn GELU_SLOPE = gelu_slope_portable;
 static SumSqFn SUM_SQ = sum_sq_portable;
 static NormBackFn NORM_BACK = norm_back_portable;
 static TransposeFn TRANSPOSE = transpose_portable;
+static ArgmaxFn ARGMAX = argmax_portable;
 static const char *KERNEL_NAME = "portable";
 
 static void pick_kernels(int portable) {
@@ -482,13 +541,13 @@ static void pick_kernels(int portable) {
     GELU_ERF = gelu_erf_portable, GELU_ERF_BACK = gelu_erf_backward_portable;
     GELU_SLOPE = gelu_slope_portable;
     SUM_SQ = sum_sq_portable, NORM_BACK = norm_back_portable, TRANSPOSE = transpose_portable;
-    KERNEL_NAME = "portable";
+    ARGMAX = argmax_portable, KERNEL_NAME = "portable";
 #if GG_X86
     if (!portable && cpu_has_avx2()) {
         NORM = norm_avx2, GELU = gelu_avx2, GELU_BACK = gelu_backward_avx2;
         GELU_ERF = gelu_erf_avx2, GELU_ERF_BACK = gelu_erf_backward_avx2, SUM_SQ = sum_sq_avx2;
         NORM_BACK = norm_back_avx2, TRANSPOSE = transpose_avx2, KERNEL_NAME = "avx2";
-        GELU_SLOPE = gelu_slope_avx2;
+        GELU_SLOPE = gelu_slope_avx2, ARGMAX = argmax_avx2;
     }
 #endif
 }
@@ -977,7 +1036,31 @@ static PyObject *transpose(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
+/* argmax_rows(z, ids, B, V): ids[b] = the first index of row b's largest value, for z
+ * [B, V] float32 (V > 0) and ids [B] int64; returns whether every row is finite there (no
+ * NaN, a finite largest value): where it is not, ids is to be ignored. */
+static PyObject *argmax_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[4];
+    if (!int_args(args, nargs, 4, a, "argmax_rows(z, ids, B, V)"))
+        return NULL;
+    if (a[2] < 0 || a[3] <= 0 || a[3] > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "argmax_rows: need B >= 0 and 0 < V < 2^31");
+        return NULL;
+    }
+    const float *z = (const float *)(uintptr_t)a[0];
+    long long *ids = (long long *)(uintptr_t)a[1];
+    int all = 1;
+    for (long long b = 0; b < a[2]; b++) {
+        int finite;
+        ids[b] = ARGMAX(z + b * a[3], a[3], &finite);
+        all &= finite;
+    }
+    return PyBool_FromLong(all);
+}
+
 static PyMethodDef methods[] = {
+    {"argmax_rows", (PyCFunction)(void (*)(void))argmax_rows, METH_FASTCALL,
+     "argmax_rows(z, ids, B, V) -> bool: each row's first largest index; False where a row is not finite"},
     {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
      "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,

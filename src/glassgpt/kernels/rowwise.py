@@ -11,6 +11,7 @@
     sum_squares(ts)    Σ_t Σ x_t²  over many tensors in one parallel pass (‖g‖₂² for clipping)
     scale_(ts, c)      x_t ← c · x_t  for each tensor, likewise
     transposed(x)      xᵀ as a new contiguous tensor, for a contiguous 2-D float32 x
+    argmax_rows(z)     each row's first index of its largest value (greedy decoding)
     norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
                        (μ, s) its backward needs;  norm_train_backward(...) → dx, dw, db
 
@@ -214,6 +215,22 @@ def transposed(x: Tensor) -> Tensor | None:
     y = torch.empty(cols, rows, dtype=torch.float32)
     _rowwise.transpose(x.data_ptr(), y.data_ptr(), rows, cols, torch.get_num_threads())
     return y
+
+
+def argmax_rows(z: Tensor) -> Tensor | None:
+    """ids [B] (int64): the first index of each row's largest value, as ``z.max(-1)`` gives it,
+    for a contiguous float32 CPU z [B, V]; None where the kernel does not take z or a row
+    holds a NaN or has an infinite largest value (PyTorch's path handles those).
+
+    A greedy step's pick over GPT-2's 50,257 logits: ``z.max(-1)`` reads them one value at a
+    time (about 47 µs, and 120-250 inside a decoding step, after the unembedding wrote them
+    from both cores), this kernel 8 at a time."""
+    if z.ndim != 2 or z.shape[1] == 0 or not whole_ok(z):
+        return None
+    ids = torch.empty(z.shape[0], dtype=torch.long)
+    if not _rowwise.argmax_rows(z.data_ptr(), ids.data_ptr(), z.shape[0], z.shape[1]):
+        return None
+    return ids
 
 
 def write_kv(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int) -> None:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import ConfigError, GlassError
+from glassgpt.kernels import rowwise
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,11 @@ def next_token(
     :func:`draw` per row from its own generator. A row without a finite logit raises
     :class:`GlassError`."""
     z = next_token_logits(logits, cfg, counts)  # [B, V] float32
-    if cfg.greedy:  # one pass: a finite row maximum (max propagates NaN) is the argmax
+    if cfg.greedy:
+        ids = rowwise.argmax_rows(z)  # None off a CPU, or with a NaN or an infinite maximum
+        if ids is not None:
+            return ids
+        # one pass: a finite row maximum (max propagates NaN) is the argmax
         best, ids = z.max(-1)
         if bool(torch.isfinite(best).all()):
             return ids

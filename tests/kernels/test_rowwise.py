@@ -255,14 +255,16 @@ def test_transposed_refuses_what_it_cannot_read() -> None:
 @given(
     rows=st.integers(1, 4),
     V=st.integers(1, 150),
+    cut=st.integers(0, 20),
     levels=st.integers(1, 6),
     special=st.sampled_from(["none", "nan", "inf", "-inf", "all -inf"]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_argmax_rows_is_numpys_first_largest(rows, V, levels, special, seed) -> None:
-    """Few distinct values (many ties), row lengths on and off the 8-wide lanes: each row's
-    id is NumPy's argmax (its first largest value), on the AVX2 lanes and the portable loop
-    alike; a row with a NaN or an infinite largest value sends every row to PyTorch (None)."""
+def test_argmax_rows_is_numpys_first_largest(rows, V, cut, levels, special, seed) -> None:
+    """Few distinct values (many ties), row lengths on and off the 8-wide lanes, over the
+    first n = V − cut values of rows V apart: each row's id is NumPy's argmax of those (its
+    first largest value), on the AVX2 lanes and the portable loop alike; a row with a NaN or
+    an infinite largest value among them sends every row to PyTorch (None)."""
     rng = np.random.default_rng(seed)
     z = rng.integers(-levels, levels, size=(rows, V)).astype(np.float32)
     r, i = rng.integers(rows), rng.integers(V)
@@ -270,17 +272,18 @@ def test_argmax_rows_is_numpys_first_largest(rows, V, levels, special, seed) -> 
         z[r] = -np.inf
     elif special != "none":
         z[r, i] = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}[special]
-    finite = not np.isnan(z).any() and np.isfinite(z.max(-1)).all()
+    n = max(1, V - cut)
+    seen = z[:, :n]
+    finite = not np.isnan(seen).any() and np.isfinite(seen.max(-1)).all()
     try:
         for portable_loop in (False, True):
             ext.use_portable(portable_loop)
-            ids = rowwise.argmax_rows(torch.from_numpy(z))
+            ids = rowwise.argmax_rows(torch.from_numpy(z), n)
             if not finite:
                 assert ids is None
             else:
-                assert ids is not None and ids.dtype == torch.long
-                assert ids.tolist() == z.argmax(-1).tolist()
-                assert ids.tolist() == torch.from_numpy(z).max(-1).indices.tolist()
+                assert ids == seen.argmax(-1).tolist()
+                assert ids == torch.from_numpy(seen).max(-1).indices.tolist()
     finally:
         ext.use_portable(False)
 
@@ -288,5 +291,8 @@ def test_argmax_rows_is_numpys_first_largest(rows, V, levels, special, seed) -> 
 def test_argmax_rows_refuses_what_it_cannot_read() -> None:
     for other in (torch.ones(4, 6).t(), torch.ones(3), torch.ones(3, 4).double(), torch.ones(2, 0)):
         assert rowwise.argmax_rows(other) is None
-    with pytest.raises(ValueError, match="0 < V"):
-        ext.argmax_rows(0, 0, 1, 0)
+    assert rowwise.argmax_rows(torch.ones(3, 4), 0) is None
+    with pytest.raises(ValueError, match="0 < V <= stride"):
+        ext.argmax_rows(0, 1, 0, 4)
+    with pytest.raises(ValueError, match="0 < V <= stride"):
+        ext.argmax_rows(0, 2, 5, 4)

@@ -200,3 +200,30 @@ def test_bf16_keys_kept_in_a_float32_cache_give_the_same_logits() -> None:
         explicit = m(torch.tensor([[3]]), cache=ours)
         m.attn_impl = "auto"
         assert explicit.dtype == torch.bfloat16 and bool(torch.isfinite(explicit).all())
+
+
+def test_a_list_of_ids_and_the_steps_own_greedy_pick_match_tensors_and_next_token() -> None:
+    """A step from a list of ids equals the step from the same ids as a tensor, bit for bit;
+    ``greedy(n)`` is the argmax of each row's first n logits (next_token at temperature 0);
+    bad lists raise TokenError, and a NaN logit leaves the pick to next_token (None)."""
+    m = model_of()
+    prompt = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    mine, theirs = prefilled(m, prompt), prefilled(m, prompt)
+    step, _ = ReplayedStep.record(m, mine, torch.tensor([[2], [6]]))
+    assert step is not None, ReplayedStep.why_not
+    with torch.inference_mode():
+        m(torch.tensor([[2], [6]]), cache=theirs)
+        for ids in ([5, 3], [0, 60], [7, 7]):
+            ours = step(ids)
+            assert torch.equal(ours, m(torch.tensor(ids)[:, None], cache=theirs))
+            for n in (61, 40, 1):
+                want = ours[:, -1, :n].max(-1).indices.tolist()
+                assert step.greedy(n) == want
+    for bad in ([1], [1, 2, 3], [2**70, 1], ["a", 1]):
+        with pytest.raises(TokenError):
+            step(bad)
+    with pytest.raises(TokenError, match="out of range"):
+        step([61, 0])
+    with torch.inference_mode():
+        step.logits[1, -1, 9] = float("nan")
+    assert step.greedy(61) is None and step.greedy(9) is not None

@@ -217,20 +217,21 @@ def transposed(x: Tensor) -> Tensor | None:
     return y
 
 
-def argmax_rows(z: Tensor) -> Tensor | None:
-    """ids [B] (int64): the first index of each row's largest value, as ``z.max(-1)`` gives it,
-    for a contiguous float32 CPU z [B, V]; None where the kernel does not take z or a row
-    holds a NaN or has an infinite largest value (PyTorch's path handles those).
+def argmax_rows(z: Tensor, n: int | None = None) -> list[int] | None:
+    """The first index of the largest of each row's first ``n`` values (all, by default), as
+    ``z[:, :n].max(-1)`` gives it, for a float32 CPU z [B, V] with contiguous rows; None where
+    the kernel does not take z or a row holds a NaN or has an infinite largest value (PyTorch's
+    path handles those).
 
     A greedy step's pick over GPT-2's 50,257 logits: ``z.max(-1)`` reads them one value at a
     time (about 47 µs, and 120-250 inside a decoding step, after the unembedding wrote them
-    from both cores), this kernel 8 at a time."""
-    if z.ndim != 2 or z.shape[1] == 0 or not whole_ok(z):
+    from both cores), this kernel 8 at a time, and returns a list, not a tensor."""
+    if _rowwise is None or z.ndim != 2 or z.dtype is not torch.float32 or not z.is_cpu:
         return None
-    ids = torch.empty(z.shape[0], dtype=torch.long)
-    if not _rowwise.argmax_rows(z.data_ptr(), ids.data_ptr(), z.shape[0], z.shape[1]):
+    V = z.shape[1] if n is None else min(n, z.shape[1])
+    if V <= 0 or z.stride(1) != 1 or (z.shape[0] > 1 and z.stride(0) < V):
         return None
-    return ids
+    return _rowwise.argmax_rows(z.data_ptr(), z.shape[0], V, max(z.stride(0), V))
 
 
 def write_kv(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int) -> None:

@@ -179,9 +179,9 @@ def next_token(
     :class:`GlassError`."""
     z = next_token_logits(logits, cfg, counts)  # [B, V] float32
     if cfg.greedy:
-        ids = rowwise.argmax_rows(z)  # None off a CPU, or with a NaN or an infinite maximum
-        if ids is not None:
-            return ids
+        picked = rowwise.argmax_rows(z)  # None off a CPU, or with a NaN or an infinite maximum
+        if picked is not None:
+            return torch.tensor(picked, device=z.device)
         # one pass: a finite row maximum (max propagates NaN) is the argmax
         best, ids = z.max(-1)
         if bool(torch.isfinite(best).all()):

@@ -305,19 +305,28 @@ def _steps(
     logits = _forward(model, tokens, cache)
     step_fn: GraphedStep | ReplayedStep | None = None
     record = cfg.replay and device.type == "cpu"  # recorded at the first one-token step
+    plain_greedy = sampling.greedy and counts is None  # a replayed step's own pick can serve
     for step in range(cfg.max_new_tokens):
-        last = mask_padded(logits[:, -1], n_valid)  # [B, V]
-        nxt = next_token(last, sampling, counts, gens)  # [B]
-        ids = nxt.tolist()
+        ids = nxt = None
+        if plain_greedy and isinstance(step_fn, ReplayedStep) and logits is step_fn.logits:
+            ids = step_fn.greedy(n_valid)  # None: a NaN or an infinite maximum (next_token)
+        if ids is None:
+            last = mask_padded(logits[:, -1], n_valid)  # [B, V]
+            nxt = next_token(last, sampling, counts, gens)  # [B]
+            ids = nxt.tolist()
         yield ids
         if step == cfg.max_new_tokens - 1:
             return
         for b, t in enumerate(ids):
             hist[b].append(t)
-        if counts is not None:
+        if counts is not None:  # (then nxt is next_token's: the replayed pick needs no counts)
             counts[torch.arange(len(ids), device=device), nxt.to(device)] += 1
-        if cache.length < cache.capacity:
-            new = nxt.to(device)[:, None]  # [B, 1]
+        if cache.length < cache.capacity and isinstance(step_fn, ReplayedStep) and not (
+            cache.pad is not None or model._hook_fns
+        ):  # a list of ids: no PyTorch operation between two replayed steps
+            logits = step_fn(ids)
+        elif cache.length < cache.capacity:
+            new = (torch.tensor(ids) if nxt is None else nxt).to(device)[:, None]  # [B, 1]
             if graphed:
                 if step_fn is None:
                     assert isinstance(cache, StaticKVCache)

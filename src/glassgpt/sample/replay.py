@@ -79,6 +79,7 @@ class ReplayedStep:
                  tokens: Tensor, logits: Tensor) -> None:  # fmt: skip
         self.cache, self.calls, self.keep = cache, calls, keep
         self.tokens, self.logits = tokens, logits
+        self.ids = tokens.numpy()  # the same int64 buffer
         self.per_row = _per_row(cache)  # the recorded calls advance its lengths
 
     @classmethod
@@ -150,7 +151,19 @@ class ReplayedStep:
         )  # fmt: skip
         return cls(cache, [embed, *rec.calls], keep, tokens, logits)
 
-    def __call__(self, tokens: Tensor) -> Tensor:
+    def greedy(self, n_valid: int) -> list[int] | None:
+        """Each row's argmax over the first ``n_valid`` logits of the last step (as
+        ``filters.next_token`` picks it at temperature 0, without penalties), read from the
+        recording's own buffer; None where a row holds a NaN or an infinite maximum.
+
+        Between two steps PyTorch's code is cold (the step's weights streamed through every
+        cache), so that each operation took 30-50 µs: this pick, and a step from a list of
+        ids, make none."""
+        B, V = self.tokens.shape[0], self.logits.shape[-1]
+        return replay._rowwise.argmax_rows(self.logits.data_ptr(), B, min(n_valid, V), V)
+
+    def __call__(self, tokens: Tensor | list[int]) -> Tensor:
+        """The next step's logits for ``tokens`` [B, 1] (or a list of B ids)."""
         cache = self.cache
         B = self.tokens.shape[0]
         per_row = self.per_row
@@ -159,12 +172,20 @@ class ReplayedStep:
             raise CacheFullError(
                 f"{n} cached + 1 new position exceed the cache capacity {cache.capacity}"
             )
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TokenError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-        if tokens.shape != (B, 1):
-            raise TokenError(f"a replayed step takes [{self.tokens.shape[0]}, 1] tokens, "
-                             f"got {tuple(tokens.shape)}")  # fmt: skip
-        self.tokens.copy_(tokens.view(-1))
+        if isinstance(tokens, list):
+            if len(tokens) != B:
+                raise TokenError(f"a replayed step takes {B} ids, got {len(tokens)}")
+            try:  # (NumPy's view of the token buffer: no PyTorch operation)
+                self.ids[:] = tokens
+            except (OverflowError, TypeError, ValueError) as e:
+                raise TokenError(f"tokens must be integer ids: {e}") from None
+        else:
+            if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+                raise TokenError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+            if tokens.shape != (B, 1):
+                raise TokenError(f"a replayed step takes [{self.tokens.shape[0]}, 1] tokens, "
+                                 f"got {tuple(tokens.shape)}")  # fmt: skip
+            self.tokens.copy_(tokens.view(-1))
         try:
             for fn, args, positional in self.calls:
                 if positional:

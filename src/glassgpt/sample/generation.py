@@ -321,8 +321,10 @@ def _steps(
             hist[b].append(t)
         if counts is not None:  # (then nxt is next_token's: the replayed pick needs no counts)
             counts[torch.arange(len(ids), device=device), nxt.to(device)] += 1
-        if cache.length < cache.capacity and isinstance(step_fn, ReplayedStep) and not (
-            cache.pad is not None or model._hook_fns
+        if (
+            cache.length < cache.capacity
+            and isinstance(step_fn, ReplayedStep)
+            and not (cache.pad is not None or model._hook_fns)
         ):  # a list of ids: no PyTorch operation between two replayed steps
             logits = step_fn(ids)
         elif cache.length < cache.capacity:

@@ -180,7 +180,8 @@ class ReplayedStep:
             except (OverflowError, TypeError, ValueError) as e:
                 raise TokenError(f"tokens must be integer ids: {e}") from None
         else:
-            if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            dtype = tokens.dtype
+            if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
                 raise TokenError(f"tokens must be integer ids, got dtype {tokens.dtype}")
             if tokens.shape != (B, 1):
                 raise TokenError(f"a replayed step takes [{self.tokens.shape[0]}, 1] tokens, "

@@ -39,7 +39,7 @@ def _oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: np.ndarr
     H=st.integers(1, 4),
     Tq=st.integers(1, FEW_QUERIES),
     extra=st.integers(0, 40),
-    D=st.sampled_from([1, 5, 8, 12, 16, 40, 64]),
+    D=st.sampled_from([1, 5, 8, 12, 16, 40, 64, 96, 128, 136]),
     masked=st.booleans(),
     cached=st.booleans(),
     threads=st.sampled_from([1, 2, 3]),

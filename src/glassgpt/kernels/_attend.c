@@ -60,12 +60,35 @@ static float dot_plain(const float *a, const float *b, long long sb, int D, long
 #if GG_X86
 #include "_vexp.h"
 
-/* s[t] = scale · q · k_t for t in [0, n), four keys at a time (independent sums). */
-AVX2 static void scores_avx2(const float *q, const float *k, long long sk, int n, int D,
-                             float scale, float *s) {
+/* Ask for the row of D floats at p (its 64-byte lines) AHEAD rows before it is read: a cached
+ * key or value row is read once per step, from memory (the step's weights streamed through
+ * every cache since), and an item's rows are few, so the hardware's stream prefetcher
+ * barely ramps up within one. */
+#define AHEAD 16
+#ifndef GG_NO_PREFETCH
+#define PREFETCH_ROW(p, D)                                                                     \
+    do {                                                                                       \
+        for (int l_ = 0; l_ < (D); l_ += 16)                                                   \
+            _mm_prefetch((const char *)((p) + l_), _MM_HINT_T0);                              \
+    } while (0)
+#else
+#define PREFETCH_ROW(p, D) ((void)0)
+#endif
+
+/* s[t] = scale · q · k_t for t in [0, n), four keys at a time (independent sums); the key
+ * rows AHEAD on, and the first AHEAD value rows (mix_avx2 reads them next), asked for. */
+AVX2 static void scores_avx2(const float *q, const float *k, long long sk, const float *v,
+                             long long sv, int n, int D, float scale, float *s) {
+    for (int t = 0; t < AHEAD && t < n; t++)
+        PREFETCH_ROW(k + t * sk, D);
     int t = 0;
     for (; t + 4 <= n; t += 4) {
         const float *k0 = k + t * sk, *k1 = k0 + sk, *k2 = k1 + sk, *k3 = k2 + sk;
+        for (int u = t + AHEAD; u < t + AHEAD + 4 && u < n; u++)
+            PREFETCH_ROW(k + u * sk, D);
+        if (t < AHEAD)
+            for (int u = t; u < t + 4 && u < n; u++)
+                PREFETCH_ROW(v + u * sv, D);
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int d = 0; d < D; d += 8) {
             __m256 qv = _mm256_loadu_ps(q + d);
@@ -125,15 +148,33 @@ AVX2 static float exps_avx2(float *s, int n, float best) {
     return _mm_cvtss_f32(h) + rest;
 }
 
-/* z = Σ_t w[t] v_t / total, 32 columns of D at a time held in registers. */
+/* z = Σ_t w[t] v_t / total, 64 columns of D at a time held in registers (then 32, then 8),
+ * so that D ≤ 64 reads each value row once; the rows AHEAD on asked for. */
 AVX2 static void mix_avx2(const float *w, const float *v, long long sv, int n, int D, float total,
                           float *z) {
     const __m256 inv = _mm256_set1_ps(1.0f / total);
     int d = 0;
+    for (; d + 64 <= D; d += 64) {
+        __m256 a[8];
+        for (int r = 0; r < 8; r++)
+            a[r] = _mm256_setzero_ps();
+        for (int t = 0; t < n; t++) {
+            const float *vt = v + t * sv + d;
+            if (t + AHEAD < n)
+                PREFETCH_ROW(vt + AHEAD * sv, 64);
+            const __m256 wt = _mm256_set1_ps(w[t]);
+            for (int r = 0; r < 8; r++)
+                a[r] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 8 * r), a[r]);
+        }
+        for (int r = 0; r < 8; r++)
+            _mm256_storeu_ps(z + d + 8 * r, _mm256_mul_ps(a[r], inv));
+    }
     for (; d + 32 <= D; d += 32) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int t = 0; t < n; t++) {
             const float *vt = v + t * sv + d;
+            if (t + AHEAD < n)
+                PREFETCH_ROW(vt + AHEAD * sv, 32);
             __m256 wt = _mm256_set1_ps(w[t]);
             a0 = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt), a0);
             a1 = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 8), a1);
@@ -171,7 +212,7 @@ static void attend_item(const Job *j, int b, int h, int i, float *s) {
                      st[19] == 1;
 #if GG_X86
     if (fast)
-        scores_avx2(q, k, st[6], n, D, j->scale, s);
+        scores_avx2(q, k, st[6], v, st[10], n, D, j->scale, s);
 #endif
     float best = -INFINITY;
     for (int t = 0; t < n; t++) {

@@ -148,6 +148,15 @@ AVX2 static float exps_avx2(float *s, int n, float best) {
     return _mm_cvtss_f32(h) + rest;
 }
 
+/* The first AHEAD key rows of item `item`'s (b, h), asked for while the item before it runs
+ * (each item's rows start cold). */
+static void prefetch_item(const Job *j, int item) {
+    const int bh = item / j->Tq, b = bh / j->H, h = bh % j->H;
+    const float *k = j->k + b * j->s[4] + h * j->s[5];
+    for (int t = 0; t < AHEAD && t < j->Tk; t++)
+        PREFETCH_ROW(k + t * j->s[6], j->D);
+}
+
 /* z = Σ_t w[t] v_t / total, 64 columns of D at a time held in registers (then 32, then 8),
  * so that D ≤ 64 reads each value row once; the rows AHEAD on asked for. */
 AVX2 static void mix_avx2(const float *w, const float *v, long long sv, int n, int D, float total,
@@ -260,6 +269,10 @@ static void attend_part(const void *job, int part, int parts) {
     float *s = j->scratch + (size_t)part * j->Tk;
     for (int item = lo; item < hi; item++) {
         int i = item % j->Tq, bh = item / j->Tq;
+#if GG_X86
+        if (use_avx2 && item + 1 < hi && i + 1 == j->Tq) /* the next item is another (b, h) */
+            prefetch_item(j, item + 1);
+#endif
         attend_item(j, bh / j->H, bh % j->H, i, s);
     }
 }

@@ -280,9 +280,9 @@ def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A CPU without bf16 arithmetic; returns the M of each bf16 ``_gemv`` call."""
     monkeypatch.setattr(bf16, "native", lambda: False)
     calls: list[int] = []
-    for name in ("gemv_rows_bf16", "gemv_rows_bf16_io"):
-        real = getattr(_gemv, name)
-        spy = lambda *a, real=real: calls.append(a[4]) or real(*a)  # noqa: E731
+    for name in ("gemv_rows_bf16", "gemv_rows_bf16_io", "gemv_panels_bf16_io"):
+        real, tag = getattr(_gemv, name), "panels" if "panels" in name else None
+        spy = lambda *a, real=real, tag=tag: calls.append(tag or a[4]) or real(*a)  # noqa: E731
         monkeypatch.setattr(dense._gemv, name, spy)
     return calls
 
@@ -306,23 +306,75 @@ def test_packed_bf16_weight_streams_up_to_small_batch(
     want = x.view(rows, 97).double() @ W.double() + (0.0 if b is None else b.double())
     # float32 sums, then one rounding to bf16 (8-bit mantissa: relative error ≤ 2⁻⁹)
     torch.testing.assert_close(got.view(rows, 131).double(), want, rtol=2**-8, atol=1e-4)
-    assert no_native_bf16 == ([rows] if rows <= dense.SMALL_BATCH else [])
+    # the bf16 panel copy for as many rows as the panels take, else the rows of W
+    panels = rows <= _gemv.panels_rows()
+    want = [] if rows > dense.SMALL_BATCH else ["panels"] if panels else [rows]
+    assert no_native_bf16 == want
 
 
-def test_cpu_with_native_bf16_keeps_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("transposed", [False, True])
+def test_cpu_with_native_bf16_keeps_onednn_but_for_the_panels_rows(
+    monkeypatch: pytest.MonkeyPatch, transposed: bool
+) -> None:
+    """On a CPU with bf16 arithmetic oneDNN's packed copy serves every product but those of
+    the rows the bf16 panels take (a decoding step): never the rows kernels."""
     monkeypatch.setattr(bf16, "native", lambda: True)
     made, calls = [], []
     real = dense._onednn_packed
     monkeypatch.setattr(dense, "_onednn_packed", lambda W: made.append(W.shape) or real(W))
-    monkeypatch.setattr(dense._gemv, "gemv_rows_bf16", lambda *a: calls.append(a))
-    monkeypatch.setattr(dense._gemv, "gemv_rows_bf16_io", lambda *a: calls.append(a))
-    W = torch.randn(64, 48).to(torch.bfloat16)
-    packed = pack(W)
-    if packed:
+    monkeypatch.setattr(dense._gemv, "gemv_rows_bf16", lambda *a: calls.append("rows"))
+    monkeypatch.setattr(dense._gemv, "gemv_rows_bf16_io", lambda *a: calls.append("rows"))
+    panels = _gemv.gemv_panels_bf16_io
+    spy = lambda *a: calls.append(a[4]) or panels(*a)  # noqa: E731
+    monkeypatch.setattr(dense._gemv, "gemv_panels_bf16_io", spy)
+    W = torch.randn(64, 48).to(torch.bfloat16)  # [d_in, d_out]
+    stored = W.T.contiguous() if transposed else W
+    if not pack(stored, transposed=transposed):
+        pytest.skip("oneDNN cannot pack bf16 here")
+    top = _gemv.panels_rows()
+    for rows in (1, top, top + 1, 40):
+        x = torch.randn(rows, 64).to(torch.bfloat16)
         with torch.no_grad():
-            matmul(torch.ones(2, 64, dtype=torch.bfloat16), W)
-        unpack(W)
-    assert made == [(48, 64)] and calls == []
+            got = matmul(x, stored, transposed=transposed)
+        want = (x.double() @ W.double()).to(torch.bfloat16)
+        torch.testing.assert_close(got.double(), want.double(), rtol=2**-7, atol=1e-3)
+    unpack(stored)
+    assert made == [(48, 64)] and calls == [1, top]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_panels_are_the_float32_panels_rounded(
+    threads: int, portable: bool, bias: bool
+) -> None:
+    """``gemv_panels_bf16_io`` (bf16 P, x, b and y) gives bit for bit what ``gemv_panels`` on
+    float32 copies gives, rounded to bf16 (nearest, ties to even): each weight is widened
+    exactly and summed in the same order. Every row count the panels take here, a partial
+    last panel, NaN and infinity included."""
+    gen = torch.Generator().manual_seed(11 + threads)
+    K, N = 300, 200
+    W = torch.randn(K, N, generator=gen).to(torch.bfloat16)
+    b = (torch.randn(N, generator=gen) * 3).to(torch.bfloat16) if bias else None
+    try:
+        _gemv.use_portable(portable)
+        for M in range(1, _gemv.panels_rows() + 1):
+            x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+            x[0, 0] = float("inf")
+            if M > 1:
+                x[1, 3] = float("nan")
+            want = _panels(x.float(), W.float(), None if b is None else b.float(), threads)
+            want = want.to(torch.bfloat16)
+            P = dense.panels(W)
+            assert P.dtype == torch.bfloat16
+            got = torch.empty(M, N, dtype=torch.bfloat16)
+            b_ptr = 0 if b is None else b.data_ptr()
+            _gemv.gemv_panels_bf16_io(x.data_ptr(), P.data_ptr(), b_ptr, got.data_ptr(), M, K, N,
+                                      threads)  # fmt: skip
+            assert torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    finally:
+        _gemv.use_portable(False)
 
 
 @pytest.mark.skipif(
@@ -355,7 +407,8 @@ def test_bf16_gpt_on_the_kernel_matches_float64_of_its_weights(
         assert (got - want).abs().max().item() <= 0.015 * want.abs().max().item()
     assert 9 in no_native_bf16
     ids = generate(bf, tokens[0, :5].tolist(), max_new_tokens=10, temperature=0)
-    assert no_native_bf16.count(1) >= 9 * 9  # 9 decoding steps, 9 products each, streamed
+    # 9 decoding steps, 9 products each, from the bf16 panels (which take one row anywhere)
+    assert no_native_bf16.count("panels") >= 9 * 9
     with torch.no_grad():
         want = ref(torch.tensor([tokens[0, :5].tolist() + ids]))[0, 4:-1]
     best = want.max(dim=-1).values

@@ -36,6 +36,8 @@
  *                   saves a bf16 decoding step's three conversions per product in Python
  *   gemv_panels(x, P, b or 0, y, M, K, N, threads)  W float32 in panels (above):
  *                   y [M, N] = x [M, K] W + b, for M = 1, or M ≤ 8 where panels_rows() says
+ *   gemv_panels_bf16_io(x, P, b or 0, y, M, K, N, threads)  the same with P, x, b and y
+ *                   bfloat16, as gemv_rows_bf16_io takes them (a bf16 decoding step)
  *   panels_rows() -> the most rows of x gemv_panels takes (8 with AVX-512F, else 1)
  *   has_avx2() -> bool; kernel() -> "avx2" or "portable"; use_portable(flag) (tests)
  *   solo_for(ns): the parts run one after another on the caller for the next ns
@@ -112,11 +114,11 @@ static void panels_plain(const Job *j, int p0, int p1) {
     for (int p = p0; p < p1; p++)
         for (int m = 0; m < j->M; m++) {
             float acc[PANEL] = {0};
-            const float *w = (const float *)j->W + (size_t)p * j->K * PANEL;
+            size_t w = (size_t)p * j->K * PANEL;
             const float *x = j->x + (size_t)m * j->K;
             for (int k = 0; k < j->K; k++, w += PANEL)
                 for (int c = 0; c < PANEL; c++)
-                    acc[c] += x[k] * w[c];
+                    acc[c] += x[k] * weight(j->W, w + c, j->bf16);
             panel_out(j, p, m, acc);
         }
 }
@@ -233,23 +235,25 @@ AVX2 static void rows_avx2_bf16(const Job *j, float *out, const float *bias, int
     rows_avx2_body(j, out, bias, k0, k1, 1);
 }
 
-/* panels_plain for one row of x, the 64 sums in eight registers, W read once, in order. */
-AVX2 static void panels_avx2(const Job *j, int p0, int p1) {
+/* panels_plain for one row of x, the 64 sums in eight registers, W read once, in order;
+ * half: W bfloat16, each weight widened exactly as it is read (load8). */
+AVX2 static inline __attribute__((always_inline)) void
+panels_avx2_body(const Job *j, int p0, int p1, const int half) {
     const int K = j->K;
     for (int p = p0; p < p1; p++) {
-        const float *w = (const float *)j->W + (size_t)p * K * PANEL;
+        size_t w = (size_t)p * K * PANEL;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
                a7 = a0;
         for (int k = 0; k < K; k++, w += PANEL) {
             const __m256 xk = _mm256_broadcast_ss(j->x + k);
-            a0 = _mm256_fmadd_ps(xk, _mm256_loadu_ps(w), a0);
-            a1 = _mm256_fmadd_ps(xk, _mm256_loadu_ps(w + 8), a1);
-            a2 = _mm256_fmadd_ps(xk, _mm256_loadu_ps(w + 16), a2);
-            a3 = _mm256_fmadd_ps(xk, _mm256_loadu_ps(w + 24), a3);
-            a4 = _mm256_fmadd_ps(xk, _mm256_loadu_ps(w + 32), a4);
-            a5 = _mm256_fmadd_ps(xk, _mm256_loadu_ps(w + 40), a5);
-            a6 = _mm256_fmadd_ps(xk, _mm256_loadu_ps(w + 48), a6);
-            a7 = _mm256_fmadd_ps(xk, _mm256_loadu_ps(w + 56), a7);
+            a0 = _mm256_fmadd_ps(xk, load8(j->W, w, half), a0);
+            a1 = _mm256_fmadd_ps(xk, load8(j->W, w + 8, half), a1);
+            a2 = _mm256_fmadd_ps(xk, load8(j->W, w + 16, half), a2);
+            a3 = _mm256_fmadd_ps(xk, load8(j->W, w + 24, half), a3);
+            a4 = _mm256_fmadd_ps(xk, load8(j->W, w + 32, half), a4);
+            a5 = _mm256_fmadd_ps(xk, load8(j->W, w + 40, half), a5);
+            a6 = _mm256_fmadd_ps(xk, load8(j->W, w + 48, half), a6);
+            a7 = _mm256_fmadd_ps(xk, load8(j->W, w + 56, half), a7);
         }
         float acc[PANEL];
         _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + 8, a1);
@@ -260,20 +264,36 @@ AVX2 static void panels_avx2(const Job *j, int p0, int p1) {
     }
 }
 
+AVX2 static void panels_avx2(const Job *j, int p0, int p1) {
+    if (j->bf16)
+        panels_avx2_body(j, p0, p1, 1);
+    else
+        panels_avx2_body(j, p0, p1, 0);
+}
+
+/* W's elements i..i+16 as float32 (half: sixteen bf16 widened exactly). */
+AVX512 static inline __attribute__((always_inline)) __m512 load16(const void *W, size_t i,
+                                                                   const int half) {
+    if (!half)
+        return _mm512_loadu_ps((const float *)W + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)W + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* Rows m0 ≤ m < m0 + R (R ≤ 4) of panels_plain for panel p: R × 4 sums of 16 in registers,
- * each 64 weights of a k read once for the R rows. */
+ * each 64 weights of a k read once for the R rows (half: W bfloat16, widened as read). */
 AVX512 static inline __attribute__((always_inline)) void
-panel_rows_avx512(const Job *j, int p, int m0, const int R) {
+panel_rows_avx512(const Job *j, int p, int m0, const int R, const int half) {
     const int K = j->K;
-    const float *w = (const float *)j->W + (size_t)p * K * PANEL;
+    size_t w = (size_t)p * K * PANEL;
     const float *x = j->x + (size_t)m0 * K;
     __m512 a[4][4];
     for (int r = 0; r < 4; r++)
         for (int i = 0; i < 4; i++)
             a[r][i] = _mm512_setzero_ps();
     for (int k = 0; k < K; k++, w += PANEL) {
-        const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
-        const __m512 b2 = _mm512_loadu_ps(w + 32), b3 = _mm512_loadu_ps(w + 48);
+        const __m512 b0 = load16(j->W, w, half), b1 = load16(j->W, w + 16, half);
+        const __m512 b2 = load16(j->W, w + 32, half), b3 = load16(j->W, w + 48, half);
         for (int r = 0; r < R; r++) {
             const __m512 s = _mm512_set1_ps(x[(size_t)r * K + k]);
             a[r][0] = _mm512_fmadd_ps(s, b0, a[r][0]);
@@ -291,19 +311,27 @@ panel_rows_avx512(const Job *j, int p, int m0, const int R) {
 }
 
 /* panels_plain for up to PANEL_ROWS_MAX rows of x, four at a time. */
-AVX512 static void panels_avx512(const Job *j, int p0, int p1) {
+AVX512 static inline __attribute__((always_inline)) void
+panels_avx512_body(const Job *j, int p0, int p1, const int half) {
     for (int p = p0; p < p1; p++)
         for (int m0 = 0; m0 < j->M; m0 += 4) {
             const int R = j->M - m0 < 4 ? j->M - m0 : 4; /* constant in each call below */
             if (R == 4)
-                panel_rows_avx512(j, p, m0, 4);
+                panel_rows_avx512(j, p, m0, 4, half);
             else if (R == 3)
-                panel_rows_avx512(j, p, m0, 3);
+                panel_rows_avx512(j, p, m0, 3, half);
             else if (R == 2)
-                panel_rows_avx512(j, p, m0, 2);
+                panel_rows_avx512(j, p, m0, 2, half);
             else
-                panel_rows_avx512(j, p, m0, 1);
+                panel_rows_avx512(j, p, m0, 1, half);
         }
+}
+
+AVX512 static void panels_avx512(const Job *j, int p0, int p1) {
+    if (j->bf16)
+        panels_avx512_body(j, p0, p1, 1);
+    else
+        panels_avx512_body(j, p0, p1, 0);
 }
 
 #endif
@@ -455,8 +483,9 @@ static PyObject *py_rows_bf16_io(PyObject *self, PyObject *const *args, Py_ssize
  * sums in registers, else one. */
 static int panel_rows(void) { return use_avx512 ? PANEL_ROWS_MAX : 1; }
 
-/* gemv_panels(x, P, b, y, M, K, N, threads): y [M, N] = x [M, K] W + b, W in panels P. */
-static PyObject *py_panels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* gemv_panels(x, P, b, y, M, K, N, threads): y [M, N] = x [M, K] W + b, W in panels P;
+ * half: P, x, b and y bfloat16 (x and b widened before, y rounded to nearest after). */
+static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half) {
     long long a[8];
     if (!int_args(args, nargs, 8, a, "gemv_panels(x, P, b, y, M, K, N, threads)"))
         return NULL;
@@ -468,17 +497,34 @@ static PyObject *py_panels(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     Job job = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
-               (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3], (int)M, (int)K, (int)N, 0,
-               NULL};
+               (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3], (int)M, (int)K, (int)N,
+               half, NULL};
     const long long panels = (N + PANEL - 1) / PANEL;
     long long threads = a[7] < 1 ? 1 : a[7] > MAX_THREADS ? MAX_THREADS : a[7];
     if (K * N < 32768) /* not worth a second thread's wake-up */
         threads = 1;
     threads = threads > panels ? panels : threads;
+    Widened wide = {NULL, NULL, NULL};
+    uint16_t *y16 = (uint16_t *)(uintptr_t)a[3];
+    if (half && !widen_inputs(&job, &wide, (const uint16_t *)(uintptr_t)a[0],
+                              (const uint16_t *)(uintptr_t)a[2], (size_t)(M * K),
+                              (size_t)(M * N)))
+        return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     run_parts(panels_part, &job, (int)threads);
+    for (size_t i = 0; half && i < (size_t)(M * N); i++)
+        y16[i] = float_to_bf16(job.y[i]);
     Py_END_ALLOW_THREADS
+    PyMem_RawFree(wide.x);
     Py_RETURN_NONE;
+}
+
+static PyObject *py_panels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return panels_call(args, nargs, 0);
+}
+
+static PyObject *py_panels_bf16_io(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return panels_call(args, nargs, 1);
 }
 
 static PyObject *py_panel_rows(PyObject *self, PyObject *args) { return PyLong_FromLong(panel_rows()); }
@@ -503,6 +549,8 @@ static PyMethodDef methods[] = {
      "y[M, N] = x[M, K] W[K, N] (+ b): W, x, b, y bfloat16, float32 sums, y rounded"},
     {"gemv_panels", (PyCFunction)(void (*)(void))py_panels, METH_FASTCALL,
      "y[M, N] = x[M, K] W[K, N] (+ b): W float32 in panels [ceil(N/64), K, 64]"},
+    {"gemv_panels_bf16_io", (PyCFunction)(void (*)(void))py_panels_bf16_io, METH_FASTCALL,
+     "gemv_panels with P, x, b, y bfloat16: float32 sums, y rounded"},
     {"panels_rows", py_panel_rows, METH_NOARGS, "the most rows of x gemv_panels takes"},
     {"has_avx2", py_has_avx2, METH_NOARGS, "whether the AVX2 + FMA kernels are in use"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},

@@ -8,7 +8,8 @@ The kernel, first that applies:
    (inference only: no autograd, x in W's dtype, W unchanged since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
    (``glassgpt.kernels._gemv``), which streams W once for all rows, and for bfloat16 too on
-   CPUs without bf16 arithmetic (``glassgpt.kernels.bf16.native``);
+   CPUs without bf16 arithmetic (``glassgpt.kernels.bf16.native``), and on those with it
+   for the rows that its panels take (decoding);
 2. under CPU autocast to bf16 on a CPU without bf16 arithmetic, float32 products of the
    bf16-rounded operands, which compute the same function (``glassgpt.kernels.bf16``);
 3. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
@@ -126,35 +127,48 @@ def _onednn_packed(W_out_in: Tensor) -> Product | None:
 
 
 def _streamed(
-    out_in: Tensor, transposed: bool, fallback: Product, *, with_panels: bool = True
+    out_in: Tensor,
+    transposed: bool,
+    fallback: Product,
+    *,
+    with_panels: bool = True,
+    rows_form: bool = True,
 ) -> Product:
     """``fn(x, W, b) = x W + b`` by ``_gemv`` for up to ``SMALL_BATCH`` rows of x, streaming
     W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
     a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x. A bfloat16
     W (and so x, whose dtype a packed product matches) takes ``gemv_rows_bf16_io``: x and b
     widened to float32, float32 sums, y rounded to bf16, all in the kernel. One row of x
-    (a decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads a float32
-    W from its panel copy (:func:`panels`) where one was made (:func:`_panel_copy`; none
-    without ``with_panels``: a caller whose own kernel takes those rows)."""
+    (a decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads W from its
+    panel copy (:func:`panels`, float32 or bf16) where one was made (:func:`_panel_copy`;
+    none without ``with_panels``: a caller whose own kernel takes those rows). Without
+    ``rows_form`` only the panels serve (a bf16 W on a CPU with bf16 arithmetic, whose
+    packed products ``fallback`` are faster for more rows)."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
-    W_io = None if out_in.T.is_contiguous() else huge_page_copy(out_in.T)  # [d_in, d_out]
+    W_io = None
+    if rows_form and not out_in.T.is_contiguous():
+        W_io = huge_page_copy(out_in.T)  # [d_in, d_out]
     half = out_in.dtype == torch.bfloat16
     kernel = _gemv.gemv_rows_bf16_io if half else _gemv.gemv_rows
-    P = _panel_copy(out_in.T) if with_panels and not half else None
+    P = _panel_copy(out_in.T) if with_panels else None
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in
         if M > SMALL_BATCH or M == 0 or (b is not None and not b.is_contiguous()):
+            return fallback(x, W, b)
+        panel_rows = _gemv.panels_rows() if P is not None else 0  # (asked each call: tests)
+        if not rows_form and panel_rows < M:
             return fallback(x, W, b)
         if b is not None and b.dtype != x.dtype:
             b = b.to(x.dtype)
         x2 = x.contiguous()
         y = torch.empty(*x.shape[:-1], d_out, dtype=x.dtype)
         b_ptr, threads = 0 if b is None else b.data_ptr(), torch.get_num_threads()
-        if P is not None and _gemv.panels_rows() >= M:  # (asked each call: tests switch)
-            call, args = _gemv.gemv_panels, (x2.data_ptr(), P.data_ptr(), b_ptr, y.data_ptr(),
-                                             M, d_in, d_out, threads)  # fmt: skip
+        if panel_rows >= M:
+            panel_kernel = _gemv.gemv_panels_bf16_io if half else _gemv.gemv_panels
+            call, args = panel_kernel, (x2.data_ptr(), P.data_ptr(), b_ptr, y.data_ptr(),
+                                        M, d_in, d_out, threads)  # fmt: skip
         else:
             rows = W if W_io is None else W_io
             call, args = kernel, (x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in,
@@ -188,20 +202,20 @@ def panels(W: Tensor, out: Tensor | None = None) -> Tensor:
 
 
 def _panel_copy(W: Tensor) -> Tensor | None:
-    """The panels of a float32 W [d_in, d_out] on 2 MiB pages, for products of a few rows
+    """The panels of a float32 or bf16 W [d_in, d_out] on 2 MiB pages, for products of a few rows
     (``_gemv.gemv_panels``: one stream of memory a thread, 28-31 GB/s over GPT-2 small's block
     matrices where their rows streamed at 24-26; with AVX-512F up to 8 rows, four at a time
     from one read of each weight: at 8 rows 13.1 ms for those matrices against the rows
-    form's 19.5); None where the kernel is not built, W is not
-    float32, or the copy would take more than ``PANEL_MEMORY_SHARE`` of the memory available
-    now (the rows of the live W serve then, a little slower)."""
-    if _gemv is None or W.dtype != torch.float32:
+    form's 19.5); None where the kernel is not built, W is neither
+    float32 nor bf16, or the copy would take more than ``PANEL_MEMORY_SHARE`` of the memory
+    available now (the rows of the live W serve then, a little slower)."""
+    if _gemv is None or W.dtype not in (torch.float32, torch.bfloat16):
         return None
     d_in, d_out = W.shape
     shape = (-(-d_out // PANEL), d_in, PANEL)
-    if math.prod(shape) * 4 > PANEL_MEMORY_SHARE * _available_memory():
+    if math.prod(shape) * W.dtype.itemsize > PANEL_MEMORY_SHARE * _available_memory():
         return None
-    return panels(W, out=huge_page_empty(shape, torch.float32))
+    return panels(W, out=huge_page_empty(shape, W.dtype))
 
 
 def _available_memory() -> float:
@@ -250,8 +264,10 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     """Register a packed copy of a CPU weight for inference products; returns whether one was made.
 
     - bfloat16 on a CPU with bf16 arithmetic (``glassgpt.kernels.bf16.native``): oneDNN's
-      pre-packed layout
-      (plain bf16 GEMV re-packs the weight every call);
+      pre-packed layout (plain bf16 GEMV re-packs the weight every call), and for the rows
+      of a decoding step (1, or up to 8 with AVX-512F) a bf16 panel copy that ``_gemv``
+      streams, widening each weight exactly to float32: oneDNN's packed GEMV read GPT-2
+      small's bf16 weights at about 19 GB/s;
     - bfloat16 elsewhere (bf16 products there run ~80x slower than float32 ones): as for
       float32 below, ``_gemv`` streams the bf16 W (read live or copied) for up to
       ``SMALL_BATCH`` rows of x, widening each weight (and x and b) exactly to float32 as it
@@ -276,6 +292,8 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
         float32 = W.dtype == torch.float32
         if not float32 and bf16.native():
             fn: Product | None = _onednn_packed(out_in)
+            if fn is not None and _gemv is not None:  # decoding's rows: the bf16 panels
+                fn = _streamed(out_in, transposed, fn, rows_form=False)
         elif _gemv is not None and W.is_contiguous():
             if out_in.T.is_contiguous() and not W.is_inference():  # streamed live: move it
                 W.data = huge_page_copy(W.data)

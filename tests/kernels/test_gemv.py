@@ -138,22 +138,24 @@ def _panels(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, threads: i
     N=st.integers(1, 700),  # partial last panels, fewer panels than threads
     threads=st.sampled_from([1, 2, 3]),
     bias=st.booleans(),
-    portable=st.booleans(),
+    kernel=st.sampled_from(["widest", "avx2", "portable"]),
     seed=st.integers(0, 2**31),
 )
 def test_panels_kernel_is_x_w_plus_b(
-    M: int, K: int, N: int, threads: int, bias: bool, portable: bool, seed: int
+    M: int, K: int, N: int, threads: int, bias: bool, kernel: str, seed: int
 ) -> None:
     """Every row count the panels take here (1; up to 8 with AVX-512F, four at a time and
-    the rest), and the portable loop."""
+    the rest), the AVX2 panels (one row) and the portable loop."""
     gen = torch.Generator().manual_seed(seed)
     W, b = torch.randn(K, N, generator=gen), torch.randn(N, generator=gen) if bias else None
     try:
-        _gemv.use_portable(portable)
+        _gemv.use_portable(kernel == "portable")
+        _gemv.wide_registers(kernel == "widest")
         x = torch.randn(min(M, _gemv.panels_rows()), K, generator=gen)
         got = _panels(x, W, b, threads)
     finally:
         _gemv.use_portable(False)
+        _gemv.wide_registers(True)
     _close(got, x, W, b)
 
 
@@ -343,11 +345,9 @@ def test_cpu_with_native_bf16_keeps_onednn_but_for_the_panels_rows(
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("kernel", ["widest", "avx2", "portable"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_bf16_panels_are_the_float32_panels_rounded(
-    threads: int, portable: bool, bias: bool
-) -> None:
+def test_bf16_panels_are_the_float32_panels_rounded(threads: int, kernel: str, bias: bool) -> None:
     """``gemv_panels_bf16_io`` (bf16 P, x, b and y) gives bit for bit what ``gemv_panels`` on
     float32 copies gives, rounded to bf16 (nearest, ties to even): each weight is widened
     exactly and summed in the same order. Every row count the panels take here, a partial
@@ -357,7 +357,8 @@ def test_bf16_panels_are_the_float32_panels_rounded(
     W = torch.randn(K, N, generator=gen).to(torch.bfloat16)
     b = (torch.randn(N, generator=gen) * 3).to(torch.bfloat16) if bias else None
     try:
-        _gemv.use_portable(portable)
+        _gemv.use_portable(kernel == "portable")
+        _gemv.wide_registers(kernel == "widest")
         for M in range(1, _gemv.panels_rows() + 1):
             x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
             x[0, 0] = float("inf")
@@ -375,6 +376,7 @@ def test_bf16_panels_are_the_float32_panels_rounded(
             assert torch.equal(got.nan_to_num(), want.nan_to_num())
     finally:
         _gemv.use_portable(False)
+        _gemv.wide_registers(True)
 
 
 @pytest.mark.skipif(

@@ -40,6 +40,7 @@
  *                   bfloat16, as gemv_rows_bf16_io takes them (a bf16 decoding step)
  *   panels_rows() -> the most rows of x gemv_panels takes (8 with AVX-512F, else 1)
  *   has_avx2() -> bool; kernel() -> "avx2" or "portable"; use_portable(flag) (tests)
+ *   wide_registers(flag) -> whether the AVX-512F panels are in use (False: the AVX2 ones)
  *   solo_for(ns): the parts run one after another on the caller for the next ns
  *   (as after slow parallel runs, see _parallel.h; 0 ends it)
  */
@@ -531,6 +532,17 @@ static PyObject *py_panel_rows(PyObject *self, PyObject *args) { return PyLong_F
 
 static PyObject *py_has_avx2(PyObject *self, PyObject *args) { return PyBool_FromLong(use_avx2); }
 
+/* wide_registers(flag): the AVX-512F panels where the CPU has them (True), or the AVX2 ones,
+ * one row only (tests, on a CPU with both; no call may be in flight); returns whether the
+ * AVX-512F panels are in use. */
+static PyObject *py_wide_registers(PyObject *self, PyObject *flag) {
+    const int on = PyObject_IsTrue(flag);
+    if (on < 0)
+        return NULL;
+    use_avx512 = on && use_avx2 && cpu_has_avx512();
+    return PyBool_FromLong(use_avx512);
+}
+
 static PyObject *py_solo_for(PyObject *self, PyObject *args) {
     long long ns;
     if (!PyArg_ParseTuple(args, "L", &ns))
@@ -553,6 +565,8 @@ static PyMethodDef methods[] = {
      "gemv_panels with P, x, b, y bfloat16: float32 sums, y rounded"},
     {"panels_rows", py_panel_rows, METH_NOARGS, "the most rows of x gemv_panels takes"},
     {"has_avx2", py_has_avx2, METH_NOARGS, "whether the AVX2 + FMA kernels are in use"},
+    {"wide_registers", py_wide_registers, METH_O,
+     "wide_registers(flag): the AVX-512F panels where the CPU has them, or the AVX2 ones (tests)"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},
     {"solo_for", py_solo_for, METH_VARARGS,

@@ -32,7 +32,9 @@ GPT-2 tokenizer built from ../shared/data/gpt2 (the converter needs a vocabulary
 bos/eos/unk tokens), then converted by its ``TransformersConverter`` to float32 and int8.
 Its rows give the share of the measured bandwidth limit (weight bytes per step over the
 step time, against the memory bandwidth) and glassgpt's ratio to it at the same precision;
-a last table gives ms/step at contexts 64, 256 and 1,024 for every engine.
+a last table gives ms/step at contexts 64, 256 and 1,024 for every engine, each step timed
+between the arrivals of the first and the last new token (glassgpt's ``stream``, a
+transformers streamer, CTranslate2's step callback), so that a long prompt's forward stays out.
 On a GPU (``--device cuda``) the same table compares both libraries on the GPU (transformers
 with SDPA attention), and GB/s is beside the GPU's device-to-device copy rate; timings
 include every host-device synchronisation each library makes.
@@ -46,7 +48,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from glassgpt.interop import from_hf, to_hf  # noqa: E402
-from glassgpt.sample import generate  # noqa: E402
+from glassgpt.sample import generate, stream  # noqa: E402
 from glassgpt.sample.precision import cast, perplexity  # noqa: E402
 
 
@@ -84,14 +88,46 @@ class Bandwidth:
         return statistics.median(self.seen)
 
 
+# Each new token's arrival time (perf_counter), one prompt [1, T] greedy: the context table
+# takes a step as (last − first)/(n − 1), free of the prompt's forward and its noise.
+TokenTimes = Callable[[torch.Tensor, int], list[float]]
+
+
+def ours_times(model: torch.nn.Module, prompt: torch.Tensor, n: int, **kw: Any) -> list[float]:
+    return [time.perf_counter() for _ in stream(model, prompt[0].tolist(), max_new_tokens=n,
+                                                temperature=0, **kw)]  # fmt: skip
+
+
+def hf_times(model: torch.nn.Module, prompt: torch.Tensor, n: int) -> list[float]:
+    from transformers.generation.streamers import BaseStreamer
+
+    class Stamps(BaseStreamer):  # put() gets the prompt first, then each new token
+        def __init__(self) -> None:
+            self.calls: list[float] = []
+
+        def put(self, value: Any) -> None:
+            self.calls.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    stamps = Stamps()
+    with torch.inference_mode():
+        model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
+                       min_new_tokens=n, do_sample=False, use_cache=True, streamer=stamps)  # fmt: skip
+    return stamps.calls[1:]
+
+
+EAGER = {"cuda_graph": False, "replay": False}  # glassgpt's generate without its step capture
+
+
 def ours_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
     # one-token steps from a CUDA graph on GPUs, replayed kernel calls on CPUs
     return generate(model, prompts, max_new_tokens=n, temperature=0)
 
 
 def eager_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
-    return generate(model, prompts, max_new_tokens=n, temperature=0, cuda_graph=False,
-                    replay=False)  # fmt: skip
+    return generate(model, prompts, max_new_tokens=n, temperature=0, **EAGER)
 
 
 def hf_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
@@ -128,6 +164,16 @@ class CT2:
             tokens, max_length=n, min_length=n, sampling_topk=1, include_prompt_in_result=False
         )
         return [r.sequences_ids[0] for r in results]
+
+    def times(self, prompt: torch.Tensor, n: int) -> list[float]:
+        """The same call as a batch of one, stamping each new token in its step callback."""
+        stamps: list[float] = []
+        self.generator.generate_batch(
+            [[self.vocab[i] for i in prompt[0].tolist()]], max_length=n, min_length=n,
+            sampling_topk=1, include_prompt_in_result=False,
+            callback=lambda _step: stamps.append(time.perf_counter()) and False,
+        )  # fmt: skip
+        return stamps
 
 
 def save_gpt2_tokenizer(folder: Path) -> list[str]:
@@ -181,8 +227,9 @@ def timed(fn, *args) -> tuple[float, object]:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t, out
 
 
-def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int]:
-    """name → (call(prompts, n), dtype label, bytes per parameter); and the parameter count."""
+def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int, dict[str, TokenTimes]]:
+    """name → (call(prompts, n), dtype label, bytes per parameter); the parameter count; and
+    name → the engine's :data:`TokenTimes` (the context table's)."""
     import transformers
 
     dev = args.device
@@ -214,6 +261,15 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int]:
     else:
         o8 = cast(base, "int8")
         engines["glassgpt int8"] = (lambda x, n: ours_call(o8, x, n), "int8", 1)
+    times: dict[str, TokenTimes] = {
+        "glassgpt float32": lambda x, n: ours_times(o32, x, n),
+        "transformers float32": lambda x, n: hf_times(h32, x, n),
+        "glassgpt bf16": lambda x, n: ours_times(obf, x, n),
+        "transformers bf16": lambda x, n: hf_times(hbf, x, n),
+        "glassgpt float32 eager": lambda x, n: ours_times(o32, x, n, **EAGER),
+    }
+    if "glassgpt int8" in engines:
+        times["glassgpt int8"] = lambda x, n: ours_times(o8, x, n)
     if dev == "cpu" and args.ct2:
         import tempfile
 
@@ -221,7 +277,8 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int]:
         for q, nbytes in (("float32", 4), ("int8", 1)):
             ct = CT2(base, q, args.threads, work)
             engines[f"ctranslate2 {q}"] = (ct, q, nbytes)
-    return engines, sum(p.numel() for p in base.parameters())
+            times[f"ctranslate2 {q}"] = ct.times
+    return engines, sum(p.numel() for p in base.parameters()), {k: times[k] for k in engines}
 
 
 def measure(  # type: ignore[no-untyped-def]
@@ -254,7 +311,7 @@ def step_ms(rec: dict[str, list[float]], n: int) -> float:
 
 def speed_table(args: argparse.Namespace) -> None:
     dev = args.device
-    engines, n_params = make_engines(args)
+    engines, n_params, times = make_engines(args)
     probe = Bandwidth(dev)
     bw = probe.probe()
     where = torch.cuda.get_device_name() if dev != "cpu" else f"{args.threads} threads"
@@ -299,26 +356,36 @@ def speed_table(args: argparse.Namespace) -> None:
         "int8 ≥ 1.0× ctranslate2 int8; same ids 100% in float32 (batch 1)"
     )
     if args.contexts:
-        context_table(engines, args)
+        context_table(times, args)
 
 
-def context_table(engines: dict[str, tuple], args: argparse.Namespace) -> None:
+def context_table(times: dict[str, TokenTimes], args: argparse.Namespace) -> None:
     """ms per decoding step (batch 1) over the last n = min(64, context/2) positions of each
-    context (64, 256 and 1,024): prompts of context − n tokens, then n new tokens, the step
-    taken from paired calls (:func:`step_ms`) so that a long prompt's noise averages out."""
+    context (64, 256 and 1,024): prompts of context − n tokens, then n new tokens, a step
+    timed between the first and the last new token's arrival, (t_n − t_1)/(n − 1), so that
+    the prompt's forward (and its noise, about a second at 960 tokens) stays out; the
+    engines interleaved in every repeat, the median over repeats."""
     contexts = [int(c) for c in args.contexts.split(",")]
     print("\nms/step at context (batch 1, n = min(64, context/2) new tokens after a prompt of "
-          "context − n; the median of paired (t_n − t_1)/(n − 1)):")  # fmt: skip
+          "context − n; the median over repeats of (t_n − t_1)/(n − 1), t_i the arrival of "
+          "the i-th new token):")  # fmt: skip
     print("| engine | " + " | ".join(str(c) for c in contexts) + " |")
     print("|---|" + "---|" * len(contexts))
     g = torch.Generator().manual_seed(2)
-    rows: dict[str, list[str]] = {k: [] for k in engines}
+    rows: dict[str, list[str]] = {k: [] for k in times}
     for c in contexts:
         n = min(64, c // 2)
-        prompts = torch.randint(0, 50257, (1, c - n), generator=g).to(args.device)
-        _, _, rec = measure(engines, prompts, n, args.repeats)
-        for name, times in rec.items():
-            rows[name].append(f"{step_ms(times, n):.1f}")
+        prompt = torch.randint(0, 50257, (1, c - n), generator=g).to(args.device)
+        for fn in times.values():
+            fn(prompt, 4)  # warm up
+        steps: dict[str, list[float]] = {k: [] for k in times}
+        for _ in range(args.repeats):
+            for name, fn in times.items():
+                t = fn(prompt, n)
+                assert len(t) == n, f"{name}: {len(t)} tokens, not {n}"
+                steps[name].append((t[-1] - t[0]) / (n - 1))
+        for name, v in steps.items():
+            rows[name].append(f"{statistics.median(v) * 1e3:.1f}")
     for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(cells) + " |")
 

@@ -227,3 +227,26 @@ def test_a_list_of_ids_and_the_steps_own_greedy_pick_match_tensors_and_next_toke
     with torch.inference_mode():
         step.logits[1, -1, 9] = float("nan")
     assert step.greedy(61) is None and step.greedy(9) is not None
+
+
+def test_a_first_decoding_does_not_import_dynamo() -> None:
+    """A process's first recorded step costs no import of torch._dynamo (1.1-1.9 s: the
+    dispatch mode's default wrapper imports it at the mode's first operation)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from glassgpt.model import GPT, GPTConfig\n"
+        "from glassgpt.sample.generation import generate\n"
+        "from glassgpt.sample.precision import cast\n"
+        "from glassgpt.sample.replay import ReplayedStep\n"
+        "m = cast(GPT(GPTConfig(n_vocab=61, n_ctx=40, d_model=32, n_layers=2, n_heads=4)),"
+        " 'float32')\n"
+        "generate(m, [1, 2, 3], max_new_tokens=5, temperature=0)\n"
+        "assert ReplayedStep.why_not is None, ReplayedStep.why_not\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -110,6 +110,14 @@ class StepMode(TorchDispatchMode):
         self.recorder = recorder
         self.active = False
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: ``__torch_dispatch__`` is not wrapped to disable dynamo (the wrapper imports
+        ``torch._dynamo`` at the mode's first operation: 1.8-1.9 s on a process's first
+        decoding, which no compiled code here needs; a recording never runs under
+        ``torch.compile``)."""
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if not self.active:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +25,14 @@ from torch import nn
 from glassgpt.errors import GlassError
 from glassgpt.kernels import rowwise
 from glassgpt.train.config import TrainConfig
+
+
+def _without_dynamo_guard(method: Any) -> Any:
+    """PyTorch's optimizer ``method`` without the wrapper that disables dynamo inside it:
+    that wrapper imports ``torch._dynamo`` (about 1.8 s) at its first call, at every
+    ``glassgpt train``'s start. ``method`` itself where it has no such wrapper. The optimizer
+    never runs under ``torch.compile`` here (``train.compile`` compiles the model alone)."""
+    return getattr(method, "__wrapped__", method)
 
 
 class AdamW(torch.optim.AdamW):
@@ -38,6 +47,11 @@ class AdamW(torch.optim.AdamW):
     options (AMSGrad, capturable, a GradScaler's ``grad_scale``/``found_inf``) take
     PyTorch's own step.
     """
+
+    add_param_group = _without_dynamo_guard(torch.optim.Optimizer.add_param_group)
+    zero_grad = _without_dynamo_guard(torch.optim.Optimizer.zero_grad)
+    state_dict = _without_dynamo_guard(torch.optim.Optimizer.state_dict)
+    load_state_dict = _without_dynamo_guard(torch.optim.Optimizer.load_state_dict)
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -154,7 +168,7 @@ def fused_available(device: torch.device) -> bool:
     """Whether PyTorch's fused AdamW kernel runs on ``device`` (CUDA, and CPU since 2.4)."""
     try:
         probe = nn.Parameter(torch.zeros(1, device=device))
-        torch.optim.AdamW([probe], fused=True)
+        AdamW([probe], fused=True)
     except (RuntimeError, TypeError, ValueError):
         return False
     return True

@@ -186,8 +186,8 @@ def test_shared_step_counts_save_as_separate_tensors() -> None:
 
 def test_building_stepping_and_saving_the_optimizer_imports_no_dynamo() -> None:
     """PyTorch wraps the optimizer's add_param_group, zero_grad, state_dict and
-    load_state_dict to disable dynamo, and the wrapper imports torch._dynamo (about 1.8 s)
-    at the first call: glassgpt's AdamW takes the methods without it. In a fresh process:
+    load_state_dict to disable dynamo, and the wrapper imports torch._dynamo (1.0 s at a
+    run's start) at the first call: glassgpt's AdamW takes the methods without it. In a fresh process:
     build, step, zero, save and load, with no torch._dynamo imported."""
     import subprocess
     import sys

@@ -230,7 +230,7 @@ def test_a_list_of_ids_and_the_steps_own_greedy_pick_match_tensors_and_next_toke
 
 
 def test_a_first_decoding_does_not_import_dynamo() -> None:
-    """A process's first recorded step costs no import of torch._dynamo (1.1-1.9 s: the
+    """A process's first recorded step costs no import of torch._dynamo (about 1 s: the
     dispatch mode's default wrapper imports it at the mode's first operation)."""
     import subprocess
     import sys

@@ -1,8 +1,12 @@
-"""Shared fixtures: the data in ``../shared/data`` (skipped with a reason when absent)."""
+"""Shared fixtures: the data in ``../shared/data`` (skipped with a reason when absent), and
+``imports_after``: which of some modules a fresh Python process has imported after code."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,3 +41,18 @@ def shakespeare_text(shakespeare_path: Path) -> str:
 @pytest.fixture(scope="session")
 def gpt2_files() -> tuple[Path, Path]:
     return _shared("gpt2/encoder.json"), _shared("gpt2/vocab.bpe")
+
+
+@pytest.fixture
+def imports_after() -> Callable[[str, list[str]], list[str]]:
+    """``imports_after(code, modules)``: the modules among ``modules`` that a fresh Python
+    process has imported after running ``code`` (which must succeed)."""
+
+    def run(code: str, modules: list[str]) -> list[str]:
+        check = f"\nimport sys\nprint(*[m for m in {modules!r} if m in sys.modules])\n"
+        out = subprocess.run([sys.executable, "-c", code + check], capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    return run

@@ -118,26 +118,25 @@ static void gelu_portable(const float *x, float *y, Py_ssize_t n) {
     }
 }
 
-/* dx = g (s + x s (1 − s) c₀ (1 + 3 c₁ x²)), s = σ(c₀ (x + c₁ x³)), c₀ = 2√(2/π): the
- * derivative of x s, which is the tanh GELU (½ (1 + tanh u) = σ(2u)). */
-static void gelu_backward_portable(const float *x, const float *g, float *dx, Py_ssize_t n) {
-    const float c0 = 2.0f * GELU_C0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const float v = x[i], s = 1.0f / (1.0f + expf(-c0 * (v + GELU_C1 * v * v * v)));
-        dx[i] = g[i] * (s + v * s * (1.0f - s) * c0 * (1.0f + 3.0f * GELU_C1 * v * v));
-    }
+/* The tanh GELU's slope s + v s (1 − s) c₀ (1 + 3 c₁ v²), s = σ(c₀ (v + c₁ v³)), c₀ = 2√(2/π):
+ * the derivative of v s, which is the tanh GELU (½ (1 + tanh u) = σ(2u)). */
+static inline float gelu_slope1(float v) {
+    const float c0 = 2.0f * GELU_C0, s = 1.0f / (1.0f + expf(-c0 * (v + GELU_C1 * v * v * v)));
+    return s + v * s * (1.0f - s) * c0 * (1.0f + 3.0f * GELU_C1 * v * v);
 }
 
-/* The tanh GELU y, as gelu_portable computes it (the same bits), and its slope d as
- * gelu_backward_portable computes g · d for g = 1, in one pass: for a training step's forward
- * to keep d, so that its backward is g · d. */
+/* dx = g · GELU'(x). */
+static void gelu_backward_portable(const float *x, const float *g, float *dx, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        dx[i] = g[i] * gelu_slope1(x[i]);
+}
+
+/* The tanh GELU y, as gelu_portable computes it (the same bits), and its slope d, in one
+ * pass: for a training step's forward to keep d, so that its backward is g · d. */
 static void gelu_slope_portable(const float *x, float *y, float *d, Py_ssize_t n) {
     gelu_portable(x, y, n);
-    const float c0 = 2.0f * GELU_C0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const float v = x[i], s = 1.0f / (1.0f + expf(-c0 * (v + GELU_C1 * v * v * v)));
-        d[i] = s + v * s * (1.0f - s) * c0 * (1.0f + 3.0f * GELU_C1 * v * v);
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        d[i] = gelu_slope1(x[i]);
 }
 
 /* The exact GELU, y = x Φ(x) with Φ(x) = ½ (1 + erf(x/√2)), and its slope Φ(x) + x φ(x),

@@ -112,9 +112,7 @@ def hf_times(model: torch.nn.Module, prompt: torch.Tensor, n: int) -> list[float
             pass
 
     stamps = Stamps()
-    with torch.inference_mode():
-        model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
-                       min_new_tokens=n, do_sample=False, use_cache=True, streamer=stamps)  # fmt: skip
+    hf_call(model, prompt, n, streamer=stamps)
     return stamps.calls[1:]
 
 
@@ -130,10 +128,10 @@ def eager_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[li
     return generate(model, prompts, max_new_tokens=n, temperature=0, **EAGER)
 
 
-def hf_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
+def hf_call(model: torch.nn.Module, prompts: torch.Tensor, n: int, **kw: Any) -> list[list[int]]:
     with torch.inference_mode():
         out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=n,
-                             min_new_tokens=n, do_sample=False, use_cache=True)  # fmt: skip
+                             min_new_tokens=n, do_sample=False, use_cache=True, **kw)  # fmt: skip
     return out[:, prompts.shape[1] :].tolist()
 
 
@@ -158,21 +156,17 @@ class CT2:
         )
         self.bytes_per_param = 4 if quantization == "float32" else 1
 
-    def __call__(self, prompts: torch.Tensor, n: int) -> list[list[int]]:
+    def __call__(self, prompts: torch.Tensor, n: int, **kw: Any) -> list[list[int]]:
         tokens = [[self.vocab[i] for i in row] for row in prompts.tolist()]
-        results = self.generator.generate_batch(
-            tokens, max_length=n, min_length=n, sampling_topk=1, include_prompt_in_result=False
-        )
+        options = {"max_length": n, "min_length": n, "sampling_topk": 1}
+        results = self.generator.generate_batch(tokens, include_prompt_in_result=False,
+                                                **options, **kw)  # fmt: skip
         return [r.sequences_ids[0] for r in results]
 
     def times(self, prompt: torch.Tensor, n: int) -> list[float]:
-        """The same call as a batch of one, stamping each new token in its step callback."""
+        """The same call for one prompt, stamping each new token in its step callback."""
         stamps: list[float] = []
-        self.generator.generate_batch(
-            [[self.vocab[i] for i in prompt[0].tolist()]], max_length=n, min_length=n,
-            sampling_topk=1, include_prompt_in_result=False,
-            callback=lambda _step: stamps.append(time.perf_counter()) and False,
-        )  # fmt: skip
+        self(prompt, n, callback=lambda _step: stamps.append(time.perf_counter()) and False)
         return stamps
 
 

@@ -321,30 +321,29 @@ def _steps(
             hist[b].append(t)
         if counts is not None:  # (then nxt is next_token's: the replayed pick needs no counts)
             counts[torch.arange(len(ids), device=device), nxt.to(device)] += 1
-        if (
-            cache.length < cache.capacity
-            and isinstance(step_fn, ReplayedStep)
-            and not (cache.pad is not None or model._hook_fns)
-        ):  # a list of ids: no PyTorch operation between two replayed steps
-            logits = step_fn(ids)
-        elif cache.length < cache.capacity:
-            new = (torch.tensor(ids) if nxt is None else nxt).to(device)[:, None]  # [B, 1]
-            if graphed:
-                if step_fn is None:
-                    assert isinstance(cache, StaticKVCache)
-                    step_fn = GraphedStep(model, cache)
-                logits = step_fn(new)
-            elif cache.pad is not None or model._hook_fns:  # (hooks attached since)
-                logits = _forward(model, new, cache)
-            elif record:
-                record = False
-                step_fn, logits = _recorded(model, new, cache)
-            else:
-                logits = step_fn(new) if step_fn is not None else _forward(model, new, cache)
-        else:
+        if cache.length >= cache.capacity:
             tokens, pads = left_pad(slide(f"{len(hist[0])} tokens"), device)
             cache.reset(pads)
             logits = _forward(model, tokens, cache)
+        elif graphed:
+            if step_fn is None:
+                assert isinstance(cache, StaticKVCache)
+                step_fn = GraphedStep(model, cache)
+            logits = step_fn(_column(ids, nxt, device))
+        elif cache.pad is not None or model._hook_fns:  # (hooks attached since)
+            logits = _forward(model, _column(ids, nxt, device), cache)
+        elif isinstance(step_fn, ReplayedStep):  # a list: no PyTorch operation between steps
+            logits = step_fn(ids)
+        elif record:
+            record = False
+            step_fn, logits = _recorded(model, _column(ids, nxt, device), cache)
+        else:
+            logits = _forward(model, _column(ids, nxt, device), cache)
+
+
+def _column(ids: list[int], nxt: Tensor | None, device: torch.device) -> Tensor:
+    """The next ids as a [B, 1] tensor on ``device`` (``nxt``, next_token's [B], where given)."""
+    return (torch.tensor(ids) if nxt is None else nxt).to(device)[:, None]
 
 
 @contextmanager

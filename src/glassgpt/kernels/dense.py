@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glassgpt.kernels import bf16, onednn, replay
+from glassgpt.kernels import bf16, custom_ops, onednn, replay
 from glassgpt.kernels.onednn import use_onednn
 from glassgpt.kernels.pages import huge_page_copy, huge_page_empty
 
@@ -99,8 +99,11 @@ def unpacked(x: Tensor, W: Tensor, b: Tensor | None = None, *, transposed: bool 
     W2 = W.flatten(0, -2) if W.ndim > 2 else W
     if bf16.emulated(x):
         return bf16.linear(x, W2, b, transposed=transposed)
-    if use_onednn(x, W2):
-        return onednn.linear(x, W2, b, transposed)
+    if not torch.compiler.is_compiling():
+        if use_onednn(x, W2):
+            return onednn.linear(x, W2, b, transposed)
+    elif custom_ops.registered() and use_onednn(x, W2, compiling=True):  # an opaque call
+        return custom_ops.linear(x, W2, b, transposed)
     return F.linear(x, W2 if transposed else W2.T, b)
 
 

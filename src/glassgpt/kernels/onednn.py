@@ -56,10 +56,10 @@ def _mm(a: Tensor, b_t: Tensor, bias: Tensor | None = None) -> Tensor:
     return _KERNEL(a, b_t, bias, "none", [], "")
 
 
-def use_onednn(x: Tensor, W: Tensor) -> bool:
+def use_onednn(x: Tensor, W: Tensor, *, compiling: bool = False) -> bool:
     """Whether x W (W read as 2-D [d_in, d_out] or [d_out, d_in]) should run in oneDNN:
-    float32 on an AVX-512 CPU, outside autocast and torch.compile, more than one row, big
-    enough."""
+    float32 on an AVX-512 CPU, outside autocast, more than one row, big enough; outside
+    torch.compile, or (``compiling``) inside it, through ``glassgpt.kernels.custom_ops``."""
     if _KERNEL is None or not ONEDNN_PREFERRED:
         return False
     if x.device.type != "cpu" or x.dtype != torch.float32:
@@ -68,7 +68,7 @@ def use_onednn(x: Tensor, W: Tensor) -> bool:
         return False
     if not torch.backends.mkldnn.enabled or torch.is_autocast_enabled("cpu"):
         return False
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() != compiling:
         return False
     rows = x.numel() // x.shape[-1]
     return rows > 1 and rows * W.numel() >= MIN_MACS
@@ -105,30 +105,43 @@ class OneDNNLinear(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, g: Tensor):
         kept, W = ctx.saved_tensors
-        g2 = g.reshape(-1, g.shape[-1])
-        grad_x = grad_W = grad_b = None
-        if ctx.needs_input_grad[0]:  # ∂x = g Wᵀ (row-vector W [d_in, d_out])
-            W_in_out = W.T if ctx.transposed else W  # [d_in, d_out] as the kernel's [N, K]
-            grad_x = _mm(g2, W_in_out).view(ctx.x_shape)
-        if ctx.needs_input_grad[1]:  # ∂W = xᵀ g, laid out like W
-            if ctx.x_transposed:  # xᵀ [d_in, rows] from the forward
-                x_first, prod = True, _mm(kept, g2.T)
-            else:
-                # The kernel copies a transposed first operand (PyTorch's strided copy) and
-                # reads a transposed second one in place: the first is the narrower of xᵀ and
-                # gᵀ, made by glassgpt's transposition where it is built (5x faster).
-                x2 = kept
-                x_first = x2.shape[1] <= g2.shape[1]
-                first, second = (x2, g2) if x_first else (g2, x2)
-                first_t = rowwise.transposed(first)
-                prod = _mm(first.T if first_t is None else first_t, second.T)  # xᵀ g or gᵀ x
-            grad_W = prod.T if x_first == ctx.transposed else prod
-            if not grad_W.is_contiguous() and W.is_contiguous():  # as W: AccumulateGrad
-                laid_out = rowwise.transposed(prod)  # would copy it, 5x slower than this
-                grad_W = grad_W if laid_out is None else laid_out
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g2.sum(0)
-        return grad_x, grad_W, grad_b, None
+        grad_x, grad_W, grad_b = gradients(
+            g.reshape(-1, g.shape[-1]), kept, W, ctx.transposed, ctx.x_transposed,
+            *ctx.needs_input_grad[:2], ctx.has_bias and ctx.needs_input_grad[2],
+        )  # fmt: skip
+        return None if grad_x is None else grad_x.view(ctx.x_shape), grad_W, grad_b, None
+
+
+def gradients(
+    g2: Tensor, kept: Tensor, W: Tensor, transposed: bool, x_transposed: bool,
+    need_x: bool, need_W: bool, need_b: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # fmt: skip
+    """∂x [rows, d_in], ∂W (laid out like W) and ∂b of y = x W + b (x Wᵀ + b when
+    ``transposed``) for g2 = ∂y [rows, d_out], from ``kept``: x [rows, d_in], or xᵀ [d_in,
+    rows] where ``x_transposed``; None for each one not asked for."""
+    grad_x = grad_W = grad_b = None
+    if need_x:  # ∂x = g Wᵀ (row-vector W [d_in, d_out])
+        W_in_out = W.T if transposed else W  # [d_in, d_out] as the kernel's [N, K]
+        grad_x = _mm(g2, W_in_out)
+    if need_W:  # ∂W = xᵀ g, laid out like W
+        if x_transposed:  # xᵀ [d_in, rows] from the forward
+            x_first, prod = True, _mm(kept, g2.T)
+        else:
+            # The kernel copies a transposed first operand (PyTorch's strided copy) and
+            # reads a transposed second one in place: the first is the narrower of xᵀ and
+            # gᵀ, made by glassgpt's transposition where it is built (5x faster).
+            x2 = kept
+            x_first = x2.shape[1] <= g2.shape[1]
+            first, second = (x2, g2) if x_first else (g2, x2)
+            first_t = rowwise.transposed(first)
+            prod = _mm(first.T if first_t is None else first_t, second.T)  # xᵀ g or gᵀ x
+        grad_W = prod.T if x_first == transposed else prod
+        if not grad_W.is_contiguous() and W.is_contiguous():  # as W: AccumulateGrad
+            laid_out = rowwise.transposed(prod)  # would copy it, 5x slower than this
+            grad_W = grad_W if laid_out is None else laid_out
+    if need_b:
+        grad_b = g2.sum(0)
+    return grad_x, grad_W, grad_b
 
 
 # The last input the forward transposed (held weakly, with its version) and a weak reference

@@ -34,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from glassgpt import checkpoint as ckpt
 from glassgpt.errors import GlassError
+from glassgpt.kernels import custom_ops
 from glassgpt.train import rng
 from glassgpt.train.collector import collect_between_steps
 from glassgpt.train.config import TrainConfig
@@ -119,6 +120,8 @@ class Trainer:
         self.train_model: nn.Module = self.model
         self.compiled = resolve_compile(cfg.compile, self.ctx.device)
         if self.compiled:
+            if self.ctx.device.type == "cpu":  # glassgpt's kernels as opaque calls in the graph
+                custom_ops.register()
             self.train_model = torch.compile(self.model)  # type: ignore[assignment]
         if self.ctx.enabled:
             ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None

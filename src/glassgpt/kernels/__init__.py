@@ -22,7 +22,9 @@ training step's float32 tanh GELU and its gradient. Float32 causal self-attentio
 heads (training, a prompt) takes ``kernels/_flash.c`` (``glassgpt.kernels.flash``). The
 weights the decoding kernels stream live on 2 MiB pages (``glassgpt.kernels.pages``).
 ``glassgpt.kernels.checks`` checks token ids without stalling a GPU (a device-side
-assertion there).
+assertion there). Under ``torch.compile`` the seams take PyTorch's kernels, or, once
+``glassgpt.kernels.custom_ops.register()`` has run (the trainer runs it before compiling on
+a CPU), oneDNN's products and the causal kernel as custom operators.
 
 Importing this package is cheap; torch loads on first use of a function.
 """

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.kernels import onednn
+
 _OPS: dict[str, Any] = {}
 
 
@@ -42,7 +44,7 @@ def register() -> None:
     """Define the operators (idempotent; about 13 ms the first time)."""
     if _OPS:
         return
-    from glassgpt.kernels import flash, onednn, rowwise
+    from glassgpt.kernels import flash, rowwise  # (flash imports this module)
     from glassgpt.kernels.policy import keeps_probabilities, kept_p_width
 
     # -- y = x W + b ------------------------------------------------------------------------
@@ -141,7 +143,9 @@ def linear(x: Tensor, W: Tensor, b: Tensor | None, transposed: bool) -> Tensor:
     [d_out, d_in]. Keeps xᵀ for ∂W where the eager seam does (d_in < d_out)."""
     x2 = x.reshape(-1, x.shape[-1])
     d_out = W.shape[0] if transposed else W.shape[1]
-    keep_t = torch.is_grad_enabled() and W.requires_grad and x2.shape[1] < d_out
+    keep_t = (
+        torch.is_grad_enabled() and W.requires_grad and onednn.keeps_transpose(x2.shape[1], d_out)
+    )
     y, _ = _OPS["linear"](x2, W, b, transposed, keep_t)
     return y.view(*x.shape[:-1], d_out)
 

@@ -92,7 +92,7 @@ class OneDNNLinear(torch.autograd.Function):
         W_t = W if transposed else W.T  # [d_out, d_in], the kernel's layout
         y = _mm(x2, W_t, b)
         x_t = None
-        if ctx.needs_input_grad[1] and x2.shape[1] < W_t.shape[0]:
+        if ctx.needs_input_grad[1] and keeps_transpose(x2.shape[1], W_t.shape[0]):
             x_t = _kept_transpose(x, x2)
         ctx.save_for_backward(x2 if x_t is None else x_t, W)
         ctx.x_transposed = x_t is not None
@@ -110,6 +110,12 @@ class OneDNNLinear(torch.autograd.Function):
             *ctx.needs_input_grad[:2], ctx.has_bias and ctx.needs_input_grad[2],
         )  # fmt: skip
         return None if grad_x is None else grad_x.view(ctx.x_shape), grad_W, grad_b, None
+
+
+def keeps_transpose(d_in: int, d_out: int) -> bool:
+    """Whether the forward of a product [rows, d_in] → [rows, d_out] makes and keeps xᵀ for
+    ∂W = xᵀ g: where xᵀ is ∂W's narrower operand (d_in < d_out; see :class:`OneDNNLinear`)."""
+    return d_in < d_out
 
 
 def gradients(

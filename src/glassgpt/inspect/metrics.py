@@ -1,0 +1,163 @@
+"""Patching metrics: one number per run of the model, read from its logits.
+
+    logit_diff(a, b)    m = z_T[a] − z_T[b]                      (z the logits at position T)
+    logprob(a)          m = log softmax(z_T)[a]
+    loss(tokens)        m = mean_t −log softmax(z_t)[token_{t+1}]
+    normalised(m, clean, corrupted)   m̂ = (m − m_corrupted) / (m_clean − m_corrupted)
+
+A metric takes the logits of one run, [B, T, n_vocab] (B the prompts of the run, averaged
+over), and returns a 0-d tensor, as TransformerLens's ``patching_metric`` does, so a user's
+own function works anywhere a metric is asked for. The metrics here also take a stack of
+runs, [N, B, T, n_vocab] → [N] (``metric.batched``): a patching sweep runs N patched
+forwards in one batch and scores them with one call. ``normalised`` is 0 on the corrupted
+run and 1 on the clean run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from glassgpt.errors import GlassError
+
+MetricFn = Callable[[Tensor], Tensor]
+
+
+class Metric:
+    """A metric of one run (``metric(logits [B, T, V]) → 0-d``) that also scores a stack of
+    runs at once (``metric.batched(logits [N, B, T, V]) → [N]``)."""
+
+    def __init__(self, batched: Callable[[Tensor], Tensor], name: str) -> None:
+        self._batched, self.name = batched, name
+
+    def batched(self, logits: Tensor) -> Tensor:
+        """[N, B, T, n_vocab] → [N]: the metric of each of N runs."""
+        if logits.ndim != 4:
+            raise GlassError(
+                f"{self.name}: expected logits [N, B, T, n_vocab], got {tuple(logits.shape)}"
+            )
+        return self._batched(logits)
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        if logits.ndim != 3:
+            raise GlassError(
+                f"{self.name}: expected logits [B, T, n_vocab], got {tuple(logits.shape)}"
+            )
+        return self._batched(logits[None])[0]
+
+    def __repr__(self) -> str:
+        return f"Metric({self.name})"
+
+
+def score_runs(metric: MetricFn, logits: Tensor) -> Tensor:
+    """The metric of each run in ``logits`` [N, B, T, V] → [N] (one call when it is batched)."""
+    if isinstance(metric, Metric):
+        return metric.batched(logits)
+    return torch.stack([torch.as_tensor(metric(run)).reshape(()) for run in logits])
+
+
+def _ids(tokens: int | Sequence[int] | Tensor, what: str) -> Tensor:
+    ids = torch.as_tensor(tokens, dtype=torch.long)
+    if ids.ndim > 1:
+        raise GlassError(f"{what}: one id, or one per prompt; got shape {tuple(ids.shape)}")
+    return ids.reshape(-1)
+
+
+def _at(logits: Tensor, ids: Tensor, pos: int, what: str) -> Tensor:
+    """logits[n, b, pos, ids[b]] → [N, B] (ids [1] or [B]), ids checked against n_vocab."""
+    N, B, T, V = logits.shape
+    if not -T <= pos < T:
+        raise GlassError(f"{what}: position {pos} is out of range for {T} tokens")
+    if ids.numel() not in (1, B):
+        raise GlassError(f"{what}: {ids.numel()} ids for {B} prompts")
+    if int(ids.min()) < 0 or int(ids.max()) >= V:
+        bad = int(ids[(ids < 0) | (ids >= V)][0])
+        raise GlassError(f"{what}: token id {bad} is out of range [0, {V})")
+    z = logits[:, :, pos, :]  # [N, B, V]
+    index = ids.to(z.device).expand(B)[None, :, None].expand(N, B, 1)
+    return z.gather(-1, index)[..., 0]
+
+
+def logit_diff(
+    answer: int | Sequence[int] | Tensor, wrong: int | Sequence[int] | Tensor, pos: int = -1
+) -> Metric:
+    """z_pos[answer] − z_pos[wrong], averaged over the prompts (ids: one, or one per prompt).
+
+    >>> z = torch.zeros(1, 2, 4); z[0, -1] = torch.tensor([0.0, 3.0, 1.0, 0.0])
+    >>> float(logit_diff(1, 2)(z))
+    2.0
+    """
+    a, b = _ids(answer, "answer"), _ids(wrong, "wrong answer")
+
+    def batched(logits: Tensor) -> Tensor:
+        return (_at(logits, a, pos, "answer") - _at(logits, b, pos, "wrong answer")).mean(-1)
+
+    return Metric(batched, f"logit_diff({a.tolist()}, {b.tolist()})")
+
+
+def logprob(answer: int | Sequence[int] | Tensor, pos: int = -1) -> Metric:
+    """log softmax(z_pos)[answer], averaged over the prompts (in at least float32).
+
+    >>> z = torch.zeros(1, 1, 4)
+    >>> round(float(logprob(2)(z)), 4)  # log(1/4)
+    -1.3863
+    """
+    a = _ids(answer, "answer")
+
+    def batched(logits: Tensor) -> Tensor:
+        z = logits if logits.dtype == torch.float64 else logits.float()
+        return _at(z.log_softmax(-1), a, pos, "answer").mean(-1)
+
+    return Metric(batched, f"logprob({a.tolist()})")
+
+
+def loss(tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Metric:
+    """The mean next-token cross-entropy of ``tokens`` ([T] or [B, T]) under the run's logits.
+
+    >>> z = torch.zeros(1, 3, 5)
+    >>> round(float(loss([1, 2, 3])(z)), 4)  # log 5
+    1.6094
+    """
+    ids = torch.as_tensor(tokens, dtype=torch.long)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[1] < 2:
+        raise GlassError(f"loss: tokens must be [T] or [B, T] with T ≥ 2, got {tuple(ids.shape)}")
+
+    def batched(logits: Tensor) -> Tensor:
+        N, B, T, _ = logits.shape
+        if tuple(ids.shape) != (B, T) and (ids.shape[0] != 1 or ids.shape[1] != T):
+            raise GlassError(f"loss: tokens {tuple(ids.shape)} do not match logits [B={B}, T={T}]")
+        z = logits if logits.dtype == torch.float64 else logits.float()
+        targets = ids.to(z.device).expand(B, T)[:, 1:]
+        logp = z[:, :, :-1].log_softmax(-1)  # [N, B, T − 1, V]
+        nll = -logp.gather(-1, targets[None, ..., None].expand(N, B, T - 1, 1))[..., 0]
+        return nll.mean((1, 2))
+
+    return Metric(batched, "loss")
+
+
+def normalised(metric: MetricFn, clean_logits: Tensor, corrupted_logits: Tensor) -> Metric:
+    """(m − m_corrupted) / (m_clean − m_corrupted): 0 on the corrupted run, 1 on the clean one.
+
+    >>> clean, corrupt = torch.zeros(1, 1, 3), torch.zeros(1, 1, 3)
+    >>> clean[0, 0, 0] = 2.0
+    >>> m = normalised(logit_diff(0, 1), clean, corrupt)
+    >>> float(m(clean)), float(m(corrupt)), float(m(clean / 2))
+    (1.0, 0.0, 0.5)
+    """
+    low = score_runs(metric, corrupted_logits[None])[0]
+    high = score_runs(metric, clean_logits[None])[0]
+    span = high - low
+    if float(span) == 0.0:
+        raise GlassError(
+            f"cannot normalise {getattr(metric, 'name', 'the metric')}: it is {float(high):.6g} "
+            "on both the clean and the corrupted run"
+        )
+
+    def batched(logits: Tensor) -> Tensor:
+        return (score_runs(metric, logits) - low.to(logits.device)) / span.to(logits.device)
+
+    return Metric(batched, f"normalised({getattr(metric, 'name', 'metric')})")

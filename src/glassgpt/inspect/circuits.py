@@ -23,6 +23,10 @@ reading matrix carrying its norm's linear part:
 
     Q: ‖W_OV¹ W_QK²‖_F / (‖W_OV¹‖_F ‖W_QK²‖_F)      K: ‖W_QK² (W_OV¹)ᵀ‖_F / (same)
     V: ‖W_OV¹ W_OV²‖_F / (‖W_OV¹‖_F ‖W_OV²‖_F)
+
+Precision: circuits and scores are in the model's dtype (float64 for a float64 model); for a
+bfloat16 or float16 model the weights are widened and every product is computed and returned
+in float32 (the inputs Ê pass the norm N₁ in the model's own dtype, as in its forward).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
-from glassgpt.inspect.factored import FactoredMatrix, copying_score
+from glassgpt.inspect.factored import FactoredMatrix, copying_score, widened
 from glassgpt.model import GPT
 from glassgpt.model.gpt import Block
 from glassgpt.model.layers import apply_rope
@@ -59,26 +63,29 @@ def block(model: GPT, layer: int) -> Block:
 
 
 def inputs(model: GPT, kind: Inputs = "token") -> Tensor:
-    """The rows a circuit is indexed by: W_E [n_vocab, d_model] or the positions [n_ctx, d_model]."""
+    """The rows a circuit is indexed by: W_E [n_vocab, d_model] or the positions [n_ctx, d_model]
+    (in the model's dtype)."""
+    W_E = model.embed.W_E.detach()
     if kind == "token":
-        return model.embed.W_E.detach()
+        return W_E
     if kind == "position":
         if model.pos_embed is None:
             raise GlassError(
                 f"position circuits need learned or sinusoidal positions; this model's "
                 f"positional is {model.config.positional!r}"
             )
-        return model.pos_embed(model.config.n_ctx).detach()
+        return model.pos_embed(model.config.n_ctx, dtype=W_E.dtype, device=W_E.device).detach()
     raise GlassError(f"circuit inputs must be 'token' or 'position', got {kind!r}")
 
 
 def read_inputs(model: GPT, layer: int, kind: Inputs = "token") -> Tensor:
-    """Ê: the inputs as the attention of ``layer`` reads them (each row through N₁ for pre-norm)."""
+    """Ê: the inputs as the attention of ``layer`` reads them (each row through N₁ for pre-norm),
+    at least float32."""
     E = inputs(model, kind)
     if model.config.norm_placement == "pre":
         with torch.no_grad():
-            return cast(Tensor, block(model, layer).ln1(E))
-    return E
+            E = cast(Tensor, block(model, layer).ln1(E))
+    return widened(E)
 
 
 def unembedding(model: GPT, fold_final_norm: bool = True) -> Tensor:
@@ -86,17 +93,17 @@ def unembedding(model: GPT, fold_final_norm: bool = True) -> Tensor:
 
     Layernorm: (I − 11ᵀ/d) diag(w_f) W_U; rmsnorm: diag(w_f) W_U; post-norm: W_U.
     """
-    W_U = model.W_U.detach()
+    W_U = widened(model.W_U.detach())
     ln = model.ln_final
     if not fold_final_norm or ln is None:
         return W_U
-    U = ln.w.detach()[:, None] * W_U
+    U = widened(ln.w.detach())[:, None] * W_U
     return U - U.mean(0, keepdim=True) if ln.kind == "layernorm" else U
 
 
 def _heads(t: Tensor, head: int | None) -> Tensor:
-    """All heads of a per-head weight [H, ...], or one head's [...] (detached)."""
-    return t.detach() if head is None else t.detach()[head]
+    """All heads of a per-head weight [H, ...], or one head's [...] (detached, at least float32)."""
+    return widened(t.detach() if head is None else t.detach()[head])
 
 
 def qk_circuit(
@@ -174,13 +181,14 @@ def copying_scores(model: GPT) -> Tensor:
 
 
 def folded_weights(model: GPT, layer: int) -> dict[str, Tensor]:
-    """W_Q, W_K, W_V [n_heads, d_model, d_head] with N₁'s linear part folded in, and W_O."""
+    """W_Q, W_K, W_V [n_heads, d_model, d_head] with N₁'s linear part folded in, and W_O
+    (at least float32)."""
     blk = block(model, layer)
-    out = {"W_O": blk.attn.W_O.detach()}
+    out = {"W_O": widened(blk.attn.W_O.detach())}
     for name in ("W_Q", "W_K", "W_V"):
-        W = getattr(blk.attn, name).detach()
+        W = widened(getattr(blk.attn, name).detach())
         if model.config.norm_placement == "pre":
-            W = blk.ln1.w.detach()[None, :, None] * W
+            W = widened(blk.ln1.w.detach())[None, :, None] * W
             if blk.ln1.kind == "layernorm":
                 W = W - W.mean(1, keepdim=True)  # (I − 11ᵀ/d) on the input side
         out[name] = W
@@ -200,7 +208,7 @@ def composition_scores(model: GPT, kind: Composition = "q") -> Tensor:
         raise GlassError(f"composition kind must be 'q', 'k' or 'v', got {kind!r}")
     L, H = model.config.n_layers, model.config.n_heads
     W = [folded_weights(model, layer) for layer in range(L)]
-    dtype = W[0]["W_O"].dtype if L else torch.float32
+    dtype = widened(model.embed.W_E).dtype
     scores = torch.full((L, H, L, H), float("nan"), dtype=dtype)
     with torch.no_grad():
         for l1 in range(L):

@@ -10,6 +10,9 @@ so they are stored as two thin factors and every question is answered from the f
 
 Only :meth:`FactoredMatrix.full` builds the m × n matrix; :meth:`top_pairs` scans it in row
 blocks, so its memory stays at ``block × n``.
+
+Precision: values are in the factors' dtype; norms, eigenvalues and singular values of
+bfloat16 or float16 factors are computed and returned in float32 (:func:`widened`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,17 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
+
+
+def widened(t: Tensor) -> Tensor:
+    """``t`` in float32 if it is half precision; float32 and float64 are kept.
+
+    The rule of every ``glassgpt.inspect`` result: the model's dtype, but at least float32.
+
+    >>> [widened(torch.ones(1, dtype=d)).dtype for d in (torch.bfloat16, torch.float64)]
+    [torch.float32, torch.float64]
+    """
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 @dataclass(frozen=True)
@@ -97,8 +111,9 @@ class FactoredMatrix:
 
     def norm(self) -> Tensor:
         """Frobenius norm ‖A B‖_F = √tr((AᵀA)(BBᵀ)), per batch entry."""
-        gram_a = self.A.transpose(-1, -2) @ self.A  # [..., r, r]
-        gram_b = self.B @ self.B.transpose(-1, -2)  # [..., r, r]
+        A, B = widened(self.A), widened(self.B)
+        gram_a = A.transpose(-1, -2) @ A  # [..., r, r]
+        gram_b = B @ B.transpose(-1, -2)  # [..., r, r]
         sq = (gram_a * gram_b.transpose(-1, -2)).sum((-1, -2))
         return sq.clamp_min(0).sqrt()
 
@@ -106,12 +121,12 @@ class FactoredMatrix:
         """The r eigenvalues of B A, which are the non-zero eigenvalues of the square M (complex)."""
         if self.A.shape[-2] != self.B.shape[-1]:
             raise GlassError(f"eigenvalues need a square matrix, this one is {self.shape}")
-        return torch.linalg.eigvals(self.B @ self.A)
+        return torch.linalg.eigvals(widened(self.B) @ widened(self.A))
 
     def singular_values(self) -> Tensor:
         """The r largest singular values of M, from R_A R_Bᵀ (A = Q_A R_A, Bᵀ = Q_B R_B)."""
-        _, R_a = torch.linalg.qr(self.A)
-        _, R_b = torch.linalg.qr(self.B.transpose(-1, -2))
+        _, R_a = torch.linalg.qr(widened(self.A))
+        _, R_b = torch.linalg.qr(widened(self.B).transpose(-1, -2))
         return torch.linalg.svdvals(R_a @ R_b.transpose(-1, -2))
 
     def top_pairs(

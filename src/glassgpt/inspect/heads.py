@@ -10,6 +10,9 @@ A the head's pattern [T_q, T_k] averaged over the batch:
 Each score is an average of attention weights, so it lies in [0, 1]; a head that implements
 the mechanism perfectly scores 1. The first half's tokens are distinct whenever n ≤ n_vocab
 (a random permutation), so the earlier copy of each token is unique.
+
+Precision: the scores are in the model's dtype (float64 for a float64 model); a bfloat16 or
+float16 model's patterns are averaged in float32 and its scores returned in float32.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import Tensor
 
 from glassgpt.errors import GlassError
 from glassgpt.inspect.cache import evaluating, run_with_cache
+from glassgpt.inspect.factored import widened
 from glassgpt.model import GPT
 
 SCORES = ("previous_token", "duplicate_token", "induction")
@@ -125,6 +129,6 @@ def head_scores(
         raise GlassError("head scores need each sequence to be its first half repeated")
     with evaluating(model):
         _, cache = run_with_cache(model, batch_tokens, "pattern")
-    pattern = cache.stack("pattern").float().mean(1)  # [L, H, T, T]
+    pattern = widened(cache.stack("pattern")).mean(1)  # [L, H, T, T]
     scores = pattern_scores(pattern, n)
     return HeadScores(**scores, tokens=batch_tokens)

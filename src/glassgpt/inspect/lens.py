@@ -20,6 +20,11 @@ exactly (up to float rounding). Post-norm models end in a norm whose scale multi
 whole sum after the last MLP; they are refused with a clear error.
 
 Per-token loss: loss_t = −log softmax(logits_t)[token_{t+1}].
+
+Precision: every result is in the model's dtype (float64 for a float64 model). For a bfloat16
+or float16 model the lens logits stay in its dtype (they are the model's own unembedding),
+while probabilities, losses and the attribution's parts (sums of many terms) are computed
+and returned in float32.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from torch import Tensor
 
 from glassgpt.errors import GlassError
 from glassgpt.inspect.cache import as_batch, evaluating, run_with_cache
+from glassgpt.inspect.factored import widened
 from glassgpt.model import GPT
 from glassgpt.model.gpt import Block
 
@@ -46,8 +52,8 @@ class LogitLens:
     logits: Tensor
 
     def probs(self) -> Tensor:
-        """softmax over the vocabulary, same shape as ``logits``."""
-        return torch.softmax(self.logits.float(), dim=-1)
+        """softmax over the vocabulary, same shape as ``logits`` (at least float32)."""
+        return torch.softmax(widened(self.logits), dim=-1)
 
     def top(self, k: int = 1) -> tuple[Tensor, Tensor]:
         """(probabilities, ids) of the k most likely tokens: each [n_layers + 1, B, T, k]."""
@@ -145,35 +151,37 @@ def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attr
     with evaluating(model):
         _, cache = run_with_cache(model, tokens, wanted)
     with torch.no_grad():
-        parts = [cache[n] for n in names]
+        parts = [widened(cache[n]) for n in names]
         for layer in range(cfg.n_layers):
             block = cast(Block, model.blocks[layer])
-            result = cache["result", layer]  # [B, T, H, d_model]
+            result = widened(cache["result", layer])  # [B, T, H, d_model]
             parts += result.unbind(2)
             names += [f"blocks.{layer}.attn.h{h}" for h in range(cfg.n_heads)]
             if block.attn.b_O is not None:
-                parts.append(block.attn.b_O.detach().expand_as(parts[0]))
+                parts.append(widened(block.attn.b_O.detach()).expand_as(parts[0]))
                 names.append(f"blocks.{layer}.attn.b_O")
             if block.mlp is not None:
-                b_out = block.mlp.b_out
-                mlp = cache["mlp_out", layer]
-                parts.append(mlp if b_out is None else mlp - b_out.detach())
+                b_out = None if block.mlp.b_out is None else widened(block.mlp.b_out.detach())
+                mlp = widened(cache["mlp_out", layer])
+                parts.append(mlp if b_out is None else mlp - b_out)
                 names.append(f"blocks.{layer}.mlp")
                 if b_out is not None:
-                    parts.append(b_out.detach().expand_as(parts[0]))
+                    parts.append(b_out.expand_as(parts[0]))
                     names.append(f"blocks.{layer}.mlp.b_out")
         stacked = torch.stack(parts)  # [P, B, T, d_model]
         if ln.kind == "layernorm":
             stacked = stacked - stacked.mean(-1, keepdim=True)
         scale = cache["ln_final.scale"].to(stacked.dtype)  # [B, T, 1], frozen
-        stacked = stacked * scale * ln.w.detach()
+        stacked = stacked * scale * widened(ln.w.detach())
         if ln.b is not None:
-            stacked = torch.cat([stacked, ln.b.detach().expand_as(stacked[0])[None]])
+            stacked = torch.cat([stacked, widened(ln.b.detach()).expand_as(stacked[0])[None]])
             names.append("ln_final.b")
         b_U = model.unembed.b_U
         if b_U is not None:
             names.append("unembed.b_U")
-    return Attribution(names, stacked, model.W_U.detach(), None if b_U is None else b_U.detach())
+    return Attribution(
+        names, stacked, widened(model.W_U.detach()), None if b_U is None else widened(b_U.detach())
+    )
 
 
 def per_token_loss(model: GPT, tokens: Tensor | Sequence[int]) -> Tensor:
@@ -190,8 +198,5 @@ def per_token_loss(model: GPT, tokens: Tensor | Sequence[int]) -> Tensor:
     with evaluating(model), torch.no_grad():
         logits = model(batch)
     assert isinstance(logits, Tensor)
-    logits = logits[:, :-1]
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = torch.log_softmax(widened(logits[:, :-1]), dim=-1)
     return -logp.gather(-1, batch[:, 1:, None])[..., 0]

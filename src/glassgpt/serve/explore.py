@@ -6,6 +6,7 @@
     POST /api/circuits     the top QK and OV token pairs of one head
     GET  /api/info         the model's shape and its head scores
     GET  /api/vocab        the text of every token id
+    POST /api/patch, /api/patch/effect, /api/ablate   see ``glassgpt.serve.interventions``
 
 Patterns travel as bytes (round(255 · p), base64), logits as float32 (base64): a 64-token
 prompt on GPT-2 small is 590k pattern values. The last prompts' analyses are kept, so moving
@@ -15,7 +16,6 @@ lock (hooks are attached per model, so two forwards must not overlap).
 
 from __future__ import annotations
 
-import base64
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -31,6 +31,7 @@ from glassgpt.inspect.heads import head_scores
 from glassgpt.inspect.lens import direct_logit_attribution, unembed
 from glassgpt.inspect.report import encode_prompt, token_texts
 from glassgpt.serve.errors import APIError
+from glassgpt.serve.interventions import Interventions, b64
 from glassgpt.serve.state import ServeState
 
 KEEP = 8  # analyses kept (by prompt)
@@ -61,10 +62,6 @@ def lens_top(model: Any, resid: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
         probs.append(p)
         ids.append(i)
     return torch.stack(probs), torch.stack(ids)
-
-
-def _b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.contiguous().cpu().numpy().tobytes()).decode("ascii")
 
 
 class Explorer:
@@ -131,7 +128,7 @@ class Explorer:
                 {"id": i, "text": s, "bytes": list(self.tok.decode_bytes([i]))}
                 for i, s in zip(ids, texts)
             ],
-            "patterns": _b64((pat * 255).round().clamp(0, 255).to(torch.uint8)),
+            "patterns": b64((pat * 255).round().clamp(0, 255).to(torch.uint8)),
             "shape": list(pat.shape),
             "lens": lens_rows,
             **self.logits(ask, e),
@@ -141,7 +138,7 @@ class Explorer:
         e = entry or self._entry(ask.prompt)
         p = self._pos(e, ask.pos)
         z = e["logits"][p, : self.state.n_valid].contiguous()
-        return {"pos": p, "logits": _b64(z.to(torch.float32))}
+        return {"pos": p, "logits": b64(z.to(torch.float32))}
 
     def attribution(self, ask: Ask) -> dict[str, Any]:
         e = self._entry(ask.prompt)
@@ -221,4 +218,7 @@ def make_router(state: ServeState, guard: list[Any]) -> APIRouter:
     for name in ("analyze", "logits", "attribution", "circuits"):
         fn = _endpoint(getattr(explorer, name))
         router.add_api_route(f"/{name}", fn, methods=["POST"], dependencies=guard)
+    iv = Interventions(state)
+    for path, fn in (("/patch", iv.patch), ("/patch/effect", iv.effect), ("/ablate", iv.ablate)):
+        router.add_api_route(path, fn, methods=["POST"], dependencies=guard)
     return router

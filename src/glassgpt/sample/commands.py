@@ -62,7 +62,64 @@ def register(subparsers: Any) -> None:
                    help="CPU threads (default: 1 for models under 8M parameters, whose steps are "
                    "too short to share, else all cores)")  # fmt: skip
     p.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
+    p.add_argument("--steer", metavar="FILE:HOOK:ALPHA", action="append", default=[],
+                   help="add ALPHA × the vector in FILE (.safetensors, .npy, .pt) to the "
+                   "activation HOOK (e.g. blocks.1.resid_post) at every position; "
+                   "repeatable")  # fmt: skip
     p.set_defaults(func=run_sample)
+    register_steer(subparsers)
+
+
+def register_steer(subparsers: Any) -> None:
+    """Add ``steer`` (a steering vector from contrastive prompts) to the ``glassgpt`` parser."""
+    from glassgpt.arguments import add_output
+
+    p = subparsers.add_parser(
+        "steer",
+        help="make a steering vector from contrastive prompts (for sample/serve --steer)",
+        description="v = mean over positive prompts of the activation at HOOK − the same mean "
+        "over negative prompts (each prompt run alone; its last position or the mean over its "
+        "positions). Use it with: glassgpt sample --steer FILE:HOOK:ALPHA.",
+    )
+    add_checkpoint(p)
+    p.add_argument("--positive", metavar="TEXT", nargs="+", required=True,
+                   help="prompts with the property (\\n escapes allowed)")  # fmt: skip
+    p.add_argument("--negative", metavar="TEXT", nargs="+", required=True,
+                   help="prompts without it")  # fmt: skip
+    p.add_argument("--hook", required=True, metavar="NAME",
+                   help="the activation, e.g. blocks.1.resid_post (or blocks.1.hook_resid_post)")  # fmt: skip
+    p.add_argument("--pos", choices=("mean", "last"), default="mean",
+                   help="each prompt's activation: mean over its positions (default) or the last")  # fmt: skip
+    add_output(p, required=True, metavar="FILE",
+               help="the vector file (.safetensors, key 'vector'; or .npy, .pt)")  # fmt: skip
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, …")
+    p.add_argument("--tokenizer", metavar="FILE", type=Path, default=None,
+                   help="a tokenizer file (when the folder has none)")  # fmt: skip
+    p.set_defaults(func=run_steer)
+
+
+def run_steer(args: argparse.Namespace) -> int:
+    from glassgpt.errors import GlassError
+    from glassgpt.sample.loading import load, parse_device
+    from glassgpt.sample.steering import canonical_hook, contrastive_vector, save_vector
+
+    out = Path(args.output)
+    if out.suffix.lower() not in (".safetensors", ".npy", ".pt", ".pth"):
+        raise GlassError(f"{out}: unknown vector format (use .safetensors, .npy or .pt)")
+    model, tok = load(args.checkpoint, tokenizer=args.tokenizer, device=parse_device(args.device))
+    if tok is None:
+        raise GlassError(f"{args.checkpoint}: has no tokenizer; pass --tokenizer FILE")
+    hook = canonical_hook(args.hook)
+    positive = [_unescape(t) for t in args.positive]
+    negative = [_unescape(t) for t in args.negative]
+    v = contrastive_vector(model, tok, positive, negative, hook, pos=args.pos)
+    meta = {"hook": hook, "pos": args.pos, "positive": str(len(positive)),
+            "negative": str(len(negative))}  # fmt: skip
+    save_vector(out, v, metadata=meta)
+    print(f"glassgpt: wrote {out}: {hook} ({args.pos} position), |v| = {float(v.norm()):.4g} "
+          f"from {len(positive)} positive − {len(negative)} negative prompts; use it as "
+          f"--steer {out}:{hook}:ALPHA", file=sys.stderr)  # fmt: skip
+    return 0
 
 
 def _unescape(s: str) -> str:
@@ -99,8 +156,10 @@ def run_sample(args: argparse.Namespace) -> int:
     import warnings
 
     from glassgpt.errors import InputFileError
+    from glassgpt.sample.steering import parse_steer
 
     opts = options_from_args(args)
+    steers = [parse_steer(spec) for spec in args.steer]  # files read before the model loads
     prompt = args.prompt
     if args.prompt_file is not None:
         try:
@@ -125,19 +184,29 @@ def run_sample(args: argparse.Namespace) -> int:
         warnings.simplefilter("default")
         warnings.simplefilter("ignore", ContextWarning)  # said once, before the text (_samples)
         try:
-            return _run(args, prompt, opts)
+            return _run(args, prompt, opts, steers)
         finally:
             torch.set_num_threads(threads)
 
 
-def _run(args: argparse.Namespace, prompt: str | None, opts: dict[str, Any]) -> int:
+def _run(
+    args: argparse.Namespace, prompt: str | None, opts: dict[str, Any], steers: list[Any]
+) -> int:
     from glassgpt.errors import GlassError
+    from glassgpt.sample.steering import steered
 
     model, tok = _load(args)
     if tok is None:
         raise GlassError(f"{args.checkpoint}: has no tokenizer; pass --tokenizer FILE")
     if not args.no_stop_eos and "<|endoftext|>" in getattr(tok, "special_tokens", {}):
         opts["stop_ids"] = (tok.special_tokens["<|endoftext|>"],)
+    with steered(model, steers):  # (no steers: no hooks, the fast decoding paths)
+        return _prompts(args, prompt, opts, model, tok)
+
+
+def _prompts(
+    args: argparse.Namespace, prompt: str | None, opts: dict[str, Any], model: Any, tok: Any
+) -> int:
     if not args.interactive:
         _samples(model, tok, prompt or "", opts, args)
         return 0

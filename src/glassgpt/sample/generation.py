@@ -103,7 +103,7 @@ class GenerationConfig(SamplingConfig):
 
 
 def generate(
-    model: GPT, tokens: Any, *, tokenizer: Any = None, **options: Any
+    model: GPT, tokens: Any, *, tokenizer: Any = None, steer: Sequence[Any] = (), **options: Any
 ) -> list[int] | list[list[int]]:
     """The new token ids after ``tokens`` (one prompt → list[int]; a batch → one list per row).
 
@@ -111,7 +111,8 @@ def generate(
     lengths), or a [B, T] tensor. ``options``: the fields of :class:`GenerationConfig`
     (``max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
     frequency_penalty, stop, stop_ids, seed, overflow, window``). ``tokenizer`` is needed
-    for ``stop`` strings and chooses the start token of an empty prompt.
+    for ``stop`` strings and chooses the start token of an empty prompt. ``steer``: steering
+    vectors (``glassgpt.sample.steering.Steer``) added while generating.
 
     >>> from glassgpt.model import GPT, GPTConfig
     >>> torch.manual_seed(0) and None
@@ -120,6 +121,11 @@ def generate(
     >>> len(out), out == generate(model, [1, 2, 3], max_new_tokens=5, temperature=0.8, seed=1)
     (5, True)
     """
+    if steer:
+        from glassgpt.sample.steering import steered
+
+        with steered(model, steer):
+            return generate(model, tokens, tokenizer=tokenizer, **options)
     run = stream(model, tokens, tokenizer=tokenizer, **options)
     rows, single = run.rows, run.single  # type: ignore[attr-defined]
     out: list[list[int]] = [[] for _ in rows]

@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from glassgpt.inspect.ablation import ablation_hooks, run_ablated
     from glassgpt.inspect.cache import (
         ActivationCache,
         patch_hook,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
+    "ablation": ("ablation_hooks", "run_ablated"),
     "cache": ("ActivationCache", "patch_hook", "resolve_names", "run_with_cache", "run_with_hooks"),
     "circuits": ("composition_scores", "copying_scores", "ov_circuit", "qk_circuit", "unembedding"),
     "factored": ("FactoredMatrix", "copying_score"),
@@ -61,6 +63,7 @@ __all__ = [
     "FactoredMatrix",
     "HeadScores",
     "LogitLens",
+    "ablation_hooks",
     "composition_scores",
     "copying_score",
     "copying_scores",
@@ -73,6 +76,7 @@ __all__ = [
     "qk_circuit",
     "repeated_random_tokens",
     "resolve_names",
+    "run_ablated",
     "run_with_cache",
     "run_with_hooks",
     "unembedding",

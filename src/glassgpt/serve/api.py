@@ -177,7 +177,7 @@ async def _prompt_logprobs(state: ServeState, ids: list[int], k: int) -> list[An
 
     def compute() -> list[Any]:
         tokens = torch.tensor([ids], device=state.scheduler.device)
-        with state.scheduler.lock, torch.inference_mode():
+        with state.scheduler.lock, torch.inference_mode(), state.scheduler.steered():
             logp = torch.log_softmax(state.model(tokens)[0].float(), dim=-1)  # [T, V]
         infos: list[Any] = [None]
         for t in range(1, len(ids)):

@@ -11,7 +11,7 @@ The scheduler thread starts with the app and stops with it. With ``api_key``, ev
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -35,12 +35,17 @@ def create_app(
     name: str = "glassgpt",
     api_key: str | None = None,
     slots: int = 16,
+    steer: Sequence[Any] = (),
 ) -> FastAPI:
-    """The FastAPI app serving ``model`` (in eval mode) with ``tokenizer``."""
+    """The FastAPI app serving ``model`` (in eval mode) with ``tokenizer``; ``steer``
+    (``glassgpt.sample.steering.Steer``s) steers every request's generation."""
+    from glassgpt.sample.steering import steering_hooks
+
     if tokenizer is None:
         raise APIError(500, "serving needs a tokenizer")
     model.eval()
-    scheduler = Scheduler(model, tokenizer, slots=slots)
+    hooks = steering_hooks(model, steer)  # (a bad vector or name raises here, not per request)
+    scheduler = Scheduler(model, tokenizer, slots=slots, steering=hooks)
     state = ServeState(model, tokenizer, name, scheduler, api_key)
 
     @asynccontextmanager

@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
                    help="sequences decoded together (KV slots; default 16)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: 1 for models under 8M parameters, else all)")  # fmt: skip
+    p.add_argument("--steer", metavar="FILE:HOOK:ALPHA", action="append", default=[],
+                   help="steer every request: add ALPHA × the vector in FILE to the activation "
+                   "HOOK (e.g. blocks.1.resid_post) at every position; repeatable")  # fmt: skip
     p.set_defaults(func=run_serve)
 
 
@@ -53,6 +56,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from glassgpt.sample.commands import SMALL_MODEL
     from glassgpt.sample.loading import load, parse_device
     from glassgpt.sample.precision import attach_kernels, cast, parse_dtype
+    from glassgpt.sample.steering import parse_steer
     from glassgpt.serve.app import create_app
 
     if not 0 <= args.port <= 65535:
@@ -62,6 +66,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise GlassError(f"--threads: must be ≥ 1, got {args.threads}")
     dtype = parse_dtype(args.dtype)
+    steers = [parse_steer(spec) for spec in args.steer]
     model, tok = load(
         Path(args.checkpoint), tokenizer=args.tokenizer, device=parse_device(args.device)
     )
@@ -74,10 +79,14 @@ def run_serve(args: argparse.Namespace) -> int:
     else:  # the model as loaded, its products registered with the kernels in place (no copy)
         attach_kernels(model.eval())
     name = args.name or Path(args.checkpoint).resolve().name
-    app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch)
+    app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch,
+                     steer=steers)  # fmt: skip
     # The scheduler thread and the event loop share the GIL: hand it over every 0.5 ms, not
     # every 5 ms, so that a finished token reaches its client without waiting for a step.
     sys.setswitchinterval(0.0005)
+    for s in steers:
+        norm = float(s.vector.norm())
+        print(f"glassgpt: steering {s.hook} by {s.alpha:g} × v (|v| = {norm:.4g})", file=sys.stderr)
     print(f"glassgpt: serving {name!r} at http://{args.host}:{args.port}/", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -21,13 +21,17 @@ admission and each step the scheduler calls the jobs' ``flush``, so the receivin
 loop wakes once per batch of results, not once per token. A cancelled sequence (the client
 went away) is dropped before the next step, so no work continues.
 Every forward holds ``lock``, which the explorer's analyses share: hooks are per model.
+Steering hooks (``steering``, e.g. from ``glassgpt.sample.steering.steering_hooks``) are
+attached around each of the scheduler's forwards, so every request is steered and the
+explorer's analyses, which hold the lock between them, see the model as it is.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,8 +91,17 @@ class _Seq:
 class Scheduler:
     """Owns the model while serving; ``submit`` jobs from any thread."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, slots: int = 16, replay: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        slots: int = 16,
+        replay: bool = True,
+        steering: Mapping[str, Callable[..., Any]] | None = None,
+    ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.steering = dict(steering or {})  # hooks attached around every forward
         self.config = model.config
         self.device = next(model.parameters()).device
         self.n_valid = min(self.config.n_vocab, getattr(tokenizer, "n_vocab", 10**12))
@@ -126,6 +139,10 @@ class Scheduler:
     def busy(self) -> int:
         """Sequences being decoded now."""
         return len(self.active)
+
+    def steered(self) -> AbstractContextManager[Any]:
+        """The steering hooks attached for a ``with`` block (none: nothing attached)."""
+        return self.model.hooks(self.steering)
 
     # -- the loop -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -193,7 +210,7 @@ class Scheduler:
         B = len(self.active)
         self.widest = max(self.widest, B)
         fed = torch.tensor([[s.pending] for s in self.active], device=self.device)  # [B, 1]
-        with self.lock, torch.inference_mode():
+        with self.lock, torch.inference_mode(), self.steered():
             logits = self._forward(fed)  # [B, 1, V]
         self.steps += 1
         finished = self._sample(self.active, logits[:, -1])
@@ -228,7 +245,7 @@ class Scheduler:
         """``ids`` encoded alone: the logits [V] after the last one, and their cache."""
         cache = KVCache.for_model(self.model, 1, capacity, last_only=True)
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
-        with self.lock, torch.inference_mode():
+        with self.lock, torch.inference_mode(), self.steered():
             logits = self.model(tokens, cache=cache)  # [1, 1, V]
         return logits[0, -1], cache
 

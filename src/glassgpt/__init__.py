@@ -7,7 +7,7 @@ Subpackages follow the pipeline: ``tokenizer`` → ``model`` → ``data`` → ``
 
 This module is the facade at the top of the import graph: no module of the package imports
 it (the version lives in :mod:`glassgpt.version`, errors in :mod:`glassgpt.errors`), so its
-one arrow, to :mod:`glassgpt.sample.loading`, points down. Python runs this file before any
+one arrow, to :mod:`glassgpt.interop.loading`, points down. Python runs this file before any
 submodule, so that arrow is followed when :func:`load` is called rather than here: importing
 ``glassgpt.tokenizer`` or ``glassgpt --help`` does not load torch.
 """
@@ -26,8 +26,8 @@ def load(path: Any, **options: Any) -> Any:
     """``model, tokenizer = glassgpt.load(path)``: a checkpoint folder or an exported HF folder.
 
     ``options``: ``tokenizer=`` (a file, when the folder has none), ``device=``, ``dtype=``.
-    See :func:`glassgpt.sample.loading.load`.
+    See :func:`glassgpt.interop.loading.load`.
     """
-    from glassgpt.sample.loading import load as load_model
+    from glassgpt.interop.loading import load as load_model
 
     return load_model(path, **options)

@@ -19,12 +19,12 @@ from glassgpt.errors import GlassError
 from glassgpt.inspect import commands as inspect_commands
 from glassgpt.inspect import patch_commands
 from glassgpt.interop import commands as interop_commands
-from glassgpt.model import commands as model_commands
 from glassgpt.sample import commands as sample_commands
 from glassgpt.scaling import commands as scaling_commands
 from glassgpt.serve import commands as serve_commands
 from glassgpt.tokenizer import commands as tokenizer_commands
 from glassgpt.train import commands as train_commands
+from glassgpt.train import describe_command as model_commands
 from glassgpt.version import __version__
 
 COMMAND_MODULES = (

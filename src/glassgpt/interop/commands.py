@@ -78,7 +78,7 @@ def export_tiktoken(tok: Any, out: Path) -> Path:
 
 def run_export(args: argparse.Namespace) -> int:
     from glassgpt.errors import GlassError
-    from glassgpt.sample.loading import load
+    from glassgpt.interop.loading import load
 
     model, tok = load(args.checkpoint)
     if tok is None:

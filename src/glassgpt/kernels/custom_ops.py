@@ -44,7 +44,7 @@ def register() -> None:
     """Define the operators (idempotent; about 13 ms the first time)."""
     if _OPS:
         return
-    from glassgpt.kernels import flash, rowwise  # (flash imports this module)
+    from glassgpt.kernels import flash, rowwise
     from glassgpt.kernels.policy import keeps_probabilities, kept_p_width
 
     # -- y = x W + b ------------------------------------------------------------------------

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from glassgpt.kernels import custom_ops
 from glassgpt.kernels.policy import keeps_probabilities, kept_p_width
 
 try:
@@ -33,9 +32,10 @@ except ImportError:  # not built (no C compiler at install): PyTorch's kernel ev
 
 def takes(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the kernel takes q, k, v: float32 CPU tensors of one [B, H, T, d_head] shape
-    (queries and keys at the same positions); under ``torch.compile`` only as the custom
-    operator of ``glassgpt.kernels.custom_ops``, once registered."""
-    if _flash is None or (torch.compiler.is_compiling() and not custom_ops.registered()):
+    (queries and keys at the same positions). Under ``torch.compile`` the attention door
+    (``glassgpt.kernels.sdpa``) calls it as the custom operator of
+    ``glassgpt.kernels.custom_ops``, once registered, and never eagerly."""
+    if _flash is None:
         return False
     if not (q.dtype is k.dtype is v.dtype is torch.float32) or q.ndim != 4:
         return False
@@ -45,8 +45,6 @@ def takes(q: Tensor, k: Tensor, v: Tensor) -> bool:
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """softmax(q kᵀ/√d_head + M) v for q, k, v [B, H, T, d_head] (any strides; ``takes``
     holds), differentiable in each; without autograd the forward alone (no lse kept)."""
-    if torch.compiler.is_compiling():
-        return custom_ops.causal_attention(q, k, v)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         qkv = packed_base(q, k, v)
         if qkv is not None:

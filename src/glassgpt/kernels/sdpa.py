@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glassgpt.kernels import bf16, flash, replay
+from glassgpt.kernels import bf16, custom_ops, flash, replay
 from glassgpt.kernels.policy import attention_path
 
 try:
@@ -76,7 +76,10 @@ def attention(
         k, v, mask = _rows_as_mask(q, k, v, offset, mask)  # type: ignore[arg-type]
         offset = 0
     if path == "causal_small" and offset == 0 and flash.takes(q, k, v):
-        return flash.causal_attention(q, k, v)
+        if not torch.compiler.is_compiling():
+            return flash.causal_attention(q, k, v)
+        if custom_ops.registered():  # an opaque call in the compiled graph
+            return custom_ops.causal_attention(q, k, v)
     if path == "explicit_bf16":
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
         scores = scores.masked_fill(_hidden(q.shape[-2], k.shape[-2], offset, q.device), -math.inf)

@@ -93,8 +93,8 @@ def evaluate_command(
     """Loss, perplexity and bits per byte of a checkpoint on files or a prepared split, with
     its weights in ``dtype`` (``glassgpt.sample.precision.cast``)."""
     from glassgpt.data import DataDir
-    from glassgpt.sample.loading import load, parse_device
-    from glassgpt.sample.precision import cast, parse_dtype
+    from glassgpt.interop.loading import load, parse_device
+    from glassgpt.model.precision import cast, parse_dtype
     from glassgpt.train.inputs import is_prepared
 
     dtype_ = parse_dtype(dtype)

@@ -37,7 +37,7 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
-from glassgpt.train.optim import AdamW
+from glassgpt.train.adamw import AdamW
 
 NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 NS_STEPS = 5

@@ -6,6 +6,10 @@ The config is a preset (``--preset gpt2``: the same list as ``glassgpt train``),
 (``-c/--checkpoint DIR``: a run folder, a checkpoint, or an HF GPT-2 folder); then
 ``--set key=value`` overrides (``--set n_layers=2``; ``model.`` may be left out). Light at
 import: the handler imports what it needs.
+
+The command describes :mod:`glassgpt.model`, but it resolves a run's config as ``train`` does
+(:func:`glassgpt.train.resolve.resolve_run`) and reads HF configs (:mod:`glassgpt.interop`),
+so it lives in ``train``, the first stage below both.
 """
 
 from __future__ import annotations

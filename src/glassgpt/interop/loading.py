@@ -1,0 +1,162 @@
+"""``model, tokenizer = glassgpt.load(path)``: a trained checkpoint or an exported HF folder.
+
+``path`` may be:
+
+- a training run folder (``OUT``, with ``OUT/ckpt``) or its ``ckpt`` folder: the ``best``
+  checkpoint (lowest validation loss) if there is one, else the newest valid ``step_*``;
+- one checkpoint folder (``ckpt/step_000500``, ``ckpt/best``): exactly that one;
+- a Hugging Face GPT-2 folder (``config.json`` + ``model.safetensors``, as ``to_hf`` or
+  ``save_pretrained`` writes it).
+
+Checkpoints are verified against the sha256 sums of their ``state.json``; the model's
+config is the ``[model]`` table of the checkpoint's ``config.toml``; the tokenizer is its
+``tokenizer.json``. An HF folder's tokenizer is its ``tokenizer.json`` (glassgpt's or HF's
+format), ``vocab.json`` + ``merges.txt``, or ``encoder.json`` + ``vocab.bpe``; without one the
+tokenizer is None (a warning says so) unless ``tokenizer=`` names a file. The model comes back
+in eval mode, on ``device`` and in ``dtype`` (default: CPU, float32).
+
+This module sits in ``interop`` (below ``train``, ``sample``, ``inspect`` and ``serve``, which
+all load models through it) because it reads HF folders as well as checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import tomllib
+import torch
+
+from glassgpt.errors import GlassError, InputFileError
+
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def parse_device(name: str) -> torch.device:
+    """A usable torch.device from ``--device``; a one-line error otherwise."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise GlassError(f"--device: unknown device {name!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise GlassError(f"--device {name}: no CUDA GPU is usable here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise GlassError(f"--device {name}: only {torch.cuda.device_count()} GPUs visible")
+    elif device.type != "cpu":  # mps, xpu, …: usable only where this torch build has them
+        try:
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError, AttributeError):
+            raise GlassError(f"--device {name}: not usable here") from None
+    return device
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    tokenizer: Any = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[Any, Any]:
+    """(GPT in eval mode, tokenizer or None) from a checkpoint or an HF folder."""
+    folder = Path(path)
+    if not folder.exists():
+        raise InputFileError(f"{folder}: no such checkpoint or model folder")
+    if not folder.is_dir():
+        raise InputFileError(f"{folder}: not a folder (expected a checkpoint or HF model folder)")
+    if (folder / "config.json").is_file() and any((folder / w).is_file() for w in HF_WEIGHTS):
+        from glassgpt.interop import from_hf
+
+        model, tok = from_hf(folder), _hf_tokenizer(folder)
+    else:
+        model, tok = _from_checkpoint(folder)
+    if tokenizer is not None:
+        tok = (
+            _tokenizer_file(Path(tokenizer))
+            if isinstance(tokenizer, (str, os.PathLike))
+            else tokenizer
+        )
+    if tok is None:
+        warnings.warn(f"{folder}: no tokenizer found; working with token ids only", stacklevel=2)
+    elif tok.n_vocab > model.config.n_vocab:
+        raise GlassError(
+            f"tokenizer has {tok.n_vocab} ids but the model's n_vocab is {model.config.n_vocab}"
+        )
+    model = model.to(device=device, dtype=dtype) if device or dtype else model
+    return model.eval(), tok
+
+
+def _from_checkpoint(folder: Path) -> tuple[Any, Any]:
+    from glassgpt.model import GPT, GPTConfig
+
+    chosen = _choose_checkpoint(folder)
+    try:
+        run = tomllib.loads(chosen.text("config.toml"))
+    except tomllib.TOMLDecodeError as e:
+        raise GlassError(f"{chosen.path / 'config.toml'}: invalid TOML: {e}") from None
+    if "model" not in run:
+        raise GlassError(f"{chosen.path / 'config.toml'}: has no [model] table")
+    config = GPTConfig.from_dict(run["model"], prefix="model.")
+    model = GPT(config)
+    try:
+        model.load_state_dict(chosen.tensors("model.safetensors"))
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise GlassError(f"{chosen.path}: weights do not fit its config: {first}") from None
+    tok = None
+    if "tokenizer.json" in chosen.files:
+        tok = _tokenizer_file(chosen.path / "tokenizer.json")
+    return model, tok
+
+
+def _choose_checkpoint(folder: Path) -> Any:
+    """The verified checkpoint that ``folder`` names (see the module docstring)."""
+    from glassgpt import checkpoint as ckpt
+
+    if (folder / ckpt.STATE).is_file():
+        return ckpt.load_checkpoint(folder)
+    root = ckpt.ckpt_root_of(folder)
+    best = root / "best"
+    if not root.is_dir() or not (best.is_dir() or ckpt.step_folders(root)):
+        raise GlassError(
+            f"{folder}: not a glassgpt checkpoint or HF model folder "
+            "(no state.json, no ckpt/ with checkpoints, no config.json with weights)"
+        )
+    if (best / ckpt.STATE).is_file():
+        try:
+            return ckpt.load_checkpoint(best)
+        except ckpt.CheckpointError as e:
+            warnings.warn(f"skipping {e}; using the newest step checkpoint", stacklevel=4)
+    return ckpt.find_resumable(folder, warn=lambda m: warnings.warn(m, stacklevel=5))
+
+
+def _tokenizer_file(path: Path) -> Any:
+    """A glassgpt tokenizer file, or an HF ``tokenizer.json``."""
+    from glassgpt.tokenizer import load_tokenizer
+
+    if not path.is_file():
+        raise InputFileError(f"{path}: no such tokenizer file")
+    try:
+        return load_tokenizer(path)
+    except GlassError as first:
+        try:
+            from glassgpt.interop.hf_tokenizers import load_tokenizer_json  # type: ignore[attr-defined]
+        except ImportError:
+            raise first from None
+        try:
+            return load_tokenizer_json(path)
+        except GlassError:
+            raise first from None
+
+
+def _hf_tokenizer(folder: Path) -> Any:
+    from glassgpt.tokenizer import Tokenizer
+
+    if (folder / "tokenizer.json").is_file():
+        return _tokenizer_file(folder / "tokenizer.json")
+    for vocab, merges in (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")):
+        if (folder / vocab).is_file() and (folder / merges).is_file():
+            return Tokenizer.from_gpt2(folder / vocab, folder / merges)
+    return None

@@ -1,0 +1,162 @@
+"""Inference precision: the same function with weights (and activations) in another dtype.
+
+    bf16:  W̃ = round_bf16(W) (8-bit mantissa, float32's exponent range), every activation in
+           bf16; the cross-entropy and sampling in float32.
+    int8:  each projection W [d_in, d_out] (W_QKV, W_O, W_in, W_gate, W_out and the
+           unembedding W_U, or W_E when tied) becomes W̃ = q·s with one scale per output
+           channel, s_j = max_i |W[i, j]| / 127 and q = round(W / s) ∈ int8; activations,
+           norms, embeddings (W_E, W_P) and biases stay float32. A CPU product reads q:
+           y = (x q)·s + b (``glassgpt.kernels.int8``).
+
+At batch 1 a decoding step reads every weight once and does two flops per weight read, so its
+time is bounded by memory bandwidth: bf16 halves the bytes read per token, int8 quarters
+them. The price is rounding, measured as the perplexity change on held-out text
+(:func:`perplexity`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import typing
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from glassgpt import kernels
+from glassgpt.errors import ConfigError, GlassError
+
+if TYPE_CHECKING:
+    from glassgpt.model.gpt import GPT, Block
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "int8": torch.int8,  # weights only: see cast
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bf16"`` → torch.bfloat16 (and float32, float16 under their usual names; ``"int8"``
+    → torch.int8, int8 weights with float32 compute)."""
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise ConfigError("dtype", f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
+
+
+def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True) -> GPT:
+    """An inference copy of ``model`` (eval mode) with weights and computation in ``dtype``.
+
+    The original is left as it is. With ``pack`` (on a CPU with oneDNN), the copy's
+    projections' products read pre-packed copies (see :func:`attach_kernels`): the same
+    products, from a layout the CPU's GEMV kernels stream fastest.
+
+    ``int8`` (CPU only): a float32 copy whose projections are W̃ = q·s (module docstring), so
+    every reader of the weights (hooks, inspection, the tied embedding) computes the same
+    function; each projection's inference product is registered with the kernel seam as
+    y = (x q)·s + b, read from int8 weights whatever ``pack`` says.
+    """
+    dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    p = next(model.parameters())
+    if dtype == torch.float16 and p.device.type == "cpu":
+        raise GlassError("float16 inference needs a GPU; use bf16 on a CPU")
+    if dtype == torch.int8:
+        if p.device.type != "cpu":
+            raise GlassError(f"int8 weights run on a CPU only (got {p.device}); use bf16 on a GPU")
+        copy_ = copy.deepcopy(model).to(torch.float32).eval()
+        quantize_int8(copy_)
+        return copy_
+    copy_ = copy.deepcopy(model).to(dtype).eval()
+    if pack:
+        attach_kernels(copy_)
+    return copy_
+
+
+def quantize_int8(model: GPT) -> int:
+    """Replace a float32 CPU model's projections by W̃ = q·s in place and register their int8
+    products with the kernel seam (``glassgpt.kernels.int8.pack_int8``); returns how many."""
+    from glassgpt.kernels.int8 import pack_int8
+
+    tied = model.unembed.W_U is None
+    unembed = model.embed.W_E if tied else model.unembed.W_U
+    assert unembed is not None
+    n = int(pack_int8(unembed, transposed=tied))
+    return n + sum(pack_int8(W) for W in _projections(model))
+
+
+def _projections(model: GPT) -> list[Tensor]:
+    """Every block's W_QKV, W_O and MLP weights (W_in, W_out, and W_gate if gated)."""
+    mats: list[Tensor] = []
+    for block in _blocks(model):
+        mlp, attn = block.mlp, block.attn
+        mats += [attn.W_QKV, attn.W_O]
+        if mlp is not None:
+            mats += [mlp.W_in, mlp.W_out] + ([mlp.W_gate] if mlp.gated else [])
+    return mats
+
+
+def attach_kernels(model: GPT) -> int:
+    """Register packed copies of an inference model's projections (CPU) with the kernel seam
+    (``glassgpt.kernels.pack``); returns how many.
+
+    - bfloat16: every projection (W_QKV, W_O, W_in, W_gate, W_out, the unembedding) gets
+      oneDNN's pre-packed copy where the CPU has bf16 arithmetic (plain bf16 GEMV re-packs the
+      weight on every call); elsewhere glassgpt's small-batch kernel streams the bf16 weight
+      with float32 sums (a long prompt: a float32 product of float32 copies), as the bf16
+      GEMM there runs ~80x slower than float32 (``glassgpt.kernels.dense.pack``).
+    - float32: every projection takes glassgpt's own small-batch kernel when it is built
+      (decoding streams each weight once, in its stored layout); without it, only the
+      unembedding is packed: a contiguous copy of W_U (= W_Eᵀ when tied), the layout in
+      which one token's x W_U streams fastest.
+
+    The weights themselves are untouched (so hooks, training and the embedding see them);
+    a packed copy goes unused as soon as its weight changes in place.
+    """
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
+        return 0
+    tied = model.unembed.W_U is None
+    unembed = model.embed.W_E if tied else model.unembed.W_U
+    assert unembed is not None
+    if not kernels.pack(unembed, transposed=tied):
+        return 0
+    if p.dtype == torch.float32 and not kernels.has_small_batch_kernel():
+        return 1
+    return 1 + sum(kernels.pack(W) for W in _projections(model))
+
+
+def _blocks(model: GPT) -> list[Block]:
+    return [typing.cast("Block", block) for block in model.blocks]
+
+
+def perplexity(model: GPT, tokens: Tensor, seq_len: int | None = None) -> float:
+    """exp(mean next-token cross-entropy) over non-overlapping windows of a 1-D id tensor.
+
+    >>> from glassgpt.model import GPT, GPTConfig
+    >>> torch.manual_seed(0) and None
+    >>> model = GPT(GPTConfig(n_vocab=7, n_ctx=8, d_model=8, n_layers=1, n_heads=2))
+    >>> ppl = perplexity(model, torch.randint(0, 7, (100,)))
+    >>> 6.5 < ppl < 7.5       # an untrained model is close to uniform over 7 ids
+    True
+    """
+    n_ctx = model.config.n_ctx
+    L = min(seq_len or n_ctx, n_ctx)
+    n = (tokens.numel() - 1) // L
+    if n < 1:
+        raise GlassError(f"need more than {L} tokens to measure perplexity, got {tokens.numel()}")
+    x = tokens[: n * L].view(n, L)
+    y = tokens[1 : n * L + 1].view(n, L)
+    device = next(model.parameters()).device
+    total, batch = 0.0, 8
+    with torch.inference_mode():
+        for i in range(0, n, batch):
+            xb, yb = x[i : i + batch].to(device), y[i : i + batch].to(device)
+            _, loss = model(xb, yb)
+            total += float(loss) * xb.shape[0]
+    return math.exp(total / n)

@@ -18,6 +18,13 @@ chunk caches); the three take turns within each repeat. The ``load`` row times b
 (for glassgpt: reading, checks, and building its engine). The one figure timed with a cache
 already filled is labelled ``warm``. Batches are the corpus cut into paragraphs.
 
+The ``cold process`` rows time what a script meets: a fresh Python process per repeat that
+imports the library, loads GPT-2 from its files, reads 1 MB of the corpus and encodes it
+(seconds from the script's first line to its last; the interpreter's own start, the same
+for both, is left out). tiktoken loads with its own ``data_gym_to_mergeable_bpe_ranks``.
+glassgpt's Unicode class table is computed once per ``regex`` version and user, then read
+from the user cache; the ``first ever`` row gives each process an empty cache folder.
+
     PYTHONPATH=src python bench/tokenizer.py                         # everything
     PYTHONPATH=src python bench/tokenizer.py --corpus shakespeare --train-sizes 4096
     PYTHONPATH=src python bench/tokenizer.py --no-train --repeats 3  # a quick run
@@ -177,6 +184,74 @@ def bench_codec(
     return rows
 
 
+COLD_OURS = """
+import time
+start = time.perf_counter()
+from glassgpt.tokenizer import Tokenizer
+tok = Tokenizer.from_gpt2({enc!r}, {bpe!r})
+ids = tok.encode_ordinary(open({text!r}, encoding="utf-8").read())
+print(time.perf_counter() - start, hash(tuple(ids)))
+"""
+COLD_TIKTOKEN = """
+import time
+start = time.perf_counter()
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+from tiktoken_ext.openai_public import r50k_pat_str
+ranks = data_gym_to_mergeable_bpe_ranks({bpe!r}, {enc!r})
+enc = tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                        special_tokens={{"<|endoftext|>": 50256}})
+ids = enc.encode_ordinary(open({text!r}, encoding="utf-8").read())
+print(time.perf_counter() - start, hash(tuple(ids)))
+"""
+
+
+def bench_cold_process(name: str, text: str, repeats: int, tmp: Path) -> list[tuple]:
+    """Import + load GPT-2 + encode 1 MB, in a fresh process per repeat (seconds, medians)."""
+    import subprocess
+
+    sample = text.encode("utf-8")[:1_000_000].decode("utf-8", errors="ignore")
+    path = tmp / f"{name}-1mb.txt"
+    path.write_text(sample, encoding="utf-8")
+    files = {
+        "enc": str(SHARED / "gpt2" / "encoder.json"),
+        "bpe": str(SHARED / "gpt2" / "vocab.bpe"),
+    }
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TIKTOKEN_CACHE_DIR": ""}
+
+    def run(code: str, **extra: str) -> tuple[float, int]:
+        out = subprocess.run(
+            [sys.executable, "-c", code.format(text=str(path), **files)],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        return float(out[0]), int(out[1])
+
+    warm_cache: dict[str, str] = {"GLASSGPT_CACHE_DIR": str(tmp / "classes")}
+    run(COLD_OURS, **warm_cache)  # the once-per-user table
+    ours, theirs, first = [], [], []
+    for r in range(repeats):
+        a = run(COLD_OURS, **warm_cache)
+        b = run(COLD_TIKTOKEN)
+        c = run(COLD_OURS, GLASSGPT_CACHE_DIR=str(tmp / f"empty-{r}"))
+        ours.append(a[0]), theirs.append(b[0]), first.append(c[0])
+        same = a[1] == b[1] == c[1]  # hashes of the ids
+    t_ours, t_tk = statistics.median(ours), statistics.median(theirs)
+    return [
+        (name, "cold process: load + encode 1 MB (s)", t_ours, t_tk, None, same),
+        (
+            name,
+            "  the same, first ever (empty cache) (s)",
+            statistics.median(first),
+            t_tk,
+            None,
+            same,
+        ),
+    ]
+
+
 def bench_trained(name: str, text: str, vocab_size: int, repeats: int) -> list[tuple]:
     """Cold encoding with tokenizers glassgpt trains (each pattern), beside tiktoken built from them.
 
@@ -290,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.corpus:
             text = corpora[name]()
             rows += bench_codec(name, text, tok, tk, hf, args.repeats, args.threads)
+            rows += bench_cold_process(name, text, args.repeats, Path(tmp))
             rows += bench_trained(name, text, args.trained_size, args.repeats)
             if not args.no_train:
                 rows += bench_train(name, text, args.train_sizes, Path(tmp))

@@ -19,8 +19,11 @@ that prose costs one ``re.split`` and one dict lookup per word. The caches are b
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from functools import cached_property
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -41,6 +44,35 @@ from glassgpt.tokenizer.special import (
     encode_with_specials,
     resolve,
 )
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while tables are built, as it was after.
+
+    Building GPT-2's tables makes some 10^5 tuples and lists, none in a cycle; each 700
+    allocations would start a collection that walks every live container, which made up
+    half of loading the tokenizer.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def plain_merges(merges: Mapping[tuple[int, int], int]) -> dict[tuple[int, int], int]:
+    """``merges`` as a dict of Python ints (from NumPy ints, lists, ...); a dict of ints as is.
+
+    >>> plain_merges({(1, 2): 3}), plain_merges({("1", 2.0): 3})
+    ({(1, 2): 3}, {(1, 2): 3})
+    """
+    ints = set(map(type, chain.from_iterable(merges))) | set(map(type, merges.values()))
+    if type(merges) is dict and ints <= {int} and set(map(len, merges)) <= {2}:
+        return dict(merges)
+    return {(int(a), int(b)): int(c) for (a, b), c in merges.items()}
 
 
 class Tokenizer(files.SavedAsJson):
@@ -81,20 +113,17 @@ class Tokenizer(files.SavedAsJson):
         pattern: str | None = "gpt2",
         special_tokens: Mapping[str, int] | Sequence[str] = (),
     ) -> None:
-        self.vocab: list[bytes] = [bytes(t) for t in vocab]
-        self.merges: dict[tuple[int, int], int] = {
-            (int(a), int(b)): int(c) for (a, b), c in merges.items()
-        }
+        self.vocab: list[bytes] = [t if type(t) is bytes else bytes(t) for t in vocab]
+        self.merges: dict[tuple[int, int], int] = plain_merges(merges)
         self.pattern, self.pattern_name = resolve_pattern(pattern)
         if not isinstance(special_tokens, Mapping):
             special_tokens = {s: len(self.vocab) + i for i, s in enumerate(special_tokens)}
         self.special_tokens: dict[str, int] = dict(special_tokens)
         check_tables(self.vocab, self.merges, self.special_tokens)
-        ids = {t: i for i, t in enumerate(self.vocab)}
+        ids = dict(zip(self.vocab, range(len(self.vocab))))
         byte_ids = [ids[bytes([b])] for b in range(256)]
         self._byte_table = bytes(byte_ids) if max(byte_ids) < 256 else None
         self._byte_ids = byte_ids
-        self._ranks = rank_table(self.merges)
         # ids 0..n_vocab-1, then n_vocab Nones, where a negative id lands (-> TypeError)
         self._decode_table: list[bytes | None] = [
             *self.vocab,
@@ -122,6 +151,12 @@ class Tokenizer(files.SavedAsJson):
             f"pattern={self.pattern_name or ('none' if self.pattern is None else 'custom')!r}, "
             f"special_tokens={list(self.special_tokens)})"
         )
+
+    @cached_property
+    def _ranks(self) -> dict[tuple[int, int], int]:
+        """The Python loop's pair ranks (:func:`~glassgpt.tokenizer.merge.rank_table`),
+        built on first use: the compiled engine does not read them."""
+        return rank_table(self.merges)
 
     # ---- encoding -------------------------------------------------------------------------
 
@@ -151,7 +186,8 @@ class Tokenizer(files.SavedAsJson):
         if not self.fast:
             return None
         if self._engine is None:
-            self._engine = build_engine(self) or False
+            with gc_paused():
+                self._engine = build_engine(self) or False
         return self._engine or None
 
     def _encode_ordinary(self, text: str) -> list[int]:
@@ -307,8 +343,9 @@ class Tokenizer(files.SavedAsJson):
         cls, encoder_json: str | os.PathLike[str], vocab_bpe: str | os.PathLike[str]
     ) -> Tokenizer:
         """GPT-2's original ``encoder.json`` and ``vocab.bpe``: ids equal to tiktoken's ``gpt2``."""
-        vocab, merges, specials = files.read_gpt2(encoder_json, vocab_bpe)
-        return cls(vocab, merges, pattern="gpt2", special_tokens=specials)
+        with gc_paused():
+            vocab, merges, specials = files.read_gpt2(encoder_json, vocab_bpe)
+            return cls(vocab, merges, pattern="gpt2", special_tokens=specials)
 
     @classmethod
     def train(
@@ -351,7 +388,12 @@ class Tokenizer(files.SavedAsJson):
 
     @classmethod
     def _from_fields(cls, data: Mapping[str, Any]) -> Tokenizer:
-        vocab = [files.str_to_token(t) for t in data["vocab"]]
+        with gc_paused():
+            return cls._from_plain_fields(data)
+
+    @classmethod
+    def _from_plain_fields(cls, data: Mapping[str, Any]) -> Tokenizer:
+        vocab = files.strs_to_tokens(data["vocab"])
         merges = {(a, b): c for a, b, c in data["merges"]}
         if len(merges) != len(data["merges"]):
             raise ValueError("a pair is merged twice")

@@ -6,10 +6,10 @@
 module only makes it fast. For the ``"gpt2"`` and ``"gpt4"`` patterns, ``_fastbpe`` (C,
 ``tokenizer/_fastbpe.c``) splits with a hand-written scanner per pattern and merges with
 the same loop; its Unicode classes (``\\p{L}``, ``\\p{N}``, ``\\s``, and which letters
-``(?i:s)`` etc. match) come from a table built once per process with the ``regex`` module
-itself (:func:`class_table`), so they are the reference's by construction. It releases
-the GIL while it encodes, so threads run it on every core. Its cache of pieces lives for
-one call: every call is cold.
+``(?i:s)`` etc. match) come from a table computed with the ``regex`` module itself, once per
+``regex`` version and user (:mod:`.classes`), so they are the reference's by construction.
+It releases the GIL while it encodes, so threads run it on every core. Its cache of pieces
+lives for one call: every call is cold.
 
 Where the compiled extension is missing (installed without a C compiler), tiktoken's Rust
 core encodes instead, only where the ids provably stay the same:
@@ -32,10 +32,10 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
-import numpy as np
 import regex
 
 from glassgpt.errors import GlassError
+from glassgpt.tokenizer.classes import class_table
 from glassgpt.tokenizer.corpus import fix_surrogates
 from glassgpt.tokenizer.merge import bpe, bpe_heap, rank_table
 
@@ -119,12 +119,14 @@ class CompiledEngine:
         pairs = tok.merges  # not tok: the engine is held by tok, so no reference back (no cycle)
         merges = [(a, b, c) for (a, b), c in pairs.items()]
         vocab = list(tok.vocab)
-        byte_ids = {t[0]: i for i, t in reversed(list(enumerate(vocab))) if len(t) == 1}
         ranks: dict[tuple[int, int], int] = {}
+        byte_ids: dict[int, int] = {}
 
         def long_bpe(data: bytes) -> list[int]:  # merge.py's O(n log n) loop, for long pieces
             if not ranks:
                 ranks.update(rank_table(pairs))
+                singles = reversed(list(enumerate(vocab)))
+                byte_ids.update({t[0]: i for i, t in singles if len(t) == 1})
             return bpe_heap([byte_ids[x] for x in data], ranks)
 
         self.engine = ext.Engine(vocab, merges, class_table(), tok.pattern_name == "gpt4", long_bpe)
@@ -134,29 +136,6 @@ class CompiledEngine:
             return self.engine.encode(text)
         except UnicodeEncodeError:
             return self.engine.encode(fix_surrogates(text))
-
-
-@lru_cache(maxsize=1)
-def class_table() -> bytes:
-    """For each code point: bits 0-1 its group (0 other, 1 ``\\p{L}``, 2 ``\\p{N}``, 3 ``\\s``),
-    bits 2-5 which of ``(?i:s)``, ``(?i:d)``, ``(?i:m)``, ``(?i:t)``, ``(?i:l)``, ``(?i:v)``,
-    ``(?i:e)``, ``(?i:r)`` it matches (1-8; 0 none), all as the ``regex`` module reads them.
-
-    >>> t = class_table()
-    >>> [t[ord(c)] & 3 for c in "a1 .\u0558"], [t[ord(c)] >> 2 for c in "sSE\u017fx"]
-    ([1, 2, 3, 0, 1], [1, 1, 7, 1, 0])
-    """
-    everything = "".join(map(chr, range(0x110000)))  # surrogates included; never looked up
-    table = np.zeros(0x110000, dtype=np.uint8)
-    for group, cls in ((1, r"\p{L}+"), (2, r"\p{N}+"), (3, r"\s+")):
-        for m in regex.finditer(cls, everything):
-            table[m.start() : m.end()] = group
-    letters = "sdmtlver"
-    for m in regex.finditer(f"(?i:[{letters}])", everything):
-        c = m.group()
-        k = next(k for k, x in enumerate(letters) if regex.fullmatch(f"(?i:{x})", c))
-        table[ord(c)] |= (k + 1) << 2
-    return table.tobytes()
 
 
 def tiktoken_agrees(tok: Vocabulary) -> str | None:

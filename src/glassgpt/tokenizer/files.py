@@ -13,11 +13,14 @@ Every failure here is a one-line :class:`~glassgpt.errors.GlassError` naming the
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from itertools import compress, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -74,8 +77,29 @@ def str_to_token(text: str) -> bytes:
     >>> str_to_token("ĠtheĊ")
     b' the\\n'
     """
-    m = unicode_to_bytes()
-    return bytes(m[c] for c in text)
+    try:
+        return codecs.charmap_encode(text, "strict", _charmap())[0]
+    except UnicodeEncodeError as e:
+        raise KeyError(text[e.start]) from None
+
+
+def strs_to_tokens(texts: Iterable[str]) -> list[bytes]:
+    """:func:`str_to_token` of each text, the loop in C.
+
+    >>> strs_to_tokens(["Ġthe", "Ċ"])
+    [b' the', b'\\n']
+    """
+    encoded = map(codecs.charmap_encode, texts, repeat("strict"), repeat(_charmap()))
+    try:
+        return list(map(itemgetter(0), encoded))
+    except UnicodeEncodeError as e:
+        raise KeyError(e.object[e.start]) from None
+
+
+@lru_cache(maxsize=1)
+def _charmap() -> Any:
+    """The codec table of :func:`bytes_to_unicode` (a C map: encoding runs without Python)."""
+    return codecs.charmap_build("".join(bytes_to_unicode()[b] for b in range(256)))
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
@@ -116,36 +140,50 @@ def read_gpt2(
     encoder = read_json(encoder_json)
     if not isinstance(encoder, dict) or not encoder:
         raise InputFileError(f"{encoder_json}: expected a JSON object token → id")
-    specials = {t: i for t, i in encoder.items() if t.startswith("<|") and t.endswith("|>")}
-    ordinary = {t: i for t, i in encoder.items() if t not in specials}
+    maybe_special = compress(
+        encoder, map(str.startswith, encoder, repeat("<|"))
+    )  # no loop in Python
+    specials = {t: encoder[t] for t in maybe_special if t.endswith("|>")}
+    ordinary = dict(encoder)
+    for t in specials:
+        del ordinary[t]
     n = len(ordinary)
-    vocab: list[bytes | None] = [None] * n
-    for text, i in ordinary.items():
-        if not isinstance(i, int) or not 0 <= i < n or vocab[i] is not None:
-            raise InputFileError(
-                f"{encoder_json}: token {text!r} has id {i!r}; ids must be 0..{n - 1}, once each"
-            )
-        try:
-            vocab[i] = str_to_token(text)
-        except KeyError:
-            raise InputFileError(
-                f"{encoder_json}: token {text!r} is not in GPT-2's byte alphabet"
-            ) from None
-    ids = {t: i for i, t in enumerate(vocab)}
-    merges: dict[tuple[int, int], int] = {}
+    ids = list(ordinary.values())
+    if not set(map(type, ids)) <= {int} or sorted(ids) != list(range(n)):
+        seen: set[int] = set()
+        for text, i in ordinary.items():
+            if not isinstance(i, int) or not 0 <= i < n or i in seen:
+                raise InputFileError(
+                    f"{encoder_json}: token {text!r} has id {i!r}; ids must be 0..{n - 1}, once each"
+                )
+            seen.add(i)
+    try:
+        vocab = strs_to_tokens(sorted(ordinary, key=ordinary.__getitem__))
+    except KeyError as e:
+        text = next(t for t in ordinary if e.args[0] in t)
+        raise InputFileError(
+            f"{encoder_json}: token {text!r} is not in GPT-2's byte alphabet"
+        ) from None
     lines = read_text(vocab_bpe).split("\n")
-    for lineno, line in enumerate(lines, start=1):
-        if not line or (lineno == 1 and line.startswith("#version")):
-            continue
-        left, _, right = line.partition(" ")
-        try:
-            a, b = ids[str_to_token(left)], ids[str_to_token(right)]
-            merges[(a, b)] = ids[vocab[a] + vocab[b]]  # type: ignore[operator]
-        except KeyError:
-            raise InputFileError(
-                f"{vocab_bpe}: line {lineno} is not a merge of two known tokens: {line!r}"
-            ) from None
-    return vocab, merges, specials  # type: ignore[return-value]
+    first = 1 if lines[0].startswith("#version") else 0
+    lines = [line for line in lines[first:] if line]
+    parts = " ".join(lines).split(" ")  # left, right, left, right, ...: one space a line
+    lefts, rights = (parts[0::2], parts[1::2]) if lines else ([], [])
+    try:  # in the printable form each character is one byte: a + b is the pair's token
+        if lines and len(parts) != 2 * len(lines):
+            raise KeyError
+        pairs = zip(map(ordinary.__getitem__, lefts), map(ordinary.__getitem__, rights))
+        merges = dict(zip(pairs, map(ordinary.__getitem__, map(str.__add__, lefts, rights))))
+    except KeyError:
+        for lineno, line in enumerate(read_text(vocab_bpe).split("\n"), start=1):
+            left, _, right = line.partition(" ")
+            header = not line or (lineno == 1 and line.startswith("#version"))
+            if not header and (" " in right or not {left, right, left + right} <= ordinary.keys()):
+                raise InputFileError(
+                    f"{vocab_bpe}: line {lineno} is not a merge of two known tokens: {line!r}"
+                ) from None
+        raise  # not reached: the loop finds the line
+    return vocab, merges, specials
 
 
 def dumps(data: dict[str, Any]) -> str:

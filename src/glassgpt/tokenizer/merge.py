@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from itertools import pairwise
+from itertools import chain, pairwise, repeat
+from operator import eq, itemgetter, lt
 
 from glassgpt.errors import GlassError
 
@@ -132,6 +133,20 @@ def check_merge_order(merges: Mapping[tuple[int, int], int], n_vocab: int) -> No
     ...
     glassgpt.errors.GlassError: merge 0 (5, 3) -> 4 uses token 5, which merge 1 makes
     """
+    made = list(merges.values())
+    ids = [*chain.from_iterable(merges), *made]
+    made_at = dict(zip(made, range(len(made))))
+    if ids and (min(ids) < 0 or max(ids) >= n_vocab or len(made_at) != len(made)):
+        _explain_merge_order(merges, n_vocab)
+    # each operand made at a lower rank (a base token: -1) than the merge that uses it
+    firsts = map(made_at.get, map(itemgetter(0), merges), repeat(-1))
+    seconds = map(made_at.get, map(itemgetter(1), merges), repeat(-1))
+    if not all(map(lt, map(max, firsts, seconds), range(len(made)))):
+        _explain_merge_order(merges, n_vocab)
+
+
+def _explain_merge_order(merges: Mapping[tuple[int, int], int], n_vocab: int) -> None:
+    """The merge-by-merge check, for its error message (slower than the check above)."""
     made_at: dict[int, int] = {}
     for rank, ((a, b), new) in enumerate(merges.items()):
         for t in (a, b, new):
@@ -163,25 +178,33 @@ def check_tables(
     ...
     glassgpt.errors.GlassError: special token '<|e|>' has id 3; ids must be distinct and >= 256 (after the vocab)
     """
-    n = len(vocab)
-    seen: dict[bytes, int] = {}
-    for i, t in enumerate(vocab):
-        if not t:
-            raise GlassError(f"vocab: token {i} is empty")
-        if t in seen:
-            raise GlassError(f"vocab: tokens {seen[t]} and {i} are both {t!r}")
-        seen[t] = i
-    missing = [b for b in range(256) if bytes([b]) not in seen]
+    n, present = len(vocab), set(vocab)
+    if not all(vocab) or len(present) != n:
+        seen: dict[bytes, int] = {}
+        for i, t in enumerate(vocab):
+            if not t:
+                raise GlassError(f"vocab: token {i} is empty")
+            if t in seen:
+                raise GlassError(f"vocab: tokens {seen[t]} and {i} are both {t!r}")
+            seen[t] = i
+    missing = [b for b in range(256) if bytes([b]) not in present]
     if missing:
         raise GlassError(
             f"vocab: byte {missing[0]:#04x} is not a token ({len(missing)} bytes missing)"
         )
     check_merge_order(merges, n)
-    for rank, ((a, b), c) in enumerate(merges.items()):
-        if vocab[a] + vocab[b] != vocab[c]:
-            raise GlassError(
-                f"merge {rank}: {vocab[a]!r} + {vocab[b]!r} is not token {c} {vocab[c]!r}"
-            )
+    token = vocab.__getitem__
+    joined = map(
+        bytes.__add__,
+        map(token, map(itemgetter(0), merges)),
+        map(token, map(itemgetter(1), merges)),
+    )
+    if not all(map(eq, joined, map(token, merges.values()))):
+        for rank, ((a, b), c) in enumerate(merges.items()):
+            if vocab[a] + vocab[b] != vocab[c]:
+                raise GlassError(
+                    f"merge {rank}: {vocab[a]!r} + {vocab[b]!r} is not token {c} {vocab[c]!r}"
+                )
     special_ids: dict[int, str] = {}
     for s, i in special_tokens.items():
         if not isinstance(s, str) or not s:

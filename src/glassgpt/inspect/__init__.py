@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from glassgpt.inspect.ablation import ablation_hooks, run_ablated
+    from glassgpt.inspect.attribution import Edges, attribution_patch, edge_attribution_patch
     from glassgpt.inspect.cache import (
         ActivationCache,
         patch_hook,
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "ablation": ("ablation_hooks", "run_ablated"),
+    "attribution": ("Edges", "attribution_patch", "edge_attribution_patch"),
     "cache": ("ActivationCache", "patch_hook", "resolve_names", "run_with_cache", "run_with_hooks"),
     "circuits": ("composition_scores", "copying_scores", "ov_circuit", "qk_circuit", "unembedding"),
     "factored": ("FactoredMatrix", "copying_score"),
@@ -102,14 +104,17 @@ _MODULE = {name: module for module, names in _WHERE.items() for name in names}
 __all__ = [
     "ActivationCache",
     "Attribution",
+    "Edges",
     "FactoredMatrix",
     "HeadScores",
     "LogitLens",
     "ablation_hooks",
+    "attribution_patch",
     "composition_scores",
     "copying_score",
     "copying_scores",
     "direct_logit_attribution",
+    "edge_attribution_patch",
     "head_scores",
     "logit_lens",
     "ov_circuit",

@@ -105,6 +105,28 @@ def test_alpha_zero_gives_bit_identical_logits_and_samples() -> None:
     )
 
 
+def test_steered_decoding_takes_the_eager_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With steering hooks attached no step is recorded for replay (the recording would skip
+    the hooks); without them the CPU records one, where the kernels are built."""
+    from glassgpt.kernels import replay
+    from glassgpt.sample.replay import ReplayedStep
+
+    model = random_model(dtype=torch.float32)
+    calls: list[int] = []
+    record = ReplayedStep.record
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return record(*args, **kw)
+
+    monkeypatch.setattr(ReplayedStep, "record", counted)
+    steer = [Steer("blocks.0.resid_post", randn(12, seed=1).float(), 1.0)]
+    generate(model, [1, 2, 3], max_new_tokens=6, temperature=0, steer=steer)
+    assert calls == []
+    generate(model, [1, 2, 3], max_new_tokens=6, temperature=0)
+    assert calls == ([1] if replay._rowwise is not None else [])
+
+
 @pytest.mark.parametrize("hook", ["embed", "blocks.0.resid_mid", "blocks.1.mlp.post"])
 def test_cached_generation_equals_recomputing_the_sequence_each_step(hook: str) -> None:
     """Greedy ids with the KV cache (and a left-padded batch) under steering equal the argmax

@@ -116,7 +116,8 @@ def run_steer(args: argparse.Namespace) -> int:
     meta = {"hook": hook, "pos": args.pos, "positive": str(len(positive)),
             "negative": str(len(negative))}  # fmt: skip
     save_vector(out, v, metadata=meta)
-    print(f"glassgpt: wrote {out}: {hook} ({args.pos} position), |v| = {float(v.norm()):.4g} "
+    where = "mean over positions" if args.pos == "mean" else "last position"
+    print(f"glassgpt: wrote {out}: {hook} ({where}), |v| = {float(v.norm()):.4g} "
           f"from {len(positive)} positive − {len(negative)} negative prompts; use it as "
           f"--steer {out}:{hook}:ALPHA", file=sys.stderr)  # fmt: skip
     return 0
@@ -149,6 +150,9 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--" + e.field.replace("_", "-"), str(e).split(": ", 1)[1]) from None
     if args.num_samples < 1:
         raise ConfigError("--num-samples", f"must be ≥ 1, got {args.num_samples}")
+    if args.seed is not None and not -(2**63) <= args.seed <= 2**64 - args.num_samples:
+        raise ConfigError("--seed", f"must be from -2**63 to 2**64 - 1 (a 64-bit generator "
+                          f"seed; sample i uses seed + i), got {args.seed}")  # fmt: skip
     return opts
 
 

@@ -223,6 +223,11 @@ def run_patch(args: argparse.Namespace) -> int:
     metric = metrics.normalised(raw, clean_logits, corrupt_logits)
     out = _folder(args.output)
 
+    short = (
+        f"normalised logit difference {args.answer!r} − {args.wrong!r}"
+        if wrong is not None
+        else f"normalised log p({args.answer!r})"
+    )
     labels = position_labels(token_texts(tokenizer, clean), token_texts(tokenizer, corrupt))
     heads = [str(h) for h in range(model.config.n_heads)]
     corrupt_ids = model_tokens(model, corrupt)
@@ -236,7 +241,7 @@ def run_patch(args: argparse.Namespace) -> int:
             out / png,
             patching_figure(
                 values,
-                f"patching {TITLES[w]}",
+                f"patching {TITLES[w]}\n{short}",
                 col_labels=labels if axis == "position" else heads,
                 xlabel="position (clean/corrupted token)" if axis == "position" else "head",
             ),

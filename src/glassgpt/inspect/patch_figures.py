@@ -66,7 +66,8 @@ def patching_figure(
                         color=colour,
                     )
     if C <= MAX_TICKS:
-        ax.set_xticks(range(C), list(col_labels), rotation=90 if C > 8 else 0, fontsize=8)
+        wide = max((len(label) for label in col_labels), default=0) * C > 48
+        ax.set_xticks(range(C), list(col_labels), rotation=90 if wide else 0, fontsize=8)
     ax.set_yticks(range(L), [str(layer) for layer in range(L)], fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("layer")

@@ -44,7 +44,8 @@ all m runs and the clean run form one batch, one forward and one backward. For t
 
 Direction (as TransformerLens): the base run is the corrupted one, clean values are patched
 in. Post-norm models are refused at edge level (their residual is not a sum of outputs).
-Scores are in the model's dtype.
+Scores are in the model's dtype (a bfloat16 or float16 model's in float32: its gradients and
+differences are multiplied and summed in float32).
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def attribution_patch(
             if name not in group:
                 continue
             g = grad[B:] if clean_cache is None else grad
-            diff = clean_acts[name].to(g.dtype) - corrupt_acts[name]
+            g = g.to(_derived(g.dtype))
+            diff = clean_acts[name].to(g.dtype) - corrupt_acts[name].to(g.dtype)
             if site in _PER_PATTERN:  # masked scores are −∞ in both runs
                 diff = torch.where(torch.isfinite(diff), diff, torch.zeros_like(diff))
             per_layer.append(_reduce(site, g * diff))
@@ -272,11 +274,12 @@ def edge_attribution_patch(
         receivers = _receiver_grads(model, cache, g, B, m)  # [n_down, B, T, d_model]
     with torch.no_grad():
         senders = _sender_diffs(model, cache, B)  # [n_up, B, T, d_model]
-        scores = senders.flatten(1) @ receivers.flatten(1).T  # [n_up, n_down]
+        dtype = _derived(receivers.dtype)
+        scores = senders.flatten(1).to(dtype) @ receivers.flatten(1).to(dtype).T  # [up, down]
     up, down, allowed = edge_names(model)
     allowed = allowed.to(scores.device)
     scores = scores.masked_fill(~allowed, 0.0)
-    return Edges(scores.to(logits.dtype), up, down, allowed)
+    return Edges(scores, up, down, allowed)
 
 
 def _interpolating(B: int, m: int) -> HookFn:
@@ -376,6 +379,11 @@ def _sender_diffs(model: GPT, cache: ActivationCache, B: int) -> Tensor:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def _derived(dtype: torch.dtype) -> torch.dtype:
+    """Scores of a half-precision model are formed in float32; others in the model's dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _d(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.detach()
 

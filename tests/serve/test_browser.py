@@ -6,11 +6,13 @@ downloads are not possible in CI; ``apt-get install chromium`` provides it).
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from tests.serve.conftest import Server, request
 
@@ -98,4 +100,102 @@ def test_explorer(live: Server, browser: Any, tmp_path: Path) -> None:
 
     page.screenshot(path=str(tmp_path / "explorer.png"), full_page=True)
     assert os.path.getsize(tmp_path / "explorer.png") > 10_000
+    assert problems == []
+
+
+def open_page(live: Server, browser: Any, problems: list[str]) -> Any:
+    """The page at 1400 × 900; script errors go to ``problems`` (a 400 the test asked for
+    does not)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.on("console", lambda m: m.type == "error" and "status of 400" not in m.text
+            and problems.append(m.text))  # fmt: skip
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(live.url + "/")
+    page.wait_for_function(
+        "() => document.querySelector('#status').textContent.includes('analysed')"
+    )
+    return page
+
+
+def test_attention_labels_readout_bars_and_stale_panels(live: Server, browser: Any) -> None:
+    problems: list[str] = []
+    page = open_page(live, browser, problems)
+    prompt = ("abcdefgh" * 8)[:64]  # n_ctx = 64: every row and column of the big head
+    page.fill("#prompt", prompt)
+    page.wait_for_function("() => document.querySelectorAll('#big-rows .lab').length === 64")
+    assert page.locator("#big-cols .lab").count() == 64
+
+    # hovering the head's own labels and cells highlights the token there, with a readout
+    page.locator("#big-rows .lab").nth(20).hover()
+    page.wait_for_function("() => document.querySelector('#chips .chip.hovered') !== null")
+    assert page.get_attribute("#chips .chip.hovered", "data-i") == "20"
+    box = page.locator("#big").bounding_box()
+    cell = box["width"] / 64
+    page.mouse.move(box["x"] + 9.5 * cell, box["y"] + 30.5 * cell)  # query 30, key 9
+    page.wait_for_function(
+        "() => document.querySelector('#big-readout').textContent.includes('#30')"
+    )
+    text = page.inner_text("#big-readout")
+    _, d = request(live.url, "/api/analyze", {"prompt": prompt})
+    L, H, T, _ = d["shape"]
+    p = np.frombuffer(base64.b64decode(d["patterns"]), dtype=np.uint8).reshape(L, H, T, T)
+    assert "→ key #9" in text and abs(float(text.rsplit(": ", 1)[1]) - p[0, 0, 30, 9] / 255) < 1e-3
+
+    # the next-token bars: width / track = p, on a scale of 0 to 1
+    ratios = page.eval_on_selector_all(
+        "#dist .track",
+        "ts => ts.map(t => [t.querySelector('.fill').getBoundingClientRect()"
+        ".width / t.getBoundingClientRect().width, t.nextElementSibling.textContent])",
+    )
+    for ratio, shown in ratios:
+        assert abs(ratio - float(shown.split("%")[0]) / 100) < 0.005
+
+    # ablating a head redraws the distribution beside the unablated one
+    page.click('#grid .ablate[data-head="1.2"]')
+    page.wait_for_function(
+        "() => document.querySelector('#dist-where').textContent.includes('ablated')"
+    )
+    assert "was" in page.inner_text("#dist")
+
+    # a prompt that cannot be analysed leaves the panels marked stale, until a good one
+    for bad in ("x" * 65, ""):
+        page.fill("#prompt", bad)
+        page.wait_for_function("() => document.body.classList.contains('stale-explore')")
+        assert page.eval_on_selector("#dist-card", "e => +getComputedStyle(e).opacity") < 1
+        assert "previous" in page.inner_text("#status") or bad == ""
+        page.fill("#prompt", "abc")
+        page.wait_for_function("() => !document.body.classList.contains('stale-explore')")
+    assert problems == []
+
+
+def test_patching_view(live: Server, browser: Any) -> None:
+    problems: list[str] = []
+    page = open_page(live, browser, problems)
+    page.click("#tab-patch")
+    clean, corrupted = "ab ab ab ab", "ab ab cd ab"
+    page.fill("#clean", clean)
+    page.fill("#corrupted", corrupted)
+    page.click("#patch-run")
+    cfg = live.app.state.glassgpt.model.config
+    n = cfg.n_layers * len(clean)
+    page.wait_for_function(
+        "n => document.querySelectorAll('#patch-resid td.pcell').length === n "
+        "&& document.querySelector('#patch-status').textContent.includes('tokens each')", arg=n
+    )  # fmt: skip
+    assert page.locator("#patch-heads td.pcell").count() == cfg.n_layers * cfg.n_heads
+    _, d = request(live.url, "/api/patch", {"clean": clean, "corrupted": corrupted})
+    shown = page.eval_on_selector_all("#patch-heads td.pcell", "cs => cs.map(c => +c.textContent)")
+    assert np.allclose(shown, np.round(np.array(d["heads"]).ravel(), 2), atol=0.006)
+
+    page.click('#patch-heads td.pcell[data-layer="1"][data-index="2"]')
+    page.wait_for_function(
+        "() => document.querySelector('#effect-where').textContent.includes('L1H2')"
+    )
+    assert page.locator("#patch-effect .label").count() >= 2
+
+    page.fill("#corrupted", corrupted + "d")
+    page.click("#patch-run")
+    page.wait_for_function("() => document.body.classList.contains('stale-patch')")
+    msg = page.inner_text("#patch-status")
+    assert "11 tokens" in msg and "12" in msg
     assert problems == []

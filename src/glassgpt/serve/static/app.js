@@ -5,7 +5,8 @@
 const $ = (id) => document.getElementById(id);
 const S = {
   info: null, vocab: null, data: null, prompt: "", pos: 0, token: null,
-  layer: 0, head: 0, hover: null, patterns: null, logits: null, seq: 0,
+  layer: 0, head: 0, hover: null, cell: null, patterns: null, logits: null, seq: 0,
+  ablated: new Set(), cut: null,  // heads ablated ("l.h"), and the logits with them ablated
 };
 
 // ---- helpers ---------------------------------------------------------------------------
@@ -56,6 +57,16 @@ function heat(p) {  // white → deep blue, for p in [0, 1]
   return `rgb(${c(255, 30)},${c(255, 64)},${c(255, 175)})`;
 }
 
+function diverging(v) {  // red (−1) → white (0) → blue (1), clamped
+  if (v >= 0) return heat(Math.min(v, 1));
+  const c = (a, b) => Math.round(a + (b - a) * Math.min(-v, 1));
+  return `rgb(${c(255, 220)},${c(255, 38)},${c(255, 38)})`;
+}
+
+function stale(view, on) {  // a failed input leaves the last results on show, dimmed and marked
+  document.body.classList.toggle("stale-" + view, on);
+}
+
 // ---- loading ---------------------------------------------------------------------------
 async function boot() {
   S.info = await api("/api/info");
@@ -64,6 +75,8 @@ async function boot() {
     `d_model ${i.d_model} · n_ctx ${i.n_ctx} · ${i.n_vocab} tokens`;
   $("api-key").hidden = !i.auth;
   if (!$("prompt").value) $("prompt").value = "The quick brown fox jumps over the lazy dog. The quick brown fox";
+  if (!$("clean").value) $("clean").value = "When Mary and John went to the store, John gave a drink to";
+  if (!$("corrupted").value) $("corrupted").value = "When Mary and John went to the store, Mary gave a drink to";
   drawScores();
   await analyze();
 }
@@ -76,38 +89,61 @@ function schedule() {
 
 async function analyze() {
   const prompt = $("prompt").value;
-  if (!prompt) { $("status").textContent = "Type a prompt to see inside the model."; return; }
   const seq = ++S.seq, t0 = performance.now();
+  const fail = (msg) => {
+    $("status").textContent = msg + (S.data ? ` — the panels below still show the previous prompt, “${S.prompt.slice(0, 40)}”` : "");
+    $("status").classList.add("error");
+    stale("explore", S.data !== null);
+  };
+  if (!prompt) { fail("Type a prompt to see inside the model."); return; }
   try {
     if (!S.vocab) S.vocab = await api("/api/vocab");
     const data = await api("/api/analyze", { prompt });
     if (seq !== S.seq) return;  // a newer prompt is on its way
     S.data = data; S.prompt = prompt;
     S.patterns = b64bytes(data.patterns);
-    S.pos = data.tokens.length - 1; S.hover = null;
+    S.pos = data.tokens.length - 1; S.hover = null; S.cell = null;
     setLogits(data);
+    await fetchCut();
     $("status").textContent = `${data.tokens.length} tokens · analysed in ` +
       `${Math.round(performance.now() - t0)} ms`;
     $("status").classList.remove("error");
+    stale("explore", false);
     drawAll();
   } catch (e) {
-    $("status").textContent = e.message; $("status").classList.add("error");
+    if (seq === S.seq) fail(e.message);
   }
 }
 
+function floats(s) { return new Float32Array(b64bytes(s).buffer); }
+
 function setLogits(d) {
-  S.logits = new Float32Array(b64bytes(d.logits).buffer);
+  S.logits = floats(d.logits);
   let best = 0;
   for (let i = 1; i < S.logits.length; i++) if (S.logits[i] > S.logits[best]) best = i;
   S.token = best;
-  S.order = Array.from(S.logits.keys()).sort((a, b) => S.logits[b] - S.logits[a]);  // once per position
+}
+
+async function fetchCut() {  // the logits at S.pos with the ablated heads' z set to 0
+  if (!S.ablated.size) { S.cut = null; return; }
+  const heads = [...S.ablated].map((k) => k.split(".").map(Number));
+  const d = await api("/api/ablate", { prompt: S.prompt, pos: S.pos, heads });
+  S.cut = floats(d.logits);
 }
 
 async function selectPos(p) {
   S.pos = p;
   const d = await api("/api/logits", { prompt: S.prompt, pos: p });
   setLogits(d);
+  await fetchCut();
   drawChips(); drawDist(); drawDLA();
+}
+
+async function toggleAblation(l, h) {
+  const key = `${l}.${h}`;
+  if (S.ablated.has(key)) S.ablated.delete(key); else S.ablated.add(key);
+  try { await fetchCut(); } catch (e) { failed("dist")(e); return; }
+  drawGrid(); drawDist();
 }
 
 function failed(id) {  // a panel whose data could not be fetched says why
@@ -150,10 +186,12 @@ function hoverToken(i) {
 }
 
 // ---- next-token distribution (seed 002's temperature equation, live) -----------------
-function distribution() {
-  const z = S.logits, V = z.length;
+const orders = new WeakMap();
+function distribution(z) {  // p = softmax(z / T) after top-k and top-p; base = softmax(z)
+  const V = z.length;
   const T = +$("temperature").value, k = +$("top-k").value, topP = +$("top-p").value;
-  const order = S.order;
+  if (!orders.has(z)) orders.set(z, Array.from(z.keys()).sort((a, b) => z[b] - z[a]));
+  const order = orders.get(z);  // sorted once per array of logits
   const softmax = (vals) => {
     const m = Math.max(...vals.filter(Number.isFinite));
     const e = vals.map((v) => (Number.isFinite(v) ? Math.exp(v - m) : 0));
@@ -187,19 +225,24 @@ function drawDist() {
   $("top-p-out").textContent = topP.toFixed(2);
   const t = S.data.tokens[S.pos];
   $("dist-where").textContent = `after #${S.pos} “${show(t.text)}”`;
-  const { p, base, order } = distribution();
+  const cut = S.cut !== null;
+  const { p, base, order } = distribution(cut ? S.cut : S.logits);
+  const ghost = cut ? distribution(S.logits).p : base;  // behind: unablated, or T = 1 unfiltered
+  if (cut) $("dist-where").textContent += ` · ${S.ablated.size} head${S.ablated.size > 1 ? "s" : ""} ablated`;
+  $("dist-legend").textContent = "p = softmax(z / T) over the tokens that top-k and top-p keep; bars on a scale of 0 to 1; " +
+    (cut ? "faint bars: without the ablation" : "faint bars: T = 1, unfiltered");
   const box = $("dist"); box.textContent = "";
-  const top = order.slice(0, 12).sort((a, b) => p[b] - p[a] || base[b] - base[a]);
-  const scale = Math.max(p[top[0]], base[order[0]]);
+  const top = order.slice(0, 12).sort((a, b) => p[b] - p[a] || ghost[b] - ghost[a]);
   for (const i of top) {
     const row = { class: "clickable" + (i === S.token ? " chosen" : ""),
       onclick: () => { S.token = i; drawDist(); drawDLA(); } };
+    const was = cut ? ` (was ${(100 * ghost[i]).toFixed(1)}%)` : "";
     box.append(
       el("span", { ...row, class: "label " + row.class }, show(S.vocab[i])),
       el("span", { class: "track", onclick: row.onclick },
-        el("span", { class: "ghost", style: `width:${(100 * base[i] / scale).toFixed(1)}%` }),
-        el("span", { class: "fill", style: `width:${(100 * p[i] / scale).toFixed(1)}%` })),
-      el("span", { class: "num" }, (100 * p[i]).toFixed(1) + "%"));
+        el("span", { class: "ghost", style: `width:${(100 * ghost[i]).toFixed(2)}%` }),
+        el("span", { class: "fill", style: `width:${(100 * p[i]).toFixed(2)}%` })),
+      el("span", { class: "num" }, (100 * p[i]).toFixed(1) + "%" + was));
   }
   const kept = p.filter((x) => x > 0).length;
   const H = -p.reduce((a, x) => a + (x > 0 ? x * Math.log2(x) : 0), 0);
@@ -246,10 +289,11 @@ function paint(canvas, layer, head, size) {
   }
   g.globalAlpha = 1;
   if (h !== null) {
-    g.strokeStyle = "#ea580c"; g.lineWidth = Math.max(1, size / 160);
+    g.strokeStyle = "#ea580c"; g.lineWidth = Math.max(1, size / 400);
     g.strokeRect(0, h * c, (h + 1) * c, c);
     g.strokeRect(h * c, h * c, c, (T - h) * c);
   }
+  return g;
 }
 
 function drawGrid() {
@@ -261,36 +305,85 @@ function drawGrid() {
   for (let l = 0; l < i.n_layers; l++) {
     grid.append(el("span", { class: "hdr" }, "L" + l));
     for (let h = 0; h < i.n_heads; h++) {
+      const cut = S.ablated.has(`${l}.${h}`);
       const c = el("canvas", { title: `layer ${l}, head ${h}`, "data-head": `${l}.${h}` });
       if (l === S.layer && h === S.head) c.classList.add("selected");
       c.addEventListener("click", () => selectHead(l, h));
       paint(c, l, h, 128);
-      grid.append(c);
+      const off = el("button", { class: "ablate" + (cut ? " on" : ""), "data-head": `${l}.${h}`,
+        title: (cut ? "restore" : "zero-ablate") + ` L${l}H${h}`, onclick: () => toggleAblation(l, h) }, "⊘");
+      grid.append(el("span", { class: "cell" + (cut ? " cut" : "") }, c, off));
     }
   }
+  const names = [...S.ablated].map((k) => "L" + k.replace(".", "H"));
+  $("ablated").textContent = names.length ? "ablated: " + names.join(", ") : "";
+}
+
+// The enlarged head: a canvas of T × T cells with a label for every row and column (DOM
+// spans, so they can be hovered), cells ≥ 12 px (the box scrolls past the card's width).
+const BIG = { key: "", cell: 0 };
+
+function layoutBig() {
+  const T = S.data.tokens.length, wrap = $("big-wrap");
+  const room = Math.max(300, Math.min(wrap.clientWidth - 90, 720));  // in sight at 900 px high
+  const cell = Math.max(12, Math.min(36, Math.floor(room / T)));
+  const key = `${S.prompt}|${cell}`;
+  if (key === BIG.key) return;
+  BIG.key = key; BIG.cell = cell;
+  const font = Math.min(13, cell - 1), chars = 8;
+  const rows = $("big-rows"), cols = $("big-cols");
+  rows.textContent = ""; cols.textContent = "";
+  rows.style.gridTemplateRows = cols.style.gridTemplateColumns = `repeat(${T}, ${cell}px)`;
+  rows.style.fontSize = cols.style.fontSize = font + "px";
+  S.data.tokens.forEach((t, i) => {
+    for (const box of [rows, cols]) {
+      const lab = el("span", { class: "lab", "data-i": i, title: `#${i} “${show(t.text)}”` }, show(t.text).slice(0, chars));
+      lab.addEventListener("mouseenter", () => { S.cell = null; hoverToken(i); });
+      lab.addEventListener("mouseleave", () => hoverToken(null));
+      box.append(lab);
+    }
+  });
+  const canvas = $("big");
+  canvas.style.width = canvas.style.height = T * cell + "px";
 }
 
 function drawBig() {
   $("head-name").textContent = `L${S.layer}H${S.head}`;
-  const canvas = $("big"), T = S.data.tokens.length;
-  const size = 880, pad = T <= 40 ? 120 : 0, inner = size - pad;
-  const tmp = document.createElement("canvas");
-  paint(tmp, S.layer, S.head, inner);
-  canvas.width = canvas.height = size;
-  const g = canvas.getContext("2d");
-  g.fillStyle = "#fff"; g.fillRect(0, 0, size, size);
-  g.drawImage(tmp, pad, pad);
-  if (!pad) return;
-  const c = inner / T;
-  g.fillStyle = "#374151"; g.font = `${Math.min(22, c * 0.8)}px monospace`;
-  g.textBaseline = "middle";
-  S.data.tokens.forEach((t, i) => {
-    const label = show(t.text).slice(0, 6);
-    g.textAlign = "right"; g.fillText(label, pad - 8, pad + (i + 0.5) * c);
-    g.save(); g.translate(pad + (i + 0.5) * c, pad - 8); g.rotate(-Math.PI / 2);
-    g.textAlign = "left"; g.fillText(label, 0, 0); g.restore();
-  });
+  layoutBig();
+  const T = S.data.tokens.length, dpr = window.devicePixelRatio || 1;
+  const size = Math.round(T * BIG.cell * dpr);
+  const g = paint($("big"), S.layer, S.head, size);
+  if (S.cell) {  // the cell under the pointer
+    const c = size / T, [q, k] = S.cell;
+    g.strokeStyle = "#111827"; g.lineWidth = Math.max(1.5, dpr * 1.5);
+    g.strokeRect(k * c, q * c, c, c);
+  }
+  const [q, k] = S.cell || [S.hover, S.hover];
+  $("big-rows").querySelectorAll(".lab").forEach((lab, i) => lab.classList.toggle("on", i === q));
+  $("big-cols").querySelectorAll(".lab").forEach((lab, i) => lab.classList.toggle("on", i === k));
 }
+
+function readout(q, k) {
+  const toks = S.data.tokens, A = pattern(S.layer, S.head);
+  const w = k <= q ? A(q, k) : 0;
+  $("big-readout").textContent = `query #${q} “${show(toks[q].text)}” → key #${k} “${show(toks[k].text)}”: ` +
+    `${w.toFixed(3)}` + (k > q ? " (a later key: masked)" : "");
+}
+
+$("big").addEventListener("mousemove", (ev) => {
+  if (!S.data) return;
+  const r = ev.target.getBoundingClientRect(), T = S.data.tokens.length;
+  const q = Math.min(T - 1, Math.floor((ev.clientY - r.top) / r.height * T));
+  const k = Math.min(T - 1, Math.floor((ev.clientX - r.left) / r.width * T));
+  if (S.cell && S.cell[0] === q && S.cell[1] === k) return;
+  S.cell = [q, k];
+  readout(q, k);
+  if (S.hover === q) drawBig(); else hoverToken(q);
+});
+$("big").addEventListener("mouseleave", () => {
+  S.cell = null; $("big-readout").textContent = "Hover a cell: query → key: weight.";
+  if (S.hover === null) drawBig(); else hoverToken(null);
+});
 
 function selectHead(l, h) {
   S.layer = l; S.head = h;
@@ -356,6 +449,112 @@ async function circuits() {
   table("ov", "OV: top pairs", ["source", "output", "logit"], d.ov);
 }
 
+// ---- activation patching -------------------------------------------------------------
+const P = { data: null, body: null, cell: null, seq: 0 };
+
+function tokenArg(v) {  // "#12" → id 12; other text is the token's text; "" → the default
+  if (v === "") return undefined;
+  const m = /^#(\d+)$/.exec(v);
+  return m ? +m[1] : v;
+}
+
+async function runPatch() {
+  const body = { clean: $("clean").value, corrupted: $("corrupted").value };
+  for (const f of ["answer", "wrong"]) { const v = tokenArg($(f).value); if (v !== undefined) body[f] = v; }
+  const seq = ++P.seq, t0 = performance.now(), status = $("patch-status");
+  status.textContent = "patching…"; status.classList.remove("error");
+  $("patch-run").disabled = true;
+  try {
+    const d = await api("/api/patch", body);
+    if (seq !== P.seq) return;
+    P.data = d; P.body = { ...body, answer: d.answer.id, wrong: d.wrong.id }; P.cell = null;
+    status.textContent = `${d.clean.length} tokens each · m = z[“${show(d.answer.text)}”] − z[“${show(d.wrong.text)}”]: ` +
+      `clean ${d.diff.clean.toFixed(3)}, corrupted ${d.diff.corrupted.toFixed(3)} · ` +
+      `${Math.round(performance.now() - t0)} ms`;
+    stale("patch", false);
+    drawPatch();
+    const [l, t] = best(d.resid_pre);
+    await patchEffect("resid_pre", l, t);
+  } catch (e) {
+    if (seq !== P.seq) return;
+    status.textContent = e.message + (P.data ? " — the results below are from the previous run" : "");
+    status.classList.add("error");
+    stale("patch", P.data !== null);
+  } finally {
+    $("patch-run").disabled = false;
+  }
+}
+
+function best(rows) {  // [row, column] of the largest value
+  let at = [0, 0];
+  rows.forEach((r, i) => r.forEach((v, j) => { if (v > rows[at[0]][at[1]]) at = [i, j]; }));
+  return at;
+}
+
+function patchCell(v, site, layer, index, title) {
+  const td = el("td", { class: "pcell", "data-site": site, "data-layer": layer, "data-index": index,
+    title: `${title}: m̂ = ${v.toFixed(3)}`,
+    style: `background:${diverging(v)};color:${Math.abs(v) > 0.55 ? "#fff" : "#111"}` }, v.toFixed(2));
+  if (P.cell && P.cell.site === site && P.cell.layer === layer && P.cell.index === index) td.classList.add("selected");
+  td.addEventListener("click", () => patchEffect(site, layer, index));
+  return td;
+}
+
+function drawPatch() {
+  const d = P.data;
+  const t = $("patch-resid"); t.textContent = "";
+  const differs = d.clean.map((x, i) => x !== d.corrupted[i]);
+  for (const [name, toks] of [["clean", d.clean], ["corrupted", d.corrupted]]) {
+    const tr = el("tr", {}, el("th", { class: "row" }, name));
+    toks.forEach((x, i) => tr.append(el("th", { class: "col" + (differs[i] ? " diff" : ""), title: `#${i}` }, show(x))));
+    t.append(tr);
+  }
+  d.resid_pre.forEach((row, l) => {
+    const tr = el("tr", {}, el("th", { class: "row" }, `L${l}`));
+    row.forEach((v, i) => tr.append(patchCell(v, "resid_pre", l, i, `resid_pre L${l} at #${i} “${show(d.corrupted[i])}”`)));
+    t.append(tr);
+  });
+  const h = $("patch-heads"); h.textContent = "";
+  const hdr = el("tr", {}, el("th"));
+  d.heads[0].forEach((_, j) => hdr.append(el("th", {}, "H" + j)));
+  h.append(hdr);
+  d.heads.forEach((row, l) => {
+    const tr = el("tr", {}, el("th", { class: "row" }, `L${l}`));
+    row.forEach((v, j) => tr.append(patchCell(v, "head", l, j, `L${l}H${j}`)));
+    h.append(tr);
+  });
+}
+
+async function patchEffect(site, layer, index) {
+  P.cell = { site, layer, index };
+  drawPatch();
+  const box = $("patch-effect");
+  try {
+    const e = await api("/api/patch/effect", { ...P.body, site, layer, index });
+    const where = site === "resid_pre" ? `resid_pre of L${layer} at #${index} “${show(P.data.corrupted[index])}”` : `L${layer}H${index}`;
+    $("effect-where").textContent = `of patching ${where}: m̂ = ${e.value.toFixed(3)}`;
+    box.textContent = "";
+    for (const r of e.rows) {
+      const mark = r.id === e.answer ? " ✓" : r.id === e.wrong ? " ✗" : "";
+      const w = (p) => `width:${(100 * p).toFixed(2)}%`;
+      box.append(
+        el("span", { class: "label", title: `id ${r.id}` }, show(r.text) + mark),
+        el("span", { class: "track" },
+          el("span", { class: "fill clean", style: w(r.clean) }),
+          el("span", { class: "fill corrupted", style: w(r.corrupted) }),
+          el("span", { class: "fill patched", style: w(r.patched) })),
+        el("span", { class: "num" }, ["clean", "corrupted", "patched"].map((k) => (100 * r[k]).toFixed(1) + "%").join(" / ")));
+    }
+  } catch (err) { failed("patch-effect")(err); }
+}
+
+function setView(view) {
+  document.body.dataset.view = view;
+  for (const b of document.querySelectorAll(".tab")) b.classList.toggle("on", b.dataset.view === view);
+  if (view === "patch" && !P.data && P.seq === 0) runPatch();
+  if (view === "explore" && S.data) drawBig();  // its size follows the card's width
+}
+
 // ---- generation over the API -----------------------------------------------------------
 async function generate() {
   const btn = $("generate"), out = $("out-new");
@@ -393,5 +592,9 @@ async function generate() {
 $("prompt").addEventListener("input", schedule);
 for (const id of ["temperature", "top-k", "top-p"]) $(id).addEventListener("input", () => S.data && drawDist());
 $("generate").addEventListener("click", generate);
+$("patch-run").addEventListener("click", runPatch);
+for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => setView(b.dataset.view));
+window.addEventListener("resize", () => S.data && drawBig());
 $("api-key").addEventListener("change", () => { S.vocab = null; analyze(); });
+document.body.dataset.view = "explore";
 boot().catch((e) => { $("status").textContent = e.message; $("status").classList.add("error"); });

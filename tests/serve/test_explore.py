@@ -64,10 +64,15 @@ def test_analysis_patterns_are_causal_distributions(live: Server) -> None:
 CLEAN, CORRUPTED = "ab ab ab ab", "ab ab cd ab"  # char tokens: 11 each, 2 differ
 
 
-def test_patch_heatmaps_equal_patching_by_hand(live: Server, oracle: Any) -> None:
-    """Each cell: one forward of the corrupted prompt with one clean activation put in."""
+def test_patch_heatmaps_equal_patching(live: Server, oracle: Any) -> None:
+    """The sweeps of ``inspect.patching``, and each cell by hand: one forward of the corrupted
+    prompt with one clean activation put in."""
     from glassgpt.inspect.cache import run_with_cache
     from glassgpt.inspect.metrics import logit_diff, normalised
+    from glassgpt.inspect.patching import (
+        get_act_patch_attn_head_out_all_pos,
+        get_act_patch_resid_pre,
+    )
 
     model, tok = oracle
     clean, corrupted = tok.encode(CLEAN), tok.encode(CORRUPTED)
@@ -81,6 +86,10 @@ def test_patch_heatmaps_equal_patching_by_hand(live: Server, oracle: Any) -> Non
     first, second = corrupted_logits[0, -1].argsort(descending=True)[:2].tolist()
     assert wrong == (first if first != answer else second)
     metric = normalised(logit_diff(answer, wrong), clean_logits, corrupted_logits)
+    direct = get_act_patch_resid_pre(model, corrupted, cache, metric)
+    np.testing.assert_allclose(d["resid_pre"], direct.numpy(), atol=1e-4)
+    direct = get_act_patch_attn_head_out_all_pos(model, corrupted, cache, metric)
+    np.testing.assert_allclose(d["heads"], direct.numpy(), atol=1e-4)
 
     def patched(name: str, fn: Any) -> float:
         with torch.no_grad(), model.hooks({name: fn}):
@@ -129,8 +138,12 @@ def test_patch_refuses_what_it_cannot_patch(live: Server) -> None:
 
 
 def test_ablated_logits_equal_a_model_without_those_heads(live: Server, oracle: Any) -> None:
-    """Zeroing z[:, :, h] is zeroing W_O[h] (b_O stays): an independent copy of the model."""
+    """``inspect.ablation``'s zero ablation, and independently: zeroing z[:, :, h] is zeroing
+    W_O[h] (b_O stays) in a copy of the model."""
     import copy
+
+    from glassgpt.inspect.ablation import ablation_hooks
+    from glassgpt.inspect.cache import run_with_hooks
 
     model, tok = oracle
     heads = [[0, 1], [1, 3]]
@@ -143,7 +156,9 @@ def test_ablated_logits_equal_a_model_without_those_heads(live: Server, oracle: 
             cut.blocks[l].attn.W_O[h] = 0.0
         want = cut(torch.tensor([tok.encode(prompt)]))[0, 4]
         whole = model(torch.tensor([tok.encode(prompt)]))[0, 4]
+        hooked = run_with_hooks(model, tok.encode(prompt), ablation_hooks(model, heads=heads))
     got = np.frombuffer(base64.b64decode(d["logits"]), dtype=np.float32)
+    np.testing.assert_allclose(got, hooked[0, 4].numpy(), atol=1e-5)
     np.testing.assert_allclose(got, want.numpy(), atol=1e-4)
     assert np.abs(got - whole.numpy()).max() > 1e-3  # the ablation changed something
     status, d = request(live.url, "/api/ablate", {"prompt": prompt, "heads": [[0, 9]]})

@@ -10,7 +10,10 @@ The base run is the corrupted prompt; the clean run's activation is put in its p
 (``glassgpt.inspect.patching``'s direction), so m̂ = 0 is the corrupted run and 1 the clean.
 The answer defaults to the clean run's most likely next token and the wrong answer to the
 corrupted run's (its second, if both runs agree). Both prompts must have the same number of
-tokens. Every forward holds the scheduler's lock.
+tokens. The sweeps are ``get_act_patch_resid_pre`` and ``get_act_patch_attn_head_out_all_pos``,
+computed once per pair and answer; a clicked cell is one more forward with the same patch.
+Ablation is ``glassgpt.inspect.ablation.ablation_hooks(how="zero")``. Every forward holds the
+scheduler's lock.
 """
 
 from __future__ import annotations
@@ -18,15 +21,16 @@ from __future__ import annotations
 import base64
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from glassgpt.errors import GlassError
+from glassgpt.inspect.ablation import ablation_hooks
 from glassgpt.inspect.cache import evaluating, patch_hook, run_with_cache, run_with_hooks
 from glassgpt.inspect.metrics import logit_diff, normalised
+from glassgpt.inspect.patching import get_act_patch_attn_head_out_all_pos, get_act_patch_resid_pre
 from glassgpt.inspect.report import encode_prompt, token_texts
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.state import ServeState
@@ -63,41 +67,11 @@ class Ablate(BaseModel):
     heads: list[Annotated[list[StrictInt], Field(min_length=2, max_length=2)]] = []  # [l, h]
 
 
-def _ablation_hooks(model: Any, heads: list[tuple[int, int]]) -> dict[str, Any]:
-    """Hooks that set z[:, :, h] = 0 for each (layer, head)."""
-    by_layer: dict[int, list[int]] = {}
-    for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
-
-    def zero(hs: list[int]) -> Callable[[torch.Tensor, str], torch.Tensor]:
-        def hook(z: torch.Tensor, _: str) -> torch.Tensor:  # z [B, T, H, d_head]
-            out = z.clone()
-            out[:, :, hs] = 0.0
-            return out
-
-        return hook
-
-    return {f"blocks.{layer}.attn.z": zero(hs) for layer, hs in by_layer.items()}
-
-
 def _site(site: str, layer: int, index: int) -> tuple[str, Any]:
-    """The hook name and the index of one patch."""
+    """The hook name and the index of one patch (as the sweeps of ``inspect.patching``)."""
     if site == "resid_pre":
         return f"blocks.{layer}.resid_pre", (slice(None), index)
     return f"blocks.{layer}.attn.z", (slice(None), slice(None), index)
-
-
-def _sweep(model: Any, corrupted: list[int], cache: Any, metric: Any, site: str) -> torch.Tensor:
-    """m̂ of every patch of ``site``: [L, T] (resid_pre) or [L, H] (head), one forward each."""
-    cfg = model.config
-    n = len(corrupted) if site == "resid_pre" else cfg.n_heads
-    out = torch.empty(cfg.n_layers, n)
-    for layer in range(cfg.n_layers):
-        for i in range(n):
-            name, index = _site(site, layer, i)
-            z = run_with_hooks(model, corrupted, {name: patch_hook(cache[name], index)})
-            out[layer, i] = metric(z)
-    return out
 
 
 class Interventions:
@@ -175,9 +149,10 @@ class Interventions:
         answer, wrong = self._answers(ask, pair)
         metric = self._metric(pair, answer, wrong)
         if (answer, wrong) not in pair["sweeps"]:
-            with self.lock, evaluating(self.model), torch.no_grad():
-                resid = _sweep(self.model, pair["corrupted"], pair["cache"], metric, "resid_pre")
-                heads = _sweep(self.model, pair["corrupted"], pair["cache"], metric, "head")
+            args = (self.model, pair["corrupted"], pair["cache"], metric)
+            with self.lock:
+                resid = get_act_patch_resid_pre(*args)  # [L, T]
+                heads = get_act_patch_attn_head_out_all_pos(*args)  # [L, H]
             pair["sweeps"][(answer, wrong)] = (resid, heads)
         resid, heads = pair["sweeps"][(answer, wrong)]
         diff = logit_diff(answer, wrong)
@@ -231,6 +206,6 @@ class Interventions:
             raise APIError(400, f"pos {p} is outside the prompt's {len(ids)} tokens", param="pos")
         heads = sorted({(layer, head) for layer, head in ask.heads})
         with self.lock, evaluating(self.model), torch.no_grad():
-            z = run_with_hooks(self.model, ids, _ablation_hooks(self.model, heads))
+            z = run_with_hooks(self.model, ids, ablation_hooks(self.model, heads=heads))
         logits = z[0, p, : self.state.n_valid].to(torch.float32)
         return {"pos": p, "heads": [list(h) for h in heads], "logits": b64(logits)}

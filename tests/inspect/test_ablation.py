@@ -250,6 +250,7 @@ def test_keep_every_head_of_an_attention_only_model_changes_nothing(tiny: Simple
         ({"heads": [(0, 0)], "how": "noise"}, "unknown ablation 'noise'"),
         ({"heads": [(0, 0)], "how": "mean", "mean_over": "pos"}, "unknown mean_over 'pos'"),
         ({"heads": [(0, 0)], "how": "resample"}, "needs reference tokens"),
+        ({"head": [(0, 0)]}, "unknown ablation option 'head'"),
     ],
 )
 def test_bad_input_raises_one_line(kwargs: dict, message: str, tiny: SimpleNamespace) -> None:
@@ -271,6 +272,8 @@ def test_bad_references_and_attention_only_raise(tiny: SimpleNamespace) -> None:
         run_ablated(model, tokens, mlps=[0], how="mean", mean_over="batch", reference=tokens[:, :4])
     with pytest.raises(GlassError, match="needs reference tokens"):
         ablation_hooks(model, heads=[(0, 0)], how="mean")
+    with pytest.raises(GlassError, match="one reference batch"):
+        run_ablated(model, tokens, heads=[(0, 0)], how="resample", reference=[tokens, tokens])
     attn_only = tiny.model(tiny.config(attn_only=True))
     with pytest.raises(GlassError, match="cannot ablate MLP 1: the model is attention-only"):
         ablation_hooks(attn_only, mlps=[1])

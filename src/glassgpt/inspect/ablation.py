@@ -178,12 +178,22 @@ def run_ablated(model: GPT, tokens: Tensor | Sequence[int], **ablation: Any) -> 
     >>> run_ablated(model, [1, 2, 3], heads=[(0, 1)], how="mean").shape
     torch.Size([1, 3, 10])
     """
+    unknown = sorted(set(ablation) - _KEYWORDS)
+    if unknown:
+        raise GlassError(
+            f"unknown ablation option {unknown[0]!r}; options: {', '.join(sorted(_KEYWORDS))}"
+        )
     batch = as_batch(model, tokens)
     if ablation.get("how") == "mean" and ablation.get("reference") is None:
         ablation = {**ablation, "reference": batch}
     hooks = ablation_hooks(model, **ablation)
     with evaluating(model):
         return run_with_hooks(model, batch, hooks)
+
+
+_KEYWORDS = frozenset(
+    ("heads", "mlps", "neurons", "how", "reference", "keep", "seed", "mean_over", "shuffle")
+)
 
 
 # -- the replacement values ------------------------------------------------------------------
@@ -269,7 +279,7 @@ def _one_batch(model: GPT, reference: Any, how: str) -> Tensor:
 
 def _is_batches(reference: Any) -> bool:
     """Whether ``reference`` is several batches (tensors, or an iterator) rather than tokens."""
-    if isinstance(reference, Tensor):
+    if isinstance(reference, Tensor) or hasattr(reference, "shape"):  # a tensor or an array
         return False
     if isinstance(reference, list | tuple):
         return bool(reference) and all(isinstance(r, Tensor) for r in reference)

@@ -161,7 +161,7 @@ def test_attention_labels_readout_bars_and_stale_panels(live: Server, browser: A
     for bad in ("x" * 65, ""):
         page.fill("#prompt", bad)
         page.wait_for_function("() => document.body.classList.contains('stale-explore')")
-        assert page.eval_on_selector("#dist-card", "e => +getComputedStyle(e).opacity") < 1
+        assert page.eval_on_selector("#dist", "e => +getComputedStyle(e).opacity") < 1
         assert "previous" in page.inner_text("#status") or bad == ""
         page.fill("#prompt", "abc")
         page.wait_for_function("() => !document.body.classList.contains('stale-explore')")

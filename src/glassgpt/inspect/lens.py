@@ -130,7 +130,8 @@ def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attr
     """Decompose the final logits into embedding, positions, heads, MLPs and biases.
 
     >>> from glassgpt.model import GPTConfig
-    >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=1, n_heads=2))
+    >>> cfg = GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=1, n_heads=2, unembed_bias=True)
+    >>> model = GPT(cfg)
     >>> dla = direct_logit_attribution(model, [1, 2, 3])
     >>> dla.names
     ['embed', 'pos_embed', 'blocks.0.attn.h0', 'blocks.0.attn.h1', 'blocks.0.attn.b_O', 'blocks.0.mlp', 'blocks.0.mlp.b_out', 'ln_final.b', 'unembed.b_U']

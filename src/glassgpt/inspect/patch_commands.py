@@ -367,9 +367,8 @@ def run_ablate(args: argparse.Namespace) -> int:
     logp_a = after[0, -1].double().log_softmax(-1)
     kl = float((logp_b.exp() * (logp_b - logp_a)).sum())
     k = min(args.top, logp_b.shape[0])
-    shown = list(
-        dict.fromkeys([*logp_b.topk(k).indices.tolist(), *logp_a.topk(k).indices.tolist()])
-    )
+    union = {*logp_b.topk(k).indices.tolist(), *logp_a.topk(k).indices.tolist()}
+    shown = sorted(union, key=lambda i: -float(logp_b[i]))  # most likely before first
     texts = token_texts(tokenizer, shown)
     rows = [
         {"token": t, "id": i, "before": float(logp_b[i].exp()), "after": float(logp_a[i].exp())}
@@ -383,13 +382,15 @@ def run_ablate(args: argparse.Namespace) -> int:
     n = len(ablated["heads"]) + len(ablated["mlps"]) + len(ablated["neurons"])
     print(
         f"ablated ({args.how}{', keep' if args.keep else ''}): {n} components"
-        + "".join(f"; {k} {', '.join(map(str, v))}" for k, v in ablated.items() if v and n <= 24)
+        + "".join(
+            f"; {kind} {', '.join(map(str, v))}" for kind, v in ablated.items() if v and n <= 24
+        )
     )
     print(
         f"loss (mean next-token, nats): {loss_before:.4f} → {loss_after:.4f} "
         f"({loss_after - loss_before:+.4f})"
     )
-    print(f"KL(before ‖ after), next token after the last position: {kl:.4f} nats")
+    print(f"KL(before ‖ after) of the next-token distribution at the last position: {kl:.4f} nats")
     width = max(12, *(len(repr(r["token"])) + 1 for r in rows))
     print(f"{'next token':<{width}} {'before':>8} {'after':>8}")
     for r in rows:

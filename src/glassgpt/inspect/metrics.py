@@ -58,6 +58,11 @@ def score_runs(metric: MetricFn, logits: Tensor) -> Tensor:
     return torch.stack([torch.as_tensor(metric(run)).reshape(()) for run in logits])
 
 
+def _widened(logits: Tensor) -> Tensor:
+    """Half-precision logits in float32; float32 and float64 as they are."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
 def _ids(tokens: int | Sequence[int] | Tensor, what: str) -> Tensor:
     ids = torch.as_tensor(tokens, dtype=torch.long)
     if ids.ndim > 1:
@@ -92,7 +97,8 @@ def logit_diff(
     a, b = _ids(answer, "answer"), _ids(wrong, "wrong answer")
 
     def batched(logits: Tensor) -> Tensor:
-        return (_at(logits, a, pos, "answer") - _at(logits, b, pos, "wrong answer")).mean(-1)
+        z = _widened(logits)
+        return (_at(z, a, pos, "answer") - _at(z, b, pos, "wrong answer")).mean(-1)
 
     return Metric(batched, f"logit_diff({a.tolist()}, {b.tolist()})")
 
@@ -107,8 +113,7 @@ def logprob(answer: int | Sequence[int] | Tensor, pos: int = -1) -> Metric:
     a = _ids(answer, "answer")
 
     def batched(logits: Tensor) -> Tensor:
-        z = logits if logits.dtype == torch.float64 else logits.float()
-        return _at(z.log_softmax(-1), a, pos, "answer").mean(-1)
+        return _at(_widened(logits).log_softmax(-1), a, pos, "answer").mean(-1)
 
     return Metric(batched, f"logprob({a.tolist()})")
 
@@ -130,7 +135,7 @@ def loss(tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Metric:
         N, B, T, _ = logits.shape
         if tuple(ids.shape) != (B, T) and (ids.shape[0] != 1 or ids.shape[1] != T):
             raise GlassError(f"loss: tokens {tuple(ids.shape)} do not match logits [B={B}, T={T}]")
-        z = logits if logits.dtype == torch.float64 else logits.float()
+        z = _widened(logits)
         targets = ids.to(z.device).expand(B, T)[:, 1:]
         logp = z[:, :, :-1].log_softmax(-1)  # [N, B, T − 1, V]
         nll = -logp.gather(-1, targets[None, ..., None].expand(N, B, T - 1, 1))[..., 0]

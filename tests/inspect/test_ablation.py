@@ -199,15 +199,20 @@ def test_resample_puts_in_the_reference_rows_activation(tiny: SimpleNamespace) -
     model = tiny.model(cfg, seed=9)
     tokens, other = tiny.tokens(cfg, 3, 6), tiny.tokens(cfg, 4, 8, seed=3)
     z = run_with_cache(model, other, ["blocks.0.attn.z"])[1]["blocks.0.attn.z"]  # [4, 8, H, dh]
-    for shuffle, rows in ((False, [0, 0, 0]), (True, torch.randperm(4, generator=torch.Generator().manual_seed(5))[:3])):  # fmt: skip
-        reference = other[:1] if not shuffle else other
-        src = z[rows, :6]
+    permutation = torch.randperm(4, generator=torch.Generator().manual_seed(5))
+    cases = [  # (reference, shuffle, the reference row each run row receives)
+        (other[:3], False, [0, 1, 2]),  # row-matched
+        (other[:1], False, [0, 0, 0]),  # one prompt for every row
+        (other, True, permutation[:3].tolist()),  # a seeded permutation of the 4 rows
+    ]
+    for reference, shuffle, rows in cases:
+        src = z[rows, :6]  # the first 6 positions of the 8-token reference (causal)
         want = run_with_hooks(
             model, tokens, {"blocks.0.attn.z": patch_hook(src, (slice(None), slice(None), 1))}
         )
         got = run_ablated(
-            model, tokens, heads=[(0, 1)], how="resample", reference=reference, shuffle=shuffle,
-            seed=5,
+            model, tokens, heads=[(0, 1)], how="resample", reference=reference,
+            shuffle=shuffle, seed=5,
         )  # fmt: skip
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 

@@ -333,6 +333,10 @@ def test_bad_input_raises_one_line(tiny: SimpleNamespace) -> None:
             ["attn.z"],
             clean_cache=run_with_cache(model, clean, ["resid_pre"])[1],
         )
+    with pytest.raises(GlassError, match=r"clean cache's 'blocks\.0\.attn\.z' is \(1, 6, 3, 4\)"):
+        attribution_patch(
+            model, clean, corrupted, m, ["attn.z"], clean_cache=run_with_cache(model, clean[:1])[1]
+        )
     with pytest.raises(GlassError, match="unknown edge attribution method 'acdc'"):
         edge_attribution_patch(model, clean, corrupted, m, method="acdc")
     with pytest.raises(GlassError, match="steps ≥ 1"):

@@ -76,7 +76,8 @@ NODE_SITES = ("resid_pre", "attn.z", "mlp_out")
 # Sites the fast path reads past (their hook sees a side computation): an alias returned by
 # the hook puts the recorded tensor on the path to the logits, so it receives a gradient.
 _ALIASED = ("attn.result", "attn.pattern", "attn.attn_scores", "scale")
-# Sites whose last axis is one feature vector (d_model, d_head, or the norm's scale [1]).
+# Sites scored per entry (a neuron, a query-key pair); the others sum their last axis, one
+# feature vector (d_model, d_head, or the norm's scale [1]).
 _PER_NEURON = ("mlp.pre", "mlp.pre_gate", "mlp.post")
 _PER_PATTERN = ("attn.pattern", "attn.attn_scores")
 
@@ -114,42 +115,40 @@ def attribution_patch(
         sites = NODE_SITES[:2]
     site_names = _sites(model, sites)
     names = [n for group in site_names.values() for n in group]
-    aliases: dict[str, HookFn] = {
-        n: _alias for n in names if any(n.endswith(s) for s in _ALIASED)
-    }  # fmt: skip
+    aliases: dict[str, HookFn] = {n: _alias for n in names if n.endswith(_ALIASED)}
     with evaluating(model):
         if clean_cache is None:
+            tokens = torch.cat([clean, corrupted])  # rows 0 … B − 1 clean, B … 2B − 1 corrupted
             logits, cache = run_with_cache(
-                model, torch.cat([clean, corrupted]), names, hooks=aliases, detach=False,
-                grad=True,
-            )  # fmt: skip
+                model, tokens, names, hooks=aliases, detach=False, grad=True
+            )
             logits = logits[B:]
-            acts = {n: cache[n] for n in names}
-            clean_acts = {n: a[:B].detach() for n, a in acts.items()}
-            corrupt_acts = {n: a[B:].detach() for n, a in acts.items()}
         else:
             logits, cache = run_with_cache(
                 model, corrupted, names, hooks=aliases, detach=False, grad=True
             )
-            acts = {n: cache[n] for n in names}
-            clean_acts = {n: _cached(clean_cache, n) for n in names}
-            corrupt_acts = {n: a.detach() for n, a in acts.items()}
-        grads = _grads(_scalar(metric(logits)), list(acts.values()))
+        acts = [cache[n] for n in names]
+        grads = dict(zip(names, _grads(_scalar(metric(logits)), acts), strict=True))
     out: dict[str, Tensor] = {}
     for site, group in site_names.items():
         per_layer = []
-        for name, grad in zip(names, grads, strict=True):
-            if name not in group:
-                continue
-            g = grad[B:] if clean_cache is None else grad
-            g = g.to(_derived(g.dtype))
-            diff = clean_acts[name].to(g.dtype) - corrupt_acts[name].to(g.dtype)
+        for name in group:
+            if clean_cache is None:
+                a_clean, a_corrupt, g = cache[name][:B], cache[name][B:], grads[name][B:]
+            else:
+                a_clean, a_corrupt, g = _cached(clean_cache, name), cache[name], grads[name]
+                if a_clean.shape != a_corrupt.shape:
+                    raise GlassError(
+                        f"the clean cache's {name!r} is {tuple(a_clean.shape)}, the corrupted "
+                        f"run's {tuple(a_corrupt.shape)}"
+                    )
+            dtype = _derived(g.dtype)
+            diff = a_clean.detach().to(dtype) - a_corrupt.detach().to(dtype)
             if site in _PER_PATTERN:  # masked scores are −∞ in both runs
                 diff = torch.where(torch.isfinite(diff), diff, torch.zeros_like(diff))
-            per_layer.append(_reduce(site, g * diff))
-        out[site] = torch.stack(per_layer) if site_names[site][0].startswith("blocks.") else (
-            per_layer[0]
-        )  # fmt: skip
+            per_layer.append(_reduce(site, g.to(dtype) * diff))
+        stacked = torch.stack(per_layer)
+        out[site] = stacked if group[0].startswith("blocks.") else stacked[0]
     return out
 
 
@@ -176,12 +175,12 @@ class Edges:
         key = self.scores.abs() if absolute else self.scores
         key = key.masked_fill(~self.allowed, float("-inf")).flatten()
         n = min(k, int(self.allowed.sum()))
-        idx = torch.topk(key.float(), n).indices.tolist()
+        flat = self.scores.flatten()
         n_down = len(self.downstream)
         return [
-            (self.upstream[i // n_down], self.downstream[i % n_down], float(self.scores.flatten()[i]))
-            for i in idx
-        ]  # fmt: skip
+            (self.upstream[i // n_down], self.downstream[i % n_down], float(flat[i]))
+            for i in torch.topk(key.float(), n).indices.tolist()
+        ]
 
 
 def edge_names(model: GPT) -> tuple[list[str], list[str], Tensor]:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from glassgpt.data import commands as data_commands
 from glassgpt.errors import GlassError
 from glassgpt.inspect import commands as inspect_commands
-from glassgpt.inspect import patch_commands
+from glassgpt.inspect import patch_commands, study_commands
 from glassgpt.interop import commands as interop_commands
 from glassgpt.sample import commands as sample_commands
 from glassgpt.scaling import commands as scaling_commands
@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     train_commands,
     sample_commands,
     inspect_commands,
+    study_commands,
     patch_commands,
     scaling_commands,
     interop_commands,

@@ -274,25 +274,39 @@ async function attribution() {
 }
 
 // ---- attention -------------------------------------------------------------------------
-function paint(canvas, layer, head, size) {
-  const T = S.data.tokens.length, A = pattern(layer, head);
-  canvas.width = canvas.height = size;
-  const g = canvas.getContext("2d"), c = size / T, h = S.hover;
+const bases = new Map();  // the undimmed heatmap of each (prompt, head, size), drawn once
+function base(layer, head, size) {
+  const key = `${S.prompt}|${layer}|${head}|${size}`;
+  let src = bases.get(key);
+  if (src) return src;
+  const T = S.data.tokens.length, A = pattern(layer, head), c = size / T;
+  src = document.createElement("canvas");
+  src.width = src.height = size;
+  const g = src.getContext("2d");
   g.fillStyle = "#fff"; g.fillRect(0, 0, size, size);
   for (let q = 0; q < T; q++) {
     for (let k = 0; k <= q; k++) {
-      const on = h === null || q === h || k === h;
-      g.globalAlpha = on ? 1 : 0.18;
       g.fillStyle = heat(Math.sqrt(A(q, k)));  // √p: weak attention stays visible
       g.fillRect(k * c, q * c, Math.ceil(c), Math.ceil(c));
     }
   }
-  g.globalAlpha = 1;
-  if (h !== null) {
-    g.strokeStyle = "#ea580c"; g.lineWidth = Math.max(1, size / 400);
-    g.strokeRect(0, h * c, (h + 1) * c, c);
-    g.strokeRect(h * c, h * c, c, (T - h) * c);
-  }
+  if (bases.size > 2 * S.info.n_layers * S.info.n_heads + 4) bases.delete(bases.keys().next().value);
+  bases.set(key, src);
+  return src;
+}
+
+function paint(canvas, layer, head, size) {  // dims all but the hovered token's row and column
+  const T = S.data.tokens.length, src = base(layer, head, size), h = S.hover, c = size / T;
+  canvas.width = canvas.height = size;
+  const g = canvas.getContext("2d");
+  g.fillStyle = "#fff"; g.fillRect(0, 0, size, size);
+  if (h === null) { g.drawImage(src, 0, 0); return g; }
+  g.globalAlpha = 0.18; g.drawImage(src, 0, 0); g.globalAlpha = 1;
+  g.drawImage(src, 0, h * c, (h + 1) * c, c, 0, h * c, (h + 1) * c, c);  // row h: its keys
+  g.drawImage(src, h * c, h * c, c, (T - h) * c, h * c, h * c, c, (T - h) * c);  // column h
+  g.strokeStyle = "#ea580c"; g.lineWidth = Math.max(1, size / 400);
+  g.strokeRect(0, h * c, (h + 1) * c, c);
+  g.strokeRect(h * c, h * c, c, (T - h) * c);
   return g;
 }
 
@@ -593,6 +607,11 @@ $("prompt").addEventListener("input", schedule);
 for (const id of ["temperature", "top-k", "top-p"]) $(id).addEventListener("input", () => S.data && drawDist());
 $("generate").addEventListener("click", generate);
 $("patch-run").addEventListener("click", runPatch);
+for (const id of ["answer", "wrong", "clean", "corrupted"]) {  // Enter (Ctrl+Enter in a prompt) runs
+  $(id).addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.target.tagName === "INPUT")) { ev.preventDefault(); runPatch(); }
+  });
+}
 for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => setView(b.dataset.view));
 window.addEventListener("resize", () => S.data && drawBig());
 $("api-key").addEventListener("change", () => { S.vocab = null; analyze(); });

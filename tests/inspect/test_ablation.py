@@ -68,6 +68,8 @@ def test_zero_head_equals_zeroing_its_output_weights(variant: dict, tiny: Simple
             m.blocks[l].attn.b_V[h] = 0.0
 
     assert not torch.allclose(got, plain(model, tokens))
+    with model.hooks(ablation_hooks(model, heads=heads)):  # the hooks work on the model itself
+        assert torch.equal(plain(model, tokens), got)
     for edit in (no_W_O, no_values):
         torch.testing.assert_close(got, plain(edited(model, edit), tokens), rtol=0, atol=1e-12)
 

@@ -505,10 +505,14 @@ function best(rows) {  // [row, column] of the largest value
   return at;
 }
 
+function compact(v) {  // 0.12 → ".12", −0.004 → ".00": two decimals in three or four characters
+  return (Math.abs(v) < 0.005 ? 0 : v).toFixed(2).replace(/^(-?)0\./, "$1.");
+}
+
 function patchCell(v, site, layer, index, title) {
   const td = el("td", { class: "pcell", "data-site": site, "data-layer": layer, "data-index": index,
     title: `${title}: m̂ = ${v.toFixed(3)}`,
-    style: `background:${diverging(v)};color:${Math.abs(v) > 0.55 ? "#fff" : "#111"}` }, v.toFixed(2));
+    style: `background:${diverging(v)};color:${Math.abs(v) > 0.55 ? "#fff" : "#111"}` }, compact(v));
   if (P.cell && P.cell.site === site && P.cell.layer === layer && P.cell.index === index) td.classList.add("selected");
   td.addEventListener("click", () => patchEffect(site, layer, index));
   return td;

@@ -22,12 +22,21 @@ from glassgpt.version import __version__
 __all__ = ["GlassError", "__version__", "load"]
 
 
-def load(path: Any, **options: Any) -> Any:
-    """``model, tokenizer = glassgpt.load(path)``: a checkpoint folder or an exported HF folder.
+def load(path: Any, *, dtype: Any = "float32", **options: Any) -> Any:
+    """``model, tokenizer = glassgpt.load(path)``: a checkpoint folder or an exported HF folder,
+    the model ready for fast inference in ``dtype`` (``"float32"``, ``"bf16"``, ``"int8"``:
+    what ``glassgpt sample --dtype`` means, and decoded by the same engine).
 
-    ``options``: ``tokenizer=`` (a file, when the folder has none), ``device=``, ``dtype=``.
-    See :func:`glassgpt.interop.loading.load`.
+    ``options``: ``tokenizer=`` (a file, when the folder has none), ``device=``. To train or
+    fine-tune the model, load it in float32 (the default) and call ``model.train()``. See
+    :func:`glassgpt.interop.loading.load`.
+
+    >>> import glassgpt                                          # doctest: +SKIP
+    >>> from glassgpt.sample import generate                     # doctest: +SKIP
+    >>> model, tok = glassgpt.load("runs/default", dtype="int8")  # doctest: +SKIP
+    >>> ids = generate(model, tok.encode("def "), max_new_tokens=50)  # doctest: +SKIP
+    >>> print(tok.decode(ids))                                   # doctest: +SKIP
     """
     from glassgpt.interop.loading import load as load_model
 
-    return load_model(path, **options)
+    return load_model(path, dtype=dtype, **options)

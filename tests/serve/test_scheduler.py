@@ -58,7 +58,8 @@ def test_replayed_scheduler_steps_give_the_eager_tokens() -> None:
             p.normal_(0.0, 0.25)
     model = cast(model, "float32")
     replayed, scheduler = served(model, tok, replay=True)
-    eager, _ = served(model, tok, replay=False)
+    eager, eager_scheduler = served(model, tok, replay=False)
     assert replayed == eager
     assert [len(o) for o in replayed] == [6 + 3 * i for i in range(7)]
-    assert any(step is not None for step in scheduler.replays.values())
+    assert any(d.kind == "replayed" for d in scheduler.decoders.values())
+    assert all(d.kind == "eager" for d in eager_scheduler.decoders.values())

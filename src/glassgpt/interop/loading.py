@@ -13,7 +13,9 @@ config is the ``[model]`` table of the checkpoint's ``config.toml``; the tokeniz
 ``tokenizer.json``. An HF folder's tokenizer is its ``tokenizer.json`` (glassgpt's or HF's
 format), ``vocab.json`` + ``merges.txt``, or ``encoder.json`` + ``vocab.bpe``; without one the
 tokenizer is None (a warning says so) unless ``tokenizer=`` names a file. The model comes back
-in eval mode, on ``device`` and in ``dtype`` (default: CPU, float32).
+in eval mode, on ``device`` (default: the CPU); with a ``dtype``, cast and ready for fast
+inference as ``glassgpt sample --dtype`` loads it (``glassgpt.load`` always gives one, float32
+by default), else as stored.
 
 This module sits in ``interop`` (below ``train``, ``sample``, ``inspect`` and ``serve``, which
 all load models through it) because it reads HF folders as well as checkpoints.
@@ -30,6 +32,7 @@ import tomllib
 import torch
 
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.model.precision import cast
 
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -58,9 +61,25 @@ def load(
     *,
     tokenizer: Any = None,
     device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> tuple[Any, Any]:
-    """(GPT in eval mode, tokenizer or None) from a checkpoint or an HF folder."""
+    """(GPT in eval mode, ready for fast inference; tokenizer or None) from a checkpoint or
+    an HF folder.
+
+    ``dtype`` means what ``--dtype`` means on the command line: ``"float32"``, ``"bf16"``, ``"int8"`` (weights W̃ = q·s, a CPU only) or ``"float16"`` (a GPU only), or a
+    torch dtype. The model is cast by :func:`glassgpt.model.precision.cast`, as ``glassgpt
+    sample`` casts it: on a CPU its projections' products read packed copies of the weights,
+    so ``glassgpt.sample.generate`` decodes it by the same engine as the CLI
+    (``glassgpt.sample.engine``), at the same speed. Without a ``dtype`` (the commands that
+    cast or train it themselves) the model is as stored, not packed.
+
+    Training or fine-tuning a loaded model: load it in ``"float32"`` (or as stored) and call
+    ``model.train()``; the packing leaves the weights themselves untouched (a packed copy goes
+    unused once its weight changes), so autograd and any optimizer see the plain float32
+    parameters. ``"bf16"`` and ``"int8"`` are inference precisions (int8 weights are rounded
+    and their products read int8 copies): load float32 to train. From the command line,
+    ``glassgpt train --init-from PATH --data FILE`` fine-tunes the same folder.
+    """
     folder = Path(path)
     if not folder.exists():
         raise InputFileError(f"{folder}: no such checkpoint or model folder")
@@ -84,8 +103,9 @@ def load(
         raise GlassError(
             f"tokenizer has {tok.n_vocab} ids but the model's n_vocab is {model.config.n_vocab}"
         )
-    model = model.to(device=device, dtype=dtype) if device or dtype else model
-    return model.eval(), tok
+    if device is not None:
+        model = model.to(parse_device(device) if isinstance(device, str) else device)
+    return (model.eval() if dtype is None else cast(model, dtype, inplace=True)), tok
 
 
 def _from_checkpoint(folder: Path) -> tuple[Any, Any]:

@@ -50,10 +50,10 @@ def parse_dtype(name: str) -> torch.dtype:
         raise ConfigError("dtype", f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
 
 
-def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True) -> GPT:
+def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True, inplace: bool = False) -> GPT:
     """An inference copy of ``model`` (eval mode) with weights and computation in ``dtype``.
 
-    The original is left as it is. With ``pack`` (on a CPU with oneDNN), the copy's
+    The original is left as it is (with ``inplace``, ``model`` itself is cast). With ``pack`` (on a CPU with oneDNN), the copy's
     projections' products read pre-packed copies (see :func:`attach_kernels`): the same
     products, from a layout the CPU's GEMV kernels stream fastest.
 
@@ -69,10 +69,10 @@ def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True) -> GPT:
     if dtype == torch.int8:
         if p.device.type != "cpu":
             raise GlassError(f"int8 weights run on a CPU only (got {p.device}); use bf16 on a GPU")
-        copy_ = copy.deepcopy(model).to(torch.float32).eval()
+        copy_ = (model if inplace else copy.deepcopy(model)).to(torch.float32).eval()
         quantize_int8(copy_)
         return copy_
-    copy_ = copy.deepcopy(model).to(dtype).eval()
+    copy_ = (model if inplace else copy.deepcopy(model)).to(dtype).eval()
     if pack:
         attach_kernels(copy_)
     return copy_

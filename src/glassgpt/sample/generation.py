@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import codecs
 import warnings
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -39,9 +39,8 @@ from torch import Tensor
 
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.sample.cache import KVCache
+from glassgpt.sample.engine import Decoder
 from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token
-from glassgpt.sample.graphs import GraphedStep, StaticKVCache
-from glassgpt.sample.replay import ReplayedStep
 from glassgpt.sample.stops import StopMatcher
 
 if TYPE_CHECKING:
@@ -136,10 +135,16 @@ def generate(
 
 
 class _Stream:
-    """The iterator ``stream`` returns (validated before the first token is computed)."""
+    """The iterator ``stream`` returns (validated before the first token is computed);
+    ``decoder``: the decoding engine (``glassgpt.sample.engine``), from the first token on."""
 
-    def __init__(self, it: Iterator[Any], rows: list[list[int]], single: bool) -> None:
-        self._it, self.rows, self.single = it, rows, single
+    def __init__(self, rows: list[list[int]], single: bool) -> None:
+        self._it: Iterator[Any] = iter(())
+        self.rows, self.single = rows, single
+        self.decoder: Decoder | None = None
+
+    def _started(self, decoder: Decoder) -> None:
+        self.decoder = decoder
 
     def __iter__(self) -> _Stream:
         return self
@@ -173,7 +178,8 @@ def stream(model: GPT, tokens: Any, *, tokenizer: Any = None, **options: Any) ->
     stop_ids = frozenset(int(i) for i in cfg.stop_ids)
     matchers = [StopMatcher(tokenizer, cfg.stop) for _ in rows] if cfg.stop else None
     n_valid = min(config.n_vocab, getattr(tokenizer, "n_vocab", config.n_vocab))
-    steps = _steps(model, rows, cfg, seeds, n_valid)
+    out = _Stream(rows, single)
+    steps = _steps(model, rows, cfg, seeds, n_valid, out._started)
 
     def emit() -> Iterator[Any]:
         done = [False] * len(rows)
@@ -198,7 +204,8 @@ def stream(model: GPT, tokens: Any, *, tokenizer: Any = None, **options: Any) ->
                 for x in matchers[b].flush():
                     yield x if single else (b, x)
 
-    return _Stream(emit(), rows, single)
+    out._it = emit()
+    return out
 
 
 def prompt_rows(tokens: Any, n_vocab: int) -> tuple[list[list[int]], bool]:
@@ -266,8 +273,10 @@ def _steps(
     cfg: GenerationConfig,
     seeds: list[int],
     n_valid: int,
+    on_decoder: Callable[[Decoder], None] = lambda _: None,
 ) -> Generator[list[int], None, None]:
-    """The sampled id of every row, step by step (finished rows are the caller's concern).
+    """The sampled id of every row, step by step (finished rows are the caller's concern);
+    ``on_decoder`` hears which decoding engine runs them, before the prompt does.
 
     Ids ≥ ``n_valid`` (a vocabulary padded beyond the tokenizer's) are never sampled."""
     if cfg.max_new_tokens == 0:
@@ -304,18 +313,16 @@ def _steps(
     view = hist if n_ctx >= T0 else slide(f"a prompt of {T0} tokens")
     tokens, pads = left_pad(view, device)
     capacity = min(n_ctx, tokens.shape[1] + cfg.max_new_tokens - 1)
-    graphed = cfg.cuda_graph and device.type == "cuda" and not model._hook_fns
-    kind = StaticKVCache if graphed else KVCache
-    cache = kind.for_model(model, len(rows), max(capacity, tokens.shape[1]), pad=pads,
-                           last_only=True)  # fmt: skip
+    decoder = Decoder.start(model, len(rows), max(capacity, tokens.shape[1]), pads,
+                            cuda_graph=cfg.cuda_graph, replay=cfg.replay)  # fmt: skip
+    on_decoder(decoder)
+    cache = decoder.cache
     logits = _forward(model, tokens, cache)
-    step_fn: GraphedStep | ReplayedStep | None = None
-    record = cfg.replay and device.type == "cpu"  # recorded at the first one-token step
     plain_greedy = sampling.greedy and counts is None  # a replayed step's own pick can serve
     for step in range(cfg.max_new_tokens):
         ids = nxt = None
-        if plain_greedy and isinstance(step_fn, ReplayedStep) and logits is step_fn.logits:
-            ids = step_fn.greedy(n_valid)  # None: a NaN or an infinite maximum (next_token)
+        if plain_greedy:
+            ids = decoder.greedy(logits, n_valid)  # None: next_token picks
         if ids is None:
             last = mask_padded(logits[:, -1], n_valid)  # [B, V]
             nxt = next_token(last, sampling, counts, gens)  # [B]
@@ -331,20 +338,8 @@ def _steps(
             tokens, pads = left_pad(slide(f"{len(hist[0])} tokens"), device)
             cache.reset(pads)
             logits = _forward(model, tokens, cache)
-        elif graphed:
-            if step_fn is None:
-                assert isinstance(cache, StaticKVCache)
-                step_fn = GraphedStep(model, cache)
-            logits = step_fn(_column(ids, nxt, device))
-        elif cache.pad is not None or model._hook_fns:  # (hooks attached since)
-            logits = _forward(model, _column(ids, nxt, device), cache)
-        elif isinstance(step_fn, ReplayedStep):  # a list: no PyTorch operation between steps
-            logits = step_fn(ids)
-        elif record:
-            record = False
-            step_fn, logits = _recorded(model, _column(ids, nxt, device), cache)
-        else:
-            logits = _forward(model, _column(ids, nxt, device), cache)
+        else:  # a list to a replayed step: no PyTorch operation between steps
+            logits = decoder.step(ids if decoder.takes_ids else _column(ids, nxt, device))
 
 
 def _column(ids: list[int], nxt: Tensor | None, device: torch.device) -> Tensor:
@@ -364,13 +359,6 @@ def _inference(model: GPT) -> Iterator[None]:
     finally:
         if training:
             model.train()
-
-
-def _recorded(model: GPT, tokens: Tensor, cache: KVCache) -> tuple[ReplayedStep | None, Tensor]:
-    """The step ``model(tokens, cache=cache)`` recorded for replay (None where it cannot be)
-    and its logits, as :func:`_forward` computes them."""
-    with _inference(model):
-        return ReplayedStep.record(model, cache, tokens)
 
 
 def _forward(model: GPT, tokens: Tensor, cache: KVCache) -> Tensor:

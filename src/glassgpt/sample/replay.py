@@ -40,10 +40,18 @@ if TYPE_CHECKING:
 def unreplayable(model: GPT, cache: Any) -> str | None:
     """Why a one-token step of ``model`` over ``cache`` cannot be recorded (None: it can be
     tried; the recording may still find an operation it cannot replay)."""
-    if replay._rowwise is None:
-        return "glassgpt's compiled kernels are not built"
     if not _per_row(cache) and (type(cache) is not KVCache or cache.pad is not None):
         return "the cache is padded or not a plain KVCache"
+    if model.training:
+        return "the model is in training mode"
+    return unreplayable_model(model)
+
+
+def unreplayable_model(model: GPT) -> str | None:
+    """What rules out replaying ``model``'s one-token steps over any cache, in eval mode
+    (None: nothing)."""
+    if replay._rowwise is None:
+        return "glassgpt's compiled kernels are not built"
     W_E = model.embed.W_E
     if W_E.device.type != "cpu" or W_E.dtype != torch.float32 or not W_E.is_contiguous():
         return "the model is not float32 on a CPU"
@@ -51,8 +59,6 @@ def unreplayable(model: GPT, cache: Any) -> str | None:
         return "RoPE rotates q and k with PyTorch operations"
     if model._hook_fns:
         return "hooks are attached"
-    if model.training:
-        return "the model is in training mode"
     return None
 
 

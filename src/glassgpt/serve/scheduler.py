@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.sample import engine
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token_rows
-from glassgpt.sample.replay import ReplayedStep
 from glassgpt.sample.stops import StopMatcher
 from glassgpt.serve.slots import SlotCache
 
@@ -111,9 +111,9 @@ class Scheduler:
         self.active: list[_Seq] = []  # active[b] lives in slot b
         self.waiting: list[Job] = []  # received, not yet admitted
         self.steps = 0  # batched decode steps so far (for tests and stats)
-        self.replay = replay and self.device.type == "cpu"  # each batch size's recorded step
-        # per batch size B: the step recorded for replay, or None where it cannot be replayed
-        self.replays: dict[int, ReplayedStep | None] = {}
+        self.replay = replay
+        # per batch size B: its decoding engine (glassgpt.sample.engine), chosen at its first step
+        self.decoders: dict[int, engine.Decoder] = {}
         self.widest = 0  # the largest batch decoded in one step
         self.dropped = 0  # sequences ended because their client went away
         self.admitting: Job | None = None  # the job being prefilled now
@@ -219,17 +219,18 @@ class Scheduler:
                 self._free(b)
 
     def _forward(self, fed: Tensor) -> Tensor:
-        """The step's logits: replayed from the step recorded for this batch size (on a CPU,
-        ``glassgpt.sample.replay``; the same logits bit for bit), else the model's forward
-        (hooks attached, say by the explorer, decode eagerly)."""
-        B, hooked = fed.shape[0], bool(self.model._hook_fns)
-        if self.replay and B not in self.replays and not hooked:
-            self.replays[B], logits = ReplayedStep.record(self.model, self.cache, fed)
-            return logits
-        step = self.replays.get(B)
-        if step is not None and not hooked:
-            return step(fed)
-        return self.model(fed, cache=self.cache)
+        """The step's logits by this batch size's decoding engine, chosen as ``generate``
+        chooses it (``glassgpt.sample.engine``): on a CPU replayed from the step recorded
+        for B (the same logits bit for bit), else the model's forward (hooks attached, say by
+        the explorer or steering, decode eagerly)."""
+        B = fed.shape[0]
+        decoder = self.decoders.get(B)
+        if decoder is None:
+            if self.model._hook_fns:  # choose when the model is as it is between requests
+                return self.model(fed, cache=self.cache)
+            choice = engine.choose(self.model, slots=True, replay=self.replay)
+            decoder = self.decoders[B] = engine.Decoder(self.model, self.cache, choice)
+        return decoder.step(fed)
 
     def _slide(self, b: int) -> None:
         """The context is full: re-encode the last ``window`` tokens of slot b's sequence

@@ -1,0 +1,184 @@
+"""The decoding engine of one model and one batch, chosen once: eager, replayed or graphed.
+
+    eager:     logits = f_θ(x | cache)        every step through the model's Python
+    replayed:  logits = replay(calls, n)      CPU: the first step's compiled calls, n moved
+    graphed:   logits = graph.replay()        CUDA: the first step as one graph, one launch
+
+All three compute the same logits (the replayed ones bit for bit). :func:`choose` decides
+from the model (device, dtype, hooks, what the kernels can replay) and the batch (left-padded
+or not, a server's slots or not), before the prompt runs; a :class:`Decoder` then runs every
+one-token step of that choice, recording the replay or the graph at the first one. Both
+``glassgpt.sample.generate`` and the server's scheduler (one decoder per batch size) ask here,
+so the two decode a model the same way. A recording that meets an operation it cannot replay
+turns the decoder eager for good (:attr:`Decoder.why` says why); hooks attached after the
+choice (say, by the explorer) run the steps they see eagerly, without changing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor
+
+from glassgpt.sample.cache import KVCache
+from glassgpt.sample.graphs import GraphedStep, StaticKVCache
+from glassgpt.sample.replay import ReplayedStep, unreplayable_model
+
+if TYPE_CHECKING:
+    from glassgpt.model.gpt import GPT
+
+Kind = Literal["eager", "replayed", "graphed"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An engine and, in one line, why it and not a faster one."""
+
+    kind: Kind
+    why: str
+
+
+def choose(
+    model: GPT,
+    *,
+    padded: bool = False,
+    slots: bool = False,
+    cuda_graph: bool = True,
+    replay: bool = True,
+) -> Choice:
+    """The engine for one-token steps of ``model`` over a batch: left-``padded`` rows (a
+    plain cache) or a server's ``slots`` (each row at its own length); ``cuda_graph`` and
+    ``replay`` allow the graphed and replayed engines.
+
+    >>> from glassgpt.model import GPT, GPTConfig
+    >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=8, d_model=8, n_layers=1, n_heads=2))
+    >>> choose(model, replay=False)
+    Choice(kind='eager', why='replay is off')
+    """
+    device = next(model.parameters()).device
+    if model._hook_fns:
+        return Choice("eager", "hooks are attached")
+    if device.type == "cuda":
+        if not cuda_graph:
+            return Choice("eager", "CUDA graphs are off")
+        if slots:
+            return Choice("eager", "a server's slots are not graphed")
+        return Choice("graphed", "a CUDA GPU: each step one graph launch")
+    if device.type != "cpu":
+        return Choice("eager", f"no graphed or replayed steps on {device.type}")
+    if not replay:
+        return Choice("eager", "replay is off")
+    if padded and not slots:
+        return Choice("eager", "the batch is left-padded")
+    why = unreplayable_model(model)
+    if why is not None:
+        return Choice("eager", why)
+    return Choice("replayed", "a CPU: each step the first one's compiled calls")
+
+
+class Decoder:
+    """One-token steps ``step(tokens) → logits [B, 1, V]`` of ``model`` over ``cache`` by
+    ``choice``'s engine (see the module docstring).
+
+    >>> from glassgpt.model import GPT, GPTConfig
+    >>> from glassgpt.model.precision import cast
+    >>> torch.manual_seed(0) and None
+    >>> model = cast(GPT(GPTConfig(n_vocab=10, n_ctx=8, d_model=8, n_layers=1, n_heads=2)), "float32")
+    >>> decoder = Decoder.start(model, batch_size=1, capacity=8)
+    >>> with torch.inference_mode():
+    ...     _ = model(torch.tensor([[1, 2]]), cache=decoder.cache)
+    >>> logits = decoder.step(torch.tensor([[3]]))
+    >>> decoder.kind == ("replayed" if unreplayable_model(model) is None else "eager")
+    True
+    """
+
+    def __init__(self, model: GPT, cache: Any, choice: Choice) -> None:
+        self.model, self.cache, self.choice = model, cache, choice
+        self._step: GraphedStep | ReplayedStep | None = None
+        self._to_record = choice.kind != "eager"
+
+    @classmethod
+    def start(
+        cls,
+        model: GPT,
+        batch_size: int,
+        capacity: int,
+        pad: list[int] | None = None,
+        *,
+        cuda_graph: bool = True,
+        replay: bool = True,
+    ) -> Decoder:
+        """The engine chosen for ``model`` and a batch of ``batch_size`` rows (``pad``: each
+        row's left padding), with a new cache of ``capacity`` positions of the kind the
+        engine reads (only the last position's logits computed)."""
+        choice = choose(model, padded=any(pad or ()), cuda_graph=cuda_graph, replay=replay)
+        kind = StaticKVCache if choice.kind == "graphed" else KVCache
+        cache = kind.for_model(model, batch_size, capacity, pad=pad, last_only=True)
+        return cls(model, cache, choice)
+
+    @property
+    def kind(self) -> Kind:
+        return self.choice.kind
+
+    @property
+    def why(self) -> str:
+        return self.choice.why
+
+    @property
+    def takes_ids(self) -> bool:
+        """Whether :meth:`step` takes a list of ids as fast as a tensor (a replayed step
+        reads a list with no PyTorch operation)."""
+        return isinstance(self._step, ReplayedStep)
+
+    def step(self, tokens: Tensor | list[int]) -> Tensor:
+        """The logits [B, 1, V] after ``tokens`` ([B, 1], or B ids), in inference mode.
+
+        The logits may be the engine's own buffer, overwritten by the next step."""
+        model = self.model
+        if model._hook_fns or (self._step is None and not self._to_record):
+            return _eager(model, self._column(tokens), self.cache)
+        if self._step is not None:
+            return self._step(tokens if self.takes_ids else self._column(tokens))
+        self._to_record = False
+        if self.kind == "graphed":
+            self._step = GraphedStep(model, self.cache)
+            return self._step(self._column(tokens))
+        training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                step, logits = ReplayedStep.record(model, self.cache, self._column(tokens))
+        finally:
+            model.train(training)
+        if step is None:
+            self.choice = Choice("eager", f"the recording failed: {ReplayedStep.why_not}")
+        self._step = step
+        return logits
+
+    def greedy(self, logits: Tensor, n_valid: int) -> list[int] | None:
+        """Each row's argmax over the first ``n_valid`` of ``logits``, read by the replayed
+        step from its own buffer without a PyTorch operation; None where it cannot (another
+        engine, other logits, a NaN or an infinite maximum): then ``filters.next_token``."""
+        if isinstance(self._step, ReplayedStep) and logits is self._step.logits:
+            return self._step.greedy(n_valid)
+        return None
+
+    def _column(self, tokens: Tensor | list[int]) -> Tensor:
+        if isinstance(tokens, Tensor):
+            return tokens
+        return torch.tensor(tokens, device=next(self.model.parameters()).device)[:, None]
+
+
+def _eager(model: GPT, tokens: Tensor, cache: Any) -> Tensor:
+    """logits of ``model(tokens, cache=cache)`` in eval and inference mode (mode restored)."""
+    training = model.training
+    if training:
+        model.eval()
+    try:
+        with torch.inference_mode():
+            return model(tokens, cache=cache)
+    finally:
+        if training:
+            model.train()

@@ -15,6 +15,9 @@ and "same ids": the share of greedy tokens equal to transformers' before the fir
 difference (100% in float32; bf16 kernels round differently, so greedy paths may part).
 Medians over repeats, glassgpt and transformers interleaved to share the machine's noise.
 
+"glassgpt float32" is ``cast(model, "float32")``, the model ``glassgpt sample`` decodes;
+"glassgpt float32, Python API" is ``glassgpt.load`` of the same weights (an HF folder written
+here) and ``generate``, as a user of the Python API runs them (target: the CLI's tokens/s).
 On a CPU, "glassgpt int8" is ``cast(model, "int8")``: weight-only int8 with one scale per
 output channel (``glassgpt.kernels.int8``), beside CTranslate2's int8 with the ratio between
 them. ``--skip-bf16`` leaves the bf16 rows (and bf16 quality) out: without AVX-512 BF16 or
@@ -221,6 +224,25 @@ def timed(fn, *args) -> tuple[float, object]:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t, out
 
 
+API = "glassgpt float32, Python API"
+
+
+def python_api(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """``glassgpt.load`` of ``model``'s weights (written as an HF folder), as a user of the
+    Python API loads them: the row beside the CLI's path (``cast(model, "float32")``, what
+    ``glassgpt sample`` decodes)."""
+    import tempfile
+    import warnings
+
+    import glassgpt
+
+    folder = to_hf(model, Path(tempfile.mkdtemp(prefix="glassgpt-api-")) / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the folder has no tokenizer: ids only
+        loaded, _ = glassgpt.load(folder, device=device)
+    return loaded
+
+
 def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int, dict[str, TokenTimes]]:
     """name → (call(prompts, n), dtype label, bytes per parameter); the parameter count; and
     name → the engine's :data:`TokenTimes` (the context table's)."""
@@ -236,11 +258,14 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int, dict[
     for m in (hf32, hfbf):
         m.generation_config.eos_token_id = None
         m.generation_config.pad_token_id = 0
-    base = from_hf(hf32).to(dev)
+    base = from_hf(hf32)
+    api = python_api(base, dev)
+    base = base.to(dev)
     o32, obf = cast(base, torch.float32), cast(base, torch.bfloat16)
     h32, hbf = hf32.to(dev), hfbf.to(dev)
     engines: dict[str, tuple] = {
         "glassgpt float32": (lambda x, n: ours_call(o32, x, n), "float32", 4),
+        API: (lambda x, n: ours_call(api, x, n), "float32", 4),
         "transformers float32": (lambda x, n: hf_call(h32, x, n), "float32", 4),
         "glassgpt bf16": (lambda x, n: ours_call(obf, x, n), "bf16", 2),
         "transformers bf16": (lambda x, n: hf_call(hbf, x, n), "bf16", 2),
@@ -257,6 +282,7 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int, dict[
         engines["glassgpt int8"] = (lambda x, n: ours_call(o8, x, n), "int8", 1)
     times: dict[str, TokenTimes] = {
         "glassgpt float32": lambda x, n: ours_times(o32, x, n),
+        API: lambda x, n: ours_times(api, x, n),
         "transformers float32": lambda x, n: hf_times(h32, x, n),
         "glassgpt bf16": lambda x, n: ours_times(obf, x, n),
         "transformers bf16": lambda x, n: hf_times(hbf, x, n),

@@ -20,6 +20,7 @@ import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from glassgpt.errors import GlassError
 from glassgpt.sample.filters import SamplingConfig
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.runs import Choice, Run, Settings
@@ -97,7 +98,10 @@ def _prompts(state: ServeState, prompt: Any) -> tuple[list[list[int]], list[str]
     out, texts = [], []
     for item in items:
         if isinstance(item, str):
-            ids = state.tokenizer.encode(item, allowed_special="all")
+            try:  # e.g. a character outside a char model's vocabulary: the client's to fix
+                ids = state.tokenizer.encode(item, allowed_special="all")
+            except GlassError as e:
+                raise APIError(400, str(e), param="prompt", code="invalid_prompt") from None
         else:
             ids = list(item)
             bad = [t for t in ids if not 0 <= t < state.n_valid]

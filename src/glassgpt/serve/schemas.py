@@ -31,7 +31,7 @@ class RequestBase(BaseModel):
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     n: Annotated[StrictInt, Field(ge=1, le=16)] = 1
     stop: str | list[str] | None = None
-    seed: StrictInt | None = None
+    seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None = None  # + choice index
     stream: StrictBool = False
     stream_options: dict[str, StrictBool] | None = None
 

@@ -134,7 +134,7 @@ def activation_patch(
 def _cached(cache: ActivationCache, name: str, site: str) -> Tensor:
     if not isinstance(cache, ActivationCache):
         raise GlassError(f"clean_cache must be an ActivationCache, got {type(cache).__name__}")
-    if name not in cache:
+    if name not in set(cache):  # (the cache raises its own error on a miss)
         wanted = SITES[site][0]
         raise GlassError(
             f"clean_cache lacks {name!r}: cache it with "
@@ -299,9 +299,9 @@ def _run_rows(
         x = model.ln_final(x)
     part = model.unembed(x, model.embed.W_E)  # [n·B, t, V]
     n = len(rows)
-    logits = run.logits.repeat(n, 1, 1)  # [n·B, T, V]
-    logits[:, start:] = part
-    return score_runs(metric, logits.view(n, B, T, -1))
+    before = run.logits[None, :, :start].expand(n, -1, -1, -1)  # [n, B, start, V]
+    logits = torch.cat([before, part.view(n, B, t, -1)], 2)  # [n, B, T, V]
+    return score_runs(metric, logits)
 
 
 def _patcher(

@@ -147,3 +147,10 @@ def test_the_study_finds_and_confirms_the_circuit(trained: GPT, tmp_path) -> Non
         assert b["only the pair kept"]["drop_kept"] > 0.7
         assert b["pair ablated"]["drop_kept"] < 0.75
         assert abs(b["every head ablated"]["drop_kept"]) < 0.15
+
+    # path patching: the previous-token head's clean output helps only through the induction
+    # head's keys (K-composition), not its queries or values, nor the logits directly
+    p = r["path_patching"]
+    assert p["k"] > 0.5 and p["k"] > 3 * max(abs(p["q"]), abs(p["v"]), abs(p["final"]))
+    assert p["each_sender_to_induction_keys"][l1][h1] == pytest.approx(p["k"], abs=1e-5)
+    assert max(map(abs, p["each_sender_to_induction_keys"][l2])) < 0.05  # same layer: no path

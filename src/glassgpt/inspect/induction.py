@@ -54,7 +54,7 @@ from glassgpt.inspect.metrics import Metric, normalised
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.storage import atomic_write
 
-Head = tuple[int, int]
+HeadIndex = tuple[int, int]
 
 
 # -- the prompts --------------------------------------------------------------------------
@@ -121,7 +121,7 @@ def half_losses(loss: Tensor, seq_len: int) -> tuple[float, float]:
 # -- the pair of heads --------------------------------------------------------------------
 
 
-def find_pair(scores: Any) -> tuple[Head, Head]:
+def find_pair(scores: Any) -> tuple[HeadIndex, HeadIndex]:
     """(previous-token head, induction head): the best induction head in a layer ≥ 1 and the
     best previous-token head in a layer before it."""
     ind = scores.induction.clone()
@@ -192,7 +192,7 @@ def _box(i: int, j: int) -> Any:
     return Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5)
 
 
-def scores_figure(scores: Any, pair: tuple[Head, Head]) -> bytes:
+def scores_figure(scores: Any, pair: tuple[HeadIndex, HeadIndex]) -> bytes:
     """Previous-token and induction scores [L, H], the pair outlined."""
     L, H = scores.induction.shape
     fig = Figure(figsize=(3.0 + 1.4 * H, 1.4 + 0.55 * L), layout="constrained")
@@ -216,7 +216,9 @@ def scores_figure(scores: Any, pair: tuple[Head, Head]) -> bytes:
     return to_png(fig)
 
 
-def composition_figure(k_block: Tensor, comp: dict[str, Any], pair: tuple[Head, Head]) -> bytes:
+def composition_figure(
+    k_block: Tensor, comp: dict[str, Any], pair: tuple[HeadIndex, HeadIndex]
+) -> bytes:
     """K-composition of every layer-l₁ head into every layer-l₂ head; the pair's Q/K/V
     composition beside other pairs' and random matrices' (mean ± 2 std)."""
     (l1, h1), (l2, h2) = pair
@@ -260,7 +262,7 @@ def composition_figure(k_block: Tensor, comp: dict[str, Any], pair: tuple[Head, 
     return to_png(fig)
 
 
-def patching_figure(heads: Tensor, keys: Tensor, pair: tuple[Head, Head]) -> bytes:
+def patching_figure(heads: Tensor, keys: Tensor, pair: tuple[HeadIndex, HeadIndex]) -> bytes:
     """Activation patching of each head's output z and keys k at every position [L, H]."""
     L, H = heads.shape
     fig = Figure(figsize=(3.0 + 1.4 * H, 1.6 + 0.55 * L), layout="constrained")
@@ -277,7 +279,7 @@ def patching_figure(heads: Tensor, keys: Tensor, pair: tuple[Head, Head]) -> byt
     return to_png(fig)
 
 
-def positions_figure(by_pos: Tensor, pair: tuple[Head, Head], seq_len: int) -> bytes:
+def positions_figure(by_pos: Tensor, pair: tuple[HeadIndex, HeadIndex], seq_len: int) -> bytes:
     """The pair's output z patched one position at a time [T] each."""
     T = by_pos.shape[1]
     fig = Figure(figsize=(8.0, 3.4), layout="constrained")
@@ -302,7 +304,9 @@ def positions_figure(by_pos: Tensor, pair: tuple[Head, Head], seq_len: int) -> b
     return to_png(fig)
 
 
-def ablation_figure(mean: dict[str, Any], zero: dict[str, Any], pair: tuple[Head, Head]) -> bytes:
+def ablation_figure(
+    mean: dict[str, Any], zero: dict[str, Any], pair: tuple[HeadIndex, HeadIndex]
+) -> bytes:
     """Loss on the first and the repeated half under each ablation (mean and zero)."""
     labels = ["full model", "pair ablated", "only the pair kept", "every head ablated"]
     fig = Figure(figsize=(9.0, 3.6), layout="constrained")
@@ -324,6 +328,33 @@ def ablation_figure(mean: dict[str, Any], zero: dict[str, Any], pair: tuple[Head
         if not k:
             ax.set_ylabel("loss (nats per token)")
             ax.legend(fontsize=8)
+    return to_png(fig)
+
+
+def path_figure(p: dict[str, Any], pair: tuple[HeadIndex, HeadIndex]) -> bytes:
+    """Path patching from the previous-token head: into the induction head's q/k/v, into
+    each layer-l₂ head's keys, into the logits directly."""
+    (l1, h1), (l2, h2) = pair
+    names = [f"L{l2}H{h2}.{kind}" for kind in "qkv"]
+    values = [p[kind] for kind in "qkv"]
+    colours = ["tab:red" if kind == "k" else "tab:grey" for kind in "qkv"]
+    for h, v in enumerate(p["keys_of_each_head"]):
+        if h != h2:
+            names.append(f"L{l2}H{h}.k")
+            values.append(v)
+            colours.append("tab:blue")
+    names.append("logits\n(direct)")
+    values.append(p["final"])
+    colours.append("tab:green")
+    fig = Figure(figsize=(2.0 + 0.9 * len(names), 3.6), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    bars = ax.bar(range(len(names)), values, color=colours)
+    ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_xlabel("receiver: the only input recomputed with the sender's clean output")
+    ax.set_ylabel("metric recovered")
+    ax.set_title(f"path patching from the previous-token head L{l1}H{h1}", fontsize=10)
     return to_png(fig)
 
 
@@ -404,7 +435,11 @@ def run_induction_study(
 
 
 def composition_results(
-    model: GPT, pair: tuple[Head, Head], n_random: int, seed: int, figures: dict[str, bytes]
+    model: GPT,
+    pair: tuple[HeadIndex, HeadIndex],
+    n_random: int,
+    seed: int,
+    figures: dict[str, bytes],
 ) -> dict[str, Any]:
     """Q/K/V composition of the pair and of every pair of heads, against random matrices."""
     (l1, h1), (l2, h2) = pair
@@ -434,7 +469,7 @@ def activation_patching(
     corrupted: Tensor,
     cache: Any,
     metric: Metric,
-    pair: tuple[Head, Head],
+    pair: tuple[HeadIndex, HeadIndex],
     figures: dict[str, bytes],
 ) -> dict[str, Any]:
     """Patch each head's clean z (its output) into the corrupted run: at every position at
@@ -474,19 +509,36 @@ def path_patching(
     clean: Tensor,
     corrupted: Tensor,
     metric: Metric,
-    pair: tuple[Head, Head],
+    pair: tuple[HeadIndex, HeadIndex],
     figures: dict[str, bytes],
 ) -> dict[str, Any]:
-    """The previous-token head's clean output, reaching only the induction head's q, k or v."""
-    from glassgpt.inspect import patching
+    """The previous-token head's clean output reaching only the induction head's q, k or v;
+    only each layer-l₂ head's keys; only the final residual stream (its direct path)."""
+    try:
+        from glassgpt.inspect.paths import FINAL, Head, Receiver, path_patch, path_patch_heads
+    except ImportError:
+        return {"status": "unfinished: glassgpt.inspect.paths (path patching) has not landed"}
+    (l1, h1), (l2, h2) = pair
+    sender = Head(l1, h1)
 
-    if not hasattr(patching, "path_patch"):
-        return {"status": "unfinished: glassgpt.inspect.patching.path_patch has not landed yet"}
-    return {"status": "unfinished: path_patch landed; not integrated yet"}
+    def through(*receivers: Any) -> float:
+        return float(path_patch(model, clean, corrupted, metric, sender, list(receivers)))
+
+    out: dict[str, Any] = {kind: through(Receiver(l2, h2, kind)) for kind in "qkv"}
+    out["keys_of_each_head"] = [through(Receiver(l2, h, "k")) for h in range(model.config.n_heads)]
+    out["final"] = through(FINAL)
+    senders = path_patch_heads(model, clean, corrupted, metric, [Receiver(l2, h2, "k")])
+    out["each_sender_to_induction_keys"] = senders.tolist()
+    figures["path-patching.png"] = path_figure(out, pair)
+    return out
 
 
 def ablation(
-    model: GPT, clean: Tensor, pair: tuple[Head, Head], seed: int, figures: dict[str, bytes]
+    model: GPT,
+    clean: Tensor,
+    pair: tuple[HeadIndex, HeadIndex],
+    seed: int,
+    figures: dict[str, bytes],
 ) -> dict[str, Any]:
     """The loss on each half of r r: the full model; the pair ablated; only the pair kept;
     every head ablated; each head ablated alone. Mean ablation over random (unrepeated)

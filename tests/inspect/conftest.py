@@ -20,6 +20,7 @@ TINY: dict[str, Any] = {
     "n_layers": 2,
     "n_heads": 3,
     "d_mlp": 16,
+    "unembed_bias": True,  # every parameter, b_U too (the default has none, as GPT-2)
 }
 
 

@@ -254,7 +254,8 @@ def test_export_refuses_what_gpt2_cannot_hold(change, field, tmp_path) -> None:
 
 
 def test_export_refuses_a_nonzero_unembedding_bias(tmp_path) -> None:
-    model = GPT(GPTConfig(n_vocab=20, n_ctx=8, d_model=16, n_layers=1, n_heads=2))
+    cfg = GPTConfig(n_vocab=20, n_ctx=8, d_model=16, n_layers=1, n_heads=2, unembed_bias=True)
+    model = GPT(cfg)
     with torch.no_grad():
         model.unembed.b_U[3] = 0.5
     with pytest.raises(GlassError, match=r"unembed\.b_U"):

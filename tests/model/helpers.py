@@ -16,6 +16,7 @@ TINY: dict[str, Any] = {
     "n_layers": 2,
     "n_heads": 2,
     "d_mlp": 12,
+    "unembed_bias": True,  # every parameter, b_U too (the default has none, as GPT-2)
 }
 
 

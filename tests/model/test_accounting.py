@@ -109,7 +109,7 @@ def test_gpt2_presets_have_transformers_parameter_count(preset, n_embd, n_layer,
 
 
 def test_non_embedding_count_drops_exactly_the_embedding_matrices() -> None:
-    c = GPTConfig(**TINY, tie_embeddings=False)
+    c = GPTConfig(**TINY, tie_embeddings=False, unembed_bias=True)
     V, d, T = c.n_vocab, c.d_model, c.n_ctx
     assert (
         count_parameters(c) - count_parameters(c, non_embedding=True) == V * d + T * d + d * V + V

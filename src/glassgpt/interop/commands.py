@@ -5,7 +5,7 @@
 
 ``--format hf`` writes ``config.json``, ``model.safetensors``, ``tokenizer.json`` and
 ``tokenizer_config.json``: ``transformers``' ``AutoModelForCausalLM`` and ``AutoTokenizer``
-load the folder without glassgpt. ``--format tiktoken`` writes the tokenizer's ranks
+load the folder without glassgpt (a byte-level BPE or a character tokenizer). ``--format tiktoken`` writes the tokenizer's ranks
 (``-o`` a ``.tiktoken`` file, or a folder to hold ``tokenizer.tiktoken``). Light at import.
 """
 
@@ -52,17 +52,19 @@ def export_hf(model: Any, tok: Any, out: Path) -> None:
     from glassgpt.interop.hf_tokenizers import save_tokenizer_json
     from glassgpt.storage import atomic_write
 
-    _byte_level_bpe(tok, "hf")
+    char = not hasattr(tok, "merges")  # a character tokenizer: BPE without merges, Fuse decoder
     to_hf(model, out)
     save_tokenizer_json(tok, out / "tokenizer.json")
     config: dict[str, Any] = {
-        "tokenizer_class": "GPT2TokenizerFast",
+        "tokenizer_class": "PreTrainedTokenizerFast" if char else "GPT2TokenizerFast",
         "model_max_length": model.config.n_ctx,
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
     }
     if EOT in tok.special_tokens:
-        config.update(bos_token=EOT, eos_token=EOT, unk_token=EOT)
+        config.update(bos_token=EOT, eos_token=EOT)
+        if not char:
+            config.update(unk_token=EOT)
     atomic_write(out / "tokenizer_config.json", (json.dumps(config, indent=2) + "\n").encode())
 
 

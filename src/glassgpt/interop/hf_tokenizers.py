@@ -17,6 +17,12 @@ no pattern is ByteLevel alone. ``add_prefix_space`` is false: text is not change
 the same. On import, only this family is accepted (BPE model, no normalizer, ByteLevel
 pre-tokenizer, optionally after one regex Split); anything else is a :class:`GlassError`.
 
+A character tokenizer (:class:`~glassgpt.tokenizer.CharTokenizer`) is written as a BPE model
+with no merges whose vocabulary is its characters, no pre-tokenizer and the ``Fuse`` decoder:
+HF's BPE cuts a word into its characters and, with no merge to apply, gives each one's id;
+``Fuse`` joins the pieces back without spaces. (A character outside the vocabulary, which
+glassgpt refuses, HF drops.) Import reads that shape back as a ``CharTokenizer``.
+
 The file is written as plain JSON, so exporting needs no ``tokenizers`` install.
 """
 
@@ -31,10 +37,12 @@ from typing import Any
 
 from glassgpt.errors import GlassError
 from glassgpt.tokenizer.bpe import Tokenizer
+from glassgpt.tokenizer.char import CharTokenizer
 from glassgpt.tokenizer.files import read_json, str_to_token, token_to_str, write_json
 from glassgpt.tokenizer.pretokenize import PATTERNS
 
 __all__ = [
+    "char_tokenizer_json",
     "load_tokenizer_json",
     "onig_pattern",
     "save_tokenizer_json",
@@ -128,9 +136,8 @@ def _pre_tokenizer(tok: Tokenizer) -> dict[str, Any]:
     return {"type": "Sequence", "pretokenizers": [split, _byte_level(use_regex=False)]}
 
 
-def to_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
-    """The ``tokenizer.json`` document for ``tok`` (see the module docstring)."""
-    added = [
+def _added_tokens(special_tokens: Mapping[str, int]) -> list[dict[str, Any]]:
+    return [
         {
             "id": i,
             "content": s,
@@ -140,8 +147,49 @@ def to_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
             "normalized": False,
             "special": True,
         }
-        for s, i in sorted(tok.special_tokens.items(), key=lambda item: item[1])
+        for s, i in sorted(special_tokens.items(), key=lambda item: item[1])
     ]
+
+
+def _bpe_model(vocab: dict[str, int], merges: list[str]) -> dict[str, Any]:
+    return {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "vocab": vocab,
+        "merges": merges,
+    }
+
+
+def char_tokenizer_json(tok: CharTokenizer) -> dict[str, Any]:
+    """The ``tokenizer.json`` of a character tokenizer: BPE without merges, ``Fuse`` decoder.
+
+    >>> doc = char_tokenizer_json(CharTokenizer(["a", "b"], special_tokens=["<|e|>"]))
+    >>> doc["model"]["vocab"], doc["model"]["merges"], doc["decoder"], doc["added_tokens"][0]["id"]
+    ({'a': 0, 'b': 1}, [], {'type': 'Fuse'}, 2)
+    """
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": _added_tokens(tok.special_tokens),
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "Fuse"},
+        "model": _bpe_model({c: i for i, c in enumerate(tok.chars)}, []),
+    }
+
+
+def to_tokenizer_json(tok: Tokenizer | CharTokenizer) -> dict[str, Any]:
+    """The ``tokenizer.json`` document for ``tok`` (see the module docstring)."""
+    if isinstance(tok, CharTokenizer):
+        return char_tokenizer_json(tok)
+    added = _added_tokens(tok.special_tokens)
     text = [token_to_str(t) for t in tok.vocab]
     return {
         "version": "1.0",
@@ -152,22 +200,14 @@ def to_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
         "pre_tokenizer": _pre_tokenizer(tok),
         "post_processor": None,
         "decoder": _byte_level(use_regex=True),
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "vocab": {s: i for i, s in enumerate(text)},
-            # "x y" is unambiguous: the ByteLevel alphabet has no space character.
-            "merges": [f"{text[a]} {text[b]}" for a, b in tok.merges],
-        },
+        # "x y" is unambiguous: the ByteLevel alphabet has no space character.
+        "model": _bpe_model(
+            {s: i for i, s in enumerate(text)}, [f"{text[a]} {text[b]}" for a, b in tok.merges]
+        ),
     }
 
 
-def save_tokenizer_json(tok: Tokenizer, path: str | os.PathLike[str]) -> None:
+def save_tokenizer_json(tok: Tokenizer | CharTokenizer, path: str | os.PathLike[str]) -> None:
     """Write ``tok`` as an HF ``tokenizer.json`` (``tokenizers.Tokenizer.from_file`` reads it)."""
     write_json(path, to_tokenizer_json(tok))
 
@@ -237,8 +277,33 @@ def _check_supported(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return model
 
 
-def load_tokenizer_json(path: str | os.PathLike[str]) -> Tokenizer:
-    """A :class:`~glassgpt.tokenizer.Tokenizer` from an HF ByteLevel BPE ``tokenizer.json``.
+def _is_char(data: Mapping[str, Any]) -> bool:
+    """Whether ``data`` has the shape :func:`char_tokenizer_json` writes."""
+    model = data.get("model")
+    return (
+        isinstance(model, Mapping)
+        and model.get("type") == "BPE"
+        and not model.get("merges")
+        and data.get("decoder") == {"type": "Fuse"}
+        and data.get("pre_tokenizer") is None
+        and data.get("normalizer") is None
+    )
+
+
+def _char_tokenizer(data: Mapping[str, Any]) -> CharTokenizer:
+    specials = sorted((int(t["id"]), t["content"]) for t in data.get("added_tokens") or [])
+    chars = {s: int(i) for s, i in data["model"]["vocab"].items()}
+    if sorted(chars.values()) != list(range(len(chars))):
+        raise GlassError(f"character ids must be 0..{len(chars) - 1}")
+    if [i for i, _ in specials] != list(range(len(chars), len(chars) + len(specials))):
+        raise GlassError(f"special token ids must follow the {len(chars)} characters")
+    by_id = sorted(chars, key=chars.__getitem__)
+    return CharTokenizer(by_id, special_tokens=[s for _, s in specials])
+
+
+def load_tokenizer_json(path: str | os.PathLike[str]) -> Tokenizer | CharTokenizer:
+    """A :class:`~glassgpt.tokenizer.Tokenizer` from an HF ByteLevel BPE ``tokenizer.json``
+    (or a ``CharTokenizer`` from the shape :func:`char_tokenizer_json` writes).
 
     Ids are kept: ordinary tokens must have ids 0..n-1 and added (special) tokens ids ≥ n.
     """
@@ -247,6 +312,8 @@ def load_tokenizer_json(path: str | os.PathLike[str]) -> Tokenizer:
     if not isinstance(data, dict):
         raise GlassError(f"{name}: not a tokenizer.json (the top level is not an object)")
     try:
+        if _is_char(data):
+            return _char_tokenizer(data)
         model = _check_supported(data)
         pattern = _pattern(data.get("pre_tokenizer"))
         specials = {t["content"]: int(t["id"]) for t in data.get("added_tokens") or []}

@@ -16,7 +16,7 @@ Variants, each one field on one code path:
   σ' = ``mlp_value``); ``swiglu`` (σ = silu, σ' = identity) and ``geglu`` (σ = gelu,
   σ' = identity) are the named cases.
 - ``tie_embeddings``: W_U = W_Eᵀ. ``bias``: every b_* present or absent; ``unembed_bias``:
-  b_U present when ``bias`` is (GPT-2 has no b_U: its presets set it false).
+  b_U present when ``bias`` is (default false: GPT-2 has no b_U, so every model exports).
 - ``attn_only``: blocks without the MLP sublayer (x_out = x_mid; no ln2, no mlp weights), the
   attention-only models of the circuits literature.
 """
@@ -73,7 +73,7 @@ class GPTConfig:
     mlp_value: Activation = "sigmoid"  # σ' on the value arm x W_in + b_in (mlp = "gated")
     tie_embeddings: bool = True
     bias: bool = True
-    unembed_bias: bool = True  # b_U (only where bias is true)
+    unembed_bias: bool = False  # b_U (only where bias is true); none, as GPT-2's lm_head
     attn_only: bool = False  # no MLP sublayer in any block
     dropout: float = 0.0
     init_std: float = 0.02

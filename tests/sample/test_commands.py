@@ -124,13 +124,15 @@ def test_missing_checkpoint_and_missing_tokenizer(capsys, tmp_path: Path) -> Non
     assert code == 2 and "has no tokenizer; pass --tokenizer FILE" in err
 
 
-def test_generation_past_the_context_warns_once_and_slides(char_run: Run, capsys) -> None:
+def test_generation_past_the_context_slides_and_says_so_with_stats(char_run: Run, capsys) -> None:
     run, _, _ = char_run
     code, _out, err = sample(capsys, "-c", str(run), "-p", "ab", "-m", "60", "--no-stop-eos",
                             "--stats")  # fmt: skip
     assert code == 0
-    assert err.count("glassgpt: warning:") == 1 and "sliding the window" in err
+    assert err.count("glassgpt: note:") == 1 and "sliding the window" in err
     assert "glassgpt: 60 tokens in" in err
+    code, _out, err = sample(capsys, "-c", str(run), "-p", "ab", "-m", "60", "--no-stop-eos")
+    assert code == 0 and err == ""  # sliding is how long text is sampled: no warning
     code, _, err = sample(capsys, "-c", str(run), "-p", "ab", "-m", "60", "--overflow", "error",
                           "--no-stop-eos")  # fmt: skip
     assert code == 2 and "exceed the model's context n_ctx=48" in err
@@ -143,7 +145,7 @@ def test_the_sliding_window_is_said_once_before_the_text(char_run: Run) -> None:
 
     run, _, _ = char_run
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    argv = ["-c", str(run), "-p", "ab", "-m", "60", "--no-stop-eos", "--seed", "0"]
+    argv = ["-c", str(run), "-p", "ab", "-m", "60", "--no-stop-eos", "--seed", "0", "--stats"]
     proc = subprocess.run(
         [sys.executable, "-m", "glassgpt", "sample", *argv],
         stdout=subprocess.PIPE,
@@ -153,5 +155,5 @@ def test_the_sliding_window_is_said_once_before_the_text(char_run: Run) -> None:
         check=True,
     )
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("glassgpt: warning: ") and "sliding the window" in lines[0]
-    assert proc.stdout.count("glassgpt: warning") == 1 and lines[1].startswith("ab")
+    assert lines[0].startswith("glassgpt: note: ") and "sliding the window" in lines[0]
+    assert proc.stdout.count("glassgpt: note") == 1 and lines[1].startswith("ab")

@@ -58,7 +58,7 @@ def test_a_run_writes_config_metrics_checkpoints_and_plot(tmp_path: Path, capsys
     sets = [*TINY, "train.max_steps=6", "train.eval_every=3", "train.checkpoint_every=3"]
     assert train("--data", str(data), "--out", str(out), "--set", *sets) == 0
     printed = capsys.readouterr().out
-    assert "[train]" in printed and "max_steps = 6" in printed  # the resolved config
+    assert f"run: {out} (the full config: {out / 'config.toml'})" in printed  # saved, not shown
     assert "sample: " in printed and "done: step 6" in printed
     config = tomllib.loads((out / "config.toml").read_text())
     info = json.loads((out / "run.json").read_text())

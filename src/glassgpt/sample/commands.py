@@ -269,15 +269,20 @@ def _samples(
 
 
 def _warn_overflow(n_ctx: int, n_prompt: int, opts: dict[str, Any], args: Any) -> None:
-    """Once per command, before any text: the window will slide past the context."""
+    """Once per command, before any text: the prompt is cut (a warning), or, with
+    ``--stats``, the window will slide past the context (a note). Sliding is how text longer
+    than the context is sampled, so by default it goes without a word."""
     total = n_prompt + opts["max_new_tokens"]
     if total <= n_ctx or opts["overflow"] == "error" or getattr(args, "_warned", False):
         return
     if n_prompt > n_ctx and opts["overflow"] != "truncate":
         return  # an error, which names the prompt's length
+    if n_prompt <= n_ctx and not args.stats:
+        return
     window = min(opts["window"] or max(1, 3 * n_ctx // 4), n_ctx)
+    kind = "warning" if n_prompt > n_ctx else "note"
     print(
-        f"glassgpt: warning: {n_prompt} prompt + {opts['max_new_tokens']} new tokens exceed the "
+        f"glassgpt: {kind}: {n_prompt} prompt + {opts['max_new_tokens']} new tokens exceed the "
         f"model's context n_ctx={n_ctx}: sliding the window (re-encoding the last {window} "
         "tokens when it fills; --overflow error stops instead)",
         file=sys.stderr,

@@ -44,6 +44,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="replace what --output already holds (a fresh run never mixes with an old one)",
     )
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (--set train.progress=false)"
+    )
     p.set_defaults(func=_handle)
 
     presets = subparsers.add_parser(
@@ -62,8 +65,9 @@ def register_eval(subparsers: Any) -> None:
         help="loss, perplexity and bits per byte of a model on text files",
         description="Evaluate a checkpoint (or HF GPT-2 folder) on text files, or on a split of a "
         "prepared data folder: mean next-token loss, perplexity, and bits per byte (which "
-        "compares models across tokenizers). On a run's own data folder and split it gives "
-        "the trainer's validation loss.",
+        "compares models across tokenizers). Without --data, a run is evaluated on its own "
+        "validation split as its trainer did (the same windows, train.eval_batches of them, "
+        "and precision): the trainer's validation loss for those weights.",
     )
     add_checkpoint(p)
     p.add_argument(
@@ -71,17 +75,20 @@ def register_eval(subparsers: Any) -> None:
         metavar="PATH",
         nargs="+",
         action="extend",
-        required=True,
-        help="text files or folders, or one prepared data folder (e.g. RUN/data)",
+        help="text files or folders, or one prepared data folder (default: the run's own "
+        "validation windows, as its trainer measured them)",
     )
     p.add_argument(
         "--split", default="val", help="with a prepared folder: the split (default: val)"
     )
-    p.add_argument("--seq-len", type=int, default=None, help="window length (default: n_ctx)")
-    p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="window length (default: the run's train.seq_len, else n_ctx)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="windows per forward pass (default: the run's, else 8)")  # fmt: skip
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="float32",
-                   help="float32, bf16 (weights and compute) or int8 (weights; CPU)")  # fmt: skip
+    p.add_argument("--dtype", default=None,
+                   help="float32, bf16 (weights and compute) or int8 (weights; CPU); default: "
+                   "float32, or on a run's own split its training precision")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_eval)
@@ -131,7 +138,7 @@ def _handle(args: argparse.Namespace) -> int:
         config_file=args.config,
         data_paths=args.data,
         out=args.output,
-        overrides=args.overrides,
+        overrides=[*args.overrides, *(["train.progress=false"] if args.no_progress else [])],
         resume=args.resume,
         argv=sys.argv,
         overwrite=args.overwrite,

@@ -142,8 +142,7 @@ def init_distributed(
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size if world_size > 1 else 1)
     device = resolve_device(device_preference, local_rank)
     if device.type == "cpu":
-        cores = os.cpu_count() or 1
-        torch.set_num_threads(threads or max(1, cores // max(1, local_world_size)))
+        torch.set_num_threads(cpu_threads(threads, local_world_size))
     else:
         setup_cuda(device, tf32)
     launched = world_size > 1 or launched_by_torchrun()
@@ -154,6 +153,32 @@ def init_distributed(
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
     return DistContext(rank, world_size, local_rank, local_world_size, device, launched)
+
+
+def cpu_threads(threads: int | None, local_world_size: int = 1) -> int:
+    """Threads per process: ``train.threads``, else ``OMP_NUM_THREADS``, else cores // local
+    processes. (Under torchrun, which sets ``OMP_NUM_THREADS=1`` for every process of a
+    multi-process launch unless told otherwise, the variable is left to torchrun's rule.)
+
+    >>> os.environ["OMP_NUM_THREADS"] = "1"; cpu_threads(None), cpu_threads(3)
+    (1, 3)
+    >>> del os.environ["OMP_NUM_THREADS"]
+    """
+    if threads:
+        return threads
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp and not launched_by_torchrun():
+        try:
+            value = int(omp.split(",")[0])
+        except ValueError:
+            raise ConfigError(
+                "OMP_NUM_THREADS", f"must be a positive integer, got {omp!r}"
+            ) from None
+        if value < 1:
+            raise ConfigError("OMP_NUM_THREADS", f"must be a positive integer, got {omp!r}")
+        return value
+    cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_world_size))
 
 
 def backend(ctx: DistContext) -> str | None:

@@ -4,9 +4,13 @@
     perplexity = exp(loss)
     bits per byte = loss / ln 2 · tokens / bytes
 
-The windows are the trainer's evaluation windows (``glassgpt.data.iter_eval_batches``), so
-on a run's own data folder and split, in the run's precision, the loss is the trainer's
-``val_loss`` with ``train.eval_batches`` unset. Text files are encoded with the model's
+The windows are the trainer's evaluation windows (``glassgpt.data.iter_eval_batches``).
+Without ``data``, a run is evaluated as its trainer evaluated it (:func:`run_defaults`): its
+own data folder's val split, its ``train.seq_len``, the first ``train.eval_batches`` global
+batches of its micro-batch × processes windows, under its ``train.precision``'s autocast
+(bf16 on CPUs that have it), so the loss is the trainer's ``val_loss`` for those weights.
+(All windows, or float32 where the trainer ran bf16, give another number: 1.8615 against
+the trainer's 1.8566 on the README's Shakespeare run.) Text files are encoded with the model's
 tokenizer and joined by its document separator, as ``glassgpt data prepare`` joins them;
 bits per byte divides by the UTF-8 bytes of that text, so it compares models whatever their
 tokenizers.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +59,66 @@ def encode_files(tokenizer: Any, paths: Sequence[str]) -> tuple[ArrayStream, int
     return ArrayStream(np.asarray(ids, dtype=np.int64)), n_bytes
 
 
+@dataclass(frozen=True)
+class RunEval:
+    """How a run's trainer measured its validation loss (see :func:`run_defaults`)."""
+
+    data: Path
+    seq_len: int
+    batch_size: int  # a global evaluation batch: micro-batch × processes
+    max_batches: int | None
+    autocast: torch.dtype | None
+
+
+def run_defaults(checkpoint: str | Path, device: torch.device) -> RunEval:
+    """The trainer's validation windows and precision for the run that holds ``checkpoint``
+    (a run folder, its ``ckpt/`` or one checkpoint folder), from its ``config.toml`` and
+    ``run.json``; a one-line error where ``checkpoint`` is no such run."""
+    import json
+
+    from glassgpt import checkpoint as ckpt
+    from glassgpt.config import load_toml
+    from glassgpt.train.config import build_run_config
+    from glassgpt.train.device import resolve_precision
+    from glassgpt.train.inputs import is_prepared
+
+    run_dir = ckpt.ckpt_root_of(checkpoint).parent
+    config = run_dir / "config.toml"
+    if not config.is_file():
+        raise GlassError(
+            f"{checkpoint}: not a glassgpt run folder (no config.toml beside ckpt/), so it has "
+            "no validation split of its own; pass --data FILE..."
+        )
+    cfg = build_run_config(load_toml(config))
+    info: dict[str, Any] = {}
+    if (run_dir / "run.json").is_file():
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    data = run_dir / "data"
+    if not is_prepared(str(data)) and info.get("data"):
+        data = Path(info["data"])
+    if not is_prepared(str(data)):
+        raise GlassError(f"{run_dir}: its data folder ({data}) is gone; pass --data FILE...")
+    world = int(info.get("world_size") or 1)
+    micro = cfg.train.batch_size // (world * cfg.train.grad_accum)
+    autocast, _ = resolve_precision(cfg.train.precision, device)
+    return RunEval(data, cfg.seq_len, micro * world, cfg.train.eval_batches, autocast)
+
+
 @torch.no_grad()
 def mean_loss(
-    model: Any, stream: TokenStream, *, seq_len: int, batch_size: int, progress: bool
+    model: Any,
+    stream: TokenStream,
+    *,
+    seq_len: int,
+    batch_size: int,
+    progress: bool,
+    max_batches: int | None = None,
+    autocast: torch.dtype | None = None,
 ) -> float:
-    """Token-weighted mean next-token loss over the disjoint evaluation windows."""
+    """Token-weighted mean next-token loss over the disjoint evaluation windows (the first
+    ``max_batches`` batches), under ``autocast`` as the trainer evaluates when it is given."""
+    import contextlib
+
     from tqdm.auto import tqdm
 
     from glassgpt.data import iter_eval_batches
@@ -66,11 +126,16 @@ def mean_loss(
 
     device = next(model.parameters()).device
     n_batches = -(-eval_windows(len(stream), seq_len) // batch_size)
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
     total, count = 0.0, 0
-    batches = iter_eval_batches(stream, batch_size=batch_size, seq_len=seq_len)
+    batches = iter_eval_batches(
+        stream, batch_size=batch_size, seq_len=seq_len, max_batches=max_batches
+    )
     for x, y in tqdm(batches, total=n_batches, unit="batch", disable=not progress):
         x, y = x.to(device), y.to(device)
-        _, loss = model(x, y)
+        with torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext():
+            _, loss = model(x, y)
         n = int((y != -1).sum())
         total += float(loss.double()) * n
         count += n
@@ -81,28 +146,40 @@ def mean_loss(
 
 def evaluate_command(
     checkpoint: str | Path,
-    data: Sequence[str],
+    data: Sequence[str] | None = None,
     *,
     split: str = "val",
     seq_len: int | None = None,
-    batch_size: int = 8,
+    batch_size: int | None = None,
     device: str = "cpu",
-    dtype: str = "float32",
+    dtype: str | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Loss, perplexity and bits per byte of a checkpoint on files or a prepared split, with
-    its weights in ``dtype`` (``glassgpt.sample.precision.cast``)."""
+    its weights in ``dtype`` (``glassgpt.sample.precision.cast``). Without ``data``: the run's
+    own validation split, exactly as its trainer measured it (:func:`run_defaults`; ``dtype``
+    None there means the trainer's autocast, elsewhere float32)."""
     from glassgpt.data import DataDir
     from glassgpt.interop.loading import load, parse_device
     from glassgpt.model.precision import cast, parse_dtype
     from glassgpt.train.inputs import is_prepared
 
-    dtype_ = parse_dtype(dtype)
-    model, tok = load(checkpoint, device=parse_device(device))
+    where = parse_device(device)
+    run = run_defaults(checkpoint, where) if not data else None
+    dtype_ = parse_dtype(dtype or "float32")
+    model, tok = load(checkpoint, device=where)
     if dtype_ != torch.float32:
         model = cast(model, dtype_)
     if tok is None:
         raise GlassError(f"{checkpoint}: has no tokenizer, so text cannot be encoded")
+    max_batches, autocast = None, None
+    if run is not None:
+        data = [str(run.data)]
+        seq_len, batch_size = seq_len or run.seq_len, batch_size or run.batch_size
+        max_batches = run.max_batches
+        autocast = run.autocast if dtype is None else None
+    batch_size = batch_size or 8
+    assert data is not None
     if len(data) == 1 and is_prepared(data[0]):
         folder = DataDir.open(data[0], tokenizer=tok)
         if split not in folder.meta.splits:
@@ -118,8 +195,16 @@ def evaluate_command(
         raise GlassError(f"--seq-len: must be in [1, n_ctx={n_ctx}], got {seq_len}")
     if batch_size < 1:
         raise GlassError(f"--batch-size: must be ≥ 1, got {batch_size}")
-    loss = mean_loss(model, stream, seq_len=seq_len, batch_size=batch_size, progress=progress)
+    loss = mean_loss(model, stream, seq_len=seq_len, batch_size=batch_size, progress=progress,
+                     max_batches=max_batches, autocast=autocast)  # fmt: skip
     tokens = len(stream)
+    if max_batches is not None:  # the windows measured, not the whole split
+        from glassgpt.data.sampler import eval_windows
+
+        windows = min(eval_windows(tokens, seq_len), max_batches * batch_size)
+        source += f", its first {windows} windows (train.eval_batches={max_batches})"
+        n_bytes = round(n_bytes * windows * seq_len / tokens)
+        tokens = windows * seq_len
     return {
         "loss": loss,
         "perplexity": math.exp(min(loss, 700.0)),
@@ -129,5 +214,5 @@ def evaluate_command(
         "seq_len": seq_len,
         "source": source,
         "checkpoint": str(checkpoint),
-        "dtype": dtype,
+        "dtype": dtype or (str(autocast).removeprefix("torch.") if autocast else "float32"),
     }

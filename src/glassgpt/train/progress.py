@@ -50,6 +50,56 @@ def format_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+class StepTimes:
+    """Notices a step that takes far longer than the steps before it.
+
+        slow(t_k)  ⇔  t_k > RATIO · median(t_{k−WINDOW} … t_{k−1})     (after WARMUP + 10 steps)
+
+    On a CPU, a busy core (another process, or more threads than free cores) can make every
+    step many times slower; the note says so once per ``quiet`` steps, with what to try.
+
+    >>> times = StepTimes(threads=2)
+    >>> [times.add(k, 0.1) for k in range(1, 15)].count(None)
+    14
+    >>> print(times.add(15, 0.5))
+    step 15 took 0.5 s, 5.0× the median of the steps before (0.1 s): is another process busy on these cores? With 2 threads, try fewer (OMP_NUM_THREADS=1 or --set train.threads=1)
+    >>> times.add(16, 0.5) is None  # once per quiet steps
+    True
+    """
+
+    RATIO = 3.0
+
+    def __init__(self, threads: int, quiet: int = 200) -> None:
+        self.threads, self.quiet = threads, quiet
+        self.times: deque[float] = deque(maxlen=WINDOW)
+        self.seen = 0
+        self.last_note = -quiet
+
+    def add(self, step: int, seconds: float) -> str | None:
+        """Record step ``step``'s time; the note to show, or None."""
+        self.seen += 1
+        if self.seen <= WARMUP:
+            return None
+        note = None
+        if len(self.times) >= 10 and step - self.last_note >= self.quiet:
+            median = sorted(self.times)[len(self.times) // 2]
+            if seconds > self.RATIO * median:
+                self.last_note = step
+                advice = (
+                    f"With {self.threads} threads, try fewer (OMP_NUM_THREADS=1 or --set "
+                    "train.threads=1)"
+                    if self.threads > 1
+                    else "Free a core, or wait"
+                )
+                note = (
+                    f"step {step} took {seconds:.3g} s, {seconds / median:.1f}× the median of "
+                    f"the steps before ({median:.3g} s): is another process busy on these "
+                    f"cores? {advice}"
+                )
+        self.times.append(seconds)
+        return note
+
+
 @dataclass
 class StepClock:
     """tok/s over the steps since the last logged one, timed on the device's own clock (a

@@ -32,7 +32,28 @@ __all__ = ["sample", "train_main"]
 
 def _default_out(preset: str | None, config_file: str | None) -> Path:
     name = Path(config_file).stem if config_file else (preset or "default")
-    return Path("runs") / name
+    return fresh_folder(Path("runs") / name)
+
+
+def fresh_folder(path: Path) -> Path:
+    """``path``, else ``path-2``, ``path-3``, …: the first that is absent or empty (a fresh run
+    without ``-o`` never lands on an old one; with ``-o`` the folder is the user's choice).
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> (root / "default").mkdir(); (root / "default" / "config.toml").touch()
+    >>> fresh_folder(root / "default").name, fresh_folder(root / "other").name
+    ('default-2', 'other')
+    """
+    candidate, k = path, 1
+    while candidate.exists() and (
+        not candidate.is_dir() or any(p.name != LOCK_NAME for p in candidate.iterdir())
+    ):
+        k += 1
+        candidate = path.with_name(f"{path.name}-{k}")
+    if candidate != path:
+        _note(f"{path} already holds a run; this one goes to {candidate} (-o DIR chooses)")
+    return candidate
 
 
 def plan_run(
@@ -57,7 +78,7 @@ def plan_run(
         run = resolve_run(base=base, data_paths=data_paths, overrides=overrides)
         check_shapes(init, run.config.model)
         default = Path("runs") / f"{Path(init_from).resolve().name}-finetune"
-        return Plan(run, Path(out) if out else default, init=init)
+        return Plan(run, Path(out) if out else fresh_folder(default), init=init)
     if resume is None:
         run = resolve_run(
             preset=preset, config_file=config_file, data_paths=data_paths, overrides=overrides
@@ -165,10 +186,25 @@ def train_main(
             lock.acquire()  # before anything in the folder is read, removed or written
             _claim_folder(out_dir, fresh=plan.checkpoint is None, overwrite=overwrite)
         return train(plan, ctx, argv, _note)
+    except KeyboardInterrupt:  # a second Ctrl-C: at once, from the last checkpoint written
+        if ctx.is_main and ckpt.step_folders(out_dir / "ckpt"):
+            _note(f"interrupted; continue from the last checkpoint with: {resume_command(out_dir)}")
+        raise
     finally:
         if lock is not None:
             lock.release()
         D.shutdown(ctx)
+
+
+def resume_command(out_dir: Path) -> str:
+    """The command that continues the run in ``out_dir``.
+
+    >>> resume_command(Path("runs/my run"))
+    "glassgpt train --resume 'runs/my run'"
+    """
+    import shlex
+
+    return f"glassgpt train --resume {shlex.quote(str(out_dir))}"
 
 
 def _note(message: str) -> None:

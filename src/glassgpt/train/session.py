@@ -7,6 +7,7 @@ here composes the rest, on every rank.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -83,15 +84,15 @@ def micro_batch(cfg: RunConfig, ctx: D.DistContext) -> int:
 def write_run_files(
     cfg: RunConfig, plan: Plan, run_data: RunData, ctx: D.DistContext, argv: Sequence[str] | None
 ) -> str:
-    """Print and save the resolved config (only the fields that apply) and ``run.json``."""
+    """Save the resolved config (only the fields that apply) and ``run.json``; print where."""
     shown = applicable(cfg.to_dict())
     config_toml = dump_toml(shown)
     if not ctx.is_main:
         return config_toml
     if plan.init is not None:
-        print(f"# fine-tuning {plan.init.path}: its weights, architecture and tokenizer")
-    print(config_toml, end="", flush=True)
+        print(f"fine-tuning {plan.init.path}: its weights, architecture and tokenizer")
     atomic_write(plan.out_dir / "config.toml", config_toml.encode())
+    print(f"run: {plan.out_dir} (the full config: {plan.out_dir / 'config.toml'})", flush=True)
     info = {
         "command": list(argv) if argv is not None else sys.argv,
         "glassgpt_version": __version__,
@@ -131,21 +132,34 @@ def build_model(cfg: RunConfig, plan: Plan, ctx: D.DistContext) -> torch.nn.Modu
 def describe_run(
     cfg: RunConfig, model: torch.nn.Module, run_data: RunData, ctx: D.DistContext
 ) -> None:
-    """One line: parameters, data, devices, batch."""
+    """Two lines: the model's shape and parameters, data, devices, batch; then the steps."""
     n_params = sum(p.numel() for p in model.parameters())
+    m, t = cfg.model, cfg.train
+    layers = f"{m.n_layers} layer{'s' if m.n_layers != 1 else ''}"
+    shape = f"{layers}, d_model {m.d_model}, {m.n_heads} heads, n_ctx {m.n_ctx}"
     train_tokens = run_data.data.split("train").tokens
     where = f"{ctx.world_size} × {ctx.device}"
     if ctx.device.type == "cuda":
         where += f" ({D.device_name(ctx.device)})"
     else:
-        where += f", {torch.get_num_threads()} threads"
+        threads = torch.get_num_threads()
+        where += f", {threads} thread{'s' if threads != 1 else ''}"
+        if cfg.train.threads is None and os.environ.get("OMP_NUM_THREADS"):
+            where += " (OMP_NUM_THREADS)"
     vocab = f"n_vocab {run_data.tokenizer.n_vocab}"
     if cfg.model.n_vocab != run_data.tokenizer.n_vocab:
         vocab += f" (model {cfg.model.n_vocab})"
     accum = f" in {cfg.train.grad_accum} micro-batches" if cfg.train.grad_accum > 1 else ""
     say_on(ctx)(
-        f"model: {n_params:,} parameters | data: {train_tokens:,} train tokens, {vocab} | "
-        f"{where} | batch {cfg.train.batch_size} × {cfg.seq_len}{accum}",
+        f"model: {shape}: {n_params:,} parameters | data: {train_tokens:,} train tokens, "
+        f"{vocab} | {where} | batch {t.batch_size} × {cfg.seq_len}{accum}",
+        flush=True,
+    )
+    saves = f"every {t.checkpoint_every} steps" if t.checkpoint_every else "at the end"
+    say_on(ctx)(
+        f"train: {t.max_steps:,} steps, {t.optimizer} lr {t.lr:g} → {t.min_lr:g} "
+        f"({t.schedule}, {t.warmup_steps} warmup), eval every {t.eval_every}, checkpoints "
+        f"{saves}",
         flush=True,
     )
 
@@ -273,11 +287,17 @@ def report(result: dict[str, Any], trainer: Any, out_dir: Path, ctx: D.DistConte
         metrics = out_dir / "metrics.jsonl"
         if metrics.exists():
             plot_metrics(metrics, out_dir / "loss.png")
+        stopped = result["ended"] == "signal"
         print(
-            f"done: step {result['step']}, loss {trainer.last_loss:.4f}, best val loss "
-            f"{result['best_val_loss']:.4f}, {result['wall_s']:.1f} s; weights in "
+            f"{'interrupted' if stopped else 'done'}: step {result['step']}"
+            f"{f' of {trainer.cfg.max_steps}' if stopped else ''}, loss {trainer.last_loss:.4f}, "
+            f"best val loss {result['best_val_loss']:.4f}, {result['wall_s']:.1f} s; weights in "
             f"{out_dir / 'ckpt' / 'best'}, curves in {out_dir / 'loss.png'}"
         )
+        if stopped:
+            import shlex
+
+            print(f"continue it with: glassgpt train --resume {shlex.quote(str(out_dir))}")
     if result["ended"] == "signal":
         return 128 + int(result["signal"])
     return 0

@@ -33,8 +33,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from glassgpt import checkpoint as ckpt
+from glassgpt import kernels
 from glassgpt.errors import GlassError
-from glassgpt.kernels import custom_ops
 from glassgpt.train import rng
 from glassgpt.train.collector import collect_between_steps
 from glassgpt.train.config import TrainConfig
@@ -57,7 +57,7 @@ from glassgpt.train.optim import (
     optimizer_tensors,
     set_lr,
 )
-from glassgpt.train.progress import Progress, StepClock, stop_on_signals
+from glassgpt.train.progress import Progress, StepClock, StepTimes, stop_on_signals
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -121,7 +121,7 @@ class Trainer:
         self.compiled = resolve_compile(cfg.compile, self.ctx.device)
         if self.compiled:
             if self.ctx.device.type == "cpu":  # glassgpt's kernels as opaque calls in the graph
-                custom_ops.register()
+                kernels.register_custom_ops()
             self.train_model = torch.compile(self.model)  # type: ignore[assignment]
         if self.ctx.enabled:
             ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
@@ -312,10 +312,18 @@ class Trainer:
         ended = "max_steps"
         pending: PendingStep | None = None
         lag = self.ctx.device.type == "cuda"  # read a step's loss one step late (no stall)
+        # a CPU step runs inside launch_step: its time, to notice a core turning busy
+        cpu = self.ctx.device.type == "cpu" and self.ctx.is_main
+        times = StepTimes(torch.get_num_threads()) if cpu else None
         with stop_on_signals(self._stop_at), collect_between_steps() as collector:
             try:
                 while self.step < cfg.max_steps:
+                    started = time.perf_counter()
                     launched = self.launch_step()
+                    if times is not None:
+                        note = times.add(self.step, time.perf_counter() - started)
+                        if note:
+                            bar.write(f"glassgpt: note: {note}")
                     collector.step()
                     bar.step(self.step)
                     if pending is not None:  # the previous step, while the device runs this one

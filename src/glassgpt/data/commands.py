@@ -1,8 +1,9 @@
 """``glassgpt data``: ``prepare`` text into token shards, ``info`` on a prepared folder.
 
-    glassgpt data prepare --input PATH... | --stdlib
+    glassgpt data prepare --input PATH... | --hf-dataset NAME[:split] | --stdlib
                           --tokenizer TOK.json | --char | --train-tokenizer VOCAB_SIZE
                           --output DIR [--val-fraction F] [--shard-tokens N]
+                          [--text-field NAME] [--skip-bad]
 
 Wiring only; the work is in :mod:`glassgpt.data.prepare` (imported when a command runs).
 """
@@ -25,7 +26,18 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("prepare", help="encode text files into train/val token shards")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--input", nargs="+", type=Path, metavar="PATH", help="files or folders")
+    src.add_argument(
+        "--input",
+        nargs="+",
+        metavar="PATH",
+        help="files or folders: text, .jsonl, .json, .parquet, or a dataset saved with "
+        "save_to_disk",
+    )
+    src.add_argument(
+        "--hf-dataset",
+        metavar="NAME[:SPLIT]",
+        help="a Hugging Face dataset that the datasets package can load (default split: train)",
+    )
     src.add_argument(
         "--stdlib",
         action="store_true",
@@ -52,6 +64,17 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--max-bytes", type=int, default=None, help="with --stdlib: cap the corpus size")
     p.add_argument(
+        "--text-field",
+        default="text",
+        metavar="NAME",
+        help="the records' text field or column (default: text)",
+    )
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="skip records that are not JSON or lack a string text field, and count them",
+    )
+    p.add_argument(
         "--workers", type=int, default=None, metavar="N", help="cores to encode on (all)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace prepared data in DIR")
@@ -69,22 +92,26 @@ def register(subparsers: Any) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from glassgpt.data.prepare import input_sizes, prepare
-    from glassgpt.data.reading import resolve_inputs
+    import sys
+
+    from glassgpt.data.documents import HF_PREFIX, Corpus
+    from glassgpt.data.prepare import prepare
     from glassgpt.errors import ConfigError
 
     if args.stdlib:
         from glassgpt.data.corpus import default_corpus_files
 
-        files = default_corpus_files(args.max_bytes)
+        inputs: list[Any] = list(default_corpus_files(args.max_bytes))
     else:
         if args.max_bytes is not None:
             raise ConfigError("--max-bytes", "applies only with --stdlib")
-        files = resolve_inputs(args.input, args.glob)
-    input_sizes(files)  # empty input: fail before building a tokenizer
-    tokenizer = _tokenizer(args, files)
+        inputs = args.input or [HF_PREFIX + args.hf_dataset]
+    corpus = Corpus(inputs, text_field=args.text_field, skip_bad=args.skip_bad, pattern=args.glob)
+    if corpus.text_only or args.val_fraction > 0:
+        corpus.sizes()  # empty input: fail before building a tokenizer
+    tokenizer = _tokenizer(args, corpus)
     data = prepare(
-        files,
+        corpus,
         Path(args.output),
         tokenizer,
         val_fraction=args.val_fraction,
@@ -94,10 +121,13 @@ def _prepare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     print(_describe(data))
+    skipped = corpus.describe_skipped()
+    if skipped:
+        print(f"glassgpt: {skipped}", file=sys.stderr)
     return 0
 
 
-def _tokenizer(args: argparse.Namespace, files: list[Path]) -> Any:
+def _tokenizer(args: argparse.Namespace, corpus: Any) -> Any:
     if args.tokenizer is not None:
         from glassgpt.tokenizer import load_tokenizer
 
@@ -105,14 +135,14 @@ def _tokenizer(args: argparse.Namespace, files: list[Path]) -> Any:
     if args.char:
         from glassgpt.data.prepare import char_tokenizer
 
-        return char_tokenizer(files)
+        return char_tokenizer(corpus)
     from glassgpt.errors import ConfigError
     from glassgpt.tokenizer import Tokenizer
 
     if args.train_tokenizer < 257:
         raise ConfigError("--train-tokenizer", f"must be at least 257, got {args.train_tokenizer}")
     return Tokenizer.train(
-        files,
+        corpus.texts(),
         args.train_tokenizer,
         special_tokens=(SEPARATOR_SPECIAL,),
         progress=not args.no_progress,

@@ -1,9 +1,10 @@
-"""Text files → token shards, streaming, with a deterministic train/val split.
+"""Documents → token shards, streaming, with a deterministic train/val split.
 
     stream = enc(d₁) ‖ sep ‖ enc(d₂) ‖ sep ‖ … ‖ enc(d_m) ‖ sep
     train  = the tokens of the first (1 − f) of the text bytes,  val = the last f
 
-Documents are the input files, in the order given; ``sep`` follows every document: the
+Documents are the input text files, or the records of JSON Lines, JSON, Parquet or dataset
+inputs (:mod:`glassgpt.data.documents`), in the order given; ``sep`` follows every document: the
 tokenizer's ``<|endoftext|>`` id when it has that special token, else the encoding of a
 newline. Text that happens to spell a special token is encoded as ordinary text, so a corpus
 cannot forge document boundaries and decoding the shards gives back the text exactly.
@@ -13,19 +14,21 @@ B − ⌈f·B⌉ (at the nearest safe point before it, see :mod:`glassgpt.data.r
 single file (Tiny Shakespeare) splits like nanoGPT's first 90 % / last 10 %, and val holds at
 least one byte whenever f > 0. Files larger than a piece are read in pieces and encoded in
 batches with ``encode_batch``; memory stays within a few batches whatever the input size.
+Records are counted in a first pass when the split needs the total (f > 0).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from glassgpt.data.reading import PIECE_BYTES, Piece, file_size, iter_pieces, safe_cut
+from glassgpt.data.documents import Corpus, as_corpus, check_not_empty
+from glassgpt.data.reading import PIECE_BYTES, Piece, file_size, safe_cut
 from glassgpt.data.shards import (
     META,
     SHARD_TOKENS,
@@ -99,7 +102,7 @@ def input_sizes(files: Sequence[Path]) -> list[int]:
 
 
 def prepare(
-    inputs: Sequence[str | Path],
+    inputs: Sequence[str | Path] | Corpus,
     output: str | Path,
     tokenizer: Any,
     *,
@@ -111,7 +114,8 @@ def prepare(
     progress: bool = False,
     overwrite: bool = False,
 ) -> DataDir:
-    """Encode ``inputs`` (files, in order) into a data folder at ``output``; return it opened.
+    """Encode ``inputs`` (paths in order, or a :class:`~glassgpt.data.documents.Corpus`)
+    into a data folder at ``output``; return it opened.
 
     ``workers`` cores encode (None: all); the ids are the same for any number, since
     texts are cut only where the ids of the parts are the ids of the whole. On any error,
@@ -123,9 +127,10 @@ def prepare(
         raise ConfigError("val_fraction", f"must be in [0, 1), got {val_fraction}")
     if shard_tokens < 1:
         raise ConfigError("shard_tokens", f"must be positive, got {shard_tokens}")
-    files = [Path(p) for p in inputs]
-    sizes = input_sizes(files)
-    total = sum(sizes)
+    corpus = as_corpus(inputs)
+    # the split needs the total; text files cost a stat, records a counting pass
+    sizes = corpus.sizes() if val_fraction > 0 or corpus.text_only else None
+    total = sum(sizes) if sizes is not None else None
     n_vocab = int(tokenizer.n_vocab)
     dtype = dtype_for(n_vocab)
     sep_kind, sep_text, sep_ids = separator(tokenizer)
@@ -144,8 +149,14 @@ def prepare(
 
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     try:
-        cut_at = total - val_bytes(total, val_fraction)  # global byte offset where val starts
-        _feed(files, cut_at, total, piece_bytes, sink, bar.update)
+        # global byte offset where val starts (no val: past the end)
+        cut_at = total - val_bytes(total, val_fraction) if total is not None else math.inf
+        _feed(corpus.pieces(piece_bytes), cut_at, total or 0, sink, bar.update)
+        read = corpus.read_sizes
+        if sizes is not None and read != sizes:
+            changed = next(n for n, a, b in zip(corpus.names, read, sizes) if a != b)
+            raise InputFileError(f"{changed}: changed while it was being read")
+        check_not_empty(corpus.names, sum(read), corpus.bad)
         meta = DataMeta(
             dtype=str(dtype),
             n_vocab=n_vocab,
@@ -155,7 +166,7 @@ def prepare(
             separator_text=sep_text,
             separator_ids=tuple(sep_ids),
             splits=sink.close(),
-            sources=tuple((str(p), n) for p, n in zip(files, sizes)),
+            sources=tuple(zip(corpus.names, read)),
             shard_tokens=shard_tokens,
             val_fraction=val_fraction,
         )
@@ -189,7 +200,7 @@ def val_bytes(total: int, val_fraction: float) -> int:
 Part = tuple[str, int, bool, str]  # (text, its bytes, ends its document, split)
 
 
-def split_piece(piece: Piece, start: int, cut_at: int, total: int) -> list[Part]:
+def split_piece(piece: Piece, start: int, cut_at: float, total: int) -> list[Part]:
     """A piece (at global offset ``start``) as one part, or two where the val cut falls in it.
 
     The cut moves back to a safe point (:func:`~glassgpt.data.reading.safe_cut`).
@@ -198,7 +209,7 @@ def split_piece(piece: Piece, start: int, cut_at: int, total: int) -> list[Part]
     if not start < cut_at < start + piece.n_bytes:
         return [(piece.text, piece.n_bytes, piece.last, split)]
     data = piece.text.encode("utf-8")
-    local = safe_cut(data, cut_at - start - CUT_WINDOW, cut_at - start)
+    local = safe_cut(data, int(cut_at) - start - CUT_WINDOW, int(cut_at) - start)
     if local == 0:  # the cut fell inside the first character: train takes it,
         local = len(piece.text[0].encode("utf-8"))  # unless nothing follows
         if local == piece.n_bytes and start + local >= total:
@@ -210,27 +221,21 @@ def split_piece(piece: Piece, start: int, cut_at: int, total: int) -> list[Part]
 
 
 def _feed(
-    files: Sequence[Path],
-    cut_at: int,
+    pieces: Iterable[Piece],
+    cut_at: float,
     total: int,
-    piece_bytes: int,
     sink: _Sink,
     advance: Callable[[int], Any],
 ) -> None:
-    """Read the files in pieces and hand their parts to ``sink``, which encodes in batches."""
-    base = 0  # global offset of the current file
-    for path in files:
-        read = 0
-        for piece in iter_pieces(path, piece_bytes):
-            read += piece.n_bytes
-            for text, n_bytes, last, split in split_piece(
-                piece, base + piece.offset, cut_at, total
-            ):
-                if n_bytes or last:
-                    sink.add(text, n_bytes, last, split)
-            sink.flush_if_full()
-            advance(piece.n_bytes)
-        base += read
+    """Hand the pieces' parts to ``sink``, which encodes in batches."""
+    start = 0  # global offset of the piece: the pieces are the corpus, in order
+    for piece in pieces:
+        for text, n_bytes, last, split in split_piece(piece, start, cut_at, total):
+            if n_bytes or last:
+                sink.add(text, n_bytes, last, split)
+        sink.flush_if_full()
+        advance(piece.n_bytes)
+        start += piece.n_bytes
     sink.flush()
 
 
@@ -300,16 +305,15 @@ class _Sink:
                 p.unlink(missing_ok=True)
 
 
-def char_set(files: Sequence[str | Path], piece_bytes: int = PIECE_BYTES) -> set[str]:
-    """The distinct characters of the files, read in pieces (strict UTF-8)."""
+def char_set(inputs: Sequence[str | Path] | Corpus, piece_bytes: int = PIECE_BYTES) -> set[str]:
+    """The distinct characters of the documents, read in pieces (strict UTF-8)."""
     chars: set[str] = set()
-    for path in files:
-        for piece in iter_pieces(Path(path), piece_bytes):
-            chars.update(piece.text)
+    for piece in as_corpus(inputs).pieces(piece_bytes):
+        chars.update(piece.text)
     return chars
 
 
-def char_tokenizer(files: Sequence[str | Path]) -> Any:
+def char_tokenizer(files: Sequence[str | Path] | Corpus) -> Any:
     """A :class:`~glassgpt.tokenizer.CharTokenizer` of the files' characters plus ``"\\n"``.
 
     The newline is added so that it can always separate documents.

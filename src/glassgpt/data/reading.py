@@ -161,6 +161,28 @@ def iter_pieces(path: Path, piece_bytes: int = PIECE_BYTES) -> Iterator[Piece]:
             offset += cut
 
 
+def text_pieces(text: str, n_bytes: int, piece_bytes: int = PIECE_BYTES) -> Iterator[Piece]:
+    """One document held in memory (``n_bytes`` its UTF-8 length) as the pieces
+    :func:`iter_pieces` would read from a file holding exactly its bytes.
+
+    >>> [p.text for p in text_pieces("ab cd ef", 8, piece_bytes=4)]
+    ['ab', ' cd', ' ef']
+    """
+    if n_bytes <= piece_bytes:
+        if n_bytes:
+            yield Piece(text, 0, n_bytes, True)
+        return
+    data = text.encode("utf-8")
+    offset = 0
+    while len(data) - offset > piece_bytes:
+        # the window iter_pieces cuts in: piece_bytes + 1 bytes from the offset
+        window = data[offset : offset + piece_bytes + 1]
+        cut = safe_cut(window, piece_bytes // 2, piece_bytes)
+        yield Piece(window[:cut].decode("utf-8"), offset, cut, False)
+        offset += cut
+    yield Piece(data[offset:].decode("utf-8"), offset, len(data) - offset, True)
+
+
 def resolve_inputs(paths: Sequence[str | Path], pattern: str = "*") -> list[Path]:
     """Expand input paths to files: a file stays, a folder gives its files matching ``pattern``.
 

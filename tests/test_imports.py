@@ -3,7 +3,7 @@
 Read from the source (``ast``), imports inside functions included (a lazy import is still a
 dependency) and those under ``if TYPE_CHECKING:`` left out. The order is README's table:
 below every stage the foundation modules, then the kernels, then
-tokenizer → model → interop → data → train → sample → inspect → scaling → serve, and the
+tokenizer → model → interop → data → train → sample → inspect → features → scaling → serve, and the
 package root and the CLI on top. A module may import its own stage and the ones before it.
 """
 
@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 FOUNDATION = ("errors", "version", "config", "storage", "formats", "checkpoint", "arguments")
 ORDER = (
     "<foundation>", "kernels", "tokenizer", "model", "interop", "data", "train", "sample",
-    "inspect", "scaling", "serve", "<top>",
+    "inspect", "features", "scaling", "serve", "<top>",
 )  # fmt: skip
 TOP = ("glassgpt", "glassgpt.cli", "glassgpt.__main__")
 

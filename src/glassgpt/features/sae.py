@@ -1,0 +1,446 @@
+"""Sparse autoencoders and transcoders: a sparse code for one activation of the model.
+
+    z      = (x − b_dec) W_enc + b_enc                 pre-activations [..., d_sae]
+    f      = σ(z)                                      the latents (sparse)
+    x̂      = f W_dec + b_dec                           the reconstruction [..., d_in]
+
+with W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in] (row i: latent i's direction),
+b_dec [d_in], and σ by architecture:
+
+    topk       σ(z) = ReLU(z) on the k largest zᵢ of each token, 0 elsewhere (Gao et al. 2024)
+    batchtopk  training: ReLU(z) on the k·B largest z over the whole batch of B tokens;
+               evaluation: z · 1[z > θ], θ the running mean of the least kept value
+               (Bussmann et al. 2024)
+    jumprelu   σ(z) = z · H(z − θ), θ = exp(log_threshold) > 0 per latent
+               (Rajamanoharan et al. 2024)
+    relu       σ(z) = ReLU(z)
+    transcoder reads the MLP's input x (``blocks.L.mlp.in``), predicts its output
+               (``blocks.L.mlp_out``): z = x W_enc + b_enc (no centring: x̂ lives in another
+               space), f = σ(z) with σ = ``transcoder_activation``, ŷ = f W_dec + b_dec
+
+Training objective, per token, averaged over tokens (:meth:`SAE.loss`):
+
+    mse       ‖y − x̂‖²                      (y = x, or the MLP's output for a transcoder)
+    relu      + l1_coeff · Σᵢ fᵢ ‖W_dec,ᵢ‖   (Anthropic, April 2024 update; free decoder norms)
+    jumprelu  + l0_coeff · Σᵢ H(zᵢ − θᵢ)
+    topk      + aux_coeff · ‖e − ê‖²,  e = y − x̂ (no gradient),  ê = TopK_aux(z on dead
+              latents) W_dec (AuxK, Gao et al. 2024; batchtopk and topk transcoders too)
+
+The Heaviside step has no useful derivative in θ; JumpReLU's threshold is trained by the
+straight-through estimator of the paper, a rectangle kernel K(u) = 1[|u| < ½] of
+``bandwidth`` ε standing in for the Dirac delta:
+
+    ∂/∂θ [z · H(z − θ)] := −(θ/ε) K((z − θ)/ε),     ∂/∂θ H(z − θ) := −(1/ε) K((z − θ)/ε)
+
+and ∂/∂z of z·H(z − θ) is H(z − θ) (of the L0 term, 0). Every architecture but ``relu`` keeps
+the decoder rows at unit norm (:meth:`SAE.normalize_decoder`, :meth:`SAE.remove_parallel_grad`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from glassgpt.config import check, from_dict, to_dict
+from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.formats import check_format
+from glassgpt.storage import atomic_write
+
+ARCHS: tuple[str, ...] = ("topk", "batchtopk", "jumprelu", "relu", "transcoder")
+ACTIVATIONS: tuple[str, ...] = ("topk", "batchtopk", "jumprelu", "relu")  # σ of a transcoder
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+FORMAT, VERSION = "glassgpt-sae", 1
+CONFIG_FILE, WEIGHTS_FILE = "sae.json", "sae.safetensors"
+BATCHTOPK_MOMENTUM = 0.99  # θ ← m θ + (1 − m) · (least kept value of the batch)
+
+
+@dataclass(frozen=True)
+class SAEConfig:
+    """The shape and objective of one SAE; validated on construction (errors name the field).
+
+    >>> SAEConfig(d_in=8, d_sae=32, arch="topk", k=4).activation
+    'topk'
+    >>> SAEConfig(d_in=8, d_sae=32, arch="topk", k=40)
+    Traceback (most recent call last):
+    ...
+    glassgpt.errors.ConfigError: k: must be in [1, d_sae=32], got 40
+    """
+
+    d_in: int
+    d_sae: int
+    arch: str = "topk"
+    k: int | None = None  # latents kept per token (topk; batchtopk: on average)
+    hook: str = ""  # the activation read, e.g. blocks.1.resid_post (transcoder: blocks.1.mlp.in)
+    out_hook: str | None = None  # transcoder: the activation predicted, blocks.1.mlp_out
+    d_out: int | None = None  # transcoder: its width (default d_in)
+    transcoder_activation: str = "topk"
+    l1_coeff: float = 5.0  # relu
+    l0_coeff: float = 1e-3  # jumprelu
+    bandwidth: float = 1e-3  # jumprelu: ε of the rectangle kernel
+    threshold_init: float = 1e-3  # jumprelu: θ at initialisation
+    aux_k: int | None = None  # AuxK: dead latents used per token (default d_in // 2)
+    aux_coeff: float = 1 / 32
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        check(self.arch in ARCHS, "arch", f"must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        for name in ("d_in", "d_sae"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value >= 1, name, f"must be ≥ 1, got {value!r}")
+        if self.d_out is not None:
+            check(self.d_out >= 1, "d_out", f"must be ≥ 1, got {self.d_out}")
+            check(self.arch == "transcoder", "d_out", "only a transcoder has an output width")
+        check(
+            self.transcoder_activation in ACTIVATIONS,
+            "transcoder_activation",
+            f"must be one of {', '.join(ACTIVATIONS)}, got {self.transcoder_activation!r}",
+        )
+        if self.activation in ("topk", "batchtopk"):
+            check(self.k is not None, "k", f"{self.activation} needs k (latents per token)")
+            assert self.k is not None
+            check(1 <= self.k <= self.d_sae, "k", f"must be in [1, d_sae={self.d_sae}], got {self.k}")  # fmt: skip
+        if self.aux_k is not None:
+            check(1 <= self.aux_k <= self.d_sae, "aux_k", f"must be in [1, d_sae={self.d_sae}], got {self.aux_k}")  # fmt: skip
+        for name in ("l1_coeff", "l0_coeff", "aux_coeff"):
+            value = getattr(self, name)
+            check(value >= 0 and math.isfinite(value), name, f"must be ≥ 0, got {value}")
+        for name in ("bandwidth", "threshold_init"):
+            value = getattr(self, name)
+            check(value > 0 and math.isfinite(value), name, f"must be > 0, got {value}")
+        check(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")  # fmt: skip
+
+    @property
+    def activation(self) -> str:
+        """σ: the arch itself, or a transcoder's ``transcoder_activation``."""
+        return self.transcoder_activation if self.arch == "transcoder" else self.arch
+
+    @property
+    def width_out(self) -> int:
+        """The reconstruction's width: d_in, or a transcoder's d_out."""
+        return self.d_out if self.d_out is not None else self.d_in
+
+    @property
+    def unit_decoder(self) -> bool:
+        """Whether decoder rows are kept at unit norm (all but ``relu``, whose L1 weighs them)."""
+        return self.activation != "relu"
+
+    @property
+    def aux_k_value(self) -> int:
+        return self.aux_k if self.aux_k is not None else max(1, min(self.d_sae, self.d_in // 2))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, prefix: str = "") -> SAEConfig:
+        return from_dict(cls, data, prefix=prefix)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def replace(self, **changes: Any) -> SAEConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# -- the JumpReLU step and its straight-through estimator -------------------------------------
+
+
+def rectangle(u: Tensor) -> Tensor:
+    """K(u) = 1[|u| < ½] (in u's dtype)."""
+    return (u.abs() < 0.5).to(u.dtype)
+
+
+class _JumpReLU(torch.autograd.Function):
+    """f = z · H(z − θ); ∂f/∂z = H(z − θ), ∂f/∂θ := −(θ/ε) K((z − θ)/ε)."""
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor, theta: Tensor, eps: float) -> Tensor:
+        ctx.save_for_backward(z, theta)
+        ctx.eps = eps
+        return z * (z > theta).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        z, theta = ctx.saved_tensors
+        eps = ctx.eps
+        g_z = grad * (z > theta).to(z.dtype)
+        g_theta = grad * (-(theta / eps) * rectangle((z - theta) / eps))
+        return g_z, g_theta.reshape(-1, theta.shape[-1]).sum(0), None
+
+
+class _Step(torch.autograd.Function):
+    """H(z − θ); ∂/∂z := 0, ∂/∂θ := −(1/ε) K((z − θ)/ε)."""
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor, theta: Tensor, eps: float) -> Tensor:
+        ctx.save_for_backward(z, theta)
+        ctx.eps = eps
+        return (z > theta).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, None]:
+        z, theta = ctx.saved_tensors
+        eps = ctx.eps
+        g_theta = grad * (-(1.0 / eps) * rectangle((z - theta) / eps))
+        return None, g_theta.reshape(-1, theta.shape[-1]).sum(0), None
+
+
+def jumprelu(z: Tensor, theta: Tensor, bandwidth: float) -> Tensor:
+    """z · H(z − θ) with the straight-through threshold gradient (module docstring)."""
+    return _JumpReLU.apply(z, theta, bandwidth)
+
+
+def step(z: Tensor, theta: Tensor, bandwidth: float) -> Tensor:
+    """H(z − θ) with the straight-through threshold gradient (module docstring)."""
+    return _Step.apply(z, theta, bandwidth)
+
+
+def topk_relu(z: Tensor, k: int) -> Tensor:
+    """ReLU(z) on the k largest entries of each row of z [..., d_sae], 0 elsewhere.
+
+    >>> topk_relu(torch.tensor([[3.0, -1.0, 2.0, 5.0]]), 2).tolist()
+    [[3.0, 0.0, 0.0, 5.0]]
+    """
+    values, index = z.topk(k, dim=-1, sorted=False)
+    return torch.zeros_like(z).scatter_(-1, index, values.relu())
+
+
+def batch_topk_relu(z: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """ReLU(z) on the k·B largest entries of the whole batch z [..., d_sae] (B = its tokens),
+    and the least value kept (for the evaluation threshold θ)."""
+    flat = z.reshape(-1)
+    n = z.numel() // z.shape[-1]
+    values, index = flat.topk(min(k * n, flat.numel()), sorted=False)
+    acts = torch.zeros_like(flat).scatter_(0, index, values.relu()).reshape(z.shape)
+    return acts, values.min()
+
+
+# -- the module ---------------------------------------------------------------------------
+
+
+class SAE(nn.Module):
+    """A sparse autoencoder (or transcoder): ``encode``, ``decode``, ``forward``, ``loss``.
+
+    >>> torch.manual_seed(0) and None
+    >>> sae = SAE(SAEConfig(d_in=6, d_sae=24, arch="topk", k=3))
+    >>> x_hat, acts = sae(torch.randn(2, 5, 6))
+    >>> x_hat.shape, acts.shape, int((acts != 0).sum(-1).max()) <= 3
+    (torch.Size([2, 5, 6]), torch.Size([2, 5, 24]), True)
+    """
+
+    def __init__(self, cfg: SAEConfig, *, seed: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        dtype = cfg.torch_dtype
+        d_in, d_sae, d_out = cfg.d_in, cfg.d_sae, cfg.width_out
+        self.W_enc = nn.Parameter(torch.empty(d_in, d_sae, dtype=dtype))
+        self.b_enc = nn.Parameter(torch.zeros(d_sae, dtype=dtype))
+        self.W_dec = nn.Parameter(torch.empty(d_sae, d_out, dtype=dtype))
+        self.b_dec = nn.Parameter(torch.zeros(d_out, dtype=dtype))
+        if cfg.activation == "jumprelu":
+            self.log_threshold = nn.Parameter(
+                torch.full((d_sae,), math.log(cfg.threshold_init), dtype=dtype)
+            )
+        if cfg.activation == "batchtopk":
+            self.register_buffer("threshold", torch.zeros((), dtype=dtype))
+        self.reset_parameters(seed)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Decoder rows: random directions (unit norm; 0.1 for relu); W_enc = W_decᵀ when the
+        shapes allow (else the same scale); biases 0."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        cfg = self.cfg
+        w = torch.randn(cfg.d_sae, cfg.width_out, generator=gen, dtype=torch.float64)
+        w = w / w.norm(dim=-1, keepdim=True) * (1.0 if cfg.unit_decoder else 0.1)
+        self.W_dec.copy_(w)
+        if cfg.arch == "transcoder" and cfg.width_out != cfg.d_in:
+            v = torch.randn(cfg.d_in, cfg.d_sae, generator=gen, dtype=torch.float64)
+            self.W_enc.copy_(v / math.sqrt(cfg.d_in))
+        else:
+            self.W_enc.copy_(w.T)
+        self.b_enc.zero_()
+        self.b_dec.zero_()
+
+    @property
+    def theta(self) -> Tensor:
+        """JumpReLU's thresholds θ = exp(log_threshold) [d_sae]."""
+        return self.log_threshold.exp()
+
+    # -- the equations -----------------------------------------------------------------
+    def pre_acts(self, x: Tensor) -> Tensor:
+        """z = (x − b_dec) W_enc + b_enc (a transcoder: x W_enc + b_enc), [..., d_sae]."""
+        if self.cfg.arch != "transcoder":
+            x = x - self.b_dec
+        return x @ self.W_enc + self.b_enc
+
+    def activate(self, z: Tensor, *, batch_topk: bool | None = None) -> Tensor:
+        """f = σ(z). BatchTopK selects over the batch when ``batch_topk`` (default: in
+        training mode), else thresholds at θ."""
+        act, k = self.cfg.activation, self.cfg.k
+        if act == "relu":
+            return z.relu()
+        if act == "topk":
+            assert k is not None
+            return topk_relu(z, k)
+        if act == "jumprelu":
+            return jumprelu(z, self.theta, self.cfg.bandwidth)
+        assert k is not None  # batchtopk
+        if self.training if batch_topk is None else batch_topk:
+            acts, least = batch_topk_relu(z, k)
+            if self.training and torch.is_grad_enabled():
+                with torch.no_grad():
+                    m = BATCHTOPK_MOMENTUM
+                    first = bool(self.threshold == 0)
+                    new = least.detach().to(self.threshold.dtype).clamp_min(0)
+                    self.threshold.copy_(new if first else m * self.threshold + (1 - m) * new)
+            return acts
+        return z * (z > self.threshold).to(z.dtype)
+
+    def encode(self, x: Tensor, *, batch_topk: bool | None = None) -> Tensor:
+        """x [..., d_in] → f [..., d_sae]."""
+        self._check_width(x, self.cfg.d_in)
+        return self.activate(self.pre_acts(x.to(self.W_enc.dtype)), batch_topk=batch_topk)
+
+    def decode(self, acts: Tensor) -> Tensor:
+        """f [..., d_sae] → x̂ = f W_dec + b_dec [..., d_in (a transcoder: d_out)]."""
+        return acts @ self.W_dec + self.b_dec
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(x̂, f)."""
+        acts = self.encode(x)
+        return self.decode(acts), acts
+
+    def loss(
+        self, x: Tensor, target: Tensor | None = None, *, dead: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """The training objective's terms (module docstring), each a 0-d mean over tokens:
+        ``mse``, ``sparsity``, ``aux``, their sum ``loss``; and ``x_hat``, ``acts``, ``z``.
+
+        ``target``: what to reconstruct (default x; a transcoder's MLP output). ``dead``
+        [d_sae] bool: the latents AuxK may use (none: no auxiliary term).
+        """
+        cfg = self.cfg
+        y = x if target is None else target
+        self._check_width(y, cfg.width_out, what="target")
+        z = self.pre_acts(x.to(self.W_enc.dtype))
+        acts = self.activate(z)
+        x_hat = self.decode(acts)
+        err = y.to(x_hat.dtype) - x_hat
+        mse = err.pow(2).sum(-1).mean()
+        zero = mse.new_zeros(())
+        sparsity, aux = zero, zero
+        if cfg.activation == "relu":
+            sparsity = cfg.l1_coeff * (acts * self.W_dec.norm(dim=-1)).sum(-1).mean()
+        elif cfg.activation == "jumprelu":
+            sparsity = cfg.l0_coeff * step(z, self.theta, cfg.bandwidth).sum(-1).mean()
+        elif dead is not None and cfg.aux_coeff > 0 and bool(dead.any()):
+            aux = cfg.aux_coeff * self.aux_loss(z, err.detach(), dead)
+        return {
+            "loss": mse + sparsity + aux,
+            "mse": mse,
+            "sparsity": sparsity,
+            "aux": aux,
+            "x_hat": x_hat,
+            "acts": acts,
+            "z": z,
+        }
+
+    def aux_loss(self, z: Tensor, err: Tensor, dead: Tensor) -> Tensor:
+        """AuxK: ‖e − TopK_aux(ReLU(z) on dead latents) W_dec‖², mean over tokens."""
+        k = min(self.cfg.aux_k_value, int(dead.sum()))
+        masked = torch.where(dead, z, torch.full_like(z, -torch.inf))
+        values, index = masked.topk(k, dim=-1, sorted=False)
+        acts = torch.zeros_like(z).scatter_(-1, index, values.relu())
+        return (err - acts @ self.W_dec).pow(2).sum(-1).mean()
+
+    # -- the unit-norm decoder ------------------------------------------------------------
+    @torch.no_grad()
+    def normalize_decoder(self) -> None:
+        """W_dec,ᵢ ← W_dec,ᵢ / ‖W_dec,ᵢ‖ (unit-norm architectures only)."""
+        if self.cfg.unit_decoder:
+            self.W_dec.div_(self.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+
+    @torch.no_grad()
+    def remove_parallel_grad(self) -> None:
+        """gᵢ ← gᵢ − (gᵢ · wᵢ) wᵢ for each decoder row wᵢ (unit norm): the step stays tangent
+        to the sphere, so the renormalisation after it changes little."""
+        g = self.W_dec.grad
+        if self.cfg.unit_decoder and g is not None:
+            w = self.W_dec
+            g.sub_((g * w).sum(-1, keepdim=True) * w)
+
+    # -- the model it reads ---------------------------------------------------------------
+    @property
+    def layer(self) -> int | None:
+        """The block index of ``cfg.hook`` (None for ``embed`` or ``ln_final.*``)."""
+        parts = self.cfg.hook.split(".")
+        return int(parts[1]) if len(parts) > 1 and parts[0] == "blocks" else None
+
+    def _check_width(self, x: Tensor, width: int, what: str = "input") -> None:
+        if x.shape[-1] != width:
+            raise GlassError(
+                f"the SAE reads {self.cfg.hook or 'an activation'} of width {width}, "
+                f"got an {what} of shape {tuple(x.shape)}"
+            )
+
+    # -- files ------------------------------------------------------------------------------
+    def state(self) -> dict[str, Tensor]:
+        """The tensors saved: parameters and the batchtopk threshold."""
+        return {name: t.detach() for name, t in self.state_dict().items()}
+
+    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+        """Write ``sae.json`` (format, config, ``extra``) and ``sae.safetensors`` atomically."""
+        from safetensors.torch import save as st_save
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.cpu().contiguous() for k, v in self.state().items()}
+        atomic_write(folder / WEIGHTS_FILE, st_save(tensors))
+        doc = {"format": FORMAT, "version": VERSION, "config": self.cfg.to_dict(), **(extra or {})}
+        atomic_write(folder / CONFIG_FILE, (json.dumps(doc, indent=1) + "\n").encode())
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, *, device: str | torch.device | None = None) -> SAE:
+        """The SAE saved in ``folder`` (by :meth:`save` or ``glassgpt sae train``)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load as st_load
+
+        folder = Path(folder)
+        path = folder / CONFIG_FILE
+        if not path.is_file() and (folder / "sae" / CONFIG_FILE).is_file():
+            folder, path = folder / "sae", folder / "sae" / CONFIG_FILE  # a training folder
+        if not path.is_file():
+            raise InputFileError(f"{folder}: not an SAE folder (no {CONFIG_FILE})")
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise InputFileError(f"{path}: unreadable ({e})") from None
+        doc = check_format(doc, path, FORMAT, VERSION, what="SAE format", not_ours="not a glassgpt SAE file")  # fmt: skip
+        try:
+            cfg = SAEConfig.from_dict(doc["config"], prefix="config.")
+        except KeyError:
+            raise InputFileError(f"{path}: has no config") from None
+        except ConfigError as e:
+            raise InputFileError(f"{path}: {e}") from None
+        sae = cls(cfg)
+        try:
+            tensors = st_load((folder / WEIGHTS_FILE).read_bytes())
+            sae.load_state_dict(tensors)
+        except (OSError, SafetensorError) as e:
+            raise InputFileError(f"{folder / WEIGHTS_FILE}: unreadable ({e})") from None
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            raise InputFileError(f"{folder / WEIGHTS_FILE}: does not fit {path}: {first}") from None
+        if device is not None:
+            sae = sae.to(device)
+        return sae.eval()

@@ -24,7 +24,6 @@ an explicit loop of ``run_with_hooks(model, corrupted, {name: patch_hook(...)})`
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from glassgpt.inspect.cache import ActivationCache, as_batch, evaluating, run_wi
 from glassgpt.inspect.metrics import MetricFn, score_runs
 from glassgpt.model import GPT
 from glassgpt.model.gpt import Block
+from glassgpt.train.inputs import available_memory
 
 # site → (name inside a block, axis of the position in the activation without its batch axis)
 SITES: dict[str, tuple[str, int]] = {
@@ -333,21 +333,8 @@ def rows_that_fit(model: GPT, B: int, T: int, t: int) -> int:
     ref = model.embed.W_E
     per_position = 2 * c.n_vocab + 3 * d_mlp + 12 * c.d_model + 3 * c.n_heads * T
     row = B * (T * c.n_vocab + t * per_position) * ref.element_size()
-    return max(1, int(free_bytes(ref.device) * MEMORY_FRACTION) // row)
-
-
-def free_bytes(device: torch.device) -> int:
-    """Memory free for new tensors: the CUDA device's, or the machine's MemAvailable."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    free = available_memory(ref.device) or 2**30  # (unknown: assume 1 GiB)
+    return max(1, int(free * MEMORY_FRACTION) // row)
 
 
 # -- TransformerLens's names ---------------------------------------------------------------

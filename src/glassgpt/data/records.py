@@ -22,8 +22,10 @@ file, a JSON array that is not valid JSON, a missing column) is always an error.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import importlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,8 +139,8 @@ class _ArrayScanner:
     is retried after reading at least as much again, so a large element costs linear time.
     """
 
-    def __init__(self, f: Any, path: Path, block: int = JSON_BLOCK) -> None:
-        self.f, self.path, self.block = f, path, block
+    def __init__(self, f: Any, path: Path, block: int | None = None) -> None:
+        self.f, self.path, self.block = f, path, block or JSON_BLOCK
         self.decoder = codecs.getincrementaldecoder("utf-8")()
         self.buf, self.pos, self.eof = "", 0, False
         self.line, self.line_pos = 1, 0  # line number of buf[line_pos]
@@ -200,7 +202,7 @@ class _ArrayScanner:
                     if self.eof:
                         self.pos = e.pos
                         raise self._fail(e.msg) from None
-                self._fill(max(len(self.buf), self.block))
+                self._fill(max(len(self.buf) - self.pos, self.block))  # double what is held
             line = self.lineno(self.pos)
             self.pos = end
             yield value, line
@@ -288,7 +290,7 @@ class ParquetSource:
         self.pa = require("pyarrow", "Parquet files")
         pq = require("pyarrow.parquet", "Parquet files")
         try:
-            self.file = pq.ParquetFile(path)
+            self.file = pq.ParquetFile(path, pre_buffer=False)  # no read-ahead: a row group
         except OSError as e:
             raise InputFileError(f"{path}: cannot read ({e.strerror or e})") from None
         except self.pa.ArrowException as e:
@@ -315,6 +317,19 @@ class ParquetSource:
     def count(self, bad: BadRecords) -> int:
         pc = require("pyarrow.compute", "Parquet files")
         return sum(_batch_bytes(pc, c, row, self.name, bad) for c, row in self._batches())
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """Hold back the named loggers' warnings (retries, cache notes): the error says it."""
+    saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in loggers]
+    for logger, _ in saved:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in saved:
+            logger.setLevel(level)
 
 
 def _first_line(e: BaseException) -> str:
@@ -358,7 +373,8 @@ class DatasetSource:
             elif local.exists():
                 raise InputFileError(f"{name}: not a dataset folder written by save_to_disk")
             else:
-                data = ds.load_dataset(name, split=split)
+                with _quiet("huggingface_hub", "datasets", "fsspec"):
+                    data = ds.load_dataset(name, split=split)
         except GlassError:
             raise
         except Exception as e:  # datasets raises many kinds: network, not found, config

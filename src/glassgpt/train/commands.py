@@ -29,7 +29,9 @@ def register(subparsers: Any) -> None:
         metavar="PATH",
         nargs="+",
         action="extend",
-        help="text files or folders, or one prepared data folder (default: the stdlib corpus)",
+        help="text, .jsonl, .json or .parquet files, folders, datasets saved with save_to_disk, "
+        "hf:NAME[:split] (--set data.text_field=…), or one prepared data folder (default: the "
+        "stdlib corpus)",
     )
     add_output(p, metavar="DIR", help="run folder (default: runs/<preset>)")
     p.add_argument("--resume", metavar="DIR", help="continue a run from its latest checkpoint")

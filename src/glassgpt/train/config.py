@@ -163,6 +163,8 @@ class DataConfig:
     val_fraction: float = 0.1
     max_bytes: int | None = None  # cap on the text read (default corpus: its own cap)
     pad_vocab_to: int = 1  # model.n_vocab: the tokenizer's, rounded up to a multiple of this
+    text_field: str = "text"  # the text field (column) of .jsonl/.json/.parquet/dataset inputs
+    skip_bad: bool = False  # skip (and count) records without a string text field
 
     def __post_init__(self) -> None:
         _positive("data.vocab_size", self.vocab_size)
@@ -175,6 +177,7 @@ class DataConfig:
         if self.max_bytes is not None:
             _positive("data.max_bytes", self.max_bytes)
         check(bool(self.tokenizer), "data.tokenizer", "must be char, bpe or a tokenizer file")
+        check(bool(self.text_field), "data.text_field", "must name a field")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@
 - empty: the embedded corpus (this interpreter's standard library sources), prepared into
   ``OUT/data`` with a tokenizer trained on it (``data.tokenizer = "char"`` or ``"bpe"``);
 - one prepared folder: used in place, with the tokenizer saved in it;
-- text files or folders of them: prepared into ``OUT/data``.
+- inputs of any format ``glassgpt data prepare`` reads (text, ``.jsonl``, ``.json``,
+  ``.parquet``, saved datasets, ``hf:NAME[:split]``; ``data.text_field``, ``data.skip_bad``):
+  prepared into ``OUT/data``.
 
 ``data.tokenizer`` may also name a saved tokenizer JSON, which a prepared folder must match
 (its fingerprint). The memory check compares glassgpt's estimate of training memory, weights
@@ -44,14 +46,16 @@ def is_prepared(path: str | Path) -> bool:
     return (Path(path) / "meta.json").is_file()
 
 
-def train_tokenizer(cfg: DataConfig, files: list[Path]) -> Any:
-    """A tokenizer trained on ``files`` (char or BPE) or loaded from ``cfg.tokenizer``."""
+def train_tokenizer(cfg: DataConfig, files: Any) -> Any:
+    """A tokenizer trained on ``files`` (paths or a ``Corpus``; char or BPE) or loaded from
+    ``cfg.tokenizer``."""
     from glassgpt.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
+    texts = files.texts() if hasattr(files, "texts") else files
     if cfg.tokenizer == "char":
-        return CharTokenizer.train(files)
+        return CharTokenizer.train(texts)
     if cfg.tokenizer == "bpe":
-        return Tokenizer.train(files, cfg.vocab_size, special_tokens=[EOT])
+        return Tokenizer.train(texts, cfg.vocab_size, special_tokens=[EOT])
     path = Path(cfg.tokenizer)
     if not path.is_file():
         raise ConfigError(
@@ -60,16 +64,17 @@ def train_tokenizer(cfg: DataConfig, files: list[Path]) -> Any:
     return load_tokenizer(path)
 
 
-def source_files(cfg: DataConfig) -> list[Path]:
-    """The text files a run trains on: ``data.paths`` expanded, or the default corpus."""
-    from glassgpt.data import default_corpus_files, resolve_inputs
+def source_files(cfg: DataConfig) -> Any:
+    """What a run trains on: ``data.paths`` as a ``Corpus``, or the default corpus's files."""
+    from glassgpt.data import default_corpus_files
+    from glassgpt.data.documents import Corpus
 
     if not cfg.paths:
         files = default_corpus_files(cfg.max_bytes)
         if not files:
             raise GlassError("the default corpus (the standard library sources) is empty here")
         return files
-    return resolve_inputs(list(cfg.paths))
+    return Corpus(list(cfg.paths), text_field=cfg.text_field, skip_bad=cfg.skip_bad)
 
 
 def resolve_data(
@@ -111,6 +116,11 @@ def resolve_data(
             data = prepare_data(
                 files, target, tok, val_fraction=cfg.val_fraction, progress=progress, overwrite=True
             )
+            skipped = getattr(files, "describe_skipped", lambda: None)()
+            if skipped:
+                import sys
+
+                print(f"glassgpt: {skipped}", file=sys.stderr)
     tokenizer = pinned if pinned is not None else data.load_tokenizer()
     saved = tokenizer_json or (data.path / "tokenizer.json").read_bytes()
     return RunData(data, tokenizer, saved)

@@ -543,12 +543,15 @@ function drawPatch() {
   });
 }
 
+let effectTicket = 0;
 async function patchEffect(site, layer, index) {
+  const ticket = ++effectTicket;
   P.cell = { site, layer, index };
   drawPatch();
   const box = $("patch-effect");
   try {
     const e = await api("/api/patch/effect", { ...P.body, site, layer, index });
+    if (ticket !== effectTicket) return;  // a later cell was clicked
     const where = site === "resid_pre" ? `resid_pre of L${layer} at #${index} “${show(P.data.corrupted[index])}”` : `L${layer}H${index}`;
     $("effect-where").textContent = `of patching ${where}: m̂ = ${e.value.toFixed(3)}`;
     box.textContent = "";

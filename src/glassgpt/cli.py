@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from glassgpt.data import commands as data_commands
 from glassgpt.errors import GlassError
+from glassgpt.features import commands as sae_commands
 from glassgpt.inspect import commands as inspect_commands
 from glassgpt.inspect import patch_commands, study_commands
 from glassgpt.interop import commands as interop_commands
@@ -36,6 +37,7 @@ COMMAND_MODULES = (
     inspect_commands,
     study_commands,
     patch_commands,
+    sae_commands,
     scaling_commands,
     interop_commands,
     serve_commands,

@@ -1,0 +1,578 @@
+"""``glassgpt sae train``: an SAE fitted to one site of a trained model, from the run's own shards.
+
+    b_dec ← geometric median of a sample of y         (Weiszfeld: m ← Σ wᵢyᵢ / Σ wᵢ, wᵢ = 1/‖yᵢ − m‖)
+    for step s = 0 … S − 1  (S = tokens / batch_size):
+        x, y ← the shuffling buffer (glassgpt.features.buffer)
+        L = mse + c_s · sparsity + aux                 (SAE.loss; c_s warms up for relu and jumprelu)
+        g_W_dec,ᵢ ← gᵢ − (gᵢ · wᵢ) wᵢ                  (unit-norm architectures)
+        Adam(lr_s) (AdamW, λ = 0);  W_dec,ᵢ ← W_dec,ᵢ / ‖W_dec,ᵢ‖
+        lr_s: linear warm-up over ``warmup_steps``, constant, linear decay to 0 over the last
+              ``decay_fraction`` of the steps
+        dead: latents that fired in none of the last ``dead_tokens`` tokens (AuxK reads them)
+
+The folder ``-o DIR`` holds ``sae_run.json`` (what was asked: the model, site, SAE and
+trainer configs, data), ``metrics.jsonl``, ``ckpt/step_*`` (SAE, Adam state, counters,
+the buffer's position; written atomically by glassgpt.checkpoint) and, at the end,
+``sae/`` (``SAE.load`` reads it) and ``eval.json``. It is locked while a trainer runs
+(glassgpt.train.lock). ``--resume DIR`` continues from the newest checkpoint with the very
+same batches (the buffer recomputes its round), so the weights are those of a run never
+stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from glassgpt import checkpoint as ckpt
+from glassgpt.config import apply_overrides, check, from_dict, to_dict
+from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.features.buffer import ActivationBuffer
+from glassgpt.features.metrics import evaluate
+from glassgpt.features.sae import SAE, SAEConfig
+from glassgpt.features.sites import Site, resolve_site
+from glassgpt.storage import atomic_write
+
+RUN_FILE = "sae_run.json"
+FORMAT, VERSION = "glassgpt-sae-run", 1
+
+
+@dataclass(frozen=True)
+class SAETrainConfig:
+    """The trainer's settings (``--set train.KEY=VALUE``); errors name the field."""
+
+    tokens: int = 2_000_000
+    batch_size: int = 4096  # tokens per step
+    lr: float = 4e-4
+    warmup_steps: int = 50
+    decay_fraction: float = 0.2
+    beta1: float = 0.9
+    beta2: float = 0.999
+    seq_len: int | None = None  # windows of the model (default: the run's seq_len, else n_ctx)
+    model_batch: int = 32  # windows per forward pass of the model
+    buffer_tokens: int = 131_072
+    dead_tokens: int | None = None  # default: tokens / 10, at most 10M, at least a batch
+    dense: float = 0.1
+    sparsity_warmup: float = 0.05  # fraction of the steps over which c_s rises to 1
+    median_samples: int = 4096
+    median_iters: int = 100
+    log_every: int = 50
+    eval_every: int = 0  # steps between CE-recovered evaluations (0: at the end only)
+    eval_batches: int = 2  # model batches of validation windows per evaluation
+    checkpoint_every: int = 200
+    keep_last: int = 2
+    seed: int = 0
+    device: str = "cpu"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "batch_size", "model_batch", "buffer_tokens", "median_samples",
+                     "median_iters", "log_every", "eval_batches", "keep_last"):  # fmt: skip
+            value = getattr(self, name)
+            check(isinstance(value, int) and value >= 1, f"train.{name}", f"must be ≥ 1, got {value!r}")  # fmt: skip
+        check(self.tokens >= self.batch_size, "train.tokens", f"must be ≥ train.batch_size={self.batch_size}, got {self.tokens}")  # fmt: skip
+        for name in ("warmup_steps", "eval_every", "checkpoint_every", "seed"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value >= 0, f"train.{name}", f"must be ≥ 0, got {value!r}")  # fmt: skip
+        check(self.lr > 0 and math.isfinite(self.lr), "train.lr", f"must be > 0, got {self.lr}")
+        for name in ("decay_fraction", "sparsity_warmup", "dense", "beta1", "beta2"):
+            value = getattr(self, name)
+            check(0 <= value <= 1, f"train.{name}", f"must be in [0, 1], got {value}")
+        if self.seq_len is not None:
+            check(self.seq_len >= 1, "train.seq_len", f"must be ≥ 1, got {self.seq_len}")
+        if self.dead_tokens is not None:
+            check(self.dead_tokens >= 1, "train.dead_tokens", f"must be ≥ 1, got {self.dead_tokens}")  # fmt: skip
+        if self.threads is not None:
+            check(self.threads >= 1, "train.threads", f"must be ≥ 1, got {self.threads}")
+
+    @property
+    def steps(self) -> int:
+        return self.tokens // self.batch_size
+
+    @property
+    def dead_after(self) -> int:
+        if self.dead_tokens is not None:
+            return self.dead_tokens
+        return max(self.batch_size, min(10_000_000, self.tokens // 10))
+
+
+def lr_at(step: int, cfg: SAETrainConfig) -> float:
+    """The learning rate of step ``step`` (0-based): warm-up, constant, linear decay to 0.
+
+    >>> cfg = SAETrainConfig(tokens=100, batch_size=10, lr=1.0, warmup_steps=2, decay_fraction=0.5)
+    >>> [round(lr_at(s, cfg), 2) for s in range(10)]
+    [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2]
+    """
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    start = cfg.steps - round(cfg.decay_fraction * cfg.steps)
+    if step >= start and cfg.steps > start:
+        return cfg.lr * (cfg.steps - step) / (cfg.steps - start)
+    return cfg.lr
+
+
+def geometric_median(points: torch.Tensor, iters: int = 100, tol: float = 1e-9) -> torch.Tensor:
+    """argmin_m Σᵢ ‖yᵢ − m‖ by Weiszfeld's iteration from the mean (float64), [N, d] → [d].
+
+    >>> geometric_median(torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [100.0, 100.0]])).round(decimals=3).tolist()
+    [0.5, 0.5]
+    """
+    y = points.double()
+    m = y.mean(0)
+    for _ in range(iters):
+        w = 1.0 / (y - m).norm(dim=-1).clamp_min(1e-12)
+        new = (w[:, None] * y).sum(0) / w.sum()
+        done = float((new - m).norm()) <= tol * max(1.0, float(m.norm()))
+        m = new
+        if done:
+            break
+    return m
+
+
+# -- what was asked -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SAERun:
+    """A training job as ``sae_run.json`` records it."""
+
+    model: str
+    data: str
+    sae: SAEConfig
+    train: SAETrainConfig
+    argv: list[str]
+
+    def to_json(self) -> bytes:
+        doc = {"format": FORMAT, "version": VERSION, "model": self.model, "data": self.data,
+               "sae": self.sae.to_dict(), "train": to_dict(self.train), "argv": self.argv}  # fmt: skip
+        return (json.dumps(doc, indent=1) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, source: Path) -> SAERun:
+        from glassgpt.formats import check_format
+
+        try:
+            doc = check_format(json.loads(raw), source, FORMAT, VERSION, what="SAE run format",
+                               not_ours="not a glassgpt SAE training folder")  # fmt: skip
+            return cls(doc["model"], doc["data"], SAEConfig.from_dict(doc["sae"], prefix="sae."),
+                       from_dict(SAETrainConfig, doc["train"], prefix="train."), list(doc["argv"]))  # fmt: skip
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputFileError(f"{source}: malformed ({e})") from None
+
+
+def plan(
+    *,
+    checkpoint: str,
+    hook: str,
+    width: int,
+    arch: str,
+    k: int | None,
+    tokens: int | None,
+    overrides: Sequence[str],
+    data: Sequence[str] | None,
+    model: Any,
+    argv: Sequence[str],
+) -> SAERun:
+    """Check every argument against the model before anything starts."""
+    if arch not in ("topk", "batchtopk", "jumprelu", "relu", "transcoder"):
+        raise ConfigError("--arch", f"must be topk, batchtopk, jumprelu, relu or transcoder, got {arch!r}")  # fmt: skip
+    site = resolve_site(model, hook, transcoder=arch == "transcoder")
+    if width < 1 or width * max(site.d_in, site.d_out or 0) > 2**31:
+        raise ConfigError("--width", f"must be in [1, {2**31 // site.d_in:,}] for {site.hook} of width {site.d_in}, got {width}")  # fmt: skip
+    raw: dict[str, Any] = apply_overrides({}, overrides)
+    unknown = sorted(set(raw) - {"sae", "train"})
+    if unknown:
+        raise ConfigError(unknown[0], "unknown section; --set takes sae.KEY=VALUE or train.KEY=VALUE")  # fmt: skip
+    sae_raw = {"d_in": site.d_in, "d_sae": width, "arch": arch, "hook": site.hook,
+               "out_hook": site.out_hook, "d_out": site.d_out, **raw.get("sae", {})}  # fmt: skip
+    if k is not None:
+        sae_raw["k"] = k
+    elif sae_raw.get("k") is None and arch in ("topk", "batchtopk", "transcoder"):
+        activation = sae_raw.get("transcoder_activation", "topk") if arch == "transcoder" else arch
+        if activation in ("topk", "batchtopk"):
+            raise ConfigError("-k", f"--arch {arch} needs -k (latents kept per token), e.g. -k 32")
+    if k is not None and not 1 <= k <= width:
+        raise ConfigError("-k", f"must be in [1, --width={width}], got {k}")
+    sae_cfg = SAEConfig.from_dict(sae_raw, prefix="sae.")
+    train_raw = dict(raw.get("train", {}))
+    if tokens is not None:
+        train_raw["tokens"] = tokens
+    train_cfg = from_dict(SAETrainConfig, train_raw, prefix="train.")
+    if train_cfg.seq_len is not None and train_cfg.seq_len > model.config.n_ctx:
+        raise ConfigError("train.seq_len", f"must be ≤ n_ctx={model.config.n_ctx}, got {train_cfg.seq_len}")  # fmt: skip
+    return SAERun(str(Path(checkpoint).resolve()), _data_folder(checkpoint, data), sae_cfg,
+                  train_cfg, list(argv))  # fmt: skip
+
+
+def _data_folder(checkpoint: str, data: Sequence[str] | None) -> str:
+    """The prepared data folder the SAE reads: ``--data``'s, else the run's own."""
+    from glassgpt.train.inputs import is_prepared
+
+    if data:
+        if len(data) == 1 and is_prepared(data[0]):
+            return str(Path(data[0]).resolve())
+        return ""  # text files: prepared into DIR/data when the folder is claimed
+    run_dir = ckpt.ckpt_root_of(checkpoint).parent
+    candidates = [run_dir / "data"]
+    info = run_dir / "run.json"
+    if info.is_file():
+        try:
+            recorded = json.loads(info.read_text(encoding="utf-8")).get("data")
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+        if isinstance(recorded, str):
+            candidates.append(Path(recorded))
+    for folder in candidates:
+        if is_prepared(str(folder)):
+            return str(folder.resolve())
+    raise GlassError(
+        f"{checkpoint}: has no data shards of its own (no {run_dir / 'data'}, no data folder in "
+        "run.json); pass --data with a prepared data folder (glassgpt data prepare) or text files"
+    )
+
+
+# -- the trainer ---------------------------------------------------------------------------------
+
+
+class Trainer:
+    """The loop of the module docstring, with its checkpoints."""
+
+    def __init__(self, job: SAERun, out: Path, model: Any, data: Any, *, progress: bool,
+                 note: Callable[[str], None]) -> None:  # fmt: skip
+        from glassgpt.train.adamw import AdamW
+        from glassgpt.train.optim import fused_available
+
+        cfg = job.train
+        self.job, self.out, self.cfg, self.note = job, out, cfg, note
+        self.device = torch.device(cfg.device)
+        self.model = model.to(self.device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.site = Site(job.sae.hook, job.sae.d_in, job.sae.out_hook, job.sae.d_out)
+        self.sae = SAE(job.sae, seed=cfg.seed).to(self.device).train()
+        self.data = data
+        seq_len = cfg.seq_len or self._run_seq_len()
+        self.seq_len = seq_len
+        self.buffer = ActivationBuffer(
+            self.model, self.site, data.stream("train"), batch_tokens=cfg.batch_size,
+            buffer_tokens=cfg.buffer_tokens, seq_len=seq_len, model_batch=cfg.model_batch,
+            seed=cfg.seed,
+        )  # fmt: skip
+        params = list(self.sae.named_parameters())
+        kind = {"fused": True} if fused_available(self.device) else {"foreach": True}
+        self.opt = AdamW(  # Adam: the train stage's AdamW with no weight decay
+            [{"params": [p for _, p in params], "names": [n for n, _ in params]}],
+            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=0.0, **kind,
+        )  # fmt: skip
+        d_sae = job.sae.d_sae
+        self.since_fired = torch.zeros(d_sae, dtype=torch.int64, device=self.device)
+        self.window = torch.zeros(d_sae, dtype=torch.int64, device=self.device)  # fires since log
+        self.sums = {"n": 0, "tokens": 0, "nonzero": 0.0, "fvu": 0.0, "loss": 0.0, "mse": 0.0,
+                     "sparsity": 0.0, "aux": 0.0}  # fmt: skip
+        self.step = 0
+        self.manager = ckpt.CheckpointManager(out / "ckpt", keep_last=cfg.keep_last)
+        self.stop: int | None = None
+        self.progress = progress
+
+    def _run_seq_len(self) -> int:
+        """The run's train.seq_len (its config.toml), else n_ctx."""
+        from glassgpt.config import load_toml
+
+        n_ctx = self.model.config.n_ctx
+        config = ckpt.ckpt_root_of(self.job.model).parent / "config.toml"
+        try:
+            seq_len = (
+                load_toml(config).get("train", {}).get("seq_len") if config.is_file() else None
+            )
+        except GlassError:
+            seq_len = None
+        return min(n_ctx, seq_len) if isinstance(seq_len, int) and seq_len > 0 else n_ctx
+
+    # -- state ------------------------------------------------------------------------------
+    def init_b_dec(self) -> None:
+        """b_dec ← the geometric median of the first round's first rows (y for a transcoder)."""
+        x, y = self.buffer.sample(self.cfg.median_samples)
+        with torch.no_grad():
+            self.sae.b_dec.copy_(geometric_median(y if y is not None else x, self.cfg.median_iters))  # fmt: skip
+
+    def save(self) -> Path:
+        from glassgpt.train.optim import optimizer_tensors
+
+        opt_tensors, groups = optimizer_tensors(self.opt)
+        counters = {"since_fired": self.since_fired, "window": self.window}
+        return self.manager.save(
+            self.step,
+            tensors={
+                "sae.safetensors": self.sae.state(),
+                "optimizer.safetensors": opt_tensors,
+                "counters.safetensors": counters,
+            },
+            files={RUN_FILE: self.job.to_json()},
+            state={
+                "trainer": {"buffer": self.buffer.state_dict(), "groups": groups, "sums": self.sums}
+            },
+        )
+
+    def load(self, found: ckpt.Checkpoint) -> None:
+        from glassgpt.train.optim import load_optimizer_tensors
+
+        try:
+            self.sae.load_state_dict(found.tensors("sae.safetensors"))
+            trainer = found.state["trainer"]
+            load_optimizer_tensors(self.opt, found.tensors("optimizer.safetensors"), trainer["groups"])  # fmt: skip
+            counters = found.tensors("counters.safetensors")
+            self.since_fired.copy_(counters["since_fired"])
+            self.window.copy_(counters["window"])
+            self.sums = dict(trainer["sums"])
+            self.buffer.load_state_dict(trainer["buffer"])
+        except (KeyError, RuntimeError, TypeError, ValueError) as e:
+            raise ckpt.CheckpointError(f"{found.path}: not an SAE checkpoint of this run ({e})") from None  # fmt: skip
+        self.step = found.step
+
+    # -- the loop ------------------------------------------------------------------------------
+    def one_step(self) -> None:
+        cfg, sae = self.cfg, self.sae
+        x, y = self.buffer.next_batch()
+        lr = lr_at(self.step, cfg)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        dead = self.since_fired >= cfg.dead_after
+        terms = sae.loss(x, y, dead=dead if sae.cfg.activation in ("topk", "batchtopk") else None)
+        ramp = cfg.sparsity_warmup * cfg.steps
+        c = min(1.0, (self.step + 1) / ramp) if ramp > 0 else 1.0
+        loss = terms["mse"] + c * terms["sparsity"] + terms["aux"]
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        sae.remove_parallel_grad()
+        self.opt.step()
+        sae.normalize_decoder()
+        with torch.no_grad():
+            fired = terms["acts"] != 0  # [b, d_sae]
+            any_fired = fired.any(0)
+            self.since_fired += x.shape[0]
+            self.since_fired[any_fired] = 0
+            self.window += fired.sum(0)
+            target = x if y is None else y
+            var = (target - target.mean(0)).pow(2).sum()
+            s = self.sums
+            s["n"] += 1
+            s["tokens"] += x.shape[0]
+            s["nonzero"] += float(fired.sum())
+            s["fvu"] += float((target - terms["x_hat"]).pow(2).sum() / var) if var > 0 else 0.0
+            for key in ("loss", "mse", "sparsity", "aux"):
+                s[key] += float(terms[key]) if key != "loss" else float(loss)
+        if not math.isfinite(float(loss.detach())):
+            raise GlassError(
+                f"the SAE's loss is {float(loss.detach())} at step {self.step + 1}; lower train.lr "
+                f"(now {cfg.lr}) and resume from the last checkpoint, or start again"
+            )
+        self.step += 1
+
+    def log_record(self, tok_s: float) -> dict[str, Any]:
+        s, d_sae = self.sums, self.job.sae.d_sae
+        n, tokens = max(1, s["n"]), max(1, s["tokens"])
+        record = {
+            "step": self.step,
+            "tokens": self.step * self.cfg.batch_size,
+            "lr": lr_at(self.step - 1, self.cfg),
+            "loss": s["loss"] / n,
+            "mse": s["mse"] / n,
+            "sparsity": s["sparsity"] / n,
+            "aux": s["aux"] / n,
+            "l0": s["nonzero"] / tokens,
+            "fvu": s["fvu"] / n,
+            "dead_fraction": float((self.since_fired >= self.cfg.dead_after).double().mean()),
+            "dense_fraction": float(
+                (self.window.double() / tokens > self.cfg.dense).double().mean()
+            ),
+            "tok_s": tok_s,
+        }
+        self.sums = dict.fromkeys(s, 0) | {k: 0.0 for k in s if k not in ("n", "tokens")}
+        self.window.zero_()
+        del d_sae
+        return record
+
+    def evaluate(self) -> dict[str, Any]:
+        from glassgpt.data import iter_eval_batches
+
+        split = "val" if "val" in self.data.meta.splits and self.data.split("val").tokens > self.seq_len else "train"  # fmt: skip
+        batches = (
+            (x.to(self.device), y.to(self.device))
+            for x, y in iter_eval_batches(
+                self.data,
+                split,
+                batch_size=self.cfg.model_batch,
+                seq_len=self.seq_len,
+                max_batches=self.cfg.eval_batches,
+            )
+        )
+        return evaluate(self.model, self.sae, batches, dense=self.cfg.dense)
+
+    def fit(self) -> dict[str, Any]:
+        from glassgpt.train.metrics import MetricsLog, truncate_after
+        from glassgpt.train.progress import Progress, stop_on_signals
+
+        cfg = self.cfg
+        log = MetricsLog(self.out / "metrics.jsonl")
+        truncate_after(log.path, self.step)
+        bar = Progress(cfg.steps, self.step, enabled=self.progress, log=print)
+        last = {"time": time.perf_counter(), "step": self.step}
+        ended = "done"
+
+        def stop(signum: int) -> None:
+            self.stop = signum
+
+        try:
+            with stop_on_signals(stop):
+                while self.step < cfg.steps:
+                    self.one_step()
+                    bar.step(self.step)
+                    final = self.step == cfg.steps
+                    if self.step % cfg.log_every == 0 or final:
+                        now = time.perf_counter()
+                        done = (self.step - last["step"]) * cfg.batch_size
+                        record = self.log_record(done / max(now - last["time"], 1e-9))
+                        last.update(time=now, step=self.step)
+                        if cfg.eval_every and self.step % cfg.eval_every == 0 and not final:
+                            record.update(self.evaluate())
+                        log.write(record)
+                        bar.metrics(record["loss"], record["tok_s"])
+                        bar.text += f", L0 {record['l0']:.1f}, FVU {record['fvu']:.3f}"
+                    if self.stop is not None:
+                        ended = "signal"
+                        break
+                    if final or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
+                        self.save()
+        finally:
+            bar.close()
+        if ended == "signal":
+            self.save()
+            self.note(f"stopped at step {self.step}; continue with: {resume_command(self.out)}")
+            return {"ended": "signal", "step": self.step}
+        result = self.evaluate()
+        log.write({"step": self.step, **result})
+        self.sae.save(self.out / "sae", extra={"model": self.job.model, "data": self.job.data,
+                                               "tokens": self.step * cfg.batch_size})  # fmt: skip
+        atomic_write(self.out / "eval.json", (json.dumps(result, indent=1) + "\n").encode())
+        return {"ended": "done", "step": self.step, **result}
+
+
+def resume_command(out: Path) -> str:
+    """The command that continues the SAE training in ``out``.
+
+    >>> resume_command(Path("saes/my sae"))
+    "glassgpt sae train --resume 'saes/my sae'"
+    """
+    return f"glassgpt sae train --resume {shlex.quote(str(out))}"
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def _note(message: str) -> None:
+    print(f"glassgpt: note: {message}", file=sys.stderr, flush=True)
+
+
+def _claim(out: Path, overwrite: bool) -> None:
+    import shutil
+
+    from glassgpt.train.lock import LOCK_NAME
+
+    entries = sorted(p for p in out.iterdir() if p.name != LOCK_NAME)
+    if entries and not overwrite:
+        raise GlassError(
+            f"{out} already holds files ({', '.join(p.name for p in entries[:3])}); continue "
+            f"with --resume {out}, replace with --overwrite, or pass another -o"
+        )
+    for p in entries:
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+def train_command(
+    *,
+    checkpoint: str | None,
+    hook: str | None,
+    width: int | None,
+    arch: str | None,
+    k: int | None = None,
+    out: str | None,
+    tokens: int | None = None,
+    overrides: Sequence[str] = (),
+    data: Sequence[str] | None = None,
+    resume: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    argv: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The whole job behind ``glassgpt sae train``; returns the final metrics."""
+    from glassgpt.data import DataDir
+    from glassgpt.interop.loading import load
+    from glassgpt.train.lock import RunLock
+
+    if resume is not None:
+        folder = Path(resume)
+        path = folder / RUN_FILE
+        if not path.is_file():
+            raise InputFileError(f"--resume {folder}: not an SAE training folder (no {RUN_FILE})")
+        if any(v is not None for v in (checkpoint, hook, width, arch, k, tokens)) or overrides or data:  # fmt: skip
+            raise GlassError("--resume continues the saved job as it was asked; drop the other arguments")  # fmt: skip
+        job = SAERun.from_json(path.read_bytes(), path)
+        out_dir = Path(out) if out else folder
+    else:
+        missing = [f for f, v in (("-c", checkpoint), ("--hook", hook), ("--width", width),
+                                  ("--arch", arch), ("-o", out)) if v is None]  # fmt: skip
+        if missing:
+            raise GlassError(f"sae train needs {', '.join(missing)} (or --resume DIR)")
+        out_dir = Path(out)  # type: ignore[arg-type]
+        if out_dir.exists() and not out_dir.is_dir():
+            raise InputFileError(f"-o {out_dir}: a file is there, not a folder")
+    model_path = job.model if resume is not None else checkpoint
+    assert model_path is not None
+    model, tok = load(model_path)
+    if resume is None:
+        assert hook is not None and width is not None and arch is not None
+        job = plan(checkpoint=model_path, hook=hook, width=width, arch=arch, k=k, tokens=tokens,
+                   overrides=overrides, data=data, model=model, argv=argv)  # fmt: skip
+    if job.train.threads is not None:
+        torch.set_num_threads(job.train.threads)
+    with RunLock(out_dir, note=_note):
+        if resume is None:
+            _claim(out_dir, overwrite)
+            if not job.data:  # text files: encoded once into DIR/data
+                from glassgpt.data import prepare
+
+                if tok is None:
+                    raise GlassError(f"{model_path}: has no tokenizer, so --data text cannot be encoded")  # fmt: skip
+                prepare(list(data or []), out_dir / "data", tok, progress=progress)
+                job = SAERun(job.model, str((out_dir / "data").resolve()), job.sae, job.train, job.argv)  # fmt: skip
+            atomic_write(out_dir / RUN_FILE, job.to_json())
+        datadir = DataDir.open(job.data)
+        if tok is not None:
+            datadir.check_tokenizer(tok)
+        trainer = Trainer(job, out_dir, model, datadir, progress=progress, note=_note)
+        if resume is None:
+            trainer.init_b_dec()
+        else:
+            found = (
+                ckpt.find_resumable(out_dir, warn=_note)
+                if ckpt.step_folders(out_dir / "ckpt")
+                else None
+            )
+            if found is None:
+                _note(f"{out_dir} has no checkpoint yet: starting from step 0")
+                trainer.init_b_dec()
+            else:
+                trainer.load(found)
+                if trainer.step >= job.train.steps and (out_dir / "sae" / "sae.json").is_file():
+                    _note(f"{out_dir} is already finished (step {trainer.step})")
+                    return json.loads((out_dir / "eval.json").read_text())
+        return trainer.fit()

@@ -32,7 +32,7 @@ from typing import Any
 
 from glassgpt.errors import GlassError, InputFileError
 
-BATCH_ROWS = 1024  # rows per Arrow record batch
+BATCH_ROWS = 256  # rows per Arrow record batch
 JSON_BLOCK = 1 << 20  # characters read at a time from a JSON array
 EXTRA = "data"  # pip install 'glassgpt[data]'
 
@@ -254,7 +254,8 @@ def _string_column(pa: Any, schema: Any, field: str, where: str) -> None:
             f"{where}: no column {field!r}; its columns: {names} (see --text-field)"
         )
     t = schema.field(field).type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
+    view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow ≥ 16
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or view(t)):
         raise InputFileError(f"{where}: column {field!r} holds {t}, not strings")
 
 

@@ -230,7 +230,7 @@ function drawDist() {
   const ghost = cut ? distribution(S.logits).p : base;  // behind: unablated, or T = 1 unfiltered
   if (cut) $("dist-where").textContent += ` · ${S.ablated.size} head${S.ablated.size > 1 ? "s" : ""} ablated`;
   $("dist-legend").textContent = "p = softmax(z / T) over the tokens that top-k and top-p keep; bars on a scale of 0 to 1; " +
-    (cut ? "faint bars: without the ablation" : "faint bars: T = 1, unfiltered");
+    (cut ? "faint bars and ticks: without the ablation" : "faint bars: T = 1, unfiltered");
   const box = $("dist"); box.textContent = "";
   const top = order.slice(0, 12).sort((a, b) => p[b] - p[a] || ghost[b] - ghost[a]);
   for (const i of top) {
@@ -241,7 +241,8 @@ function drawDist() {
       el("span", { ...row, class: "label " + row.class }, show(S.vocab[i])),
       el("span", { class: "track", onclick: row.onclick },
         el("span", { class: "ghost", style: `width:${(100 * ghost[i]).toFixed(2)}%` }),
-        el("span", { class: "fill", style: `width:${(100 * p[i]).toFixed(2)}%` })),
+        el("span", { class: "fill", style: `width:${(100 * p[i]).toFixed(2)}%` }),
+        ...(cut ? [el("span", { class: "tick", style: `left:${(100 * ghost[i]).toFixed(2)}%` })] : [])),
       el("span", { class: "num" }, (100 * p[i]).toFixed(1) + "%" + was));
   }
   const kept = p.filter((x) => x > 0).length;

@@ -34,13 +34,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from glassgpt.kernels import bf16, custom_ops, onednn, replay
+from glassgpt.kernels.extensions import extension
 from glassgpt.kernels.onednn import use_onednn
 from glassgpt.kernels.pages import huge_page_copy, huge_page_empty
 
-try:
-    from glassgpt.kernels import _gemv
-except ImportError:  # not built (no C compiler at install): PyTorch's kernels do every product
-    _gemv = None
+_gemv = extension(
+    "_gemv"
+)  # not built (no C compiler at install): PyTorch's kernels do every product
 
 # rows of x up to which float32 packed products take glassgpt's own kernel: decoding steps and
 # short prefills (at 16 rows of GPT-2 small's block weights it took 28-32 ms where oneDNN

@@ -22,12 +22,10 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from glassgpt.kernels.extensions import extension
 from glassgpt.kernels.policy import keeps_probabilities, kept_p_width
 
-try:
-    from glassgpt.kernels import _flash
-except ImportError:  # not built (no C compiler at install): PyTorch's kernel everywhere
-    _flash = None
+_flash = extension("_flash")  # not built (no C compiler at install): PyTorch's kernel everywhere
 
 
 def takes(q: Tensor, k: Tensor, v: Tensor) -> bool:

@@ -23,7 +23,6 @@ x W̃ + b in float32 from W̃ itself (a warning says once that the extension is 
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.kernels import replay
+from glassgpt.kernels.extensions import extension
 from glassgpt.kernels.pages import huge_page_copy
 
 MAX_ROWS = 8  # rows of x (batch × tokens) that the compiled kernel takes
@@ -38,11 +38,8 @@ GROUP = 32  # output channels per group of q's layout (:func:`panels`)
 
 
 def compiled() -> Any | None:
-    """The ``_int8`` extension module, or None when it was not built."""
-    try:
-        return importlib.import_module("glassgpt.kernels._int8")
-    except ImportError:
-        return None
+    """The ``_int8`` extension module, or None when it was not built (or is hidden)."""
+    return extension("_int8")
 
 
 def quantize(W_out_in: Tensor) -> tuple[Tensor, Tensor]:

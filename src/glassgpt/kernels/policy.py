@@ -39,9 +39,10 @@ On a GPU every shape takes PyTorch's fused kernel in the compute dtype.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from pathlib import Path
 from typing import Any, Literal
+
+from glassgpt.kernels.extensions import built
 
 SMALL_HEAD = 64  # below this d_head, CPU bf16 attention avoids PyTorch's bf16 fused kernel ...
 EXPLICIT_MAX_KEYS = 128  # ... and up to this many keys runs the explicit product
@@ -146,7 +147,7 @@ def keeps_probabilities(n_keys: int, d_head: int) -> bool:
 
 def compiled_causal() -> bool:
     """Whether glassgpt's causal attention kernel (``kernels/_flash.c``) is built."""
-    return importlib.util.find_spec("glassgpt.kernels._flash") is not None
+    return built("_flash")
 
 
 @functools.cache
@@ -169,4 +170,4 @@ def native_bf16() -> bool:
 def compiled_gelu() -> bool:
     """Whether glassgpt's own GELU kernel (``kernels/_rowwise.c``) is built: a float32 tanh
     GELU on a CPU then keeps only its input for the backward (``glassgpt.kernels.activations``)."""
-    return importlib.util.find_spec("glassgpt.kernels._rowwise") is not None
+    return built("_rowwise")

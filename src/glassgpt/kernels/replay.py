@@ -29,10 +29,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-try:
-    from glassgpt.kernels import _rowwise
-except ImportError:  # not built: nothing can be recorded (the seams call no kernel)
-    _rowwise = None
+from glassgpt.kernels.extensions import extension
+
+_rowwise = extension("_rowwise")  # not built: nothing can be recorded (the seams call no kernel)
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], tuple[int, ...]]  # fn, args, position args
 
@@ -99,6 +98,20 @@ def fail(why: str) -> None:
 
 
 _ALLOCATIONS = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"))
+
+
+def embed_call(args: tuple[int, ...], positional: tuple[int, ...]) -> Call:
+    """The compiled embedding x₀ = W_E[token] + P[n] (``_rowwise.embed``) as a recorded call
+    on ``args`` (addresses and sizes), ``positional`` naming the arguments that move with n."""
+    assert _rowwise is not None
+    return (_rowwise.embed, args, positional)
+
+
+def argmax_at(address: int, rows: int, n: int, stride: int) -> list[int] | None:
+    """Each of ``rows`` float32 rows' argmax over its first ``n`` values (rows ``stride``
+    apart at ``address``); None where a row holds a NaN or an infinite maximum."""
+    assert _rowwise is not None
+    return _rowwise.argmax_rows(address, rows, n, stride)
 
 
 class StepMode(TorchDispatchMode):

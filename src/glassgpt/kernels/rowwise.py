@@ -31,11 +31,11 @@ import torch
 from torch import Tensor
 
 from glassgpt.kernels import replay
+from glassgpt.kernels.extensions import extension
 
-try:
-    from glassgpt.kernels import _rowwise
-except ImportError:  # not built (no C compiler at install): PyTorch's kernels everywhere
-    _rowwise = None
+_rowwise = extension(
+    "_rowwise"
+)  # not built (no C compiler at install): PyTorch's kernels everywhere
 
 MAX_ROWS = 8  # rows of x (positions of a decoding step) up to which the compiled kernels run
 
@@ -103,7 +103,8 @@ def gelu_many(x: Tensor, g: Tensor | None = None, *, exact: bool = False) -> Ten
     y = torch.empty_like(x)
     if g is not None and not (g.shape == x.shape and g.dtype is x.dtype and g.is_cpu):
         raise ValueError(f"gelu_many: g must be float32 of shape {tuple(x.shape)}")
-    g_ptr = 0 if g is None else g.contiguous().data_ptr()
+    g = None if g is None else g.contiguous()  # held: its address is read by the kernel
+    g_ptr = 0 if g is None else g.data_ptr()
     args = (x.data_ptr(), g_ptr, y.data_ptr(), x.numel(), torch.get_num_threads(), exact)
     _rowwise.gelu_many(*args)
     if replay.RECORDING:

@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from glassgpt.kernels import bf16, custom_ops, flash, replay
+from glassgpt.kernels.extensions import extension
 from glassgpt.kernels.policy import attention_path
 
-try:
-    from glassgpt.kernels import _attend
-except ImportError:  # not built (no C compiler at install): PyTorch's kernel for every shape
-    _attend = None
+_attend = extension(
+    "_attend"
+)  # not built (no C compiler at install): PyTorch's kernel for every shape
 
 
 def compute_dtype(q: Tensor, device: str | None = None) -> torch.dtype:

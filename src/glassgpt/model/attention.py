@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from glassgpt.kernels.sdpa import attention as fused_attention
+from glassgpt.kernels import attention as fused_attention
 from glassgpt.model.cache import LayerKV
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import HookPoint, Hooks

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glassgpt.errors import ConfigError, GlassError
-from glassgpt.kernels.checks import id_out_of_range
+from glassgpt.kernels import id_out_of_range
 from glassgpt.model.attention import ATTN_IMPLS, Attention
 from glassgpt.model.cache import KVCacheProtocol, LayerKV
 from glassgpt.model.config import GPTConfig

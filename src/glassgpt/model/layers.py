@@ -26,10 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from glassgpt.kernels.activations import gelu_exact as gelu_exact_kernel
-from glassgpt.kernels.activations import gelu_tanh as gelu_tanh_kernel
-from glassgpt.kernels.dense import matmul
-from glassgpt.kernels.norms import layer_norm, rms_norm
+from glassgpt.kernels import gelu_exact as gelu_exact_kernel
+from glassgpt.kernels import gelu_tanh as gelu_tanh_kernel
+from glassgpt.kernels import layer_norm, matmul, rms_norm
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import HookPoint, Hooks
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from glassgpt.errors import ConfigError
-from glassgpt.kernels.policy import (
+from glassgpt.kernels import (
     attention_path,
     compiled_causal,
     compiled_gelu,

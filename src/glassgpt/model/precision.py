@@ -81,13 +81,12 @@ def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True, inplace: bo
 def quantize_int8(model: GPT) -> int:
     """Replace a float32 CPU model's projections by W̃ = q·s in place and register their int8
     products with the kernel seam (``glassgpt.kernels.int8.pack_int8``); returns how many."""
-    from glassgpt.kernels.int8 import pack_int8
 
     tied = model.unembed.W_U is None
     unembed = model.embed.W_E if tied else model.unembed.W_U
     assert unembed is not None
-    n = int(pack_int8(unembed, transposed=tied))
-    return n + sum(pack_int8(W) for W in _projections(model))
+    n = int(kernels.pack_int8(unembed, transposed=tied))
+    return n + sum(kernels.pack_int8(W) for W in _projections(model))
 
 
 def _projections(model: GPT) -> list[Tensor]:

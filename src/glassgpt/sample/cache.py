@@ -29,8 +29,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
-from glassgpt.kernels.bf16 import cache_dtype
-from glassgpt.kernels.rowwise import write_kv
+from glassgpt.kernels import cache_dtype, write_kv
 from glassgpt.model.config import GPTConfig
 
 if TYPE_CHECKING:

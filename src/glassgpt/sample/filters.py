@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from glassgpt import kernels
 from glassgpt.errors import ConfigError, GlassError
-from glassgpt.kernels import rowwise
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def next_token(
     :class:`GlassError`."""
     z = next_token_logits(logits, cfg, counts)  # [B, V] float32
     if cfg.greedy:
-        picked = rowwise.argmax_rows(z)  # None off a CPU, or with a NaN or an infinite maximum
+        picked = kernels.argmax_rows(z)  # None off a CPU, or with a NaN or an infinite maximum
         if picked is not None:
             return torch.tensor(picked, device=z.device)
         # one pass: a finite row maximum (max propagates NaN) is the argmax

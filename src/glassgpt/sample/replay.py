@@ -9,9 +9,9 @@ with Python between them: module calls, hooks that are off, the seams' choices, 
 allocations, about 2 ms a GPT-2-small step against 17-25 ms of weight reads. The kernels
 and the buffers they work on are the same at every step; only the position n moves (the
 cache column written, the n + 1 keys attended to, the position row P[n]).
-:class:`ReplayedStep` runs one step eagerly while ``glassgpt.kernels.replay`` records its
+:class:`ReplayedStep` runs one step eagerly while the kernels' recorder (``glassgpt.kernels.Recorder``) records its
 compiled calls, then replays those calls for the following steps with n moved, and the
-embedding x₀ computed by ``_rowwise.embed``. The replay makes the same calls on the same
+embedding x₀ computed by the compiled embedding (``glassgpt.kernels.embed_call``). The replay makes the same calls on the same
 buffers in the same order, so its logits equal the eager step's bit for bit.
 
 It records only what it can replay: a plain :class:`~glassgpt.sample.cache.KVCache` without
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from glassgpt.kernels import replay
+from glassgpt import kernels
 from glassgpt.model.gpt import TokenError
 from glassgpt.sample.cache import CacheFullError, KVCache
 
@@ -50,7 +50,7 @@ def unreplayable(model: GPT, cache: Any) -> str | None:
 def unreplayable_model(model: GPT) -> str | None:
     """What rules out replaying ``model``'s one-token steps over any cache, in eval mode
     (None: nothing)."""
-    if replay._rowwise is None:
+    if not kernels.OPS["record_step"].built():
         return "glassgpt's compiled kernels are not built"
     W_E = model.embed.W_E
     if W_E.device.type != "cpu" or W_E.dtype != torch.float32 or not W_E.is_contiguous():
@@ -81,7 +81,7 @@ class ReplayedStep:
     True
     """
 
-    def __init__(self, cache: KVCache, calls: list[replay.Call], keep: list[Any],
+    def __init__(self, cache: KVCache, calls: list[kernels.ReplayCall], keep: list[Any],
                  tokens: Tensor, logits: Tensor) -> None:  # fmt: skip
         self.cache, self.calls, self.keep = cache, calls, keep
         self.tokens, self.logits = tokens, logits
@@ -102,14 +102,14 @@ class ReplayedStep:
             cls.why_not = why
             with torch.inference_mode():
                 return None, model(tokens, cache=cache)
-        rec = replay.Recorder(0 if _per_row(cache) else cache.length)
-        mode = replay.StepMode(rec)
+        rec = kernels.Recorder(0 if _per_row(cache) else cache.length)
+        mode = kernels.StepMode(rec)
         first: list[Tensor] = []
 
         def start(_module: Any, args: tuple[Any, ...]) -> None:  # x₀ reaches block 0
             first.append(args[0])
             mode.active = True
-            replay.start(rec)
+            kernels.start_recording(rec)
 
         hook = model.blocks[0].register_forward_pre_hook(start)
         try:
@@ -117,7 +117,7 @@ class ReplayedStep:
                 logits = model(tokens, cache=cache)
         finally:
             hook.remove()
-            replay.stop()
+            kernels.stop_recording()
             mode.active = False
         assert isinstance(logits, Tensor)
         x0 = first[0] if first else None
@@ -133,7 +133,7 @@ class ReplayedStep:
 
     @classmethod
     def _build(
-        cls, model: GPT, cache: KVCache, rec: replay.Recorder, x0: Tensor, logits: Tensor
+        cls, model: GPT, cache: KVCache, rec: kernels.Recorder, x0: Tensor, logits: Tensor
     ) -> ReplayedStep:
         config = model.config
         B = x0.shape[0]
@@ -148,8 +148,7 @@ class ReplayedStep:
             else:  # the fixed rows, computed as the eager step computes each of them
                 table = model.pos_embed(config.n_ctx, 0, dtype=torch.float32)
             keep.append(table)
-        embed = (
-            replay._rowwise.embed,
+        embed = kernels.embed_call(
             (model.embed.W_E.data_ptr(), tokens.data_ptr(), 0 if table is None else table.data_ptr(),
              x0.data_ptr(), B, config.d_model, config.n_vocab, 0,
              cache.lengths.data_ptr() if per_row else 0),  # row b at lengths[b], or all at n
@@ -166,7 +165,7 @@ class ReplayedStep:
         cache), so that each operation took 30-50 µs: this pick, and a step from a list of
         ids, make none."""
         B, V = self.tokens.shape[0], self.logits.shape[-1]
-        return replay._rowwise.argmax_rows(self.logits.data_ptr(), B, min(n_valid, V), V)
+        return kernels.argmax_at(self.logits.data_ptr(), B, min(n_valid, V), V)
 
     def __call__(self, tokens: Tensor | list[int]) -> Tensor:
         """The next step's logits for ``tokens`` [B, 1] (or a list of B ids)."""

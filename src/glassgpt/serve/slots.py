@@ -32,8 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from glassgpt.kernels.bf16 import cache_dtype
-from glassgpt.kernels.rowwise import advance, write_kv_rows
+from glassgpt.kernels import advance, cache_dtype, write_kv_rows
 
 
 class _SlotLayer:

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from glassgpt import kernels
 from glassgpt.errors import GlassError
-from glassgpt.kernels import rowwise
 from glassgpt.train.adamw import AdamW
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.muon import MuonAdamW, is_hidden_matrix
@@ -193,18 +193,18 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     ``clip_grad_norm_``'s rule. On a CPU, where reading the norm costs nothing, the gradients
     are multiplied only when the factor is below 1 (multiplying by 1 changes no value, and
     cost about 1% of a small model's step); on a GPU always, so that the host never waits.
-    Contiguous float32 gradients on a CPU take glassgpt's kernels (``rowwise.sum_squares``,
-    ``rowwise.scale_``): ‖g‖₂² summed in float64 in one pass over all of them, and one pass
+    Contiguous float32 gradients on a CPU take glassgpt's kernels (``kernels.sum_squares``,
+    ``kernels.scale_``): ‖g‖₂² summed in float64 in one pass over all of them, and one pass
     to scale them, where PyTorch makes a call per tensor (0.1 ms against 0.3-0.55 for the
     norm of nanoGPT's CPU model's 53 gradients). The norm is then the float32 rounding of
     the float64 one, where PyTorch's sums float32 norms, so the two can differ in the last
     bit, and the clipped gradients by as much."""
     grads = [p.grad for p in params if p.grad is not None]
-    squares = rowwise.sum_squares(grads)  # float32 CPU gradients: one pass for all
+    squares = kernels.sum_squares(grads)  # float32 CPU gradients: one pass for all
     if squares is not None:
         norm = math.sqrt(squares)
         if not norm + 1e-6 <= max_norm:  # NaN: as torch does
-            rowwise.scale_(grads, min(max_norm / (norm + 1e-6), 1.0))
+            kernels.scale_(grads, min(max_norm / (norm + 1e-6), 1.0))
         return torch.tensor(norm, dtype=torch.float32)
     norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
     if norm.device.type != "cpu" or not float(norm) + 1e-6 <= max_norm:  # NaN: as torch does

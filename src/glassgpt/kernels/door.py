@@ -1,0 +1,115 @@
+"""The declared interface of glassgpt's kernels: every operation that code outside
+``glassgpt.kernels`` uses, what it needs built, and what it keeps for the backward pass.
+
+    op(x) = kernel(x)     where the extension is built and the op's predicate takes x
+            fallback(x)   else (PyTorch's operations: the same function)
+
+Each :class:`Op` names its function (the seam callers use), the compiled extension it may
+run on (``kernels/<extension>.c``), its predicate (which inputs the kernel takes), its
+variant under ``torch.compile`` (a custom operator, or PyTorch's kernels) and what it saves
+for the backward. Whether an extension is built is asked one way, :func:`built`; tests run
+any operation with its extension hidden (:func:`hidden`, from
+:mod:`glassgpt.kernels.extensions`) to check the fallback computes the
+same thing. Code outside ``glassgpt.kernels`` imports only the package, which re-exports
+these functions (``tests/test_imports.py`` forbids reaching past it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from glassgpt.kernels.extensions import EXTENSIONS, built, extension, hidden
+
+__all__ = ["EXTENSIONS", "OPS", "Op", "built", "extension", "hidden", "register_custom_ops"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel operation as callers see it (see the module docstring)."""
+
+    name: str
+    function: str  # "module:function" in glassgpt.kernels, the seam
+    extension: str | None  # the compiled extension it may run on; None: PyTorch only
+    takes: str  # which inputs the compiled kernel takes (else the fallback)
+    compiled: str  # under torch.compile
+    saves: str  # what it keeps for the backward pass ("nothing": inference only)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn()(*args, **kwargs)
+
+    def fn(self) -> Callable[..., Any]:
+        module, _, name = self.function.partition(":")
+        return getattr(importlib.import_module(f"glassgpt.kernels.{module}"), name)
+
+    def built(self) -> bool:
+        return self.extension is None or built(self.extension)
+
+
+PYTORCH = "PyTorch's kernels"
+INFERENCE = "nothing (inference, no autograd)"
+
+OPS: dict[str, Op] = {
+    op.name: op
+    for op in (
+        Op("matmul", "dense:matmul", "_gemv",
+           "a packed CPU weight (float32/bf16) and up to SMALL_BATCH rows of x; oneDNN's "
+           "float32 products otherwise on a CPU",
+           "glassgpt::linear once register_custom_ops() has run, else " + PYTORCH,
+           "x, or xᵀ where d_in < d_out (onednn.keeps_transpose), and W"),
+        Op("attention", "sdpa:attention", "_attend",
+           "a few float32 queries over a KV cache, no autograd (the decoding step); float32 "
+           "causal training attention with small heads goes to _flash",
+           "glassgpt::causal_attention once registered, else " + PYTORCH,
+           "q, k, v, z and P where T ≤ 4 d_head, else the row log-sum-exps"),
+        Op("causal_attention", "flash:causal_attention", "_flash",
+           "float32 CPU q, k, v of one [B, H, T, d_head] shape",
+           "glassgpt::causal_attention (registered)",
+           "q, k, v, z and P where T ≤ 4 d_head, else the row log-sum-exps"),
+        Op("gelu_tanh", "activations:gelu_tanh", "_rowwise",
+           "float32 CPU activations: a decoding step's few rows, or a training step's whole "
+           "tensor (and its gradient)", PYTORCH,
+           "its input only where _rowwise is built (the slope recomputed), else autograd's"),
+        Op("gelu_exact", "activations:gelu_exact", "_rowwise",
+           "float32 CPU activations of a training step", PYTORCH,
+           "its input only where _rowwise is built, else autograd's"),
+        Op("layer_norm", "norms:layer_norm", "_rowwise",
+           "float32 CPU rows: a decoding step's few, or a training step's", PYTORCH,
+           "x̂'s mean and 1/σ per row (the kernel), or autograd's"),
+        Op("rms_norm", "norms:rms_norm", "_rowwise",
+           "float32 CPU rows: a decoding step's few, or a training step's", PYTORCH,
+           "1/rms per row (the kernel), or autograd's"),
+        Op("write_kv", "rowwise:write_kv", "_rowwise",
+           "float32 CPU caches, no autograd", PYTORCH, INFERENCE),
+        Op("write_kv_rows", "rowwise:write_kv_rows", "_rowwise",
+           "float32 CPU slot caches, each row at its own length", PYTORCH, INFERENCE),
+        Op("advance", "rowwise:advance", "_rowwise",
+           "a contiguous int64 CPU length vector", PYTORCH, INFERENCE),
+        Op("argmax_rows", "rowwise:argmax_rows", "_rowwise",
+           "float32 CPU logits [B, V] with no NaN and a finite maximum", PYTORCH, INFERENCE),
+        Op("sum_squares", "rowwise:sum_squares", "_rowwise",
+           "contiguous float32 CPU gradients (the clipping norm, in float64)", PYTORCH,
+           INFERENCE),
+        Op("scale_", "rowwise:scale_", "_rowwise",
+           "contiguous float32 CPU gradients (clipping)", PYTORCH, INFERENCE),
+        Op("pack", "dense:pack", "_gemv",
+           "a float32 or bf16 CPU weight: packed copies for inference products", PYTORCH,
+           "nothing: the weight itself is what autograd sees"),
+        Op("pack_int8", "int8:pack_int8", "_int8",
+           "a float32 CPU weight: W̃ = q·s, products read q (float ones where not built)",
+           PYTORCH, INFERENCE),
+        Op("record_step", "replay:Recorder", "_rowwise",
+           "a float32 CPU decoding step whose every operation is a compiled call, a view, "
+           "an allocation or a float32 residual sum", "not recorded", INFERENCE),
+    )
+}  # fmt: skip
+
+
+def register_custom_ops() -> None:
+    """Register the float32 CPU kernels as custom operators for ``torch.compile``
+    (``glassgpt.kernels.custom_ops``); idempotent."""
+    from glassgpt.kernels import custom_ops
+
+    custom_ops.register()

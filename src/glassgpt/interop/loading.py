@@ -37,22 +37,28 @@ from glassgpt.model.precision import cast
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
+def available_devices() -> list[str]:
+    """The devices this machine's torch can compute on: ``cpu``, then ``cuda`` and ``cuda:N``
+    where a CUDA GPU is usable, and ``mps`` where Apple's Metal backend is."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += ["cuda", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    return out
+
+
 def parse_device(name: str) -> torch.device:
-    """A usable torch.device from ``--device``; a one-line error otherwise."""
+    """A usable torch.device from ``--device``; else a one-line error that lists the devices
+    this machine has."""
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise GlassError(f"--device: unknown device {name!r}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise GlassError(f"--device {name}: no CUDA GPU is usable here")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise GlassError(f"--device {name}: only {torch.cuda.device_count()} GPUs visible")
-    elif device.type != "cpu":  # mps, xpu, …: usable only where this torch build has them
-        try:
-            torch.empty(0, device=device)
-        except (RuntimeError, AssertionError, AttributeError):
-            raise GlassError(f"--device {name}: not usable here") from None
+        device = None
+    usable = available_devices()
+    if device is None or (str(device) not in usable and device.type != "cpu"):
+        raise GlassError(f"--device {name}: not usable here; this machine has {', '.join(usable)}")
     return device
 
 

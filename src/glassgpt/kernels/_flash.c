@@ -292,7 +292,8 @@ static PyObject *run(PyObject *const *args, Py_ssize_t nargs, int backward) {
     if ((long long)items * j.T * j.T * j.D < (1LL << 18))
         threads = 1;
     j.per_part = scratch_floats(j.Tp, j.Dp);
-    const size_t bytes = sizeof(float) * j.per_part * (size_t)threads;
+    /* a whole number of cache lines: C11's aligned_alloc asks for it (macOS enforces it) */
+    const size_t bytes = (sizeof(float) * j.per_part * (size_t)threads + 63) / 64 * 64;
     j.scratch = aligned_alloc(64, bytes); /* rows of 16 floats on whole cache lines */
     if (!j.scratch)
         return PyErr_NoMemory();

@@ -16,13 +16,17 @@
  * host) does not stop the threads; a core held by another process does. Every part computes
  * the same thing either way, so results do not depend on which way they ran.
  *
+ * Finding the runtime: on Linux, among the loaded libraries (dl_iterate_phdr, as PyTorch
+ * loads its libgomp privately); on macOS and the BSDs, by name among every loaded image
+ * (dlsym(RTLD_DEFAULT): PyTorch's libomp exports the GOMP_ entry points too); elsewhere, or
+ * where none is found, the parts run one after another.
+ *
  * Include once per extension; needs _GNU_SOURCE before the first system header.
  */
 #ifndef GLASSGPT_PARALLEL_H
 #define GLASSGPT_PARALLEL_H
 
 #include <dlfcn.h>
-#include <link.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -37,6 +41,9 @@ typedef int (*OmpInt)(void);
 static GompParallel gomp_parallel;
 static OmpInt omp_thread_num;
 
+#if defined(__linux__)
+#include <link.h>
+
 static int find_openmp(struct dl_phdr_info *info, size_t size, void *found) {
     const char *name = info->dlpi_name;
     (void)size;
@@ -50,13 +57,20 @@ static int find_openmp(struct dl_phdr_info *info, size_t size, void *found) {
     *(int *)found = gomp_parallel && omp_thread_num;
     return *(int *)found;
 }
+#endif
 
 /* Whether an OpenMP runtime is loaded (looked for once, after PyTorch is imported). */
 static int openmp_ready(void) {
     static int state = -1;
     if (state < 0) {
         int found = 0;
+#if defined(__linux__)
         dl_iterate_phdr(find_openmp, &found);
+#elif defined(RTLD_DEFAULT)
+        gomp_parallel = (GompParallel)dlsym(RTLD_DEFAULT, "GOMP_parallel");
+        omp_thread_num = (OmpInt)dlsym(RTLD_DEFAULT, "omp_get_thread_num");
+        found = gomp_parallel && omp_thread_num;
+#endif
         state = found;
     }
     return state;

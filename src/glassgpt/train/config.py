@@ -93,7 +93,7 @@ class TrainConfig:
     precision: Precision = "auto"
     compile: bool | None = None  # None: torch.compile on CUDA devices, eager elsewhere
     tf32: bool = True  # on CUDA, float32 matrix products may use TF32 tensor cores
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int | None = None  # CPU threads per process; default cores // local processes
     sample_tokens: int = 200  # 0: no samples at eval time
     sample_prompt: str = "\n"
@@ -137,10 +137,10 @@ class TrainConfig:
         )
         device = self.device
         check(
-            device in ("auto", "cpu", "cuda")
+            device in ("auto", "cpu", "cuda", "mps")
             or (device.startswith("cuda:") and device[5:].isdigit()),
             "train.device",
-            f"must be auto, cpu, cuda or cuda:N, got {device!r}",
+            f"must be auto, cpu, cuda, cuda:N or mps, got {device!r}",
         )
         check(
             self.batch_size % self.grad_accum == 0,

@@ -64,6 +64,13 @@ def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
     """``auto`` → the local rank's GPU if CUDA is available, else the CPU."""
     if preference == "auto":
         preference = "cuda" if torch.cuda.is_available() else "cpu"
+    if preference == "mps":
+        from glassgpt.interop.loading import available_devices
+
+        if "mps" not in available_devices():
+            raise ConfigError("train.device", "'mps' asked for, but this machine has "
+                              f"{', '.join(available_devices())}")  # fmt: skip
+        return torch.device("mps")
     if preference.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(

@@ -135,6 +135,8 @@ def test_patch_refuses_what_it_cannot_patch(live: Server) -> None:
     status, d = request(live.url, "/api/patch/effect", {"clean": CLEAN, "corrupted": CORRUPTED,
                         "site": "resid_pre", "layer": 0, "index": 11})  # fmt: skip
     assert status == 400 and "11" in d["error"]["message"]
+    status, d = request(live.url, "/api/patch", {"clean": CLEAN, "corrupted": CLEAN})
+    assert status == 400 and "on both the clean and the corrupted run" in d["error"]["message"]
 
 
 def test_ablated_logits_equal_a_model_without_those_heads(live: Server, oracle: Any) -> None:

@@ -42,11 +42,10 @@ from glassgpt.sample.cache import KVCache
 from glassgpt.sample.engine import Decoder
 from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token
 from glassgpt.sample.stops import StopMatcher
+from glassgpt.tokenizer.special import start_id
 
 if TYPE_CHECKING:
     from glassgpt.model.gpt import GPT
-
-END_OF_TEXT = "<|endoftext|>"
 
 
 class ContextWarning(UserWarning):
@@ -240,12 +239,6 @@ def _as_list(row: Any) -> list[int]:
     if isinstance(row, Sequence) and not isinstance(row, (str, bytes)):
         return list(row)
     raise GlassError(f"each prompt must be a list of ids, got {type(row).__name__}")
-
-
-def start_id(tokenizer: Any) -> int:
-    """The id an empty prompt starts from: ``<|endoftext|>`` if the tokenizer has it, else 0."""
-    specials = getattr(tokenizer, "special_tokens", None) or {}
-    return int(specials.get(END_OF_TEXT, 0))
 
 
 def _seeds(seed: int | Sequence[int] | None, n: int) -> list[int]:

@@ -309,7 +309,7 @@ def _mean_activation(
     model: GPT, tokenizer: Any, prompts: Sequence[Any], name: str, shape: tuple[int, ...], pos: str
 ) -> Tensor:
     """mean over ``prompts`` of a(p) (float64, on the CPU)."""
-    from glassgpt.sample.generation import start_id
+    from glassgpt.tokenizer.special import start_id
 
     device = next(model.parameters()).device
     total = torch.zeros(shape, dtype=torch.float64)

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from glassgpt.sample.generation import start_id
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.scheduler import Scheduler
+from glassgpt.tokenizer.special import start_id
 
 
 @dataclass

@@ -21,6 +21,13 @@ from typing import Any, Literal
 from glassgpt.errors import GlassError
 
 SpecialSet = Literal["all"] | Collection[str]
+END_OF_TEXT = "<|endoftext|>"
+
+
+def start_id(tokenizer: Any) -> int:
+    """The id an empty prompt starts from: ``<|endoftext|>`` if the tokenizer has it, else 0."""
+    specials = getattr(tokenizer, "special_tokens", None) or {}
+    return int(specials.get(END_OF_TEXT, 0))
 
 
 class SpecialTokenError(GlassError, ValueError):

@@ -11,6 +11,9 @@ Each score is an average of attention weights, so it lies in [0, 1]; a head that
 the mechanism perfectly scores 1. The first half's tokens are distinct whenever n ≤ n_vocab
 (a random permutation), so the earlier copy of each token is unique.
 
+The measurement itself (:func:`repeated_random_tokens`, :func:`pattern_scores`) lives in
+:mod:`glassgpt.model.probes`, where the trainer reads the same scores during training.
+
 Precision: the scores are in the model's dtype (float64 for a float64 model); a bfloat16 or
 float16 model's patterns are averaged in float32 and its scores returned in float32.
 """
@@ -24,35 +27,14 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
-from glassgpt.inspect.cache import evaluating, run_with_cache
-from glassgpt.inspect.factored import widened
+from glassgpt.inspect.cache import as_batch, evaluating
 from glassgpt.model import GPT
-
-SCORES = ("previous_token", "duplicate_token", "induction")
-
-
-def repeated_random_tokens(
-    n_vocab: int, seq_len: int, batch: int = 8, *, seed: int = 0, low: int = 0
-) -> Tensor:
-    """[batch, 2 · seq_len] random ids in [low, n_vocab), each row's first half repeated.
-
-    >>> t = repeated_random_tokens(50, 4, batch=2, seed=1)
-    >>> t.shape, bool((t[:, :4] == t[:, 4:]).all())
-    (torch.Size([2, 8]), True)
-    """
-    span = n_vocab - low
-    if seq_len < 2 or batch < 1 or span < 2:
-        raise GlassError(
-            f"repeated sequences need seq_len ≥ 2, batch ≥ 1 and ≥ 2 ids; got seq_len={seq_len}, "
-            f"batch={batch}, ids {low}..{n_vocab - 1}"
-        )
-    gen = torch.Generator().manual_seed(seed)
-    if seq_len <= span:
-        half = torch.stack([torch.randperm(span, generator=gen)[:seq_len] for _ in range(batch)])
-    else:
-        half = torch.randint(0, span, (batch, seq_len), generator=gen)
-    half = half + low
-    return torch.cat([half, half], dim=1)
+from glassgpt.model.probes import (
+    SCORES,
+    mean_patterns,
+    pattern_scores,
+    repeated_random_tokens,
+)
 
 
 @dataclass(frozen=True)
@@ -75,21 +57,6 @@ class HeadScores:
         flat = int(torch.argmax(s))
         layer, head = divmod(flat, s.shape[1])
         return layer, head, float(s[layer, head])
-
-
-def pattern_scores(pattern: Tensor, seq_len: int) -> dict[str, Tensor]:
-    """The three scores from patterns [..., T, T] of repeated sequences (T = 2 · seq_len) → [...]."""
-    T = pattern.shape[-1]
-    if 2 * seq_len != T:
-        raise GlassError(f"patterns of length {T} are not a sequence of {seq_len} repeated")
-    prev = pattern.diagonal(offset=-1, dim1=-2, dim2=-1)  # [..., T − 1]
-    dup = pattern.diagonal(offset=-seq_len, dim1=-2, dim2=-1)  # [..., seq_len]
-    ind = pattern.diagonal(offset=1 - seq_len, dim1=-2, dim2=-1)[..., 1:]  # query i ≥ seq_len
-    return {
-        "previous_token": prev.mean(-1),
-        "duplicate_token": dup.mean(-1),
-        "induction": ind.mean(-1),
-    }
 
 
 def head_scores(
@@ -128,7 +95,6 @@ def head_scores(
     if not torch.equal(batch_tokens[:, :n], batch_tokens[:, n:]):
         raise GlassError("head scores need each sequence to be its first half repeated")
     with evaluating(model):
-        _, cache = run_with_cache(model, batch_tokens, "pattern")
-    pattern = widened(cache.stack("pattern")).mean(1)  # [L, H, T, T]
+        pattern = mean_patterns(model, as_batch(model, batch_tokens))  # [L, H, T, T]
     scores = pattern_scores(pattern, n)
     return HeadScores(**scores, tokens=batch_tokens)

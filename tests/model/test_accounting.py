@@ -11,7 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from glassgpt.errors import ConfigError
-from glassgpt.model import memory
+from glassgpt.kernels import saved  # what each kernel keeps: patched as on another machine
 from glassgpt.model.accounting import (
     count_parameters,
     flops_per_token,
@@ -179,23 +179,23 @@ def test_memory_components_scale_as_documented(monkeypatch: pytest.MonkeyPatch) 
     assert e(16) - 2 * e(12) + e(8) > 0
     # d_head 8 under bf16 on a CPU with bf16 arithmetic: the explicit product (T² per row) up
     # to 128 keys, then the float32 fused kernel; float32 always the fused kernel
-    monkeypatch.setattr(memory, "native_bf16", lambda: True)
+    monkeypatch.setattr(saved, "native_bf16", lambda: True)
     b = lambda T: a(c, 4, T, "bfloat16")  # noqa: E731
     assert b(16) - 2 * b(12) + b(8) > 0
     assert b(256) - 2 * b(200) + b(144) == 0
     assert a(c, 4, 16) - a(c, 4, 12) == a(c, 4, 12) - a(c, 4, 8)
     assert activation_bytes(wide, 64, 16, "bf16") < 0.75 * activation_bytes(wide, 64, 16)
     # without bf16 arithmetic every bf16 attention takes float32 copies: affine in T again
-    monkeypatch.setattr(memory, "native_bf16", lambda: False)
+    monkeypatch.setattr(saved, "native_bf16", lambda: False)
     assert b(16) - 2 * b(12) + b(8) == 0
     # glassgpt's float32 causal kernel keeps P up to 4 d_head keys (as the explicit path keeps
     # the pattern, rows rounded up to 16 keys), the row log-sum-exps beyond
-    monkeypatch.setattr(memory, "compiled_causal", lambda: True)
+    monkeypatch.setattr(saved, "compiled_causal", lambda: True)
     assert activation_bytes(wide, 4, 16, attn_impl="explicit") == activation_bytes(wide, 4, 16)
     assert activation_bytes(wide, 4, 300, attn_impl="explicit") > activation_bytes(wide, 4, 300)
     p = lambda T: a(wide, 4, T)  # noqa: E731  T² per row up to 256 keys, then affine
     assert p(256) - 2 * p(192) + p(128) > 0 and p(400) - 2 * p(350) + p(300) == 0
-    monkeypatch.setattr(memory, "compiled_causal", lambda: False)
+    monkeypatch.setattr(saved, "compiled_causal", lambda: False)
     assert p(256) - 2 * p(192) + p(128) == 0
     assert weight_bytes(c, torch.bfloat16) == 2 * n
 

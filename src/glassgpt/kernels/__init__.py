@@ -68,6 +68,12 @@ if TYPE_CHECKING:
         write_kv,
         write_kv_rows,
     )
+    from glassgpt.kernels.saved import (
+        activation_copy_kept,
+        activation_kept,
+        attention_kept,
+        norm_kept,
+    )
     from glassgpt.kernels.sdpa import attention
 
 # name → (module of glassgpt.kernels, its attribute): imported on first use
@@ -99,6 +105,10 @@ _LAZY = {
     "stop_recording": ("replay", "stop"),
     "embed_call": ("replay", "embed_call"),
     "argmax_at": ("replay", "argmax_at"),
+    "activation_kept": ("saved", "activation_kept"),
+    "activation_copy_kept": ("saved", "activation_copy_kept"),
+    "attention_kept": ("saved", "attention_kept"),
+    "norm_kept": ("saved", "norm_kept"),
 }
 
 __all__ = [
@@ -110,10 +120,13 @@ __all__ = [
     "Recorder",
     "ReplayCall",
     "StepMode",
+    "activation_copy_kept",
+    "activation_kept",
     "advance",
     "argmax_at",
     "argmax_rows",
     "attention",
+    "attention_kept",
     "attention_path",
     "built",
     "cache_dtype",
@@ -132,6 +145,7 @@ __all__ = [
     "layer_norm",
     "matmul",
     "native_bf16",
+    "norm_kept",
     "pack",
     "pack_int8",
     "register_custom_ops",

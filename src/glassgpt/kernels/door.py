@@ -7,7 +7,8 @@
 Each :class:`Op` names its function (the seam callers use), the compiled extension it may
 run on (``kernels/<extension>.c``), its predicate (which inputs the kernel takes), its
 variant under ``torch.compile`` (a custom operator, or PyTorch's kernels) and what it saves
-for the backward. Whether an extension is built is asked one way, :func:`built`; tests run
+for the backward (in bytes per token: :mod:`glassgpt.kernels.saved`, which the memory estimate
+asks). Whether an extension is built is asked one way, :func:`built`; tests run
 any operation with its extension hidden (:func:`hidden`, from
 :mod:`glassgpt.kernels.extensions`) to check the fallback computes the
 same thing. Code outside ``glassgpt.kernels`` imports only the package, which re-exports

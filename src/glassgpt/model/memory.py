@@ -6,8 +6,10 @@
               + 4 · N if s_param < 4 (a float32 master copy of low-precision weights)
     activations: see :func:`activation_bytes` (what autograd saves for the backward).
 
-N from :func:`glassgpt.model.accounting.count_parameters`. What attention keeps depends on
-the kernel it takes on the device, which :mod:`glassgpt.kernels.policy` decides.
+N from :func:`glassgpt.model.accounting.count_parameters`. What each operation keeps for the
+backward depends on the kernel it takes on the device: the kernels declare it
+(``glassgpt.kernels.norm_kept``, ``attention_kept``, ``activation_kept``), so this module
+holds the model's arithmetic and no device rules.
 Pure Python: no torch import (``describe`` and the trainer's batch check stay cheap).
 """
 
@@ -16,15 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from glassgpt import kernels
 from glassgpt.errors import ConfigError
-from glassgpt.kernels import (
-    attention_path,
-    compiled_causal,
-    compiled_gelu,
-    keeps_probabilities,
-    kept_p_width,
-    native_bf16,
-)
 from glassgpt.model.accounting import _int, count_parameters
 from glassgpt.model.config import GPTConfig
 
@@ -63,22 +58,6 @@ def weight_bytes(config: GPTConfig, dtype: Any = "float32") -> int:
     248675328
     """
     return count_parameters(config) * itemsize(dtype)
-
-
-# the others' backward needs only their output
-_SAVES_INPUT = ("gelu", "gelu_tanh", "silu", "relu2")
-
-
-def _kept_by(act: str | None, device: str, s: int, autocast: bool) -> int:
-    """Tensors of d_mlp per token an activation keeps beyond its output: its input (GELU,
-    SiLU; max(0, x) for the squared ReLU; glassgpt's compiled tanh GELU keeps its slope
-    instead, as many values), and for the tanh GELU on a CPU in float64 (or float32 without
-    glassgpt's compiled GELU kernel) also its gate σ(·) (``glassgpt.kernels.activations``)."""
-    if act not in _SAVES_INPUT:
-        return 0
-    if act != "gelu_tanh" or device != "cpu" or autocast or s < 4:
-        return 1
-    return 2 if s == 8 or not compiled_gelu() else 1
 
 
 def activation_bytes(
@@ -132,18 +111,18 @@ def activation_bytes(
         raise ConfigError("attn_impl", f"must be 'sdpa' or 'explicit', got {attn_impl!r}")
     d, H, dh, dm, T, V = c.d_model, c.n_heads, _int(c.d_head), _int(c.d_mlp), seq_len, c.n_vocab
     dropout, autocast = c.dropout > 0.0, s < r
-    compiled_rms = device == "cpu" and r == 4 and compiled_gelu()  # kernels/_rowwise built
-    norm = r * d + s * d + (8 if c.norm == "layernorm" or compiled_rms else 4 + r * d)
-    attn = _attention_bytes(c, T, s, autocast, dropout, attn_impl, device)
+    norm = kernels.norm_kept(c.norm, d, r, s, device)
+    attn = kernels.attention_kept(H, dh, T, s, device, autocast=autocast, dropout=dropout,
+                                  explicit=attn_impl == "explicit",
+                                  rope=c.positional == "rope")  # fmt: skip
     gate, value = c.mlp_activations
     if value is None:
-        mlp = s * dm * (1 + _kept_by(gate, device, s, autocast))
+        mlp = s * dm * (1 + kernels.activation_kept(gate, s, device, autocast=autocast))
     else:
-        kept_inputs = _kept_by(gate, device, s, autocast) + _kept_by(value, device, s, autocast)
+        kept_inputs = sum(kernels.activation_kept(a, s, device, autocast=autocast)
+                          for a in (gate, value))  # fmt: skip
         mlp = s * dm * (3 + kept_inputs) + (s * d if autocast else 0)
-    if s == 2 and device == "cpu" and compiled_gelu() and not native_bf16():
-        # a bf16 GELU there runs glassgpt's float32 kernel on a float32 copy, which it keeps
-        mlp += (4 - s) * dm * sum(a in ("gelu", "gelu_tanh") for a in (gate, value))
+    mlp += dm * sum(kernels.activation_copy_kept(a, s, device) for a in (gate, value))
     if c.attn_only:  # no MLP sublayer and no second norm
         per_block = norm + attn + (s * d if dropout else 0)
     else:
@@ -156,36 +135,6 @@ def activation_bytes(
         mlp_w = 0 if c.attn_only else (3 if c.gated else 2) * d * dm
         weights = s * (c.n_layers * (4 * H * dh * d + mlp_w) + d * V)
     return batch_size * seq_len * per_token + weights
-
-
-def _attention_bytes(
-    c: GPTConfig, T: int, s: int, autocast: bool, dropout: bool, attn_impl: str, device: str
-) -> int:
-    """Bytes one attention sublayer keeps per token (see :func:`activation_bytes`)."""
-    H, dh, causal = c.n_heads, _int(c.d_head), compiled_causal()
-    path = attention_path(device, "bfloat16" if s == 2 else "float32", dh, T, dropout=dropout,
-                          n_queries=T, causal_kernel=causal,
-                          native_bf16=device != "cpu" or native_bf16())  # fmt: skip
-    if attn_impl == "explicit":
-        return s * (4 * H * dh + H * T * (3 if dropout else 1))
-    # the row log-sum-exps, or the float32 P that glassgpt's causal kernel keeps (also when it
-    # runs on float32 copies of bf16 heads)
-    kept = 4 * H
-    float32_path = attention_path(device, "float32", dh, T, dropout=dropout, n_queries=T,
-                                  causal_kernel=causal)  # fmt: skip
-    if float32_path == "causal_small" and keeps_probabilities(T, dh):
-        kept = 4 * H * kept_p_width(T)
-    if dropout and path in ("math", "fused_float32"):
-        # the fused kernel falls back to float32 math: q, k, v, pattern, mask, dropped
-        return 4 * (3 * H * dh + 3 * H * T) + s * H * dh
-    if path == "explicit_bf16":
-        # q, k, v, z and the pattern in bf16 plus the softmax's float32 output
-        return s * 4 * H * dh + (4 + s) * H * T
-    if path == "fused_float32" and autocast:
-        # float32 q, k, v and z, the bf16 z for W_O, the log-sum-exp
-        # (measured: tests/model/test_accounting.py)
-        return 4 * 4 * H * dh + s * H * dh + kept
-    return s * (4 * H * dh + (2 * H * dh if c.positional == "rope" else 0)) + kept
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The induction study's claims hold on a two-layer attention-only model trained in the test.
 
-The model learns induction on synthetic data in a few seconds (as in test_induction.py: random
+The model learns induction on synthetic data in a few seconds (train_synthetic: random
 tokens, then a segment of 2–8 distinct tokens twice, loss only inside the second copy; N(0, 1)
 embeddings and an untied unembedding make it quick). The study then has to find the circuit
 without being told where it is, and each intervention has to agree with it.
@@ -18,55 +18,21 @@ from glassgpt.inspect.induction import (
     induction_prompts,
     query_positions,
     run_induction_study,
+    segment_batch,
     target_logprob,
+    train_synthetic,
 )
-from glassgpt.model import GPT, GPTConfig
+from glassgpt.model import GPT
 
 V, T = 32, 16
-
-
-def segments(gen: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[prefix, segment, segment] [size, T] and targets (−1 before the second copy)."""
-    xs, ys = [], []
-    for _ in range(size):
-        m = int(torch.randint(2, 9, (), generator=gen))
-        seg = torch.randperm(V, generator=gen)[:m]
-        x = torch.cat([torch.randint(0, V, (T - 2 * m,), generator=gen), seg, seg])
-        y = torch.cat([x[1:], torch.tensor([-1])])
-        y[: T - m] = -1
-        xs.append(x)
-        ys.append(y)
-    return torch.stack(xs), torch.stack(ys)
 
 
 @pytest.fixture(scope="module")
 def trained() -> GPT:
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # tiny matrices: one thread is faster than several
     try:
-        torch.manual_seed(0)
-        cfg = GPTConfig(
-            n_vocab=V,
-            n_ctx=T,
-            d_model=64,
-            n_layers=2,
-            n_heads=2,
-            attn_only=True,
-            tie_embeddings=False,
-        )
-        model = GPT(cfg)
-        with torch.no_grad():
-            model.embed.W_E.normal_(0.0, 1.0)
-            model.pos_embed.W_P.normal_(0.0, 1.0)  # type: ignore[union-attr]
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98), weight_decay=0.0)
-        gen = torch.Generator().manual_seed(1)
-        for _ in range(300):
-            x, y = segments(gen, 32)
-            _, loss = model(x, targets=y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return model.eval()
+        return train_synthetic(300, seed=0, n_vocab=V, n_ctx=T)
     finally:
         torch.set_num_threads(threads)
 
@@ -84,6 +50,17 @@ def test_prompts_corrupt_only_the_previous_token_of_each_key() -> None:
         i = t - n
         assert torch.equal(corrupted[:, i + 1], clean[:, t + 1])
         assert not torch.equal(corrupted[:, i], clean[:, t])  # ... not its previous one
+
+
+def test_segment_batch_repeats_a_segment_and_scores_only_its_second_copy() -> None:
+    x, y = segment_batch(torch.Generator().manual_seed(0), 50, V, T)
+    for row, target in zip(x, y, strict=True):
+        scored = (target >= 0).nonzero().flatten()
+        m = len(scored) + 1  # the last position has no next token
+        assert torch.equal(row[T - 2 * m : T - m], row[T - m :])
+        assert len(set(row[T - m :].tolist())) == m
+        assert scored.tolist() == list(range(T - m, T - 1))
+        assert torch.equal(target[scored], row[scored + 1])
 
 
 def test_target_logprob_matches_a_loop() -> None:

@@ -35,8 +35,14 @@ def register(sub: Any) -> None:
             f"{PRESET} preset first (into OUT/run)."
         ),
     )
+    source = p.add_mutually_exclusive_group()
     add_checkpoint(
-        p, required=False, help="the run to study (default: train the preset into OUT/run)"
+        source, required=False, help="the run to study (default: train the preset into OUT/run)"
+    )
+    source.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="study a toy model trained in seconds on repeated segments (32 ids, context 16)",
     )
     add_output(
         p, default="studies/induction", metavar="DIR", help="where to write (default: %(default)s)"
@@ -86,11 +92,16 @@ def run_induction(args: argparse.Namespace) -> int:
     from glassgpt.sample.loading import load, parse_device
 
     out = Path(args.output)
-    checkpoint = (
-        Path(args.checkpoint) if args.checkpoint else train_preset(out, args.preset, args.overrides)
-    )
-    model, _ = load(checkpoint, device=parse_device(args.device))
-    r = run_induction_study(model, out, seq_len=args.seq_len, batch=args.batch, seed=args.seed)
+    if args.synthetic:
+        from glassgpt.inspect.induction import train_synthetic
+
+        model = train_synthetic().to(parse_device(args.device))
+        seq_len = args.seq_len or model.config.n_ctx // 2
+    else:
+        checkpoint = args.checkpoint or train_preset(out, args.preset, args.overrides)
+        model, _ = load(checkpoint, device=parse_device(args.device))
+        seq_len = args.seq_len
+    r = run_induction_study(model, out, seq_len=seq_len, batch=args.batch, seed=args.seed)
     print(summary(r))
     print(f"wrote {out / 'results.json'} and {len(r['figures'])} figures in {out}")
     return 0

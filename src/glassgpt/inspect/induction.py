@@ -190,7 +190,7 @@ def _matrix(
 def _box(i: int, j: int) -> Any:
     from matplotlib.patches import Rectangle
 
-    return Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5)
+    return Rectangle((j - 0.44, i - 0.44), 0.88, 0.88, fill=False, edgecolor="red", linewidth=2.5)
 
 
 def scores_figure(scores: Any, pair: tuple[HeadIndex, HeadIndex]) -> bytes:

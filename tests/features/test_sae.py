@@ -308,3 +308,53 @@ def test_an_input_of_another_width_names_both() -> None:
     sae = SAE(SAEConfig(d_in=4, d_sae=8, arch="relu", hook="blocks.0.resid_post"))
     with pytest.raises(GlassError, match=r"blocks.0.resid_post of width 4.*\(2, 5\)"):
         sae.encode(torch.zeros(2, 5))
+
+
+@settings(max_examples=10, deadline=None)
+@given(shape=shapes)
+def test_the_sparse_topk_backward_is_the_gradient(shape: tuple[int, ...]) -> None:
+    from glassgpt.features.sae import sparse_decode, topk_encode
+
+    d_in, d_sae, n, k, seed = shape
+    k = min(k, d_sae)
+    gen = torch.Generator().manual_seed(seed)
+    u, W, b = (torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True)
+               for s in ((n, d_in), (d_in, d_sae), (d_sae,)))  # fmt: skip
+    W_dec = torch.randn(d_sae, d_in, generator=gen, dtype=torch.float64, requires_grad=True)
+
+    def f(u, W, b, W_dec):
+        values, index = topk_encode(u, W, b, k)
+        return sparse_decode(values.relu(), index, W_dec)
+
+    # finite differences (the selection is fixed under a small step: no near-ties drawn)
+    z = (u @ W + b).detach()
+    if (
+        d_sae > k
+        and (z.topk(k + 1, -1).values[:, -2] - z.topk(k + 1, -1).values[:, -1]).min() < 1e-4
+    ):
+        return
+    assert torch.autograd.gradcheck(f, (u, W, b, W_dec), eps=1e-7, atol=1e-6)
+
+
+def test_the_sparse_topk_loss_is_the_dense_one_with_its_gradients() -> None:
+    cfg = SAEConfig(d_in=6, d_sae=30, arch="topk", k=5, dtype="float64", aux_k=3)
+    sparse_sae = randomised(cfg, 7)
+    x = torch.randn(11, 6, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    dead = torch.arange(30) % 3 == 0
+    terms = sparse_sae.loss(x, dead=dead)
+    terms["loss"].backward()
+    # the same objective written densely with autograd
+    p = {n: t.detach().clone().requires_grad_() for n, t in sparse_sae.named_parameters()}
+    z = (x - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
+    v, i = z.topk(5, -1)
+    acts = torch.zeros_like(z).scatter(-1, i, v.relu())
+    err = x - (acts @ p["W_dec"] + p["b_dec"])
+    masked = torch.where(dead, z, torch.full_like(z, -torch.inf))
+    av, ai = masked.topk(3, -1)
+    aux_acts = torch.zeros_like(z).scatter(-1, ai, av.relu())
+    aux = ((err.detach() - aux_acts @ p["W_dec"]) ** 2).sum(-1).mean()
+    dense = (err**2).sum(-1).mean() + cfg.aux_coeff * aux
+    dense.backward()
+    assert float(terms["loss"]) == pytest.approx(float(dense), rel=1e-12)
+    for name, param in sparse_sae.named_parameters():
+        assert torch.allclose(param.grad, p[name].grad, rtol=1e-10, atol=1e-12), name

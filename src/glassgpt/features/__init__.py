@@ -12,6 +12,14 @@
 
 from __future__ import annotations
 
-from glassgpt.features.sae import SAE, SAEConfig
+from typing import Any
 
 __all__ = ["SAE", "SAEConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:  # on first use: the CLI imports this package's commands, not torch
+        from glassgpt.features import sae
+
+        return getattr(sae, name)
+    raise AttributeError(f"module 'glassgpt.features' has no attribute {name!r}")

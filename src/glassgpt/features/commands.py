@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from glassgpt.features.training import train_command
+    from glassgpt.features.job import train_command
 
     result = train_command(
         checkpoint=args.checkpoint, hook=args.hook, width=args.width, arch=args.arch, k=args.k,

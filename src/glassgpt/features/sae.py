@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glassgpt.config import check, from_dict, to_dict
@@ -213,6 +214,73 @@ def topk_relu(z: Tensor, k: int) -> Tensor:
     return torch.zeros_like(z).scatter_(-1, index, values.relu())
 
 
+class _TopKEncoder(torch.autograd.Function):
+    """(values, index) of the k largest z = u W_enc + b_enc of each row u [N, d_in]. The
+    gradient of z is 0 off the k selected entries, so the backward reads only those columns:
+    ∂W_enc[:, i] = Σₙ uₙ gₙᵢ, ∂b_enc[i] = Σₙ gₙᵢ, ∂uₙ = Σᵢ gₙᵢ W_enc[:, i] over the selected i,
+    O(N·k·d_in) where autograd's dense path spends two [N, d_sae] × d_in products."""
+
+    @staticmethod
+    def forward(ctx: Any, u: Tensor, W_enc: Tensor, b_enc: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        z = torch.addmm(b_enc, u, W_enc)  # [N, d_sae]
+        values, index = z.topk(k, dim=-1, sorted=False)  # [N, k] each
+        ctx.save_for_backward(u, W_enc, index)
+        ctx.mark_non_differentiable(index)
+        return values, index
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor, _: Any) -> tuple[Tensor | None, ...]:
+        u, W_enc, index = ctx.saved_tensors
+        d_sae = W_enc.shape[1]
+        g_u = g_W = g_b = None
+        if ctx.needs_input_grad[0]:
+            g_u = F.embedding_bag(index, W_enc.T.contiguous(), per_sample_weights=g, mode="sum")
+        if ctx.needs_input_grad[1]:
+            g_W = torch.sparse.mm(_selection(index, g, d_sae), u).T  # Gᵀ u, G [N, d_sae] sparse
+        if ctx.needs_input_grad[2]:
+            g_b = g.new_zeros(d_sae).index_add_(0, index.reshape(-1), g.reshape(-1))
+        return g_u, g_W, g_b, None
+
+
+def _selection(index: Tensor, values: Tensor, d_sae: int) -> Tensor:
+    """Gᵀ as a sparse [d_sae, N] tensor: G[n, index[n, j]] = values[n, j], 0 elsewhere."""
+    N, k = index.shape
+    rows = torch.arange(N, device=index.device).repeat_interleave(k)
+    at = torch.stack([index.reshape(-1), rows])
+    return torch.sparse_coo_tensor(at, values.reshape(-1), (d_sae, N), check_invariants=False)
+
+
+class _SparseDecoder(torch.autograd.Function):
+    """x̂ₙ = Σⱼ vₙⱼ W_dec[iₙⱼ]; ∂W_dec = Gᵀ ∂x̂ (G the sparse codes), ∂vₙⱼ = W_dec[iₙⱼ] · ∂x̂ₙ."""
+
+    @staticmethod
+    def forward(ctx: Any, values: Tensor, index: Tensor, W_dec: Tensor) -> Tensor:
+        ctx.save_for_backward(values, index, W_dec)
+        return F.embedding_bag(index, W_dec, per_sample_weights=values, mode="sum")
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, None, Tensor | None]:
+        values, index, W_dec = ctx.saved_tensors
+        g_v = g_W = None
+        if ctx.needs_input_grad[0]:
+            g_v = torch.bmm(W_dec[index], g[:, :, None]).squeeze(-1)  # [N, k]
+        if ctx.needs_input_grad[2]:
+            g_W = torch.sparse.mm(_selection(index, values, W_dec.shape[0]), g)
+        return g_v, None, g_W
+
+
+def topk_encode(u: Tensor, W_enc: Tensor, b_enc: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(values, index) [N, k] of the k largest entries of u W_enc + b_enc per row (the
+    gradient by :class:`_TopKEncoder`'s sparse backward)."""
+    return _TopKEncoder.apply(u, W_enc, b_enc, k)
+
+
+def sparse_decode(values: Tensor, index: Tensor, W_dec: Tensor) -> Tensor:
+    """Σⱼ values[n, j] · W_dec[index[n, j]]  [N, d]: f W_dec for f nonzero only at ``index``
+    (the gradient by :class:`_SparseDecoder`: O(N·k·d), no [N, d_sae] product)."""
+    return _SparseDecoder.apply(values, index, W_dec)
+
+
 def batch_topk_relu(z: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """ReLU(z) on the k·B largest entries of the whole batch z [..., d_sae] (B = its tokens),
     and the least value kept (for the evaluation threshold θ)."""
@@ -323,44 +391,62 @@ class SAE(nn.Module):
         self, x: Tensor, target: Tensor | None = None, *, dead: Tensor | None = None
     ) -> dict[str, Tensor]:
         """The training objective's terms (module docstring), each a 0-d mean over tokens:
-        ``mse``, ``sparsity``, ``aux``, their sum ``loss``; and ``x_hat``, ``acts``, ``z``.
+        ``mse``, ``sparsity``, ``aux``, their sum ``loss``; and ``x_hat``, ``acts`` (detached
+        for topk, whose gradient takes the sparse path of :func:`topk_encode`).
 
         ``target``: what to reconstruct (default x; a transcoder's MLP output). ``dead``
         [d_sae] bool: the latents AuxK may use (none: no auxiliary term).
         """
         cfg = self.cfg
         y = x if target is None else target
+        self._check_width(x, cfg.d_in)
         self._check_width(y, cfg.width_out, what="target")
-        z = self.pre_acts(x.to(self.W_enc.dtype))
-        acts = self.activate(z)
-        x_hat = self.decode(acts)
-        err = y.to(x_hat.dtype) - x_hat
+        shape = x.shape[:-1]
+        u = x.to(self.W_enc.dtype).reshape(-1, cfg.d_in)  # [N, d_in]
+        if cfg.arch != "transcoder":
+            u = u - self.b_dec
+        z: Tensor | None = None
+        if cfg.activation == "topk":  # the sparse path: no [N, d_sae] product in the backward
+            assert cfg.k is not None
+            values, index = topk_encode(u, self.W_enc, self.b_enc, cfg.k)
+            values = values.relu()
+            x_hat = sparse_decode(values, index, self.W_dec) + self.b_dec
+            with torch.no_grad():
+                acts = values.new_zeros(len(u), cfg.d_sae).scatter_(-1, index, values)
+        else:
+            z = torch.addmm(self.b_enc, u, self.W_enc)
+            acts = self.activate(z)
+            x_hat = self.decode(acts)
+        err = y.to(x_hat.dtype).reshape(len(u), -1) - x_hat
         mse = err.pow(2).sum(-1).mean()
         zero = mse.new_zeros(())
         sparsity, aux = zero, zero
         if cfg.activation == "relu":
             sparsity = cfg.l1_coeff * (acts * self.W_dec.norm(dim=-1)).sum(-1).mean()
         elif cfg.activation == "jumprelu":
+            assert z is not None
             sparsity = cfg.l0_coeff * step(z, self.theta, cfg.bandwidth).sum(-1).mean()
         elif dead is not None and cfg.aux_coeff > 0 and bool(dead.any()):
-            aux = cfg.aux_coeff * self.aux_loss(z, err.detach(), dead)
+            aux = cfg.aux_coeff * self.aux_loss(u, err.detach(), dead)
         return {
             "loss": mse + sparsity + aux,
             "mse": mse,
             "sparsity": sparsity,
             "aux": aux,
-            "x_hat": x_hat,
-            "acts": acts,
-            "z": z,
+            "x_hat": x_hat.reshape(*shape, -1),
+            "acts": acts.reshape(*shape, -1),
         }
 
-    def aux_loss(self, z: Tensor, err: Tensor, dead: Tensor) -> Tensor:
-        """AuxK: ‖e − TopK_aux(ReLU(z) on dead latents) W_dec‖², mean over tokens."""
-        k = min(self.cfg.aux_k_value, int(dead.sum()))
-        masked = torch.where(dead, z, torch.full_like(z, -torch.inf))
-        values, index = masked.topk(k, dim=-1, sorted=False)
-        acts = torch.zeros_like(z).scatter_(-1, index, values.relu())
-        return (err - acts @ self.W_dec).pow(2).sum(-1).mean()
+    def aux_loss(self, u: Tensor, err: Tensor, dead: Tensor) -> Tensor:
+        """AuxK: ‖e − TopK_aux(ReLU(z) on dead latents) W_dec‖², mean over tokens, with
+        u = x − b_dec (a transcoder: x) [N, d_in] and e [N, d_out]; z formed on the dead
+        latents' columns only."""
+        cols = dead.nonzero().squeeze(-1)  # [n_dead]
+        k = min(self.cfg.aux_k_value, len(cols))
+        z = torch.addmm(self.b_enc[cols], u, self.W_enc[:, cols])  # [N, n_dead]
+        values, index = z.topk(k, dim=-1, sorted=False)
+        e_hat = sparse_decode(values.relu(), index, self.W_dec[cols])
+        return (err - e_hat).pow(2).sum(-1).mean()
 
     # -- the unit-norm decoder ------------------------------------------------------------
     @torch.no_grad()

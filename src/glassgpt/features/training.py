@@ -24,9 +24,8 @@ from __future__ import annotations
 import json
 import math
 import shlex
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +33,12 @@ from typing import Any
 import torch
 
 from glassgpt import checkpoint as ckpt
-from glassgpt.config import apply_overrides, check, from_dict, to_dict
-from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.config import check, from_dict, to_dict
+from glassgpt.errors import GlassError, InputFileError
 from glassgpt.features.buffer import ActivationBuffer
 from glassgpt.features.metrics import evaluate
 from glassgpt.features.sae import SAE, SAEConfig
-from glassgpt.features.sites import Site, resolve_site
+from glassgpt.features.sites import Site
 from glassgpt.storage import atomic_write
 
 RUN_FILE = "sae_run.json"
@@ -167,77 +166,6 @@ class SAERun:
                        from_dict(SAETrainConfig, doc["train"], prefix="train."), list(doc["argv"]))  # fmt: skip
         except (ValueError, KeyError, TypeError) as e:
             raise InputFileError(f"{source}: malformed ({e})") from None
-
-
-def plan(
-    *,
-    checkpoint: str,
-    hook: str,
-    width: int,
-    arch: str,
-    k: int | None,
-    tokens: int | None,
-    overrides: Sequence[str],
-    data: Sequence[str] | None,
-    model: Any,
-    argv: Sequence[str],
-) -> SAERun:
-    """Check every argument against the model before anything starts."""
-    if arch not in ("topk", "batchtopk", "jumprelu", "relu", "transcoder"):
-        raise ConfigError("--arch", f"must be topk, batchtopk, jumprelu, relu or transcoder, got {arch!r}")  # fmt: skip
-    site = resolve_site(model, hook, transcoder=arch == "transcoder")
-    if width < 1 or width * max(site.d_in, site.d_out or 0) > 2**31:
-        raise ConfigError("--width", f"must be in [1, {2**31 // site.d_in:,}] for {site.hook} of width {site.d_in}, got {width}")  # fmt: skip
-    raw: dict[str, Any] = apply_overrides({}, overrides)
-    unknown = sorted(set(raw) - {"sae", "train"})
-    if unknown:
-        raise ConfigError(unknown[0], "unknown section; --set takes sae.KEY=VALUE or train.KEY=VALUE")  # fmt: skip
-    sae_raw = {"d_in": site.d_in, "d_sae": width, "arch": arch, "hook": site.hook,
-               "out_hook": site.out_hook, "d_out": site.d_out, **raw.get("sae", {})}  # fmt: skip
-    if k is not None:
-        sae_raw["k"] = k
-    elif sae_raw.get("k") is None and arch in ("topk", "batchtopk", "transcoder"):
-        activation = sae_raw.get("transcoder_activation", "topk") if arch == "transcoder" else arch
-        if activation in ("topk", "batchtopk"):
-            raise ConfigError("-k", f"--arch {arch} needs -k (latents kept per token), e.g. -k 32")
-    if k is not None and not 1 <= k <= width:
-        raise ConfigError("-k", f"must be in [1, --width={width}], got {k}")
-    sae_cfg = SAEConfig.from_dict(sae_raw, prefix="sae.")
-    train_raw = dict(raw.get("train", {}))
-    if tokens is not None:
-        train_raw["tokens"] = tokens
-    train_cfg = from_dict(SAETrainConfig, train_raw, prefix="train.")
-    if train_cfg.seq_len is not None and train_cfg.seq_len > model.config.n_ctx:
-        raise ConfigError("train.seq_len", f"must be ≤ n_ctx={model.config.n_ctx}, got {train_cfg.seq_len}")  # fmt: skip
-    return SAERun(str(Path(checkpoint).resolve()), _data_folder(checkpoint, data), sae_cfg,
-                  train_cfg, list(argv))  # fmt: skip
-
-
-def _data_folder(checkpoint: str, data: Sequence[str] | None) -> str:
-    """The prepared data folder the SAE reads: ``--data``'s, else the run's own."""
-    from glassgpt.train.inputs import is_prepared
-
-    if data:
-        if len(data) == 1 and is_prepared(data[0]):
-            return str(Path(data[0]).resolve())
-        return ""  # text files: prepared into DIR/data when the folder is claimed
-    run_dir = ckpt.ckpt_root_of(checkpoint).parent
-    candidates = [run_dir / "data"]
-    info = run_dir / "run.json"
-    if info.is_file():
-        try:
-            recorded = json.loads(info.read_text(encoding="utf-8")).get("data")
-        except (OSError, ValueError, AttributeError):
-            recorded = None
-        if isinstance(recorded, str):
-            candidates.append(Path(recorded))
-    for folder in candidates:
-        if is_prepared(str(folder)):
-            return str(folder.resolve())
-    raise GlassError(
-        f"{checkpoint}: has no data shards of its own (no {run_dir / 'data'}, no data folder in "
-        "run.json); pass --data with a prepared data folder (glassgpt data prepare) or text files"
-    )
 
 
 # -- the trainer ---------------------------------------------------------------------------------
@@ -473,106 +401,3 @@ def resume_command(out: Path) -> str:
     "glassgpt sae train --resume 'saes/my sae'"
     """
     return f"glassgpt sae train --resume {shlex.quote(str(out))}"
-
-
-# -- the command ---------------------------------------------------------------------------------
-
-
-def _note(message: str) -> None:
-    print(f"glassgpt: note: {message}", file=sys.stderr, flush=True)
-
-
-def _claim(out: Path, overwrite: bool) -> None:
-    import shutil
-
-    from glassgpt.train.lock import LOCK_NAME
-
-    entries = sorted(p for p in out.iterdir() if p.name != LOCK_NAME)
-    if entries and not overwrite:
-        raise GlassError(
-            f"{out} already holds files ({', '.join(p.name for p in entries[:3])}); continue "
-            f"with --resume {out}, replace with --overwrite, or pass another -o"
-        )
-    for p in entries:
-        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-
-
-def train_command(
-    *,
-    checkpoint: str | None,
-    hook: str | None,
-    width: int | None,
-    arch: str | None,
-    k: int | None = None,
-    out: str | None,
-    tokens: int | None = None,
-    overrides: Sequence[str] = (),
-    data: Sequence[str] | None = None,
-    resume: str | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    argv: Sequence[str] = (),
-) -> dict[str, Any]:
-    """The whole job behind ``glassgpt sae train``; returns the final metrics."""
-    from glassgpt.data import DataDir
-    from glassgpt.interop.loading import load
-    from glassgpt.train.lock import RunLock
-
-    if resume is not None:
-        folder = Path(resume)
-        path = folder / RUN_FILE
-        if not path.is_file():
-            raise InputFileError(f"--resume {folder}: not an SAE training folder (no {RUN_FILE})")
-        if any(v is not None for v in (checkpoint, hook, width, arch, k, tokens)) or overrides or data:  # fmt: skip
-            raise GlassError("--resume continues the saved job as it was asked; drop the other arguments")  # fmt: skip
-        job = SAERun.from_json(path.read_bytes(), path)
-        out_dir = Path(out) if out else folder
-    else:
-        missing = [f for f, v in (("-c", checkpoint), ("--hook", hook), ("--width", width),
-                                  ("--arch", arch), ("-o", out)) if v is None]  # fmt: skip
-        if missing:
-            raise GlassError(f"sae train needs {', '.join(missing)} (or --resume DIR)")
-        out_dir = Path(out)  # type: ignore[arg-type]
-        if out_dir.exists() and not out_dir.is_dir():
-            raise InputFileError(f"-o {out_dir}: a file is there, not a folder")
-    model_path = job.model if resume is not None else checkpoint
-    assert model_path is not None
-    model, tok = load(model_path)
-    if resume is None:
-        assert hook is not None and width is not None and arch is not None
-        job = plan(checkpoint=model_path, hook=hook, width=width, arch=arch, k=k, tokens=tokens,
-                   overrides=overrides, data=data, model=model, argv=argv)  # fmt: skip
-    if job.train.threads is not None:
-        torch.set_num_threads(job.train.threads)
-    with RunLock(out_dir, note=_note):
-        if resume is None:
-            _claim(out_dir, overwrite)
-            if not job.data:  # text files: encoded once into DIR/data
-                from glassgpt.data import prepare
-
-                if tok is None:
-                    raise GlassError(f"{model_path}: has no tokenizer, so --data text cannot be encoded")  # fmt: skip
-                prepare(list(data or []), out_dir / "data", tok, progress=progress)
-                job = SAERun(job.model, str((out_dir / "data").resolve()), job.sae, job.train, job.argv)  # fmt: skip
-            atomic_write(out_dir / RUN_FILE, job.to_json())
-        datadir = DataDir.open(job.data)
-        if tok is not None:
-            datadir.check_tokenizer(tok)
-        trainer = Trainer(job, out_dir, model, datadir, progress=progress, note=_note)
-        if resume is None:
-            trainer.init_b_dec()
-        else:
-            found = (
-                ckpt.find_resumable(out_dir, warn=_note)
-                if ckpt.step_folders(out_dir / "ckpt")
-                else None
-            )
-            if found is None:
-                _note(f"{out_dir} has no checkpoint yet: starting from step 0")
-                trainer.init_b_dec()
-            else:
-                trainer.load(found)
-                if trainer.step >= job.train.steps and (out_dir / "sae" / "sae.json").is_file():
-                    _note(f"{out_dir} is already finished (step {trainer.step})")
-                    return json.loads((out_dir / "eval.json").read_text())
-        return trainer.fit()

@@ -32,8 +32,49 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--status", metavar="DIR", help="show every point's state in a sweep folder and exit"
+    )
+    _add_executor(p)
     p.set_defaults(func=_sweep)
     _register_scaling(subparsers)
+
+
+def _add_executor(p: Any) -> None:
+    e = p.add_argument_group("executor", "where the points train (over the grid's [executor])")
+    e.add_argument(
+        "--executor",
+        choices=("local", "slurm", "ray"),
+        help="processes here (default), one Slurm job per point, or one Ray task per point",
+    )
+    e.add_argument("--partition", help="slurm: the partition")
+    e.add_argument("--gpus", type=int, metavar="N", help="GPUs per point (slurm, ray)")
+    e.add_argument("--cpus", type=int, metavar="N", help="CPUs (train.threads) per point")
+    e.add_argument("--time", metavar="LIMIT", help="slurm: time limit, minutes or HH:MM:SS")
+    e.add_argument("--mem", metavar="SIZE", help="slurm: memory per point, e.g. 32G")
+    e.add_argument(
+        "--slurm-local",
+        action="store_true",
+        help="slurm: run the jobs through submitit's local executor, on this machine",
+    )
+    e.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="ray: the cluster to join (auto: this machine's; default: start a local Ray)",
+    )
+
+
+def _executor_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "kind": args.executor,
+        "partition": args.partition,
+        "gpus": args.gpus,
+        "cpus": args.cpus,
+        "time": args.time,
+        "mem": args.mem,
+        "cluster": "local" if args.slurm_local else None,
+        "address": args.ray_address,
+    }
 
 
 def _register_scaling(subparsers: Any) -> None:
@@ -100,9 +141,13 @@ def _register_scaling(subparsers: Any) -> None:
 
 def _sweep(args: argparse.Namespace) -> int:
     from glassgpt.errors import GlassError
+    from glassgpt.scaling.executors import format_status, make_executor, sweep_status
     from glassgpt.scaling.grid import Grid, study_description, study_names
     from glassgpt.scaling.sweep import run_sweep
 
+    if args.status is not None:
+        print(format_status(sweep_status(args.status)))
+        return 0
     if args.list:
         for name in study_names():
             print(f"{name:12} {study_description(name)}")
@@ -112,7 +157,8 @@ def _sweep(args: argparse.Namespace) -> int:
     grid = Grid.resolve(args.grid)
     if args.data:
         grid = grid.with_data(args.data)
-    results = run_sweep(grid, args.output, progress=not args.no_progress)
+    executor = make_executor(grid.executor, parallel=grid.parallel, **_executor_flags(args))
+    results = run_sweep(grid, args.output, progress=not args.no_progress, executor=executor)
     print(f"{len(results)} runs finished; table in {args.output}/results.md")
     return 0
 

@@ -8,6 +8,11 @@ A grid file::
     seeds = [0, 1, 2]              # each point is trained once per seed
     parallel = 2                   # runs at once (each gets cores / parallel threads)
 
+    [executor]                     # where runs train (optional; see scaling/executors.py)
+    kind = "slurm"                 # local (default) | slurm | ray
+    partition = "gpu"
+    gpus = 1
+
     [set]                          # fixed overrides for every run
     "train.eval_every" = 100
 
@@ -42,7 +47,9 @@ from typing import Any
 from glassgpt.config import load_toml
 from glassgpt.errors import ConfigError, InputFileError
 
-GRID_KEYS = ("description", "preset", "config", "data", "seeds", "parallel", "set", "grid")
+GRID_KEYS = (
+    "description", "preset", "config", "data", "seeds", "parallel", "set", "grid", "executor",
+)  # fmt: skip
 STUDIES = "scaling/studies"  # the built-in grids, inside the glassgpt package
 
 
@@ -95,6 +102,7 @@ class Grid:
     parallel: int = 1
     fixed: dict[str, Any] = field(default_factory=dict)
     axes: dict[str, list[Any]] = field(default_factory=dict)
+    executor: dict[str, Any] = field(default_factory=dict)  # the raw [executor] table
 
     @classmethod
     def resolve(cls, name_or_path: str | Path) -> Grid:
@@ -136,6 +144,9 @@ class Grid:
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"grid.{name}", "an axis must be a non-empty list")
             axes[name] = values
+        executor = data.get("executor", {})
+        if not isinstance(executor, Mapping):
+            raise ConfigError("executor", f"must be a table, got {executor!r}")
         raw_data = data.get("data", [])
         return cls(
             preset=data.get("preset"),
@@ -146,6 +157,7 @@ class Grid:
             parallel=parallel,
             fixed=fixed,
             axes=axes,
+            executor=dict(executor),
         )
 
     def with_data(self, paths: list[str]) -> Grid:

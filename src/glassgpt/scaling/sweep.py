@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,8 @@ COLUMNS = (
 
 DATA = "data"
 CONFIGS = "configs"  # OUT/configs/<run>.toml: the table each run trains with
+POINTS = "points.json"  # OUT/points.json: every point's name and overrides, in grid order
+TAIL = 20  # lines of a failed point's log kept in its failed.json
 
 
 def run_configs(grid: Grid) -> list[tuple[RunSpec, Any]]:
@@ -175,23 +176,71 @@ def collect(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
     }
 
 
+def train_point(out: str | Path, name: str, overrides: dict[str, Any]) -> str | None:
+    """Train one grid point, ``OUT/runs/<name>/``, from ``OUT/configs/<name>.toml`` (or resume
+    it from its checkpoint); write its ``result.json``, or ``failed.json`` with its exit code
+    and its log's last lines. None when finished, else the failure in one line.
+
+    The unit of work of every executor (glassgpt.scaling.executors): it reads and writes only
+    the sweep folder, so a point is skipped, resumed or restarted the same way wherever it
+    runs. A point another live trainer holds (its ``.lock``) is left to it.
+    """
+    from glassgpt.scaling.executors import FAILED, lock_holder
+
+    out = Path(out)
+    run_dir = out / "runs" / name
+    if (run_dir / RESULT).is_file():
+        return None  # finished since it was submitted (by another submission of the sweep)
+    holder = lock_holder(run_dir, probe=True)
+    if holder is not None:
+        return f"{name}: already training ({holder}); left to it"
+    if run_dir.exists() and not (run_dir / "ckpt").is_dir():
+        shutil.rmtree(run_dir)  # killed before its first checkpoint: start it again
+    (run_dir / FAILED).unlink(missing_ok=True)
+    start = time.perf_counter()
+    cmd = train_command(run_dir, out / CONFIGS / f"{name}.toml")
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = proc.stdout + proc.stderr
+    atomic_write(run_dir / "sweep.log", log.encode())
+    if proc.returncode != 0:
+        tail = log.strip().splitlines()[-TAIL:] or ["(no output)"]
+        record = {"exit": proc.returncode, "tail": tail}
+        atomic_write(run_dir / FAILED, json.dumps(record, indent=1).encode())
+        return f"{name}: exit {proc.returncode}: {tail[-1]}"
+    result = collect(run_dir, wall_s=time.perf_counter() - start)
+    result["overrides"] = overrides
+    atomic_write(run_dir / RESULT, json.dumps(result, indent=1).encode())
+    return None
+
+
 def run_sweep(
     grid: Grid,
     out: str | Path,
     *,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    executor: Any = None,
 ) -> list[dict[str, Any]]:
-    """Train every unfinished run of ``grid`` in ``out``; return all results (finished ones too)."""
+    """Train every unfinished run of ``grid`` in ``out``; return all results (finished ones too).
+
+    ``executor`` (glassgpt.scaling.executors) says where the points train; None: the grid's
+    ``[executor]`` table, by default processes on this machine."""
     from tqdm import tqdm
 
-    out = Path(out)
+    from glassgpt.scaling.executors import make_executor, write_failure
+
+    out = Path(out).resolve()
     configs = run_configs(grid)
+    if executor is None:
+        executor = make_executor(grid.executor, parallel=grid.parallel)
     runs = [run for run, _ in configs]
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / CONFIGS).mkdir(exist_ok=True)
     (out / "grid.json").write_text(json.dumps([r.overrides for r in runs], indent=1), "utf-8")
-    threads = max(1, (os.cpu_count() or 1) // grid.parallel)
+    points = [{"name": r.name, "overrides": r.overrides} for r in runs]
+    atomic_write(out / POINTS, json.dumps(points, indent=1).encode())
+    threads = executor.threads
     todo = [r for r in runs if not (out / "runs" / r.name / RESULT).is_file()]
     if len(todo) < len(runs):
         log(f"sweep: {len(runs) - len(todo)} of {len(runs)} runs already finished, skipped")
@@ -199,39 +248,20 @@ def run_sweep(
     for run, resolved in configs:
         if run in todo and not (out / "runs" / run.name / "ckpt").is_dir():
             shared[run.name] = prepare_shared(out, resolved.config.data, log)
-    tables = {run.name: run_table(res, threads, shared.get(run.name)) for run, res in configs}
+    for run, resolved in configs:
+        if run in todo:
+            table = run_table(resolved, threads, shared.get(run.name))
+            atomic_write(out / CONFIGS / f"{run.name}.toml", dump_toml(table).encode())
     failures: list[str] = []
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress, unit="run")
-
-    def one(run: RunSpec) -> str | None:
-        run_dir = out / "runs" / run.name
-        if run_dir.exists() and not (run_dir / "ckpt").is_dir():
-            shutil.rmtree(run_dir)  # killed before its first checkpoint: start it again
-        start = time.perf_counter()
-        config_file = out / CONFIGS / f"{run.name}.toml"
-        atomic_write(config_file, dump_toml(tables[run.name]).encode())
-        cmd = train_command(run_dir, config_file)
-        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "sweep.log").write_text(proc.stdout + proc.stderr, "utf-8")
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            return f"{run.name}: exit {proc.returncode}: {tail}"
-        result = collect(run_dir, wall_s=time.perf_counter() - start)
-        result["overrides"] = run.overrides
-        tmp = run_dir / (RESULT + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1), "utf-8")
-        os.replace(tmp, run_dir / RESULT)
-        return None
-
-    with ThreadPoolExecutor(max_workers=grid.parallel) as pool:
-        futures = {pool.submit(one, r): r for r in todo}
-        for fut in as_completed(futures):
-            err = fut.result()
-            if err:
-                failures.append(err)
-                log(f"sweep: failed {err}")
-            bar.update(1)
+    for name, err in executor.run(out, [(r.name, r.overrides) for r in todo]):
+        if err:
+            failures.append(err)
+            write_failure(out, name, err)
+            log(f"sweep: failed {err}")
+            for line in _failure_tail(out / "runs" / name):
+                log(f"    {line}")
+        bar.update(1)
     bar.close()
     results = load_results(out)
     write_table(results, out)
@@ -241,6 +271,13 @@ def run_sweep(
             f"first: {failures[0]}"
         )
     return results
+
+
+def _failure_tail(run_dir: Path) -> list[str]:
+    try:
+        return list(json.loads((run_dir / "failed.json").read_text("utf-8"))["tail"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def load_results(out: str | Path) -> list[dict[str, Any]]:

@@ -54,8 +54,16 @@ RESUMABLE_KEYS: frozenset[str] = frozenset(
         "train.tf32",
         "train.threads",
         "train.device",
+        "train.inspect_every",
+        "log.to",
+        "log.project",
+        "log.group",
+        "log.name",
     }
 )
+
+TRACKERS = ("csv", "tensorboard", "wandb", "mlflow")
+INSPECT_MAX_HEADS = 64  # train.inspect_every's default is on for models of at most this many heads
 
 
 @dataclass(frozen=True)
@@ -100,13 +108,19 @@ class TrainConfig:
     sample_temperature: float = 0.8
     sample_top_k: int | None = 40
     progress: bool = True
+    # head scores, logit-lens losses and attention entropies every N steps (glassgpt.model.probes);
+    # None: at every evaluation for models of ≤ INSPECT_MAX_HEADS heads in all, else off; 0: off
+    inspect_every: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every"):
             _positive(f"train.{name}", getattr(self, name))
-        for name in ("warmup_steps", "checkpoint_every", "keep_last", "sample_tokens"):
+        for name in (
+            "warmup_steps", "checkpoint_every", "keep_last", "sample_tokens", "inspect_every"
+        ):  # fmt: skip
             value = getattr(self, name)
-            check(value >= 0, f"train.{name}", f"must be ≥ 0, got {value}")
+            if value is not None:
+                check(value >= 0, f"train.{name}", f"must be ≥ 0, got {value}")
         for name in ("seq_len", "decay_steps", "eval_batches", "threads", "sample_top_k"):
             if getattr(self, name) is not None:
                 _positive(f"train.{name}", getattr(self, name))
@@ -181,13 +195,35 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class LogConfig:
+    """Where the metrics go besides ``metrics.jsonl``: experiment trackers (glassgpt.train.trackers).
+
+    ``to``: any of csv, tensorboard, wandb, mlflow. ``project``: the wandb project and the
+    MLflow experiment; ``group``: the wandb group (a sweep sets it; its MLflow experiment
+    then); ``name``: the run's name there (default: its folder's name).
+    """
+
+    to: tuple[str, ...] = ()
+    project: str = "glassgpt"
+    group: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        for t in self.to:
+            check(t in TRACKERS, "log.to", f"unknown tracker {t!r}; known: {', '.join(TRACKERS)}")
+        check(len(set(self.to)) == len(self.to), "log.to", f"names a tracker twice: {self.to}")
+        check(bool(self.project), "log.project", "must not be empty")
+
+
+@dataclass(frozen=True)
 class RunConfig:
-    """Everything a run needs: ``seed``, ``model`` (GPTConfig), ``train``, ``data``."""
+    """Everything a run needs: ``seed``, ``model`` (GPTConfig), ``train``, ``data``, ``log``."""
 
     seed: int = 1337
     model: GPTConfig = field(default_factory=GPTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
         check(0 <= self.seed < 2**63, "seed", f"must be in [0, 2^63), got {self.seed}")
@@ -196,6 +232,15 @@ class RunConfig:
             "train.seq_len",
             f"seq_len={self.seq_len} exceeds the model's context model.n_ctx={self.model.n_ctx}",
         )
+
+    @property
+    def inspect_every(self) -> int:
+        """Steps between probes of the circuits (0: none): ``train.inspect_every``, else
+        ``train.eval_every`` for models of at most INSPECT_MAX_HEADS heads in all."""
+        if self.train.inspect_every is not None:
+            return self.train.inspect_every
+        small = self.model.n_layers * self.model.n_heads <= INSPECT_MAX_HEADS
+        return self.train.eval_every if small else 0
 
     @property
     def seq_len(self) -> int:
@@ -276,7 +321,7 @@ def build_run_config(raw: Mapping[str, Any], *, n_vocab: int | None = None) -> R
     A ``model.n_vocab`` given explicitly may pad the vocabulary but never cut it.
     """
     data = dict(raw)
-    for section in ("model", "train", "data"):
+    for section in ("model", "train", "data", "log"):
         value = data.get(section, {})
         check(
             isinstance(value, Mapping),

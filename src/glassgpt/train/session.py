@@ -239,6 +239,7 @@ def make_trainer(
 ) -> Any:
     """The Trainer over this run's batches and validation windows."""
     from glassgpt.data import BatchSampler, iter_eval_batches
+    from glassgpt.train.circuits import probe_every, run_probe
     from glassgpt.train.trainer import Trainer
 
     batches = BatchSampler(
@@ -276,17 +277,42 @@ def make_trainer(
         },
         bytes_per_token=run_data.bytes_per_token,
         on_eval=sampler_at_eval(cfg, run_data, ctx.device),
+        probe=run_probe(cfg, run_data, ctx.device) if probe_every(cfg) and ctx.is_main else None,
+        probe_every=probe_every(cfg),
     )
+
+
+def open_trackers(cfg: RunConfig, out_dir: Path, config_toml: str, ctx: D.DistContext) -> Any:
+    """The experiment trackers of ``log.to`` (rank 0; None when there are none)."""
+    if not cfg.log.to or not ctx.is_main:
+        return None
+    from glassgpt.train.trackers import RunInfo, Trackers
+
+    info = RunInfo(
+        out_dir=out_dir,
+        name=cfg.log.name or out_dir.resolve().name,
+        project=cfg.log.project,
+        group=cfg.log.group,
+        config=applicable(cfg.to_dict()),
+        config_toml=config_toml,
+    )
+    return Trackers(cfg.log.to, info)
 
 
 def report(result: dict[str, Any], trainer: Any, out_dir: Path, ctx: D.DistContext) -> int:
     """The loss plot and the closing line; the exit status (128 + signal when stopped)."""
+    from glassgpt.train.circuits import plot_circuits
     from glassgpt.train.plots import plot_metrics
 
     if ctx.is_main:
         metrics = out_dir / "metrics.jsonl"
         if metrics.exists():
             plot_metrics(metrics, out_dir / "loss.png")
+            plot_circuits(metrics, out_dir / "circuits.png")
+        if trainer.tracker is not None:
+            for name in ("loss", "circuits"):
+                trainer.tracker.image(f"plots/{name}", out_dir / f"{name}.png", result["step"])
+            trainer.tracker.close()
         stopped = result["ended"] == "signal"
         print(
             f"{'interrupted' if stopped else 'done'}: step {result['step']}"
@@ -305,7 +331,10 @@ def report(result: dict[str, Any], trainer: Any, out_dir: Path, ctx: D.DistConte
 
 def train(plan: Plan, ctx: D.DistContext, argv: Sequence[str] | None, note: Any) -> int:
     """Data → config → files → model → trainer → fit → report."""
+    from glassgpt.train.trackers import require
+
     say = say_on(ctx)
+    require(plan.run.config.log.to)  # a missing package says so before any work
     run_data = prepare_data(plan, ctx)
     cfg = plan.run.with_vocab(run_data.tokenizer.n_vocab)
     micro = micro_batch(cfg, ctx)
@@ -321,4 +350,5 @@ def train(plan: Plan, ctx: D.DistContext, argv: Sequence[str] | None, note: Any)
     if plan.checkpoint is not None:
         trainer.load_checkpoint(plan.checkpoint)
         say(f"resumed from {plan.checkpoint.path} at step {trainer.step}", flush=True)
+    trainer.tracker = open_trackers(cfg, plan.out_dir, config_toml, ctx)
     return report(trainer.fit(), trainer, plan.out_dir, ctx)

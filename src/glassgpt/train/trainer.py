@@ -8,8 +8,9 @@ One optimizer step s, on each of W ranks with A micro-batches (x_a, y_a) of the 
 
 under autocast (bf16 on CPU and GPU; fp16 with a GradScaler on GPUs without bf16). Around
 it: evaluation every k steps (val loss, perplexity, bits per byte), JSONL metrics, a
-progress bar, checkpoints (every k steps, at the end, on SIGINT/SIGTERM; ``best`` on a new
-lowest val loss), a stop with a clear message on a NaN or infinite loss, and exact resume.
+progress bar, a probe of the model every k steps (head scores and the like, given by the
+caller, into the metrics), a tracker told every metrics line, checkpoints (every k steps, at
+the end, on SIGINT/SIGTERM; ``best`` on a new lowest val loss), a stop with a clear message on a NaN or infinite loss, and exact resume.
 The trainer knows nothing about GPT.
 
 On a GPU the step never waits for the device: its loss and gradient norm are copied to
@@ -91,6 +92,8 @@ class Trainer:
         checkpoint_files: Mapping[str, bytes] | None = None,
         bytes_per_token: float | None = None,
         on_eval: Callable[[nn.Module, int], str | None] | None = None,
+        probe: Callable[[nn.Module, int], Mapping[str, float]] | None = None,
+        probe_every: int = 0,
         log: Callable[[str], None] = print,
     ) -> None:
         self.ctx = ctx or DistContext()
@@ -100,6 +103,9 @@ class Trainer:
         self.eval_data = eval_data
         self.bytes_per_token = bytes_per_token
         self.on_eval = on_eval
+        self.probe = probe if probe_every > 0 else None  # named floats every probe_every steps
+        self.probe_every = probe_every
+        self.tracker: Any = None  # .log(record) after each metrics.jsonl line (rank 0)
         self.log = log if self.ctx.is_main else (lambda msg: None)
         self.checkpoint_files = dict(checkpoint_files or {})
         self.autocast_dtype, use_scaler = resolve_precision(cfg.precision, self.ctx.device)
@@ -363,7 +369,12 @@ class Trainer:
         cfg = self.cfg
         record = self._checked(pending)
         step = record["step"]
-        logged = step % cfg.log_every == 0 or do_eval or step == cfg.max_steps
+        do_probe = (
+            self.probe is not None
+            and self.ctx.is_main
+            and (step % self.probe_every == 0 or step == cfg.max_steps)
+        )
+        logged = step % cfg.log_every == 0 or do_eval or do_probe or step == cfg.max_steps
         if logged:
             seconds = seconds_between(clock.since, pending.done)  # type: ignore[arg-type]
             tok_s = (record["tokens"] - clock.tokens) / max(seconds, 1e-9)
@@ -375,12 +386,28 @@ class Trainer:
             started = time.perf_counter()
             record.update(self._eval_and_report(bar.write))
             self.eval_seconds += time.perf_counter() - started
+        if do_probe:
+            started = time.perf_counter()
+            record.update(self._probed())
+            self.eval_seconds += time.perf_counter() - started
         if logged and self.metrics is not None:
             self.metrics.write(record)
+        if logged and self.tracker is not None:
+            self.tracker.log(record)
         if logged:  # after an evaluation, the window opens when it is done
             clock.since = pending.done if not do_eval else stamp(self.ctx.device)  # type: ignore[assignment]
             clock.tokens = record["tokens"]
         return record
+
+    def _probed(self) -> dict[str, float]:
+        """The probe's named floats (no dropout, no draw from the training RNG streams)."""
+        assert self.probe is not None
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return dict(self.probe(self.model, self.step))
+        finally:
+            self.model.train()
 
     def _eval_and_report(self, write: Callable[[str], None]) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.evaluate())

@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from glassgpt.cli import main
 from glassgpt.inspect.induction import (
     induction_prompts,
     query_positions,
@@ -22,6 +23,7 @@ from glassgpt.inspect.induction import (
     target_logprob,
     train_synthetic,
 )
+from glassgpt.inspect.study_commands import summary
 from glassgpt.model import GPT
 
 V, T = 32, 16
@@ -131,3 +133,13 @@ def test_the_study_finds_and_confirms_the_circuit(trained: GPT, tmp_path) -> Non
     assert p["k"] > 0.5 and p["k"] > 3 * max(abs(p["q"]), abs(p["v"]), abs(p["final"]))
     assert p["each_sender_to_induction_keys"][l1][h1] == pytest.approx(p["k"], abs=1e-5)
     assert max(map(abs, p["each_sender_to_induction_keys"][l2])) < 0.05  # same layer: no path
+
+    text = summary(r)
+    assert f"induction head L{l2}H{h2}" in text and "path patching" in text
+
+
+def test_study_command_names_a_missing_run(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    missing = tmp_path / "nope"
+    assert main(["study", "induction", "-c", str(missing), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(missing) in err[0]

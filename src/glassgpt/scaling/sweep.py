@@ -123,13 +123,18 @@ def prepare_shared(out: Path, data: Any, log: Callable[[str], None] = print) -> 
     return folder
 
 
-def run_table(resolved: Any, threads: int, data: Path | None = None) -> dict[str, Any]:
+def run_table(
+    resolved: Any, threads: int, data: Path | None = None, group: str | None = None
+) -> dict[str, Any]:
     """The config table one run trains with: its resolved table, with the sweep's threads, no
-    progress bar, and ``data`` (a shared prepared folder) in place of its data paths (its
-    other data keys stay, as a record of what the folder holds)."""
+    progress bar, ``data`` (a shared prepared folder) in place of its data paths (its
+    other data keys stay, as a record of what the folder holds), and ``group`` (the sweep's
+    name) as its trackers' ``log.group`` unless the grid sets one."""
     extra: dict[str, Any] = {"train": {"threads": threads, "progress": False}}
     if data is not None:
         extra["data"] = {"paths": [str(data)]}
+    if group is not None and resolved.config.log.group is None:
+        extra["log"] = {"group": group}
     return merge(resolved.raw, extra)
 
 
@@ -250,7 +255,7 @@ def run_sweep(
             shared[run.name] = prepare_shared(out, resolved.config.data, log)
     for run, resolved in configs:
         if run in todo:
-            table = run_table(resolved, threads, shared.get(run.name))
+            table = run_table(resolved, threads, shared.get(run.name), out.resolve().name)
             atomic_write(out / CONFIGS / f"{run.name}.toml", dump_toml(table).encode())
     failures: list[str] = []
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress, unit="run")

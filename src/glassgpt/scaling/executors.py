@@ -275,6 +275,9 @@ class RayExecutor:
         kwargs["logging_level"] = logging.WARNING
         if where is None:
             kwargs["num_cpus"] = max(os.cpu_count() or 1, self.threads)
+        problem = _unreachable(where) if where is not None else None
+        if problem is not None:  # ray.init would wait minutes for a GCS that is not there
+            raise GlassError(f"no Ray cluster reachable at {where}: {problem}")
         try:
             ray.init(address=where, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
@@ -318,6 +321,23 @@ class RayExecutor:
                     ray.cancel(ref, force=True)
             if started:
                 ray.shutdown()
+
+
+def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing listens at a ``host:port`` or ``ray://host:port`` address (None: it
+    answers, or the address is ``auto`` or another form Ray looks up itself).
+
+    >>> _unreachable("auto") is None
+    True
+    """
+    m = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address.strip())
+    if m is None:
+        return None
+    try:
+        socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout_s).close()
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
 
 
 def _first_line(e: BaseException) -> str:

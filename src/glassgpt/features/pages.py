@@ -1,0 +1,360 @@
+"""Feature pages: what each latent of an SAE responds to, from one pass over a corpus.
+
+    f(w)         = SAE.encode(a_site(w))   [B, T, d_sae], windows w of the corpus in order
+    density_i    = #{tokens with f_i > 0} / N
+    top_i        = the K tokens (w, t) of largest f_i > 0, each with its context
+                   w[t − before … t + after] and f_i at every token of it
+    histogram_i  = counts of the nonzero f_i in log-spaced bins: bin j holds
+                   10^(lo + (j−1)/per_decade) ≤ f < 10^(lo + j/per_decade), bin 0 what lies
+                   below 10^lo, the last bin what lies at or above 10^hi
+    logit effect = N_f'(d_i) W_U,  d_i the latent's direction in the residual stream:
+                   W_dec[i] for a residual-width site (resid_*, attn_out, mlp_out, and a
+                   transcoder's mlp_out), W_dec[i] W_out for ``mlp.post``, Σ_h W_dec[i, h] W_O[h]
+                   for ``attn.z``; N_f' is the final norm with its scale frozen, as in direct
+                   logit attribution (glassgpt.inspect.lens): (d − μ(d)) ⊙ w (layernorm) or
+                   d ⊙ w (rmsnorm), the scale s left out (one positive number per position: it
+                   scales every token's logit alike and does not reorder them); a post-norm
+                   model has no final norm, and d W_U is taken as it is
+
+The direct path only: what the latent writes, read straight into the vocabulary, ignoring
+the later layers. The pass streams batches of windows through the model and the SAE; the
+running top K is one ``torch.topk`` over [K old + K new] candidates per latent and batch,
+the histogram one ``bucketize`` and ``bincount`` over the nonzero (latent, bin) pairs: no
+Python loop over tokens or latents. Memory: one batch's f [B·T, d_sae] and the pages.
+
+Store (:func:`save_pages`, :func:`load_pages`): one safetensors file per SAE (default
+``SAE_DIR/features.safetensors``), written atomically; its JSON metadata under
+``glassgpt`` ({"format": "glassgpt-features", "version": 1, ...}).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from glassgpt.errors import GlassError, InputFileError
+from glassgpt.features.sae import SAE
+from glassgpt.features.sites import check_model, read
+from glassgpt.formats import check_format
+from glassgpt.model import GPT
+from glassgpt.storage import atomic_write
+
+FORMAT, VERSION = "glassgpt-features", 1
+FILE = "features.safetensors"
+ARRAYS = ("top_values", "top_where", "top_tokens", "top_acts", "hist", "count",
+          "logit_top_ids", "logit_top_values", "logit_bottom_ids", "logit_bottom_values")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Binning:
+    """Log-spaced histogram bins: ``per_decade`` bins from 10^lo to 10^hi, one below, one above.
+
+    >>> b = Binning(lo=-1, hi=1, per_decade=1)
+    >>> b.edges.tolist(), b.n_bins
+    ([0.1, 1.0, 10.0], 4)
+    >>> b.bin(torch.tensor([0.05, 0.1, 0.5, 3.0, 10.0])).tolist()
+    [0, 1, 1, 2, 3]
+    """
+
+    lo: int = -3
+    hi: int = 3
+    per_decade: int = 8
+
+    @property
+    def edges(self) -> Tensor:
+        n = (self.hi - self.lo) * self.per_decade
+        return 10.0 ** torch.linspace(self.lo, self.hi, n + 1, dtype=torch.float64)
+
+    @property
+    def n_bins(self) -> int:
+        return (self.hi - self.lo) * self.per_decade + 2
+
+    def bin(self, values: Tensor) -> Tensor:
+        """The bin of each (positive) value: bucketize with edges[j−1] ≤ v < edges[j] → j."""
+        return torch.bucketize(values.double(), self.edges, right=True)
+
+
+@dataclass
+class FeaturePages:
+    """The pages of every latent (arrays indexed by latent first) and what they were read from.
+
+    ``top_where`` is the corpus offset of each top token (−1: an empty slot), ``top_tokens``
+    [d_sae, K, W] the context's ids (−1 beyond its window), ``top_acts`` f_i there, with the
+    top token at column ``before``.
+    """
+
+    top_values: Tensor  # [d_sae, K] float32, descending; 0 in empty slots
+    top_where: Tensor  # [d_sae, K] int64
+    top_tokens: Tensor  # [d_sae, K, W] int32
+    top_acts: Tensor  # [d_sae, K, W] float32
+    hist: Tensor  # [d_sae, n_bins] int64
+    count: Tensor  # [d_sae] int64: tokens with f_i > 0
+    logit_top_ids: Tensor  # [d_sae, n] int64 (n = 0 when the site has no logit effect)
+    logit_top_values: Tensor  # [d_sae, n] float32
+    logit_bottom_ids: Tensor
+    logit_bottom_values: Tensor
+    meta: dict[str, Any] = field(default_factory=dict)  # tokens, before, after, binning, sae, …
+
+    @property
+    def d_sae(self) -> int:
+        return int(self.count.shape[0])
+
+    @property
+    def tokens(self) -> int:
+        return int(self.meta["tokens"])
+
+    @property
+    def density(self) -> Tensor:
+        return self.count.double() / max(self.tokens, 1)
+
+    @property
+    def binning(self) -> Binning:
+        return Binning(**self.meta["binning"])
+
+    def page(self, i: int, texts: Sequence[str]) -> dict[str, Any]:
+        """Latent ``i``'s page as JSON (``texts``: the text of every token id)."""
+        if not 0 <= i < self.d_sae:
+            raise GlassError(f"feature {i}: out of range (this SAE has {self.d_sae} latents)")
+        before = int(self.meta["before"])
+        contexts = []
+        for k in range(self.top_values.shape[1]):
+            if int(self.top_where[i, k]) < 0:
+                break
+            ids, acts = self.top_tokens[i, k].tolist(), self.top_acts[i, k].tolist()
+            keep = [j for j, t in enumerate(ids) if t >= 0]
+            contexts.append({
+                "value": float(self.top_values[i, k]), "where": int(self.top_where[i, k]),
+                "tokens": [texts[ids[j]] for j in keep], "acts": [round(acts[j], 5) for j in keep],
+                "at": keep.index(before),
+            })  # fmt: skip
+        edges = self.binning.edges.tolist()
+        nz = self.hist[i].nonzero().squeeze(-1).tolist()
+        hist = [] if not nz else [
+            {"lo": edges[j - 1] if j > 0 else 0.0, "hi": edges[j] if j < len(edges) else None,
+             "count": int(self.hist[i, j])} for j in range(nz[0], nz[-1] + 1)
+        ]  # fmt: skip
+
+        def logits(ids: Tensor, values: Tensor) -> list[dict[str, Any]]:
+            return [{"id": int(t), "text": texts[int(t)], "value": round(float(v), 5)}
+                    for t, v in zip(ids[i], values[i])]  # fmt: skip
+
+        return {
+            "id": i, "density": float(self.density[i]), "count": int(self.count[i]),
+            "tokens": self.tokens, "max": float(self.top_values[i, 0]) if contexts else 0.0,
+            "contexts": contexts, "histogram": hist,
+            "logit_top": logits(self.logit_top_ids, self.logit_top_values),
+            "logit_bottom": logits(self.logit_bottom_ids, self.logit_bottom_values),
+        }  # fmt: skip
+
+
+class TopContexts:
+    """Running per-latent top K of f > 0 over batches, with each top token's context."""
+
+    def __init__(self, d_sae: int, *, top: int, before: int, after: int, binning: Binning) -> None:
+        if top < 1 or before < 0 or after < 0:
+            raise GlassError(f"top={top}, before={before}, after={after}: need top ≥ 1, the others ≥ 0")  # fmt: skip
+        self.K, self.before, self.after, self.binning = top, before, after, binning
+        W = before + after + 1
+        self.values = torch.full((d_sae, top), -math.inf)
+        self.where = torch.full((d_sae, top), -1, dtype=torch.int64)
+        self.ctx_tokens = torch.full((d_sae, top, W), -1, dtype=torch.int32)
+        self.ctx_acts = torch.zeros(d_sae, top, W)
+        self.hist = torch.zeros(d_sae * binning.n_bins, dtype=torch.int64)
+        self.count = torch.zeros(d_sae, dtype=torch.int64)
+        self.tokens = 0
+
+    @torch.no_grad()
+    def add(self, tokens: Tensor, f: Tensor, where: Tensor) -> None:
+        """One batch: ``tokens`` [B, T], ``f`` [B, T, d_sae], ``where`` [B] each window's offset."""
+        B, T, S = f.shape
+        f = f.float().cpu()
+        flat = f.reshape(B * T, S)
+        self.tokens += B * T
+        # density and histogram, over the nonzero entries only
+        rows, cols = (flat > 0).nonzero(as_tuple=True)
+        self.count += torch.bincount(cols, minlength=S)
+        nb = self.binning.n_bins
+        self.hist += torch.bincount(
+            cols * nb + self.binning.bin(flat[rows, cols]), minlength=S * nb
+        )
+        # this batch's top K of each latent, and their contexts
+        k = min(self.K, B * T)
+        vals, idx = flat.topk(k, dim=0)  # [k, S]
+        vals, idx = vals.T, idx.T  # [S, k]
+        b, t = idx // T, idx % T
+        offs = torch.arange(-self.before, self.after + 1)
+        pos = t[..., None] + offs  # [S, k, W]
+        inside = (pos >= 0) & (pos < T)
+        pos = pos.clamp(0, T - 1)
+        bw = b[..., None].expand_as(pos)
+        latent = torch.arange(S)[:, None, None].expand_as(pos)
+        ctx_tok = torch.where(inside, tokens.cpu()[bw, pos].to(torch.int32), -1)
+        ctx_act = torch.where(inside, f[bw, pos, latent], 0.0)
+        vals = torch.where(vals > 0, vals, -math.inf)
+        # merge: the K largest of the old and the new candidates (old first: ties keep them)
+        cand = torch.cat([self.values, vals], dim=1)  # [S, K + k]
+        self.values, sel = cand.topk(self.K, dim=1)
+        self.where = torch.cat([self.where, where.cpu()[b] + t], 1).gather(1, sel)
+        wsel = sel[..., None].expand(-1, -1, offs.numel())
+        self.ctx_tokens = torch.cat([self.ctx_tokens, ctx_tok], 1).gather(1, wsel)
+        self.ctx_acts = torch.cat([self.ctx_acts, ctx_act], 1).gather(1, wsel)
+        self.where = torch.where(self.values > -math.inf, self.where, -1)
+
+    def pages(self, logit: tuple[Tensor, ...], meta: dict[str, Any]) -> FeaturePages:
+        empty = self.where < 0
+        return FeaturePages(
+            top_values=torch.where(empty, 0.0, self.values),
+            top_where=self.where,
+            top_tokens=torch.where(empty[..., None], -1, self.ctx_tokens),
+            top_acts=torch.where(empty[..., None], 0.0, self.ctx_acts),
+            hist=self.hist.reshape(-1, self.binning.n_bins),
+            count=self.count,
+            logit_top_ids=logit[0], logit_top_values=logit[1],
+            logit_bottom_ids=logit[2], logit_bottom_values=logit[3],
+            meta={**meta, "tokens": self.tokens, "before": self.before, "after": self.after,
+                  "binning": {"lo": self.binning.lo, "hi": self.binning.hi,
+                              "per_decade": self.binning.per_decade}},
+        )  # fmt: skip
+
+
+# -- the logit effect ------------------------------------------------------------------------
+
+
+def residual_directions(model: GPT, sae: SAE) -> Tensor | None:
+    """d_i [d_sae, d_model]: each latent's decoder direction in the residual stream (module
+    docstring), or None when the site has none (q, k, v, a norm's scale, …)."""
+    W_dec = sae.W_dec.detach()
+    site = check_model(sae, model)
+    name = site.out_hook or site.hook
+    part = name.split(".", 2)[-1] if name.startswith("blocks.") else name
+    d = model.config.d_model
+    if part in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "embed",
+                "pos_embed") and W_dec.shape[1] == d:  # fmt: skip
+        return W_dec
+    layer = site.layer
+    if layer is None:
+        return None
+    block = model.blocks[layer]
+    if part == "mlp.post":
+        return W_dec @ block.mlp.W_out.detach().to(W_dec.dtype)  # [d_sae, d_model]
+    if part == "attn.z":
+        W_O = block.attn.W_O.detach().to(W_dec.dtype)  # [H, d_head, d_model]
+        return torch.einsum("shk,hkm->sm", W_dec.reshape(len(W_dec), *W_O.shape[:2]), W_O)
+    if part == "attn.result":
+        return W_dec.reshape(len(W_dec), model.config.n_heads, d).sum(1)
+    return None
+
+
+@torch.no_grad()
+def logit_effect(model: GPT, sae: SAE, n: int = 10, chunk: int = 256) -> tuple[Tensor, ...]:
+    """(top ids, top values, bottom ids, bottom values), each [d_sae, n]: the largest and
+    smallest entries of N_f'(d_i) W_U (module docstring); [d_sae, 0] when the site has none."""
+    dirs = residual_directions(model, sae)
+    S = sae.cfg.d_sae
+    if dirs is None or n < 1:
+        e = torch.zeros(S, 0)
+        return e.long(), e, e.long(), e
+    W_U = model.W_U.detach().double().cpu()
+    ln = model.ln_final
+    n = min(n, W_U.shape[1])
+    out: list[list[Tensor]] = [[], [], [], []]
+    for start in range(0, S, chunk):
+        dd = dirs[start : start + chunk].double().cpu()
+        if ln is not None:
+            if ln.kind == "layernorm":
+                dd = dd - dd.mean(-1, keepdim=True)
+            dd = dd * ln.w.detach().double().cpu()
+        z = dd @ W_U  # [chunk, n_vocab]
+        for j, largest in ((0, True), (2, False)):
+            v, i = z.topk(n, dim=1, largest=largest)
+            out[j].append(i)
+            out[j + 1].append(v.float())
+    return tuple(torch.cat(parts) for parts in out)
+
+
+# -- the pass ---------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def compute_pages(
+    model: GPT,
+    sae: SAE,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    *,
+    top: int = 20,
+    before: int = 12,
+    after: int = 4,
+    binning: Binning | None = None,
+    logits: int = 10,
+    meta: dict[str, Any] | None = None,
+) -> FeaturePages:
+    """The pages of every latent over ``batches`` of (windows [B, T], their corpus offsets [B])."""
+    site = check_model(sae, model)
+    sae = sae.eval()
+    device = next(model.parameters()).device
+    acc = TopContexts(sae.cfg.d_sae, top=top, before=before, after=after, binning=binning or Binning())  # fmt: skip
+    for tokens, where in batches:
+        x, _ = read(model, tokens.to(device), site)
+        f = sae.encode(x.to(sae.W_enc.dtype))  # [B, T, d_sae]
+        acc.add(tokens, f, where)
+    if acc.tokens == 0:
+        raise GlassError("no tokens to compute feature pages on (the data is empty)")
+    return acc.pages(logit_effect(model, sae, logits), dict(meta or {}, hook=sae.cfg.hook))
+
+
+def windows(
+    stream: Any, *, seq_len: int, batch: int, tokens: int
+) -> Iterable[tuple[Tensor, Tensor]]:
+    """(windows [B, T], offsets [B]): disjoint consecutive windows of ``stream`` from its start,
+    about ``tokens`` tokens in all (whole windows; the last batch may be short)."""
+    n = min(len(stream) // seq_len, max(1, -(-tokens // seq_len)))
+    if n == 0:
+        raise GlassError(f"the data has {len(stream)} tokens, fewer than one window of {seq_len}")
+    for first in range(0, n, batch):
+        starts = torch.arange(first, min(first + batch, n)) * seq_len
+        rows = [torch.from_numpy(stream.read(int(s), seq_len).astype("int64")) for s in starts]
+        yield torch.stack(rows), starts
+
+
+# -- the file -----------------------------------------------------------------------------------
+
+
+def save_pages(path: str | Path, pages: FeaturePages) -> Path:
+    """Write ``pages`` to one safetensors file (arrays + JSON metadata), atomically."""
+    from safetensors.torch import save
+
+    path = Path(path)
+    tensors = {name: getattr(pages, name).contiguous() for name in ARRAYS}
+    doc = {"format": FORMAT, "version": VERSION, **pages.meta}
+    atomic_write(path, save(tensors, metadata={"glassgpt": json.dumps(doc)}))
+    return path
+
+
+def load_pages(path: str | Path) -> FeaturePages:
+    """The pages in ``path`` (a file, or an SAE folder holding ``features.safetensors``)."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if path.is_dir():
+        path = next((p / FILE for p in (path, path / "sae") if (p / FILE).is_file()), path / FILE)
+    if not path.is_file():
+        raise InputFileError(f"{path}: no feature pages (make them with glassgpt sae features)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            doc = json.loads((f.metadata() or {}).get("glassgpt", "null"))
+            doc = check_format(doc, path, FORMAT, VERSION, what="feature pages format",
+                               not_ours="not a glassgpt feature pages file")  # fmt: skip
+            arrays = {name: f.get_tensor(name) for name in ARRAYS}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise InputFileError(f"{path}: unreadable ({str(e).splitlines()[0]})") from None
+    except KeyError as e:
+        raise InputFileError(f"{path}: lacks the array {e}") from None
+    meta = {k: v for k, v in doc.items() if k not in ("format", "version")}
+    return FeaturePages(**arrays, meta=meta)

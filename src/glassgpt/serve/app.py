@@ -14,6 +14,7 @@ import hmac
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -36,9 +37,11 @@ def create_app(
     api_key: str | None = None,
     slots: int = 16,
     steer: Sequence[Any] = (),
+    source: Path | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (in eval mode) with ``tokenizer``; ``steer``
-    (``glassgpt.sample.steering.Steer``s) steers every request's generation."""
+    (``glassgpt.sample.steering.Steer``s) steers every request's generation; ``source`` (the
+    checkpoint or run folder served) gives the explorer's checkpoint slider its steps."""
     from glassgpt.sample.steering import steering_hooks
 
     if tokenizer is None:
@@ -46,7 +49,7 @@ def create_app(
     model.eval()
     hooks = steering_hooks(model, steer)  # (a bad vector or name raises here, not per request)
     scheduler = Scheduler(model, tokenizer, slots=slots, steering=hooks)
-    state = ServeState(model, tokenizer, name, scheduler, api_key)
+    state = ServeState(model, tokenizer, name, scheduler, api_key, source=source)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

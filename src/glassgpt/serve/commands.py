@@ -80,7 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
         attach_kernels(model.eval())
     name = args.name or Path(args.checkpoint).resolve().name
     app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch,
-                     steer=steers)  # fmt: skip
+                     steer=steers, source=Path(args.checkpoint))  # fmt: skip
     # The scheduler thread and the event loop share the GIL: hand it over every 0.5 ms, not
     # every 5 ms, so that a finished token reaches its client without waiting for a step.
     sys.setswitchinterval(0.0005)

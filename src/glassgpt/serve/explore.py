@@ -5,11 +5,14 @@
     POST /api/attribution  direct logit attribution of one token at one position
     POST /api/circuits     the top QK and OV token pairs of one head
     GET  /api/info         the model's shape and its head scores
+    GET  /api/checkpoints  the steps of the run's kept checkpoints (the checkpoint slider)
     GET  /api/vocab        the text of every token id
     POST /api/patch, /api/patch/effect, /api/ablate   see ``glassgpt.serve.interventions``
 
 Patterns travel as bytes (round(255 · p), base64), logits as float32 (base64): a 64-token
-prompt on GPT-2 small is 590k pattern values. The last prompts' analyses are kept, so moving
+prompt on GPT-2 small is 590k pattern values. A request with ``step`` is answered by the run's
+checkpoint of that step (``glassgpt.serve.checkpoints``) instead of the served model; analyze
+then carries that model's head scores. The last prompts' analyses are kept, so moving
 between positions, tokens and heads recomputes nothing. Every forward holds the scheduler's
 lock (hooks are attached per model, so two forwards must not overlap).
 """
@@ -30,6 +33,7 @@ from glassgpt.inspect.circuits import ov_circuit, qk_circuit
 from glassgpt.inspect.heads import head_scores
 from glassgpt.inspect.lens import direct_logit_attribution, unembed
 from glassgpt.inspect.report import encode_prompt, token_texts
+from glassgpt.serve.checkpoints import Checkpoints
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.interventions import Interventions, b64
 from glassgpt.serve.state import ServeState
@@ -46,6 +50,7 @@ class Ask(BaseModel):
     token: StrictInt | None = None
     layer: StrictInt = 0
     head: StrictInt = 0
+    step: StrictInt | None = None  # a kept checkpoint's step (None: the served model)
 
 
 def lens_top(model: Any, resid: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,30 +76,45 @@ class Explorer:
         self.state = state
         self.model, self.tok = state.model, state.tokenizer
         self.lock = state.scheduler.lock
-        self.cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.cache: OrderedDict[tuple[str, int | None], dict[str, Any]] = OrderedDict()
         self.cache_lock = threading.Lock()
         self._scores: dict[str, Any] | None = None
         self._vocab: list[str] | None = None
+        device = next(self.model.parameters()).device
+        self.checkpoints = Checkpoints(state.source, device)
+        self._step_scores: dict[int, dict[str, Any]] = {}
 
-    def _entry(self, prompt: str) -> dict[str, Any]:
-        with self.cache_lock:
-            if prompt in self.cache:
-                self.cache.move_to_end(prompt)
-                return self.cache[prompt]
+    def _model(self, step: int | None) -> Any:
+        """The served model, or the run's checkpoint of ``step``."""
+        if step is None:
+            return self.model
         try:
-            ids = encode_prompt(self.model, self.tok, prompt)
+            return self.checkpoints.model(step)
+        except GlassError as e:
+            raise APIError(400, str(e), param="step") from None
+
+    def _entry(self, prompt: str, step: int | None = None) -> dict[str, Any]:
+        key = (prompt, step)
+        with self.cache_lock:
+            if key in self.cache:
+                self.cache.move_to_end(key)
+                return self.cache[key]
+        model = self._model(step)
+        try:
+            ids = encode_prompt(model, self.tok, prompt)
         except GlassError as e:
             raise APIError(400, str(e), param="prompt") from None
-        L = self.model.config.n_layers
+        L = model.config.n_layers
         names = ["blocks.0.resid_pre"] + [f"blocks.{layer}.resid_post" for layer in range(L)]
-        with self.lock, evaluating(self.model), torch.no_grad():
-            logits, acts = run_with_cache(self.model, ids, ["pattern", *names])
+        with self.lock, evaluating(model), torch.no_grad():
+            logits, acts = run_with_cache(model, ids, ["pattern", *names])
             resid = torch.stack([acts[n][0] for n in names])  # [L + 1, T, d_model]
-            lens = lens_top(self.model, resid, 3)
+            lens = lens_top(model, resid, 3)
         entry = {"ids": ids, "logits": logits[0].float(), "patterns": acts.stack("pattern"),
                  "lens": (names, *lens)}  # fmt: skip
+        entry["step"] = step
         with self.cache_lock:
-            self.cache[prompt] = entry
+            self.cache[key] = entry
             while len(self.cache) > KEEP:
                 self.cache.popitem(last=False)
         return entry
@@ -107,7 +127,7 @@ class Explorer:
         return p
 
     def analyze(self, ask: Ask) -> dict[str, Any]:
-        e = self._entry(ask.prompt)
+        e = self._entry(ask.prompt, ask.step)
         ids = e["ids"]
         texts = token_texts(self.tok, ids)
         pat = e["patterns"][:, 0].float()  # [L, H, T, T]
@@ -132,16 +152,18 @@ class Explorer:
             "shape": list(pat.shape),
             "lens": lens_rows,
             **self.logits(ask, e),
+            "step": ask.step,
+            "head_scores": self.scores(ask.step),
         }
 
     def logits(self, ask: Ask, entry: dict[str, Any] | None = None) -> dict[str, Any]:
-        e = entry or self._entry(ask.prompt)
+        e = entry or self._entry(ask.prompt, ask.step)
         p = self._pos(e, ask.pos)
         z = e["logits"][p, : self.state.n_valid].contiguous()
         return {"pos": p, "logits": b64(z.to(torch.float32))}
 
     def attribution(self, ask: Ask) -> dict[str, Any]:
-        e = self._entry(ask.prompt)
+        e = self._entry(ask.prompt, ask.step)
         p = self._pos(e, ask.pos)
         token = int(e["logits"][p].argmax()) if ask.token is None else ask.token
         if not 0 <= token < self.state.n_valid:
@@ -149,7 +171,7 @@ class Explorer:
         if "dla" not in e:
             try:
                 with self.lock, torch.no_grad():
-                    e["dla"] = direct_logit_attribution(self.model, e["ids"])
+                    e["dla"] = direct_logit_attribution(self._model(ask.step), e["ids"])
             except GlassError as err:
                 raise APIError(400, str(err)) from None
         dla = e["dla"]
@@ -172,12 +194,13 @@ class Explorer:
         if not (0 <= ask.layer < cfg.n_layers and 0 <= ask.head < cfg.n_heads):
             raise APIError(400, f"no head L{ask.layer}H{ask.head} in a model of "
                            f"{cfg.n_layers} layers × {cfg.n_heads} heads", param="head")  # fmt: skip
-        e = self._entry(ask.prompt)
+        e = self._entry(ask.prompt, ask.step)
         uniq = list(dict.fromkeys(e["ids"]))[:40]
         out: dict[str, Any] = {"layer": ask.layer, "head": ask.head}
+        model = self._model(ask.step)
         with self.lock, torch.no_grad():
-            for name, m in (("qk", qk_circuit(self.model, ask.layer, ask.head)),
-                            ("ov", ov_circuit(self.model, ask.layer, ask.head))):  # fmt: skip
+            for name, m in (("qk", qk_circuit(model, ask.layer, ask.head)),
+                            ("ov", ov_circuit(model, ask.layer, ask.head))):  # fmt: skip
                 pairs = m.top_pairs(10, rows=uniq)
                 a = token_texts(self.tok, [r for r, _, _ in pairs])
                 b = token_texts(self.tok, [c for _, c, _ in pairs])
@@ -189,6 +212,21 @@ class Explorer:
         if self._vocab is None:
             self._vocab = token_texts(self.tok, range(self.state.n_valid))
         return self._vocab
+
+    def scores(self, step: int | None) -> dict[str, Any]:
+        """Head scores (as /api/info's) of the served model or of checkpoint ``step``."""
+        if step is None:
+            return self.info()["head_scores"]
+        if step not in self._step_scores:
+            model = self._model(step)
+            with self.lock, torch.no_grad():
+                s = head_scores(model, batch=4)
+            self._step_scores[step] = {k: v.tolist() for k, v in s.as_dict().items()}
+        return self._step_scores[step]
+
+    def steps(self) -> dict[str, Any]:
+        """The steps of the run's kept checkpoints, oldest first (the slider's stops)."""
+        return {"steps": self.checkpoints.steps()}
 
     def info(self) -> dict[str, Any]:
         if self._scores is None:
@@ -215,6 +253,7 @@ def make_router(state: ServeState, guard: list[Any]) -> APIRouter:
     router = APIRouter(prefix="/api")
     router.add_api_route("/info", explorer.info, methods=["GET"])
     router.add_api_route("/vocab", explorer.vocab, methods=["GET"], dependencies=guard)
+    router.add_api_route("/checkpoints", explorer.steps, methods=["GET"], dependencies=guard)
     for name in ("analyze", "logits", "attribution", "circuits"):
         fn = _endpoint(getattr(explorer, name))
         router.add_api_route(f"/{name}", fn, methods=["POST"], dependencies=guard)

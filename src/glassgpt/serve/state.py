@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from glassgpt.serve.errors import APIError
@@ -18,6 +19,7 @@ class ServeState:
     name: str
     scheduler: Scheduler
     api_key: str | None = None
+    source: Path | None = None  # the checkpoint or run folder served (its other checkpoints)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

@@ -7,7 +7,9 @@ const S = {
   info: null, vocab: null, data: null, prompt: "", pos: 0, token: null,
   layer: 0, head: 0, hover: null, cell: null, patterns: null, logits: null, seq: 0,
   ablated: new Set(), cut: null,  // heads ablated ("l.h"), and the logits with them ablated
+  steps: [], step: null,  // the run's kept checkpoints, and the one shown (null: the served model)
 };
+const at = () => (S.step === null ? {} : { step: S.step });  // a request's checkpoint
 
 // ---- helpers ---------------------------------------------------------------------------
 function headers() {
@@ -78,7 +80,19 @@ async function boot() {
   if (!$("clean").value) $("clean").value = "When Mary and John went to the store, John gave a drink to";
   if (!$("corrupted").value) $("corrupted").value = "When Mary and John went to the store, Mary gave a drink to";
   drawScores();
+  S.steps = (await api("/api/checkpoints")).steps;
+  if (S.steps.length > 1) {
+    $("ckpt").max = S.steps.length; $("ckpt").value = S.steps.length;  // the last stop: served
+    $("ckpt-row").hidden = false;
+  }
   await analyze();
+}
+
+function selectStep() {  // the slider's stops: every kept step, then the served model
+  const i = Number($("ckpt").value);
+  S.step = i < S.steps.length ? S.steps[i] : null;
+  $("ckpt-out").textContent = S.step === null ? "served" : `step ${S.step}`;
+  schedule();
 }
 
 let timer = null;
@@ -98,9 +112,10 @@ async function analyze() {
   if (!prompt) { fail("Type a prompt to see inside the model."); return; }
   try {
     if (!S.vocab) S.vocab = await api("/api/vocab");
-    const data = await api("/api/analyze", { prompt });
+    const data = await api("/api/analyze", { prompt, ...at() });
     if (seq !== S.seq) return;  // a newer prompt is on its way
     S.data = data; S.prompt = prompt;
+    S.info.head_scores = data.head_scores; drawScores();
     S.patterns = b64bytes(data.patterns);
     S.pos = data.tokens.length - 1; S.hover = null; S.cell = null;
     setLogits(data);
@@ -133,7 +148,7 @@ async function fetchCut() {  // the logits at S.pos with the ablated heads' z se
 
 async function selectPos(p) {
   S.pos = p;
-  const d = await api("/api/logits", { prompt: S.prompt, pos: p });
+  const d = await api("/api/logits", { prompt: S.prompt, pos: p, ...at() });
   setLogits(d);
   await fetchCut();
   drawChips(); drawDist(); drawDLA();
@@ -256,7 +271,7 @@ function drawDLA() { return attribution().catch(failed("dla")); }
 let dlaTicket = 0;
 async function attribution() {
   const ticket = ++dlaTicket;
-  const d = await api("/api/attribution", { prompt: S.prompt, pos: S.pos, token: S.token });
+  const d = await api("/api/attribution", { prompt: S.prompt, pos: S.pos, token: S.token, ...at() });
   if (ticket !== dlaTicket) return;  // a newer request has been made
   $("dla-where").textContent = `of “${show(d.text)}” after #${d.pos}`;
   const box = $("dla"); box.textContent = "";
@@ -452,7 +467,7 @@ function drawCircuits() { return circuits().catch(failed("qk")); }
 let circuitTicket = 0;
 async function circuits() {
   const ticket = ++circuitTicket, l = S.layer, h = S.head;
-  const d = await api("/api/circuits", { prompt: S.prompt, layer: l, head: h });
+  const d = await api("/api/circuits", { prompt: S.prompt, layer: l, head: h, ...at() });
   if (ticket !== circuitTicket) return;
   $("circuit-name").textContent = `of L${l}H${h}`;
   const table = (id, title, cols, rows) => {
@@ -612,6 +627,7 @@ async function generate() {
 
 // ---- wiring ----------------------------------------------------------------------------
 $("prompt").addEventListener("input", schedule);
+$("ckpt").addEventListener("input", selectStep);
 for (const id of ["temperature", "top-k", "top-p"]) $(id).addEventListener("input", () => S.data && drawDist());
 $("generate").addEventListener("click", generate);
 $("patch-run").addEventListener("click", runPatch);

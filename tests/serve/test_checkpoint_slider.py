@@ -1,0 +1,122 @@
+"""The explorer's checkpoint slider: /api/checkpoints lists a run's kept steps, and an analysis
+with ``step`` is that checkpoint's (its patterns and head scores against glassgpt.inspect on
+the same weights), not the served model's."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests.serve.conftest import CHARS, Server, request, start_server
+
+from glassgpt.checkpoint import CheckpointManager
+from glassgpt.inspect import head_scores, run_with_cache
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.tokenizer import CharTokenizer
+from glassgpt.train.config import dump_toml
+
+STEPS = (100, 200, 300)
+
+
+def models() -> dict[int, GPT]:
+    cfg = GPTConfig(n_vocab=len(CHARS) + 1, n_ctx=32, d_model=16, n_layers=2, n_heads=2)
+    out = {}
+    for step in STEPS:
+        torch.manual_seed(step)
+        model = GPT(cfg).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.4)
+        out[step] = model
+    return out
+
+
+@pytest.fixture(scope="module")
+def slider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[int, GPT]]]:
+    from glassgpt.sample.loading import load
+    from glassgpt.serve.app import create_app
+
+    run = tmp_path_factory.mktemp("slider") / "run"
+    run.mkdir()
+    tok = CharTokenizer(CHARS, special_tokens=["<|endoftext|>"])
+    tok.save(run / "tok.json")
+    weights = models()
+    manager = CheckpointManager(run / "ckpt", keep_last=0)  # every step kept
+    for step, model in weights.items():
+        files = {
+            "config.toml": dump_toml({"seed": 1, "model": model.config.to_dict()}).encode(),
+            "tokenizer.json": (run / "tok.json").read_bytes(),
+        }
+        manager.save(step, tensors={"model.safetensors": model.state_dict()}, files=files,
+                     state={"trainer": {}})  # fmt: skip
+    served, tok = load(run)
+    app = create_app(served, tok, name="run", slots=2, source=run)
+    server, thread, url = start_server(app)
+    yield Server(url, app, run), weights
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def patterns(d: dict[str, Any]) -> np.ndarray:
+    L, H, T, _ = d["shape"]
+    raw = np.frombuffer(base64.b64decode(d["patterns"]), dtype=np.uint8)
+    return raw.reshape(L, H, T, T) / 255
+
+
+def test_checkpoints_lists_the_kept_steps(slider: tuple[Server, dict[int, GPT]]) -> None:
+    live, _ = slider
+    assert request(live.url, "/api/checkpoints", method="GET") == (200, {"steps": list(STEPS)})
+
+
+def test_an_analysis_at_a_step_is_that_checkpoints(slider: tuple[Server, dict[int, GPT]]) -> None:
+    live, weights = slider
+    prompt = "abc abd abc ab"
+    tok = CharTokenizer(CHARS, special_tokens=["<|endoftext|>"])
+    ids = tok.encode(prompt)
+    seen = {}
+    for step in (100, 200, None):
+        body = {"prompt": prompt} if step is None else {"prompt": prompt, "step": step}
+        status, d = request(live.url, "/api/analyze", body)
+        assert status == 200 and d["step"] == step
+        model = weights[300 if step is None else step]  # the run serves its latest
+        _, cache = run_with_cache(model, ids, "pattern")
+        want = cache.stack("pattern")[:, 0].numpy()  # [L, H, T, T]
+        np.testing.assert_allclose(patterns(d), want, atol=0.5 / 255 + 1e-6)
+        scores = head_scores(model, batch=4)
+        for name, table in scores.as_dict().items():
+            np.testing.assert_allclose(d["head_scores"][name], table.numpy(), atol=1e-6)
+        seen[step] = patterns(d)
+    assert not np.array_equal(seen[100], seen[200])  # the slider moves the patterns
+    status, d = request(live.url, "/api/logits", {"prompt": prompt, "pos": 2, "step": 200})
+    with torch.no_grad():
+        want_z = weights[200](torch.tensor([ids]))[0, 2]
+    got = np.frombuffer(base64.b64decode(d["logits"]), dtype=np.float32)
+    assert status == 200 and np.allclose(got, want_z[: len(got)].numpy(), atol=1e-4)
+
+
+def test_an_unknown_step_is_a_400_naming_the_kept_ones(
+    slider: tuple[Server, dict[int, GPT]],
+) -> None:
+    live, _ = slider
+    status, d = request(live.url, "/api/analyze", {"prompt": "ab", "step": 150})
+    assert status == 400
+    assert d["error"]["message"] == "no checkpoint of step 150; kept: 100, 200, 300"
+
+
+def test_the_page_has_the_slider(slider: tuple[Server, dict[int, GPT]]) -> None:
+    live, _ = slider
+    status, page = request(live.url, "/static/index.html", method="GET")
+    assert status == 200 and 'id="ckpt"' in page and 'id="ckpt-row"' in page
+    status, js = request(live.url, "/static/app.js", method="GET")
+    assert status == 200 and '"/api/checkpoints"' in js and "...at()" in js
+
+
+def test_a_checkpoint_that_is_not_a_run_has_no_steps(tmp_path: Path) -> None:
+    from glassgpt.serve.checkpoints import Checkpoints
+
+    assert Checkpoints(None).steps() == [] and Checkpoints(tmp_path).steps() == []

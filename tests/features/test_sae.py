@@ -358,3 +358,19 @@ def test_the_sparse_topk_loss_is_the_dense_one_with_its_gradients() -> None:
     assert float(terms["loss"]) == pytest.approx(float(dense), rel=1e-12)
     for name, param in sparse_sae.named_parameters():
         assert torch.allclose(param.grad, p[name].grad, rtol=1e-10, atol=1e-12), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rescaled_reads_raw_activations_as_the_scaled_sae_reads_scaled_ones(arch: str) -> None:
+    cfg = SAEConfig(d_in=5, d_sae=20, arch=arch, k=3, dtype="float64")
+    sae = randomised(cfg, 2).eval()
+    if arch == "batchtopk":
+        sae.threshold.fill_(0.3)
+    x = torch.randn(9, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    s_in, s_out = 1.7, (0.6 if arch == "transcoder" else 1.7)
+    raw = sae.rescaled(s_in, s_out)
+    x_hat, f = raw(x)
+    x_hat_s, f_s = sae(s_in * x)
+    assert torch.allclose(x_hat, x_hat_s / s_out, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(f, f_s / s_out, rtol=1e-12, atol=1e-12)
+    assert torch.equal(raw.W_dec, sae.W_dec)  # unit-norm rows stay unit norm

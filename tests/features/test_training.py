@@ -35,13 +35,13 @@ def test_a_short_training_lowers_the_fvu(tiny_run: Path, tmp_path: Path, capsys)
     assert sae_train(tiny_run, tmp_path / "s", arch="topk") == 0
     records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
     first, final = records[0], records[-1]
-    assert first["fvu"] > 0.5  # the first 5 steps: b_dec at the median, random directions
-    assert final["fvu"] < 0.4 and final["l0"] == 4.0  # the stated bound, on validation windows
+    assert first["fvu"] > 1.3 * final["fvu"]  # the first 5 steps: random directions
+    assert final["fvu"] < 0.35 and final["l0"] == 4.0  # the stated bound, on validation windows
     assert final["ce_recovered"] == pytest.approx(final["ce_recovered"])  # a number, not null
     assert "FVU" in capsys.readouterr().out
     assert main(["sae", "eval", "-c", str(tmp_path / "s"), "--json", "--tokens", "2000"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["fvu"] < 0.4 and shown["hook"] == "blocks.1.resid_post"
+    assert shown["fvu"] < 0.35 and shown["hook"] == "blocks.1.resid_post"
 
 
 @pytest.mark.parametrize("arch", ["relu", "jumprelu", "batchtopk", "transcoder"])
@@ -55,7 +55,9 @@ def test_every_architecture_learns(tiny_run: Path, tmp_path: Path, arch: str) ->
     else:
         assert sae_train(tiny_run, tmp_path / arch, *extra, arch=arch, tokens=6400) == 0
     records = [json.loads(x) for x in (tmp_path / arch / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["fvu"] < 0.9 * records[0]["fvu"], (records[0], records[-1])
+    trained = [r for r in records if "loss" in r]  # the objective falls (relu trades FVU for L1)
+    assert trained[-1]["loss"] < 0.9 * trained[0]["loss"], (trained[0], trained[-1])
+    assert records[-1]["fvu"] < 0.9
     sae = SAE.load(tmp_path / arch)
     if sae.cfg.unit_decoder:
         assert torch.allclose(sae.W_dec.norm(dim=-1), torch.ones(48), atol=1e-5)

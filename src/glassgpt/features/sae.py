@@ -464,6 +464,34 @@ class SAE(nn.Module):
             w = self.W_dec
             g.sub_((g * w).sum(-1, keepdim=True) * w)
 
+    @torch.no_grad()
+    def rescaled(self, s_in: float, s_out: float | None = None) -> SAE:
+        """The SAE on raw activations equivalent to this one trained on (s_in·x, s_out·y),
+        its latents divided by s_out (so W_dec keeps its norms and f is in the model's units):
+        W_enc ← (s_in/s_out) W_enc, b_enc ← b_enc/s_out, b_dec ← b_dec/s_out, θ ← θ/s_out
+        (σ is positively homogeneous once its threshold is scaled; TopK's choice is unchanged).
+        Only a transcoder has s_in ≠ s_out.
+
+        >>> sae = SAE(SAEConfig(d_in=3, d_sae=6, arch="jumprelu"), seed=0)
+        >>> x = torch.randn(4, 3)
+        >>> x_hat, f = sae.rescaled(2.0)(x)
+        >>> bool(torch.allclose(x_hat, sae(2 * x)[0] / 2) and torch.allclose(f, sae(2 * x)[1] / 2))
+        True
+        """
+        s_out = s_in if s_out is None else s_out
+        if self.cfg.arch != "transcoder" and s_out != s_in:
+            raise GlassError("only a transcoder reads and writes activations of two scales")
+        copy = SAE(self.cfg).to(self.W_enc.device)
+        copy.load_state_dict(self.state_dict())
+        copy.W_enc.mul_(s_in / s_out)
+        copy.b_enc.div_(s_out)
+        copy.b_dec.div_(s_out)
+        if self.cfg.activation == "jumprelu":
+            copy.log_threshold.sub_(math.log(s_out))
+        if self.cfg.activation == "batchtopk":
+            copy.threshold.div_(s_out)
+        return copy.train(self.training)
+
     # -- the model it reads ---------------------------------------------------------------
     @property
     def layer(self) -> int | None:

@@ -1,6 +1,11 @@
 """``glassgpt sae train``: an SAE fitted to one site of a trained model, from the run's own shards.
 
     b_dec ← geometric median of a sample of y         (Weiszfeld: m ← Σ wᵢyᵢ / Σ wᵢ, wᵢ = 1/‖yᵢ − m‖)
+    W_enc ← s W_enc, s the least-squares scale of the first reconstructions of that sample
+    x ← a x (and y ← a_y y), a = √(d / E‖x‖²) on that sample: the coefficients (l1, l0, the
+        JumpReLU bandwidth) mean the same for every model, as in Gemma Scope and Anthropic's
+        updates; the SAE saved has a folded into its weights (SAE.rescaled), so it reads the
+        model's own activations
     for step s = 0 … S − 1  (S = tokens / batch_size):
         x, y ← the shuffling buffer (glassgpt.features.buffer)
         L = mse + c_s · sparsity + aux                 (SAE.loss; c_s warms up for relu and jumprelu)
@@ -119,6 +124,16 @@ def lr_at(step: int, cfg: SAETrainConfig) -> float:
     return cfg.lr
 
 
+def unit_scale(x: torch.Tensor) -> float:
+    """s with E‖s x‖² = d over the rows of x [N, d] (1 for all-zero rows).
+
+    >>> unit_scale(torch.full((5, 4), 3.0))
+    0.3333333333333333
+    """
+    mean_sq = float(x.double().pow(2).sum(-1).mean())
+    return math.sqrt(x.shape[-1] / mean_sq) if mean_sq > 0 else 1.0
+
+
 def geometric_median(points: torch.Tensor, iters: int = 100, tol: float = 1e-9) -> torch.Tensor:
     """argmin_m Σᵢ ‖yᵢ − m‖ by Weiszfeld's iteration from the mean (float64), [N, d] → [d].
 
@@ -206,6 +221,7 @@ class Trainer:
         self.window = torch.zeros(d_sae, dtype=torch.int64, device=self.device)  # fires since log
         self.sums = {"n": 0, "tokens": 0, "nonzero": 0.0, "fvu": 0.0, "loss": 0.0, "mse": 0.0,
                      "sparsity": 0.0, "aux": 0.0}  # fmt: skip
+        self.scale_x, self.scale_y = 1.0, 1.0  # x ← s x so that E‖s x‖² = d (set at init)
         self.step = 0
         self.manager = ckpt.CheckpointManager(out / "ckpt", keep_last=cfg.keep_last)
         self.stop: int | None = None
@@ -227,10 +243,39 @@ class Trainer:
 
     # -- state ------------------------------------------------------------------------------
     def init_b_dec(self) -> None:
-        """b_dec ← the geometric median of the first round's first rows (y for a transcoder)."""
+        """b_dec ← the geometric median of the first round's first rows (y for a transcoder);
+        then W_enc ← s W_enc with s = ⟨y − b_dec, ŷ − b_dec⟩ / ‖ŷ − b_dec‖² on those rows, the
+        scale that fits the first reconstructions best (exact for topk and relu, whose ŷ − b_dec
+        is linear in s while b_enc = 0): unit-norm directions otherwise overshoot at first;
+        where ŷ is uncorrelated with y, ‖ŷ − b_dec‖ starts at a tenth of ‖y − b_dec‖."""
         x, y = self.buffer.sample(self.cfg.median_samples)
+        self.scale_x = unit_scale(x)
+        self.scale_y = unit_scale(y) if y is not None else self.scale_x
+        x, y = self.scaled(x, y)
+        target = y if y is not None else x
+        sae = self.sae
         with torch.no_grad():
-            self.sae.b_dec.copy_(geometric_median(y if y is not None else x, self.cfg.median_iters))  # fmt: skip
+            sae.b_dec.copy_(geometric_median(target, self.cfg.median_iters))
+            was = sae.training
+            sae.eval()
+            y_hat = sae(x)[0] - sae.b_dec
+            sae.train(was)
+            y_c = target - sae.b_dec
+            norm = float(y_hat.double().pow(2).sum())
+            if norm > 0:
+                scale = float((y_c.double() * y_hat.double()).sum()) / norm
+                if scale <= 0:  # uncorrelated (a transcoder's random map): start near ŷ = b_dec
+                    scale = 0.1 * math.sqrt(float(y_c.double().pow(2).sum()) / norm)
+                sae.W_enc.mul_(scale)
+
+    def scaled(
+        self, x: torch.Tensor, y: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return x * self.scale_x, (y * self.scale_y if y is not None else None)
+
+    def raw_sae(self) -> SAE:
+        """The SAE on the model's own activations (the normalising scales folded in)."""
+        return self.sae.rescaled(self.scale_x, self.scale_y)
 
     def save(self) -> Path:
         from glassgpt.train.optim import optimizer_tensors
@@ -246,7 +291,13 @@ class Trainer:
             },
             files={RUN_FILE: self.job.to_json()},
             state={
-                "trainer": {"buffer": self.buffer.state_dict(), "groups": groups, "sums": self.sums}
+                "trainer": {
+                    "buffer": self.buffer.state_dict(),
+                    "groups": groups,
+                    "sums": self.sums,
+                    "scale_x": self.scale_x,
+                    "scale_y": self.scale_y,
+                }
             },
         )
 
@@ -261,6 +312,7 @@ class Trainer:
             self.since_fired.copy_(counters["since_fired"])
             self.window.copy_(counters["window"])
             self.sums = dict(trainer["sums"])
+            self.scale_x, self.scale_y = float(trainer["scale_x"]), float(trainer["scale_y"])
             self.buffer.load_state_dict(trainer["buffer"])
         except (KeyError, RuntimeError, TypeError, ValueError) as e:
             raise ckpt.CheckpointError(f"{found.path}: not an SAE checkpoint of this run ({e})") from None  # fmt: skip
@@ -269,7 +321,7 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------
     def one_step(self) -> None:
         cfg, sae = self.cfg, self.sae
-        x, y = self.buffer.next_batch()
+        x, y = self.scaled(*self.buffer.next_batch())
         lr = lr_at(self.step, cfg)
         for group in self.opt.param_groups:
             group["lr"] = lr
@@ -343,7 +395,7 @@ class Trainer:
                 max_batches=self.cfg.eval_batches,
             )
         )
-        return evaluate(self.model, self.sae, batches, dense=self.cfg.dense)
+        return evaluate(self.model, self.raw_sae(), batches, dense=self.cfg.dense)
 
     def fit(self) -> dict[str, Any]:
         from glassgpt.train.metrics import MetricsLog, truncate_after
@@ -388,7 +440,7 @@ class Trainer:
             return {"ended": "signal", "step": self.step}
         result = self.evaluate()
         log.write({"step": self.step, **result})
-        self.sae.save(self.out / "sae", extra={"model": self.job.model, "data": self.job.data,
+        self.raw_sae().save(self.out / "sae", extra={"model": self.job.model, "data": self.job.data,
                                                "tokens": self.step * cfg.batch_size})  # fmt: skip
         atomic_write(self.out / "eval.json", (json.dumps(result, indent=1) + "\n").encode())
         return {"ended": "done", "step": self.step, **result}

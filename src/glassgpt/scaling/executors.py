@@ -400,12 +400,22 @@ def lock_holder(run_dir: Path, *, probe: bool = False) -> str | None:
             return None
         finally:
             os.close(fd)
-    if owner.get("host") == socket.gethostname():
-        try:
-            os.kill(int(owner.get("pid", -1)), 0)
-        except (OSError, ValueError, OverflowError):
-            return None
+    if owner.get("host") == socket.gethostname() and not _alive(owner.get("pid")):
+        return None
     return who
+
+
+def _alive(pid: Any) -> bool:
+    """Whether a process of this machine runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, ValueError, TypeError, OverflowError):
+        return False
+    try:  # Linux: the state letter after the command's closing parenthesis
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        return stat[stat.rindex(")") + 2] != "Z"
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 @dataclass(frozen=True)
@@ -484,12 +494,12 @@ def format_status(states: Sequence[PointState]) -> str:
 
     >>> print(format_status([PointState("a", "finished", "val_loss 2.0000 at step 6"),
     ...                      PointState("bb", "pending")]))
-    a   finished  val_loss 2.0000 at step 6
+    a   finished    val_loss 2.0000 at step 6
     bb  pending
     2 points: 1 finished, 1 pending
     """
     width = max((len(s.name) for s in states), default=0)
-    lines = [f"{s.name:{width}}  {s.state:9} {s.detail}".rstrip() for s in states]
+    lines = [f"{s.name:{width}}  {s.state:11} {s.detail}".rstrip() for s in states]
     counts: dict[str, int] = {}
     for s in states:
         counts[s.state] = counts.get(s.state, 0) + 1

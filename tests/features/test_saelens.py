@@ -232,3 +232,37 @@ def test_model_shape_is_checked(tmp_path: Path) -> None:
     small = GPT(GPTConfig(n_vocab=10, n_ctx=8, d_model=8, n_layers=2, n_heads=2))
     with pytest.raises(GlassError, match=r"d_in=12.*\[8\]"):
         from_saelens(tmp_path / "a", model=small)
+
+
+def test_cli_export_then_import(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    """``sae export --format saelens`` then ``sae import`` gives the SAE back (a transcoder:
+    through TransformerLens's ln2.hook_normalized and the run's own norm weights)."""
+    from glassgpt.cli import main
+
+    gen = torch.Generator().manual_seed(5)
+    for cfg in (
+        SAEConfig(d_in=16, d_sae=24, arch="batchtopk", k=3, hook="blocks.1.resid_post"),
+        SAEConfig(d_in=16, d_sae=24, arch="transcoder", transcoder_activation="jumprelu",
+                  hook="blocks.0.mlp.in", out_hook="blocks.0.mlp_out"),
+    ):  # fmt: skip
+        sae = SAE(cfg, seed=0)
+        with torch.no_grad():
+            for p in sae.parameters():
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
+        name = cfg.arch
+        sae.save(tmp_path / name, extra={"model": str(tiny_run)})
+        out, back = tmp_path / f"{name}_saelens", tmp_path / f"{name}_back"
+        assert main(["sae", "export", "-c", str(tmp_path / name), "--format", "saelens", "-o", str(out)]) == 0  # fmt: skip
+        doc = json.loads((out / "cfg.json").read_text())
+        assert doc["metadata"]["model_from_pretrained_kwargs"]["center_writing_weights"] is False
+        assert main(["sae", "import", str(out), "-o", str(back), "--model", str(tiny_run)]) == 0
+        again = SAE.load(back)
+        assert again.cfg == sae.cfg
+        for key, value in sae.state().items():
+            torch.testing.assert_close(again.state()[key], value, rtol=1e-5, atol=1e-6)
+    capsys.readouterr()
+    assert main(["sae", "import", str(out), "-o", str(back)]) == 2  # not empty
+    err = capsys.readouterr().err
+    assert "not empty; pass --overwrite" in err and err.count("\n") == 1
+    assert main(["sae", "import", str(tmp_path), "-o", str(tmp_path / "z")]) == 2
+    assert "not an SAELens SAE folder" in capsys.readouterr().err

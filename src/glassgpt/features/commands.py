@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from glassgpt.arguments import add_checkpoint, add_output, add_overrides
-from glassgpt.features import pages_command
+from glassgpt.features import pages_command, saelens_commands
 
 
 def register(subparsers: Any) -> None:
@@ -62,6 +62,7 @@ def register(subparsers: Any) -> None:
     e.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=_eval)
+    saelens_commands.register(sub)  # glassgpt sae export --format saelens, sae import
     pages_command.add_parser(sub)  # glassgpt sae features
 
 

@@ -14,7 +14,8 @@ Where each writes:
     wandb        OUT/wandb/, project ``log.project``, group ``log.group``; online or offline as
                  wandb itself is set (``WANDB_MODE``, ``wandb login``)
     mlflow       $MLFLOW_TRACKING_URI, else a file store beside the run folder (OUT/../mlruns,
-                 shared by every run there: ``mlflow ui --backend-store-uri runs/mlruns``);
+                 shared by every run there; MLflow 3 opens it only with
+                 MLFLOW_ALLOW_FILE_STORE=true, which the tracker sets for itself);
                  experiment ``log.group`` or else ``log.project``
 
 A resumed run continues its wandb and MLflow runs (their ids are kept in OUT/trackers.json).

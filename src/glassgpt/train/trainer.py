@@ -342,7 +342,9 @@ class Trainer:
                     stop = any_rank(self._stop is not None, self.ctx)
                     every = cfg.checkpoint_every
                     save = final or stop or bool(every and self.step % every == 0)
-                    if do_eval or save or not lag:
+                    # a probe reads the weights: its step is read now, before the next moves them
+                    probed = self.probe is not None and (self.step % self.probe_every == 0 or final)
+                    if do_eval or save or probed or not lag:
                         record, pending = self._finish(pending, bar, clock, do_eval), None
                     if save:
                         path = self.save_checkpoint()

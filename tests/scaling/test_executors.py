@@ -331,3 +331,18 @@ def test_executor_table_is_checked(tmp_path: Path) -> None:
     assert Grid.load(grid).executor == {"kind": "slurm", "partition": "gpu"}
     with pytest.raises(ConfigError, match="executor: must be a table"):
         Grid.from_dict({"executor": "slurm"})
+
+
+def test_a_point_a_live_trainer_holds_is_left_to_it(tmp_path: Path) -> None:
+    import socket
+
+    from glassgpt.train.lock import RunLock
+
+    run_dir = tmp_path / "runs" / "p"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # no checkpoint yet
+    with RunLock(run_dir):  # another trainer (another submission of the same sweep)
+        err = sweep_module.train_point(tmp_path, "p", {})
+    assert err == f"p: already training (pid {os.getpid()} on {socket.gethostname()}); left to it"
+    assert (run_dir / "metrics.jsonl").is_file()  # its folder was not cleared
+    assert not (run_dir / "failed.json").exists()

@@ -49,6 +49,7 @@ from glassgpt.errors import ConfigError, GlassError, InputFileError
 KINDS = ("local", "slurm", "ray")
 FAILED = "failed.json"  # OUT/runs/<point>/failed.json: exit code and the log's last lines
 JOBS = "jobs"  # OUT/jobs/<point>.json: the Slurm job a point was submitted as
+BUSY = "already training"  # what train_point says of a point a live trainer holds
 EXTRAS = {"slurm": ("submitit", "glassgpt[slurm]"), "ray": ("ray", "glassgpt[ray]")}
 Point = tuple[str, dict[str, Any]]  # (name, overrides)
 
@@ -363,7 +364,7 @@ def write_failure(out: Path, name: str, err: str) -> None:
     from glassgpt.storage import atomic_write
 
     path = out / "runs" / name / FAILED
-    if path.is_file() or "already training" in err:
+    if path.is_file() or BUSY in err:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps({"exit": None, "tail": [err]}, indent=1).encode())

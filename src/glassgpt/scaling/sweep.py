@@ -3,7 +3,10 @@
 Each run trains in ``OUT/runs/<name>/`` as its own process (so one failure or crash cannot
 take the sweep down, and runs can go in parallel), then its result is written to
 ``result.json`` there; a run with a ``result.json`` is finished and is skipped when the sweep
-is started again, and a run with a checkpoint but no result is resumed from it. The table
+is started again, and a run with a checkpoint but no result is resumed from it; a failed run
+leaves ``failed.json`` (its exit code and its log's last lines) and the others go on. Where
+the runs train is the executor's business (scaling/executors.py: local, Slurm, Ray); each
+runs :func:`train_point`, which reads and writes only the sweep folder. The table
 ``OUT/results.jsonl`` (and ``results.md``) has, per run: final and best validation loss, bits
 per byte, N (total and non-embedding), D (training tokens), FLOPs ≈ 6 N D, wall time and the
 run's grid overrides.
@@ -190,7 +193,7 @@ def train_point(out: str | Path, name: str, overrides: dict[str, Any]) -> str | 
     the sweep folder, so a point is skipped, resumed or restarted the same way wherever it
     runs. A point another live trainer holds (its ``.lock``) is left to it.
     """
-    from glassgpt.scaling.executors import FAILED, lock_holder
+    from glassgpt.scaling.executors import BUSY, FAILED, lock_holder
 
     out = Path(out)
     run_dir = out / "runs" / name
@@ -198,7 +201,7 @@ def train_point(out: str | Path, name: str, overrides: dict[str, Any]) -> str | 
         return None  # finished since it was submitted (by another submission of the sweep)
     holder = lock_holder(run_dir, probe=True)
     if holder is not None:
-        return f"{name}: already training ({holder}); left to it"
+        return f"{name}: {BUSY} ({holder}); left to it"
     if run_dir.exists() and not (run_dir / "ckpt").is_dir():
         shutil.rmtree(run_dir)  # killed before its first checkpoint: start it again
     (run_dir / FAILED).unlink(missing_ok=True)
@@ -233,7 +236,7 @@ def run_sweep(
     ``[executor]`` table, by default processes on this machine."""
     from tqdm import tqdm
 
-    from glassgpt.scaling.executors import make_executor, write_failure
+    from glassgpt.scaling.executors import BUSY, make_executor, write_failure
 
     out = Path(out).resolve()
     configs = run_configs(grid)
@@ -260,7 +263,9 @@ def run_sweep(
     failures: list[str] = []
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress, unit="run")
     for name, err in executor.run(out, [(r.name, r.overrides) for r in todo]):
-        if err:
+        if err and BUSY in err:
+            log(f"sweep: {err}")
+        elif err:
             failures.append(err)
             write_failure(out, name, err)
             log(f"sweep: failed {err}")

@@ -94,8 +94,9 @@ def test_the_study_finds_and_confirms_the_circuit(trained: GPT, tmp_path) -> Non
     assert r["head_scores"]["induction"][l2][h2] > 0.6
     assert r["head_scores"]["previous_token"][l1][h1] > 0.4
 
-    # the repeated half is predicted in context
+    # the repeated half is predicted in context, and the corruption undoes it
     assert r["loss"]["first_half"] - r["loss"]["second_half"] > 1.5
+    assert r["patching_metric"]["gap"] > 3.0
 
     # K-composition of the pair stands out from random matrices; Q-composition does not
     k, q = r["composition"]["k"], r["composition"]["q"]

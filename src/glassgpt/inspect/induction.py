@@ -417,9 +417,11 @@ def run_induction_study(
             logits_corrupted = model(corrupted)
         base = target_logprob(clean, query_positions(n))
         metric = normalised(base, logits_clean, logits_corrupted)
+        gap = float(base(logits_clean) - base(logits_corrupted))
         results["patching_metric"] = {
             "clean_logprob": float(base(logits_clean)),
             "corrupted_logprob": float(base(logits_corrupted)),
+            "gap": gap,  # nats; near 0: nothing to localise, the normalised values are noise
         }
         results["activation_patching"] = activation_patching(
             model, corrupted, cache, metric, pair, figures

@@ -119,6 +119,13 @@ def summary(r: dict[str, Any]) -> str:
         f"K-composition L{l1}H{h1} → L{l2}H{h2}: {k['pair']:.3f} (random matrices "
         f"{k['random_mean']:.3f} ± {k['random_std']:.3f})",
     ]
+    gap = r["patching_metric"]["gap"]
+    if gap < 1.0:
+        lines.append(
+            f"note: the clean run predicts the repeated tokens only {gap:.2f} nats better than "
+            "the corrupted one: there is little induction to localise, and the normalised "
+            "patching and ablation shares below are dominated by noise"
+        )
     a = r["activation_patching"]
     if "pair" in a:
         lines.append(

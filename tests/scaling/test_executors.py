@@ -305,9 +305,11 @@ def test_no_slurm_or_no_ray_cluster_is_one_line(
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray_executor = make_executor({"kind": "ray", "address": f"127.0.0.1:{port}"})
     with pytest.raises(GlassError, match=f"no Ray cluster reachable at 127.0.0.1:{port}: ") as e:
-        ray_executor.connect()
+        make_executor({"kind": "ray", "address": f"127.0.0.1:{port}"})  # before anything starts
+    assert "\n" not in str(e.value)
+    with pytest.raises(GlassError, match="no Ray cluster reachable at auto: ") as e:
+        make_executor({"kind": "ray", "address": "auto"}).connect()  # none on this machine
     assert "\n" not in str(e.value)
 
 

@@ -240,7 +240,10 @@ class SlurmExecutor:
         jobs = self.submit(out, points)
         by_job = {id(job): name for name, job in jobs}
         try:
-            for job in self.submitit.helpers.as_completed([j for _, j in jobs], poll_frequency=0.5):
+            poll_s = 0.5 if self.config.cluster == "local" else 15.0  # sacct is shared
+            for job in self.submitit.helpers.as_completed(
+                [j for _, j in jobs], poll_frequency=poll_s
+            ):
                 name = by_job[id(job)]
                 try:
                     err = job.result()
@@ -265,6 +268,10 @@ class RayExecutor:
         self.config, self.parallel = config, parallel
         self.threads = config.cpus or 1
         self.ray = require("ray")
+        where = config.address
+        problem = _unreachable(where) if where is not None else None
+        if problem is not None:  # ray.init would wait minutes for a GCS that is not there
+            raise GlassError(f"no Ray cluster reachable at {where}: {problem}")
 
     def connect(self) -> bool:
         """Join or start Ray; True when this call started it (and so shuts it down)."""
@@ -276,9 +283,6 @@ class RayExecutor:
         kwargs["logging_level"] = logging.WARNING
         if where is None:
             kwargs["num_cpus"] = max(os.cpu_count() or 1, self.threads)
-        problem = _unreachable(where) if where is not None else None
-        if problem is not None:  # ray.init would wait minutes for a GCS that is not there
-            raise GlassError(f"no Ray cluster reachable at {where}: {problem}")
         try:
             ray.init(address=where, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:

@@ -11,11 +11,12 @@ This is what lm-evaluation-harness asks of a model (``loglikelihood`` and
    a KV cache; only the last position is unembedded (``last_only``): it predicts cont_0.
 2. *continue*: the cache rows are copied once per continuation of their context
    (``index_select`` over the batch), and the continuations' first m − 1 tokens,
-   right-padded into [R, Tk], are run on top of it; they predict cont_1 … cont_{m−1}.
+   right-padded into [R, Tk], are run on top of it; they predict cont_1 … cont_{m−1}. Their
+   final residuals (``ln_final.out``) are unembedded at the real positions alone.
 
 A multiple-choice item (one context, k endings) thus encodes its context once instead of k
-times, and no position of a context is unembedded except its last: the vocabulary
-projection, the largest matrix of a small model, runs only where a log-probability is read.
+times, and the vocabulary projection (the largest matrix of a small model) runs only where a
+log-probability is read: once per context and once per continuation token, never on padding.
 Right padding never changes a real position (attention is causal); left padding is hidden by
 the cache's mask.
 
@@ -144,6 +145,30 @@ def _repeat_rows(cache: KVCache, rows: Tensor, capacity: int) -> KVCache:
     return out
 
 
+def _log_probs(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """(log softmax [N, V] in float32, argmax [N]) of logits [N, V]."""
+    z = logits.float()
+    return z - z.logsumexp(-1, keepdim=True), z.argmax(-1)
+
+
+def _logits_at(model: GPT, x: Tensor, cache: KVCache, where: Tensor) -> Tensor:
+    """logits [P, V] of the positions ``where`` [B, T] of tokens x [B, T] run on ``cache``:
+    the final residual is read at ln_final.out, the unembedding then runs on those rows
+    alone (a model without a final norm unembeds every position)."""
+    if model.ln_final is None:
+        return model(x, cache=cache)[where]
+    seen: dict[str, Tensor] = {}
+
+    def keep(h: Tensor, name: str) -> Tensor:
+        seen[name] = h
+        return h[:, :0]  # nothing left to unembed
+
+    with model.hooks({"ln_final.out": keep}):
+        model(x, cache=cache)
+    h = seen["ln_final.out"][where]  # [P, d_model]
+    return model.unembed(h[None], model.embed.W_E)[0]
+
+
 @torch.inference_mode()
 def _score_batch(
     model: GPT, requests: Sequence[tuple[Sequence[int], Sequence[int]]], batch: list[_Group]
@@ -162,18 +187,19 @@ def _score_batch(
     target = torch.tensor([c + [0] * (m - len(c)) for c in conts], device=device)  # [R, m]
     lengths = torch.tensor([len(c) for c in conts], device=device)
     mask = torch.arange(m, device=device)[None, :] < lengths[:, None]  # [R, m]
-    parts = [first.index_select(0, owner)[:, None]]  # [R, 1, V]
+    lp0, top0 = _log_probs(first)  # per context, then per continuation:
+    total = lp0.index_select(0, owner).gather(1, target[:, :1])[:, 0].double()  # [R]
+    exact = top0[owner] == target[:, 0]
     if m > 1:
         rest = _repeat_rows(cache, owner, Tc + m - 1)
         x = torch.where(mask[:, 1:], target[:, :-1], 0)  # cont[:-1], right-padded [R, m − 1]
-        parts.append(model(x, cache=rest))  # [R, m − 1, V]: predicts cont_1 … cont_{m−1}
-    picked, greedy = [], []
-    for logits, t in zip(parts, target.split([1, m - 1], dim=1), strict=False):
-        logits = logits.float()  # log p = z_t − logsumexp(z), never a [R, m, V] log-softmax
-        picked.append(logits.gather(2, t[..., None])[..., 0] - logits.logsumexp(-1))
-        greedy.append(logits.argmax(-1) == t)
-    total = (torch.cat(picked, 1) * mask).sum(1, dtype=torch.float64)
-    exact = (torch.cat(greedy, 1) | ~mask).all(1)
+        where = mask[:, 1:]  # the real positions: only these are unembedded
+        logits = _logits_at(model, x, rest, where)  # [P, V]: predicts cont_1 … cont_{m−1}
+        lp, top = _log_probs(logits)
+        t = target[:, 1:][where]  # [P]
+        row = torch.arange(len(conts), device=device)[:, None].expand_as(where)[where]  # [P]
+        total.index_add_(0, row, lp.gather(1, t[:, None])[:, 0].double())
+        exact &= torch.zeros_like(exact).index_add_(0, row, top != t) == 0
     return list(zip(index, total.tolist(), exact.tolist(), strict=True))
 
 

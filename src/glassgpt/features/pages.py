@@ -172,40 +172,67 @@ class TopContexts:
 
     @torch.no_grad()
     def add(self, tokens: Tensor, f: Tensor, where: Tensor) -> None:
-        """One batch: ``tokens`` [B, T], ``f`` [B, T, d_sae], ``where`` [B] each window's offset."""
+        """One batch: ``tokens`` [B, T], dense ``f`` [B, T, d_sae], ``where`` [B] the windows'
+        corpus offsets."""
         B, T, S = f.shape
-        f = f.float().cpu()
-        flat = f.reshape(B * T, S)
-        self.tokens += B * T
-        # density and histogram, over the nonzero entries only
+        flat = f.detach().float().cpu().reshape(B * T, S)
         rows, cols = (flat > 0).nonzero(as_tuple=True)
+        self._add(tokens, rows, cols, flat[rows, cols], lambda n, i: flat[n, i[..., None]], where)
+
+    @torch.no_grad()
+    def add_sparse(self, tokens: Tensor, values: Tensor, index: Tensor, where: Tensor) -> None:
+        """One batch of codes given by their nonzero entries: f[b, t, index[b, t, j]] =
+        values[b, t, j] (a TopK SAE's k per token; entries ≤ 0 are not active)."""
+        B, T, k = values.shape
+        vals = values.detach().float().cpu().reshape(B * T, k)
+        idx = index.cpu().reshape(B * T, k)
+        rows, j = (vals > 0).nonzero(as_tuple=True)
+
+        def act_at(n: Tensor, i: Tensor) -> Tensor:  # f_i at tokens n [M, W] for latents i [M]
+            return (vals[n] * (idx[n] == i[:, None, None])).sum(-1)
+
+        self._add(tokens, rows, idx[rows, j], vals[rows, j], act_at, where)
+
+    def _add(self, tokens: Tensor, rows: Tensor, cols: Tensor, vals: Tensor, act_at: Any,
+             where: Tensor) -> None:  # fmt: skip
+        """The nonzero entries (token ``rows`` of the flattened batch, latent ``cols``, value
+        ``vals``); ``act_at(n [M, W], i [M]) -> [M, W]`` reads f_i at any tokens."""
+        B, T = tokens.shape
+        S, K, nb = self.count.shape[0], self.K, self.binning.n_bins
+        self.tokens += B * T
         self.count += torch.bincount(cols, minlength=S)
-        nb = self.binning.n_bins
-        self.hist += torch.bincount(
-            cols * nb + self.binning.bin(flat[rows, cols]), minlength=S * nb
-        )
-        # this batch's top K of each latent, and their contexts
-        k = min(self.K, B * T)
-        vals, idx = flat.topk(k, dim=0)  # [k, S]
-        vals, idx = vals.T, idx.T  # [S, k]
-        b, t = idx // T, idx % T
+        self.hist += torch.bincount(cols * nb + self.binning.bin(vals), minlength=S * nb)
+        # each latent's K largest entries of this batch: sort by value, then stably by latent
+        order = vals.argsort(descending=True, stable=True)
+        order = order[cols[order].argsort(stable=True)]
+        c = cols[order]
+        first = torch.cumsum(torch.bincount(c, minlength=S), 0) - torch.bincount(c, minlength=S)
+        rank = torch.arange(len(c)) - first[c]
+        keep = rank < K
+        sel_c, sel_r, pick = c[keep], rank[keep], order[keep]
+        new_v = torch.full((S, K), -math.inf)
+        new_v[sel_c, sel_r] = vals[pick]
+        new_n = torch.zeros(S, K, dtype=torch.int64)  # the token of each candidate
+        new_n[sel_c, sel_r] = rows[pick]
+        # merge with the running top K; contexts only for the candidates that get in
+        self.values, sel = torch.cat([self.values, new_v], 1).topk(K, dim=1)
+        won = (sel >= K) & (self.values > -math.inf)  # [S, K]: slots now held by a new entry
+        lat, slot = won.nonzero(as_tuple=True)
+        n = new_n[lat, sel[lat, slot] - K]  # [M]
+        b, t = n // T, n % T
         offs = torch.arange(-self.before, self.after + 1)
-        pos = t[..., None] + offs  # [S, k, W]
+        pos = t[:, None] + offs  # [M, W]
         inside = (pos >= 0) & (pos < T)
-        pos = pos.clamp(0, T - 1)
-        bw = b[..., None].expand_as(pos)
-        latent = torch.arange(S)[:, None, None].expand_as(pos)
-        ctx_tok = torch.where(inside, tokens.cpu()[bw, pos].to(torch.int32), -1)
-        ctx_act = torch.where(inside, f[bw, pos, latent], 0.0)
-        vals = torch.where(vals > 0, vals, -math.inf)
-        # merge: the K largest of the old and the new candidates (old first: ties keep them)
-        cand = torch.cat([self.values, vals], dim=1)  # [S, K + k]
-        self.values, sel = cand.topk(self.K, dim=1)
-        self.where = torch.cat([self.where, where.cpu()[b] + t], 1).gather(1, sel)
-        wsel = sel[..., None].expand(-1, -1, offs.numel())
-        self.ctx_tokens = torch.cat([self.ctx_tokens, ctx_tok], 1).gather(1, wsel)
-        self.ctx_acts = torch.cat([self.ctx_acts, ctx_act], 1).gather(1, wsel)
-        self.where = torch.where(self.values > -math.inf, self.where, -1)
+        flat_n = b[:, None] * T + pos.clamp(0, T - 1)
+        old = sel.clamp(max=K - 1)
+        self.where = self.where.gather(1, old)
+        self.ctx_tokens = self.ctx_tokens.gather(1, old[..., None].expand_as(self.ctx_tokens))
+        self.ctx_acts = self.ctx_acts.gather(1, old[..., None].expand_as(self.ctx_acts))
+        self.where[lat, slot] = where.cpu()[b] + t
+        tok = tokens.cpu().reshape(-1)[flat_n].to(torch.int32)
+        self.ctx_tokens[lat, slot] = torch.where(inside, tok, -1)
+        self.ctx_acts[lat, slot] = torch.where(inside, act_at(flat_n, lat), 0.0)
+        self.where[self.values == -math.inf] = -1
 
     def pages(self, logit: tuple[Tensor, ...], meta: dict[str, Any]) -> FeaturePages:
         empty = self.where < 0
@@ -302,8 +329,12 @@ def compute_pages(
     acc = TopContexts(sae.cfg.d_sae, top=top, before=before, after=after, binning=binning or Binning())  # fmt: skip
     for tokens, where in batches:
         x, _ = read(model, tokens.to(device), site)
-        f = sae.encode(x.to(sae.W_enc.dtype))  # [B, T, d_sae]
-        acc.add(tokens, f, where)
+        if sae.cfg.activation == "topk":  # f = ReLU on the k largest z: only those k travel
+            assert sae.cfg.k is not None
+            values, index = sae.pre_acts(x.to(sae.W_enc.dtype)).topk(sae.cfg.k, dim=-1)
+            acc.add_sparse(tokens, values.relu(), index, where)
+        else:
+            acc.add(tokens, sae.encode(x.to(sae.W_enc.dtype)), where)  # [B, T, d_sae]
     if acc.tokens == 0:
         raise GlassError("no tokens to compute feature pages on (the data is empty)")
     return acc.pages(logit_effect(model, sae, logits), dict(meta or {}, hook=sae.cfg.hook))

@@ -38,10 +38,13 @@ def create_app(
     slots: int = 16,
     steer: Sequence[Any] = (),
     source: Path | None = None,
+    sae: Any = None,
+    pages: Any = None,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (in eval mode) with ``tokenizer``; ``steer``
     (``glassgpt.sample.steering.Steer``s) steers every request's generation; ``source`` (the
-    checkpoint or run folder served) gives the explorer's checkpoint slider its steps."""
+    checkpoint or run folder served) gives the explorer's checkpoint slider its steps; ``sae``
+    (and its ``pages``) adds the feature endpoints of ``glassgpt.serve.features``."""
     from glassgpt.sample.steering import steering_hooks
 
     if tokenizer is None:
@@ -74,6 +77,10 @@ def create_app(
     guard = [Depends(check_key)]
     app.include_router(api.make_router(state), dependencies=guard)
     app.include_router(explore.make_router(state, guard))
+    if sae is not None:
+        from glassgpt.serve import features
+
+        app.include_router(features.make_router(state, guard, sae, pages))
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
     @app.get("/", include_in_schema=False)

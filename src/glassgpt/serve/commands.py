@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--steer", metavar="FILE:HOOK:ALPHA", action="append", default=[],
                    help="steer every request: add ALPHA × the vector in FILE to the activation "
                    "HOOK (e.g. blocks.1.resid_post) at every position; repeatable")  # fmt: skip
+    p.add_argument("--sae", metavar="DIR", default=None,
+                   help="an SAE on this model (glassgpt sae train's -o): feature pages (from "
+                   "glassgpt sae features), per-token activations and steering in the explorer")  # fmt: skip
     p.set_defaults(func=run_serve)
 
 
@@ -58,6 +61,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from glassgpt.sample.precision import attach_kernels, cast, parse_dtype
     from glassgpt.sample.steering import parse_steer
     from glassgpt.serve.app import create_app
+    from glassgpt.serve.features import load_sae
 
     if not 0 <= args.port <= 65535:
         raise GlassError(f"--port: must be in 0..65535, got {args.port}")
@@ -79,8 +83,9 @@ def run_serve(args: argparse.Namespace) -> int:
     else:  # the model as loaded, its products registered with the kernels in place (no copy)
         attach_kernels(model.eval())
     name = args.name or Path(args.checkpoint).resolve().name
+    sae = load_sae(args.sae, model) if args.sae else (None, None)
     app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch,
-                     steer=steers, source=Path(args.checkpoint))  # fmt: skip
+                     steer=steers, source=Path(args.checkpoint), sae=sae[0], pages=sae[1])  # fmt: skip
     # The scheduler thread and the event loop share the GIL: hand it over every 0.5 ms, not
     # every 5 ms, so that a finished token reaches its client without waiting for a step.
     sys.setswitchinterval(0.0005)

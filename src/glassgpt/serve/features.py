@@ -1,0 +1,240 @@
+"""The explorer's feature pages: an SAE's latents, searched, read on a prompt, and steered.
+
+    GET  /api/features/info        the SAE (hook, arch, width) and its pages (tokens, source)
+    GET  /api/features/page/{i}    latent i's page: top contexts, histogram, density, logit effect
+    POST /api/features/search      latents by id ("12", "#12"), by top token, by context text
+    POST /api/features/tokens      f = SAE.encode(a_site(prompt)): each token's top latents
+    POST /api/features/steer       the next-token distribution and a sample, steered by one
+                                   latent (add: a + α W_dec[i]; clamp: a + (c − f_i(a)) W_dec[i])
+                                   beside the unsteered ones
+
+Pages come from ``glassgpt sae features`` (``SAE_DIR/features.safetensors``); without them the
+page and search endpoints say how to make them, and the others still work. Steering is
+:func:`glassgpt.features.steering.feature_hooks`; a sample is ``glassgpt.sample.generate``
+under those hooks with a fixed seed, so moving the slider changes only the steering. Every
+forward holds the scheduler's lock.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+import torch
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+from glassgpt.errors import GlassError
+from glassgpt.features.sae import SAE
+from glassgpt.features.sites import check_model, read
+from glassgpt.features.steering import feature_hooks
+from glassgpt.inspect.cache import evaluating
+from glassgpt.inspect.report import encode_prompt, token_texts
+from glassgpt.serve.errors import APIError
+from glassgpt.serve.state import ServeState
+
+TOP = 10  # tokens shown in a steered distribution
+
+
+class Search(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    query: str
+    limit: StrictInt = Field(30, ge=1, le=500)
+
+
+class Tokens(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    prompt: str
+    top: StrictInt = Field(8, ge=1, le=64)
+    feature: StrictInt | None = None
+
+
+class SteerAsk(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    prompt: str
+    feature: StrictInt
+    mode: Literal["add", "clamp"] = "add"
+    value: StrictFloat | StrictInt = 0.0
+    max_tokens: StrictInt = Field(32, ge=0, le=256)
+    temperature: StrictFloat | StrictInt = Field(1.0, ge=0.0, le=5.0)
+    seed: StrictInt = 0
+
+
+class Features:
+    """One SAE over the served model, and its pages (or None)."""
+
+    def __init__(self, state: ServeState, sae: SAE, pages: Any = None) -> None:
+        self.state, self.model, self.tok = state, state.model, state.tokenizer
+        self.site = check_model(sae, self.model)
+        param = next(self.model.parameters())
+        self.sae = sae.to(param.device).eval()
+        self.pages = pages
+        self.lock = state.scheduler.lock
+        self._texts: list[str] | None = None
+        self._index: tuple[list[list[str]], list[str]] | None = None
+
+    # -- pages and search ------------------------------------------------------------------
+    def texts(self) -> list[str]:
+        if self._texts is None:
+            self._texts = token_texts(self.tok, range(self.model.config.n_vocab))
+        return self._texts
+
+    def _need_pages(self) -> Any:
+        if self.pages is None:
+            raise APIError(404, "this SAE has no feature pages: make them with glassgpt sae "
+                           "features -c SAE_DIR --data …, then restart the server")  # fmt: skip
+        return self.pages
+
+    def info(self) -> dict[str, Any]:
+        cfg, p = self.sae.cfg, self.pages
+        return {"hook": cfg.hook, "out_hook": cfg.out_hook, "arch": cfg.arch, "d_sae": cfg.d_sae,
+                "d_in": cfg.d_in, "k": cfg.k, "pages": p is not None,
+                "tokens": p.tokens if p is not None else 0,
+                "source": p.meta.get("source") if p is not None else None}  # fmt: skip
+
+    def page(self, i: int) -> dict[str, Any]:
+        try:
+            return self._need_pages().page(i, self.texts())
+        except GlassError as e:
+            raise APIError(404, str(e), param="feature") from None
+
+    def _search_index(self) -> tuple[list[list[str]], list[str]]:
+        """Per latent: the texts of its top tokens, and its contexts joined (built once)."""
+        if self._index is None:
+            p, texts = self._need_pages(), self.texts()
+            before = int(p.meta["before"])
+            tops: list[list[str]] = []
+            ctxs: list[str] = []
+            ids, where = p.top_tokens.tolist(), p.top_where.tolist()
+            for i in range(p.d_sae):
+                live = [k for k, w in enumerate(where[i]) if w >= 0]
+                tops.append([texts[ids[i][k][before]] for k in live])
+                ctxs.append("\n".join("".join(texts[t] for t in ids[i][k] if t >= 0) for k in live))
+            self._index = (tops, ctxs)
+        return self._index
+
+    def search(self, ask: Search) -> dict[str, Any]:
+        """Latents matching ``query``: an id ("12" or "#12"); else those whose top tokens are
+        the query (most such contexts first), then those whose contexts contain it."""
+        p = self._need_pages()
+        q = ask.query
+        m = re.fullmatch(r"\s*#?(\d+)\s*", q)
+        hits: list[tuple[int, str, int]] = []  # (latent, why, score)
+        if m and int(m.group(1)) < p.d_sae:
+            hits.append((int(m.group(1)), "id", 0))
+        elif q:
+            tops, ctxs = self._search_index()
+            low = q.lower()
+            by_token = [(i, sum(t == q for t in ts)) for i, ts in enumerate(tops)]
+            by_token = sorted([h for h in by_token if h[1] > 0], key=lambda h: -h[1])
+            hits += [(i, "token", n) for i, n in by_token]
+            seen = {i for i, _ in by_token}
+            by_text = [(i, c.lower().count(low)) for i, c in enumerate(ctxs) if i not in seen]
+            hits += [(i, "context", n) for i, n in sorted(by_text, key=lambda h: -h[1]) if n > 0]
+        texts = self.texts()
+        rows = []
+        for i, why, n in hits[: ask.limit]:
+            top = int(p.top_tokens[i, 0, int(p.meta["before"])])
+            rows.append({"id": i, "why": why, "matches": n, "density": float(p.density[i]),
+                         "max": float(p.top_values[i, 0]),
+                         "top_token": texts[top] if top >= 0 else None})  # fmt: skip
+        return {"query": q, "results": rows, "total": len(hits)}
+
+    # -- a prompt's activations ---------------------------------------------------------------
+    def _ids(self, prompt: str) -> list[int]:
+        try:
+            return encode_prompt(self.model, self.tok, prompt)
+        except GlassError as e:
+            raise APIError(400, str(e), param="prompt") from None
+
+    def acts(self, ids: list[int]) -> torch.Tensor:
+        """f [T, d_sae] of the prompt (float32, on the CPU)."""
+        device = next(self.model.parameters()).device
+        tokens = torch.tensor([ids], dtype=torch.long, device=device)
+        with self.lock, evaluating(self.model), torch.no_grad():
+            x, _ = read(self.model, tokens, self.site)
+            f = self.sae.encode(x.to(self.sae.W_enc.dtype))
+        return f[0].float().cpu()
+
+    def tokens(self, ask: Tokens) -> dict[str, Any]:
+        ids = self._ids(ask.prompt)
+        f = self.acts(ids)
+        values, index = f.topk(min(ask.top, f.shape[1]), dim=-1)
+        rows = [[[int(i), round(float(v), 5)] for v, i in zip(vs, js) if v > 0]
+                for vs, js in zip(values, index)]  # fmt: skip
+        out: dict[str, Any] = {"tokens": [{"id": i, "text": t} for i, t in zip(ids, token_texts(self.tok, ids))],
+                               "top": rows, "max": float(f.max()) if f.numel() else 0.0}  # fmt: skip
+        if ask.feature is not None:
+            if not 0 <= ask.feature < f.shape[1]:
+                raise APIError(400, f"feature {ask.feature}: out of range (this SAE has "
+                               f"{f.shape[1]} latents)", param="feature")  # fmt: skip
+            out["feature"] = {"id": ask.feature, "acts": [round(float(v), 5) for v in f[:, ask.feature]]}  # fmt: skip
+        return out
+
+    # -- steering -------------------------------------------------------------------------------
+    def steer(self, ask: SteerAsk) -> dict[str, Any]:
+        from glassgpt.sample import generate
+
+        if not math.isfinite(ask.value):
+            raise APIError(400, f"value {ask.value}: must be finite", param="value")
+        ids = self._ids(ask.prompt)
+        try:
+            hooks = feature_hooks(self.model, self.sae, ask.feature, ask.mode, float(ask.value))
+        except GlassError as e:
+            raise APIError(400, str(e), param="feature") from None
+        device = next(self.model.parameters()).device
+        tokens = torch.tensor([ids], dtype=torch.long, device=device)
+        opts = {"max_new_tokens": ask.max_tokens, "temperature": float(ask.temperature),
+                "seed": ask.seed}  # fmt: skip
+        out: dict[str, Any] = {}
+        with self.lock, evaluating(self.model), torch.no_grad():
+            for name, h in (("clean", {}), ("steered", hooks)):
+                with self.model.hooks(h):
+                    z = self.model(tokens)[0, -1].float()
+                    new = generate(self.model, ids, tokenizer=self.tok, **opts) if ask.max_tokens else []  # fmt: skip
+                out[name] = (torch.softmax(z[: self.state.n_valid], -1).cpu(), new)
+        (p0, new0), (p1, new1) = out["clean"], out["steered"]
+        shown = list(dict.fromkeys(p1.topk(TOP).indices.tolist() + p0.topk(TOP).indices.tolist()))
+        shown.sort(key=lambda t: -float(p1[t]))
+        texts = self.texts()
+        return {
+            "feature": ask.feature, "mode": ask.mode, "value": float(ask.value),
+            "rows": [{"id": t, "text": texts[t], "p": float(p1[t]), "clean": float(p0[t])}
+                     for t in shown[:TOP]],
+            "sample": self.state.text(new1), "clean_sample": self.state.text(new0),
+            "kl": float((p1 * (p1.clamp_min(1e-30).log() - p0.clamp_min(1e-30).log())).sum()),
+        }  # fmt: skip
+
+
+def load_sae(folder: str, model: Any) -> tuple[SAE, Any]:
+    """(the SAE in ``folder``, checked against ``model``, in float32 on its device; its feature
+    pages, or None with a note on stderr)."""
+    import sys
+
+    from glassgpt.features.pages import FILE, load_pages
+    from glassgpt.features.pages_command import sae_folder
+
+    sae = SAE.load(folder, device=next(model.parameters()).device).float()
+    check_model(sae, model)
+    found = sae_folder(folder) / FILE
+    if found.is_file():
+        return sae, load_pages(found)
+    print(f"glassgpt: note: {folder} has no feature pages (glassgpt sae features -c {folder} "
+          "--data …): the explorer shows activations and steering only", file=sys.stderr)  # fmt: skip
+    return sae, None
+
+
+def make_router(state: ServeState, guard: list[Any], sae: SAE, pages: Any = None) -> APIRouter:
+    """The /api/features routes (all behind ``guard``, the API-key check)."""
+    f = Features(state, sae, pages)
+    router = APIRouter(prefix="/api/features", dependencies=guard)
+    router.add_api_route("/info", f.info, methods=["GET"])
+    router.add_api_route("/page/{i}", f.page, methods=["GET"])
+    for path, fn in (("/search", f.search), ("/tokens", f.tokens), ("/steer", f.steer)):
+        router.add_api_route(path, fn, methods=["POST"])
+    router.features = f  # type: ignore[attr-defined]  # (for tests and embedding apps)
+    return router

@@ -1,0 +1,177 @@
+"""The explorer's feature endpoints on a live server with a random TopK SAE and its pages: the
+page JSON, search, per-token activations against ``sae.encode`` on the run's activations,
+and steering by a feature against hooks written by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests.serve.conftest import Server, request, start_server, tiny_run
+
+from glassgpt.errors import GlassError
+from glassgpt.features.pages import compute_pages, save_pages, windows
+from glassgpt.features.sae import SAE, SAEConfig
+from glassgpt.features.sites import read, resolve_site
+from glassgpt.serve.errors import APIError
+from glassgpt.train.evaluate import ArrayStream
+
+HOOK = "blocks.1.resid_post"
+TEXT = ("the cat sat on the mat. the dog ran far, and then it slept. " * 40).strip()
+
+
+def make_sae(folder: Path, model: Any, tok: Any) -> Path:
+    """A random TopK SAE (k = 4 of 64) on ``HOOK`` and its pages over ``TEXT``, in ``folder``."""
+    sae = SAE(SAEConfig(d_in=model.config.d_model, d_sae=64, arch="topk", k=4, hook=HOOK), seed=3)
+    sae.save(folder)
+    stream = ArrayStream(np.array(tok.encode(TEXT), dtype=np.int64))
+    pages = compute_pages(model, sae.eval(), windows(stream, seq_len=32, batch=8, tokens=10_000),
+                          top=6, before=6, after=2)  # fmt: skip
+    save_pages(folder / "features.safetensors", pages)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    from glassgpt.sample.loading import load
+    from glassgpt.serve.app import create_app
+    from glassgpt.serve.features import load_sae
+
+    root = tmp_path_factory.mktemp("featserve")
+    run = tiny_run(root / "tiny")
+    model, tok = load(run)
+    sae, pages = load_sae(str(make_sae(root / "sae", model, tok)), model)
+    torch.set_num_threads(1)
+    app = create_app(model, tok, name="tiny", slots=4, sae=sae, pages=pages)
+    server, thread, url = start_server(app)
+    yield Server(url, app, run)
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def features_of(live: Server) -> Any:
+    for r in live.app.routes:
+        router = getattr(r, "original_router", r)
+        if hasattr(router, "features"):
+            return router.features
+    raise AssertionError("no feature routes")
+
+
+def test_info_page_and_search(fserve: Server) -> None:
+    f = features_of(fserve)
+    status, info = request(fserve.url, "/api/features/info", method="GET")
+    assert status == 200 and info["d_sae"] == 64 and info["hook"] == HOOK and info["pages"]
+    live = int(f.pages.count.argmax())
+    status, page = request(fserve.url, f"/api/features/page/{live}", method="GET")
+    assert status == 200 and page == f.pages.page(live, f.texts())
+    c = page["contexts"][0]
+    assert c["value"] == page["max"] and c["acts"][c["at"]] == pytest.approx(c["value"], rel=1e-4)
+    assert request(fserve.url, "/api/features/page/64", method="GET")[0] == 404
+
+    _, hits = request(fserve.url, "/api/features/search", {"query": "#12"})
+    assert [h["id"] for h in hits["results"]] == [12]
+    top = c["tokens"][c["at"]]  # the live latent's top token: found by it
+    _, hits = request(fserve.url, "/api/features/search", {"query": top, "limit": 500})
+    assert live in [h["id"] for h in hits["results"] if h["why"] == "token"]
+    for h in hits["results"]:
+        if h["why"] == "token":
+            ctx = f.pages.page(h["id"], f.texts())["contexts"]
+            assert sum(x["tokens"][x["at"]] == top for x in ctx) == h["matches"] > 0
+    text = "".join(c["tokens"])[1:5]  # a piece of the live latent's top context, any case
+    _, hits = request(fserve.url, "/api/features/search", {"query": text.upper(), "limit": 500})
+    found = [h["id"] for h in hits["results"]]
+    assert live in found and all(h["why"] == "context" for h in hits["results"])
+    for i in range(64):  # exactly the latents with a context containing it
+        ctx = f.pages.page(i, f.texts())["contexts"]
+        assert (i in found) == any(text.lower() in "".join(x["tokens"]).lower() for x in ctx)
+
+
+def test_per_token_activations_are_the_sae_on_the_run(fserve: Server) -> None:
+    f = features_of(fserve)
+    prompt = "the dog sat on the cat"
+    status, d = request(
+        fserve.url, "/api/features/tokens", {"prompt": prompt, "top": 4, "feature": 5}
+    )
+    assert status == 200
+    ids = [t["id"] for t in d["tokens"]]
+    assert ids == f.tok.encode(prompt)
+    model = f.model
+    x, _ = read(model, torch.tensor([ids]), resolve_site(model, HOOK))
+    acts = f.sae.encode(x)[0].detach()  # [T, 64]
+    for t, row in enumerate(d["top"]):
+        nz = acts[t].nonzero().squeeze(-1).tolist()
+        assert sorted(i for i, _ in row) == sorted(nz)  # TopK: exactly the k = 4 active
+        for i, v in row:
+            assert v == pytest.approx(float(acts[t, i]), abs=1e-4)
+    assert d["feature"]["acts"] == pytest.approx(acts[:, 5].tolist(), abs=1e-4)
+    assert request(fserve.url, "/api/features/tokens", {"prompt": "x" * 65})[0] == 400
+
+
+@pytest.mark.parametrize("mode,value", [("add", 6.0), ("clamp", 9.0)])
+def test_steering_by_a_feature_is_the_hook_by_hand(fserve: Server, mode: str, value: float) -> None:  # fmt: skip
+    from glassgpt.sample import generate
+
+    f = features_of(fserve)
+    model, sae, i = f.model, f.sae, 7
+    prompt = "the cat sat on"
+    body = {"prompt": prompt, "feature": i, "mode": mode, "value": value, "max_tokens": 12,
+            "temperature": 0.8, "seed": 4}  # fmt: skip
+    status, d = request(fserve.url, "/api/features/steer", body)
+    assert status == 200
+    w = sae.W_dec[i].detach()
+
+    def by_hand(a: torch.Tensor, _name: str) -> torch.Tensor:
+        if mode == "add":
+            return a + value * w
+        return a + (value - sae.encode(a)[..., i : i + 1]) * w
+
+    ids = f.tok.encode(prompt)
+    with torch.no_grad(), model.hooks({HOOK: by_hand}):
+        p = torch.softmax(model(torch.tensor([ids]))[0, -1], -1)
+        new = generate(model, ids, max_new_tokens=12, temperature=0.8, seed=4)
+    with torch.no_grad():
+        p0 = torch.softmax(model(torch.tensor([ids]))[0, -1], -1)
+        new0 = generate(model, ids, max_new_tokens=12, temperature=0.8, seed=4)
+    for r in d["rows"]:
+        assert r["p"] == pytest.approx(float(p[r["id"]]), abs=1e-5)
+        assert r["clean"] == pytest.approx(float(p0[r["id"]]), abs=1e-5)
+    assert [r["id"] for r in d["rows"]][:3] == p.topk(3).indices.tolist()
+    assert d["sample"] == f.tok.decode(new) and d["clean_sample"] == f.tok.decode(new0)
+    assert d["kl"] > 0
+
+
+def test_clamping_at_the_current_value_changes_nothing(fserve: Server) -> None:
+    """x' = x + (c − f_i(x)) W_dec[i] with c = f_i(x) is x: a latent never active, clamped to
+    0, leaves the distribution as it was (the error term kept)."""
+    f = features_of(fserve)
+    dead = int(f.pages.count.argmin())
+    assert int(f.pages.count[dead]) == 0  # 64 latents, k = 4: some never fire on TEXT
+    body = {"prompt": "the cat", "feature": dead, "mode": "clamp", "value": 0, "max_tokens": 4}
+    _, d = request(fserve.url, "/api/features/steer", body)
+    assert all(r["p"] == pytest.approx(r["clean"], abs=1e-6) for r in d["rows"])
+    assert d["sample"] == d["clean_sample"]
+
+
+def test_bad_input(fserve: Server, tmp_path: Path) -> None:
+    from glassgpt.serve.features import Features, load_sae
+
+    for bad in ({"prompt": "ab", "feature": 64}, {"prompt": "ab", "feature": 1, "mode": "zero"},
+                {"prompt": "ab", "feature": -1}):  # fmt: skip
+        status, body = request(fserve.url, "/api/features/steer", bad)
+        assert status in (400, 422), body
+    status, body = request(fserve.url, "/api/features/steer", {"prompt": "ab", "feature": 64})
+    assert "feature 64: out of range (this SAE has 64 latents)" in body["error"]["message"]
+    f = features_of(fserve)
+    bare = Features(fserve.app.state.glassgpt, f.sae, None)
+    with pytest.raises(APIError, match="glassgpt sae features"):
+        bare.page(0)
+    other = SAE(SAEConfig(d_in=16, d_sae=8, arch="relu", hook=HOOK))
+    other.save(tmp_path / "other")
+    with pytest.raises(GlassError, match=r"d_in=16.*\[32\]"):
+        load_sae(str(tmp_path / "other"), f.model)
+    f.sae.save(tmp_path / "nopages")
+    assert load_sae(str(tmp_path / "nopages"), f.model)[1] is None

@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -91,9 +90,9 @@ def fvu_l0(x: torch.Tensor, x_hat: torch.Tensor, f: torch.Tensor) -> tuple[float
 
 
 def saelens_side(folder: Path) -> None:
-    from safetensors.torch import load_file
     from sae_lens import SAETrainer, TopKTrainingSAE, TopKTrainingSAEConfig
     from sae_lens.config import SAETrainerConfig
+    from safetensors.torch import load_file
 
     job = json.loads((folder / "job.json").read_text())
     torch.set_num_threads(job["threads"])
@@ -125,7 +124,7 @@ def saelens_side(folder: Path) -> None:
         start = time.perf_counter()
         try:
             trainer.fit()
-        except Exception as e:  # noqa: BLE001 (reported in its row)
+        except Exception as e:
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"}
             continue
         sync(device)
@@ -313,7 +312,7 @@ def main() -> None:
                     rows[f"SAELens ({name})"] = r
     tokens = steps * args.batch
     ours = tokens / rows["glassgpt"]["seconds"]
-    print(f"\n| trainer | tokens/s | × SAELens | FVU | L0 | peak MiB | seconds |")
+    print("\n| trainer | tokens/s | × SAELens | FVU | L0 | peak MiB | seconds |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
         if "error" in r:

@@ -83,6 +83,15 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sha256_file(path: Path) -> str:
+    """:func:`sha256` of a file's bytes, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(1 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
 def write_checkpoint(
     folder: str | Path,
     *,
@@ -90,11 +99,15 @@ def write_checkpoint(
     tensors: Mapping[str, Mapping[str, torch.Tensor]],
     files: Mapping[str, bytes],
     state: Mapping[str, Any],
+    folders: Mapping[str, Path] | None = None,
 ) -> Path:
     """Write a checkpoint folder atomically; returns its path.
 
     ``tensors`` maps file names (``model.safetensors``) to tensor dicts, ``files`` other file
     names to bytes; ``state`` (JSON-able) becomes ``state.json`` with the checksums.
+    ``folders`` maps subfolder names to folders already written beside the checkpoint (the
+    optimizer shards every rank of a sharded run wrote, ``glassgpt.train.distributed_checkpoint``):
+    each is moved in, and its files are listed with their checksums as ``NAME/FILE``.
     """
     folder = Path(folder)
     parent = folder.parent
@@ -117,6 +130,11 @@ def write_checkpoint(
         tmp.mkdir()
         for name, data in payload.items():
             fsync_file(tmp / name, data)
+        for name, written in (folders or {}).items():
+            os.replace(written, tmp / name)
+            for path in sorted(p for p in (tmp / name).rglob("*") if p.is_file()):
+                doc["files"][path.relative_to(tmp).as_posix()] = sha256_file(path)
+            fsync_dir(tmp / name)
         fsync_file(tmp / STATE, json.dumps(doc, indent=1).encode())
         fsync_dir(tmp)
     except OSError as e:  # a full disk, a read-only folder: the old checkpoints stay as they were
@@ -180,6 +198,13 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
             path = inside(folder, name, state_path)
         except InputFileError as e:
             raise CheckpointError(str(e)) from None
+        if "/" in name:  # a subfolder's file (optimizer shards): checked, read by its owner
+            try:
+                if sha256_file(path) != digest:
+                    raise CheckpointError(f"{path}: checksum mismatch (truncated or corrupt)")
+            except OSError:
+                raise CheckpointError(f"{path}: missing") from None
+            continue
         try:
             data = path.read_bytes()
         except OSError:
@@ -272,12 +297,13 @@ class CheckpointManager:
         files: Mapping[str, bytes],
         state: Mapping[str, Any],
         best: bool = False,
+        folders: Mapping[str, Path] | None = None,
     ) -> Path:
         """Write ``step_{step:06d}``, point ``latest`` at it and prune old ones; or, with
         ``best``, write ``best`` (weights, config, tokenizer: no optimizer). Returns it."""
         name = "best" if best else f"step_{step:06d}"
         folder = write_checkpoint(
-            self.root / name, step=step, tensors=tensors, files=files, state=state
+            self.root / name, step=step, tensors=tensors, files=files, state=state, folders=folders
         )
         if not best:
             atomic_write(self.root / "latest", f"{folder.name}\n".encode())

@@ -335,10 +335,40 @@ def _memory(c: GPTConfig, batch_size: int, seq_len: int) -> Section:
     )
 
 
+def _per_rank(c: GPTConfig, batch_size: int, seq_len: int, world_size: int) -> Section:
+    from glassgpt.model.sharding import per_rank_memory
+
+    ddp, fsdp = (
+        per_rank_memory(c, batch_size, seq_len, "bfloat16", world_size=world_size, parallel=p)
+        for p in ("ddp", "fsdp")
+    )
+    rows: list[tuple[Cell, ...]] = [
+        (key, format_bytes(a), format_bytes(b))
+        for (key, a), b in zip(ddp.as_dict().items(), fsdp.as_dict().values())
+    ]
+    prose: list[Cell] = [
+        f"Each of W = {world_size} ranks, at B = {batch_size} sequences per rank, T = {seq_len}, "
+        "bf16 autocast over float32 weights (train.parallel): DDP keeps everything whole on "
+        "every rank; FSDP keeps 1/W of the weights, gradients and AdamW moments, and gathers "
+        "whole parameters a block at a time (communication: DDP's gradient buckets, FSDP's "
+        "gathered blocks, an estimate). Activations are the same.",
+    ]
+    return Section(
+        f"Memory per rank (W = {world_size})", prose=prose, header=("component", "DDP", "FSDP"),
+        rows=rows,
+    )  # fmt: skip
+
+
 def build(
-    config: GPTConfig, *, seq_len: int | None = None, batch_size: int = 8, name: str = ""
+    config: GPTConfig,
+    *,
+    seq_len: int | None = None,
+    batch_size: int = 8,
+    name: str = "",
+    world_size: int | None = None,
 ) -> list[Section]:
-    """The document's sections for ``config`` (T = seq_len, default n_ctx; memory at batch B)."""
+    """The document's sections for ``config`` (T = seq_len, default n_ctx; memory at batch B;
+    with ``world_size``, the memory of each of that many data-parallel ranks)."""
     T = config.n_ctx if seq_len is None else seq_len
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ConfigError("batch_size", f"must be a positive integer, got {batch_size!r}")
@@ -353,7 +383,13 @@ def build(
         header=("field", "value"),
         rows=[(k, str(v)) for k, v in c.to_dict().items()],
     )
-    return [head, _maps(c), _equations(c), _parameters(c), _flops(c, T), _memory(c, batch_size, T)]
+    sections = [head, _maps(c), _equations(c), _parameters(c), _flops(c, T)]
+    sections.append(_memory(c, batch_size, T))
+    if world_size is not None:
+        if not (isinstance(world_size, int) and world_size >= 1):
+            raise ConfigError("world_size", f"must be a positive integer, got {world_size!r}")
+        sections.append(_per_rank(c, batch_size, T, world_size))
+    return sections
 
 
 def describe(
@@ -363,6 +399,7 @@ def describe(
     seq_len: int | None = None,
     batch_size: int = 8,
     name: str = "",
+    world_size: int | None = None,
 ) -> str:
     """The config's function as Markdown (default) or a standalone LaTeX document.
 
@@ -372,5 +409,7 @@ def describe(
     """
     if fmt not in FORMATS:
         raise ConfigError("format", f"must be one of {', '.join(FORMATS)}; got {fmt!r}")
-    sections = build(config, seq_len=seq_len, batch_size=batch_size, name=name)
+    sections = build(
+        config, seq_len=seq_len, batch_size=batch_size, name=name, world_size=world_size
+    )
     return markdown(sections) if fmt == "markdown" else latex(sections)

@@ -34,6 +34,7 @@ from glassgpt.model.config import GPTConfig
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 Schedule = Literal["cosine", "linear", "constant"]
 Optimizer = Literal["adamw", "muon"]
+Parallel = Literal["ddp", "fsdp"]
 
 # Keys that may differ between a checkpoint's config and the config of its resumption: they
 # change how long or how visibly the run goes on, never what a step computes.
@@ -54,6 +55,7 @@ RESUMABLE_KEYS: frozenset[str] = frozenset(
         "train.tf32",
         "train.threads",
         "train.device",
+        "train.parallel",
         "train.inspect_every",
         "log.to",
         "log.project",
@@ -103,6 +105,7 @@ class TrainConfig:
     tf32: bool = True  # on CUDA, float32 matrix products may use TF32 tensor cores
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int | None = None  # CPU threads per process; default cores // local processes
+    parallel: Parallel = "ddp"  # across processes: ddp replicates, fsdp shards (train.parallel)
     sample_tokens: int = 200  # 0: no samples at eval time
     sample_prompt: str = "\n"
     sample_temperature: float = 0.8
@@ -179,9 +182,16 @@ class DataConfig:
     pad_vocab_to: int = 1  # model.n_vocab: the tokenizer's, rounded up to a multiple of this
     text_field: str = "text"  # the text field (column) of .jsonl/.json/.parquet/dataset inputs
     skip_bad: bool = False  # skip (and count) records without a string text field
+    # probability that a training window repeats one of its own spans later (glassgpt.data.sampler)
+    repeat_spans: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("data.vocab_size", self.vocab_size)
+        check(
+            0 <= self.repeat_spans <= 1,
+            "data.repeat_spans",
+            f"must be in [0, 1], got {self.repeat_spans}",
+        )
         _positive("data.pad_vocab_to", self.pad_vocab_to)
         check(
             0 < self.val_fraction < 1,

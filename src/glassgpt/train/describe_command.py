@@ -45,6 +45,13 @@ def register(subparsers: Any) -> None:
         "--seq-len", type=int, default=None, help="context T for FLOPs and memory (default n_ctx)"
     )
     p.add_argument("--batch-size", type=int, default=8, help="batch B for the memory estimate")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also the memory of each of N data-parallel ranks, DDP and FSDP (B per rank)",
+    )
     add_output(p, help="write here instead of stdout")
     p.set_defaults(func=run_describe)
 
@@ -162,7 +169,12 @@ def run_describe(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     config, title = resolve_config(args.preset, config_file, args.overrides, checkpoint)
     text = describe(
-        config, fmt=args.format, seq_len=args.seq_len, batch_size=args.batch_size, name=title
+        config,
+        fmt=args.format,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        name=title,
+        world_size=args.world_size,
     )
     if args.output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")

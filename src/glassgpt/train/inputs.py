@@ -167,16 +167,29 @@ def available_memory(device: Any) -> int | None:
     return None
 
 
-def check_memory(cfg: RunConfig, micro_batch: int, dtype: Any, device: Any, ranks: int) -> None:
+def check_memory(
+    cfg: RunConfig, micro_batch: int, dtype: Any, device: Any, ranks: int, world_size: int = 1
+) -> None:
     """Refuse, before the run starts, a batch or context that does not fit in memory.
 
-    ``ranks`` processes on one CPU machine share its memory; on GPUs each has its own.
+    ``ranks`` processes on one CPU machine share its memory; on GPUs each has its own. Under
+    ``train.parallel=fsdp`` each of the ``world_size`` ranks holds 1/W of the weights,
+    gradients and optimizer state (:func:`glassgpt.model.sharding.per_rank_memory`).
     """
     from glassgpt.model.memory import estimate_training_memory, format_bytes
 
-    estimate = estimate_training_memory(
-        cfg.model, micro_batch, cfg.seq_len, dtype, device=device.type
-    )
+    estimate: Any
+    if cfg.train.parallel == "fsdp" and world_size > 1:
+        from glassgpt.model.sharding import per_rank_memory
+
+        estimate = per_rank_memory(
+            cfg.model, micro_batch, cfg.seq_len, dtype, world_size=world_size,
+            parallel="fsdp", device=device.type,
+        )  # fmt: skip
+    else:
+        estimate = estimate_training_memory(
+            cfg.model, micro_batch, cfg.seq_len, dtype, device=device.type
+        )
     need = estimate.total * (ranks if device.type == "cpu" else 1)
     available = available_memory(device)
     if available is None or need <= available:

@@ -24,6 +24,7 @@ from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.train import distributed as D
 from glassgpt.train.config import RESUMABLE_KEYS, RunConfig, build_run_config, config_diff
 from glassgpt.train.lock import LOCK_NAME, RunLock
+from glassgpt.train.parallel import check_parallel
 from glassgpt.train.resolve import resolve_run
 from glassgpt.train.session import Plan, sample, train
 
@@ -178,6 +179,7 @@ def train_main(
     if out_dir.exists() and not out_dir.is_dir():
         raise InputFileError(f"--out {out_dir}: a file is there, not a run folder")
     ctx = D.init_distributed(cfg.train.device, cfg.train.threads, tf32=cfg.train.tf32)
+    check_parallel(cfg.train, ctx, argv=argv)  # fsdp without a process group: one line
     if ctx.device.type == "cpu":
         D.keep_freed_memory()  # the CPU trainer's allocator setting: see its docstring
     lock = RunLock(out_dir, note=_note) if ctx.is_main else None

@@ -77,7 +77,8 @@ def micro_batch(cfg: RunConfig, ctx: D.DistContext) -> int:
         )
     micro = cfg.train.batch_size // world
     autocast_dtype, _ = resolve_precision(cfg.train.precision, ctx.device)
-    check_memory(cfg, micro, autocast_dtype or torch.float32, ctx.device, ctx.local_world_size)
+    check_memory(cfg, micro, autocast_dtype or torch.float32, ctx.device, ctx.local_world_size,
+                 world_size=ctx.world_size)  # fmt: skip
     return micro
 
 
@@ -251,6 +252,7 @@ def make_trainer(
         rank=ctx.rank,
         world_size=ctx.world_size,
         device=ctx.device if ctx.device.type == "cuda" else None,  # pinned, asynchronous copies
+        repeat_spans=cfg.data.repeat_spans,
     )
 
     def eval_data() -> Any:

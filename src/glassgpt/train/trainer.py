@@ -36,7 +36,8 @@ from torch.nn.parallel import DistributedDataParallel
 from glassgpt import checkpoint as ckpt
 from glassgpt import kernels
 from glassgpt.errors import GlassError
-from glassgpt.train import rng
+from glassgpt.train import distributed_checkpoint as dckpt
+from glassgpt.train import parallel, rng
 from glassgpt.train.collector import collect_between_steps
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.device import (  # noqa: F401  (re-exported: the trainer's public helpers)
@@ -98,7 +99,9 @@ class Trainer:
     ) -> None:
         self.ctx = ctx or DistContext()
         self.cfg = cfg
-        self.model = model.to(self.ctx.device)
+        # sharded, each rank moves only its shards to the device (fully_shard does)
+        fsdp = cfg.parallel == "fsdp" and self.ctx.enabled
+        self.model = model if fsdp else model.to(self.ctx.device)
         self.batches = batches
         self.eval_data = eval_data
         self.bytes_per_token = bytes_per_token
@@ -110,6 +113,11 @@ class Trainer:
         self.checkpoint_files = dict(checkpoint_files or {})
         self.autocast_dtype, use_scaler = resolve_precision(cfg.precision, self.ctx.device)
         self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
+        self.sharded = fsdp  # (without a process group the CLI refused train.parallel=fsdp)
+        if self.sharded:  # before the optimizer: it holds each rank's shards
+            parallel.check_parallel(cfg, self.ctx, self.autocast_dtype)
+            self.model = parallel.shard(self.model, self.ctx, self.autocast_dtype)
+            self.probe = None  # probes read whole weights on rank 0: not of a sharded model
         self.optimizer = build_optimizer(self.model, cfg)
         self._parameters = list(self.model.parameters())  # the clipping's, listed once
         self.step = 0
@@ -129,7 +137,7 @@ class Trainer:
             if self.ctx.device.type == "cpu":  # glassgpt's kernels as opaque calls in the graph
                 kernels.register_custom_ops()
             self.train_model = torch.compile(self.model)  # type: ignore[assignment]
-        if self.ctx.enabled:
+        if self.ctx.enabled and not self.sharded:
             ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
             self.train_model = DistributedDataParallel(self.train_model, device_ids=ids)
         self._stop: int | None = None
@@ -160,7 +168,9 @@ class Trainer:
             y = y.to(self.ctx.device, non_blocking=True)
             n_tokens += x.numel()
             last = micro == cfg.grad_accum - 1
-            sync = contextlib.nullcontext() if last or not self.ctx.enabled else model.no_sync()
+            sync = contextlib.nullcontext()
+            if self.ctx.enabled:
+                sync = parallel.gradient_sync(self.model if self.sharded else model, last)
             with sync:
                 with self._autocast():
                     _, loss = model(x, y)
@@ -172,14 +182,15 @@ class Trainer:
         if cfg.grad_clip > 0:
             if self.scaler:
                 self.scaler.unscale_(opt)
-            norm = clip_gradients(self._parameters, cfg.grad_clip)
+            clip = parallel.clip_sharded if self.sharded else clip_gradients
+            norm = clip(self._parameters, cfg.grad_clip)
         # A non-finite loss must not move the weights. Where reading it would stall a GPU,
         # the fused AdamW kernel skips the update on the device (its found_inf input, which
         # a GradScaler also uses) and the host raises when it reads the loss a step later.
         if self.scaler:
             self.scaler.step(opt)
             self.scaler.update()
-        elif self.ctx.device.type == "cuda" and opt.defaults.get("fused"):
+        elif self.ctx.device.type == "cuda" and opt.defaults.get("fused") and not self.sharded:
             opt.found_inf = (~torch.isfinite(loss_mean)).float()  # type: ignore[attr-defined]
             try:
                 opt.step()
@@ -250,7 +261,13 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
         """(tensor files, JSON state) of everything a bit-identical resume needs."""
-        opt_tensors, groups = optimizer_tensors(self.optimizer)
+        if self.sharded:  # the optimizer's shards go through save_checkpoint's DCP
+            opt_tensors: dict[str, torch.Tensor] = {}
+            groups = [
+                {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
+            ]
+        else:
+            opt_tensors, groups = optimizer_tensors(self.optimizer)
         rng_states = gather_objects(rng.capture(), self.ctx)
         sampler_states = gather_objects(rng.to_json(self.batches.state_dict()), self.ctx)
         state = {
@@ -264,33 +281,49 @@ class Trainer:
             "rng": rng_states,
             "sampler": sampler_states,
         }
-        tensors = {
-            "model.safetensors": self.model.state_dict(),
-            "optimizer.safetensors": opt_tensors,
-        }
+        tensors = {"model.safetensors": dckpt.full_model_state(self.model)}
+        if not self.sharded:
+            tensors["optimizer.safetensors"] = opt_tensors
         return tensors, state
 
     def save_checkpoint(self) -> Path | None:
         """Write ``ckpt/step_*`` (every rank must call this; rank 0 writes)."""
         tensors, state = self.state_dict()
+        folders = {}
+        if self.sharded and self.out_dir is not None:  # every rank writes its shards
+            shards = dckpt.staging(self.out_dir / "ckpt", self.step)
+            dckpt.save_optimizer_shards(self.model, self.optimizer, shards)
+            folders[dckpt.SHARDS] = shards
         if self.checkpoints is None:
             return None
         return self.checkpoints.save(
-            self.step, tensors=tensors, files=self.checkpoint_files, state=state
+            self.step, tensors=tensors, files=self.checkpoint_files, state=state, folders=folders
         )
 
     def load_checkpoint(self, checkpoint: ckpt.Checkpoint) -> None:
         """Restore model, optimizer, scaler, step, RNG and sampler state (exact resume)."""
         state = checkpoint.state
         try:
-            self.model.load_state_dict(checkpoint.tensors("model.safetensors"))
+            dckpt.load_full_model(self.model, checkpoint.tensors("model.safetensors"))
         except RuntimeError as e:
             first = str(e).strip().splitlines()[0]
             raise ckpt.CheckpointError(f"{checkpoint.path}: weights do not fit: {first}") from None
         trainer = state["trainer"]
-        load_optimizer_tensors(
-            self.optimizer, checkpoint.tensors("optimizer.safetensors"), trainer["optimizer_groups"]
-        )
+        if dckpt.has_shards(checkpoint):  # saved by N ranks of FSDP: re-sliced for these
+            dckpt.load_optimizer_shards(self.model, self.optimizer, checkpoint.path / dckpt.SHARDS)
+        elif self.sharded:
+            dckpt.load_named_optimizer(
+                self.model,
+                self.optimizer,
+                checkpoint.tensors("optimizer.safetensors"),
+                trainer["optimizer_groups"],
+            )
+        else:
+            load_optimizer_tensors(
+                self.optimizer,
+                checkpoint.tensors("optimizer.safetensors"),
+                trainer["optimizer_groups"],
+            )
         if self.scaler and trainer.get("scaler"):
             self.scaler.load_state_dict(trainer["scaler"])
         self.step = checkpoint.step
@@ -420,21 +453,23 @@ class Trainer:
         write(line)
         if val < self.best_val_loss:
             self.best_val_loss = val
+            weights = dckpt.full_model_state(self.model)  # (gathered by every rank under FSDP)
             if self.checkpoints is not None:
                 self.checkpoints.save(
                     self.step,
-                    tensors={"model.safetensors": self.model.state_dict()},
+                    tensors={"model.safetensors": weights},
                     files=self.checkpoint_files,
                     state={"val_loss": val},
                     best=True,
                 )
-        if self.on_eval is not None and self.ctx.is_main:
+        # a sharded model's forward is a collective: every rank draws the same sample
+        if self.on_eval is not None and (self.ctx.is_main or self.sharded):
             self.model.eval()  # no dropout, so no draw from the training RNG streams
             try:
                 sample = self.on_eval(self.model, self.step)
             finally:
                 self.model.train()
-            if sample:
+            if sample and self.ctx.is_main:
                 write(sample)
                 out["sample"] = sample
         return out

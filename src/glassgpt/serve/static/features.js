@@ -1,0 +1,186 @@
+// glassgpt explorer, Features view: an SAE's latents over /api/features/* (search, a page per
+// latent, a prompt's per-token activations, steering by a latent). Loaded after app.js, whose
+// helpers ($, api, el, show, heat) it uses. The tab appears only when the server has an SAE.
+"use strict";
+
+const F = { info: null, page: null, id: null, toks: null, pin: null, seq: 0, steerSeq: 0 };
+
+async function featuresBoot() {
+  try { F.info = await api("/api/features/info"); } catch (e) { return; }  // no SAE: no tab
+  $("tab-features").hidden = false;
+  const i = F.info;
+  $("feat-sae").textContent = `${i.arch}${i.k ? " k=" + i.k : ""} · ${i.d_sae} latents on ${i.hook}` +
+    (i.pages ? ` · pages over ${i.tokens.toLocaleString()} tokens` : " · no pages (glassgpt sae features)");
+  if (!$("feat-prompt").value) $("feat-prompt").value = $("prompt").value || "To be, or not to be";
+  await openFeature(0);
+  await featTokens();
+}
+
+function fmt(v) { return Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(2); }
+
+// ---- search ----------------------------------------------------------------------------
+let searchTimer = null;
+async function featSearch() {
+  const q = $("feat-query").value, box = $("feat-results");
+  if (!q) { box.textContent = ""; return; }
+  try {
+    const d = await api("/api/features/search", { query: q, limit: 40 });
+    if (q !== $("feat-query").value) return;
+    box.textContent = "";
+    $("feat-results-n").textContent = `${d.total} match${d.total === 1 ? "" : "es"}`;
+    for (const r of d.results) {
+      const why = r.why === "id" ? "id" : r.why === "token" ? `top token ×${r.matches}` : `in context ×${r.matches}`;
+      box.append(el("button", { class: "result", "data-id": r.id, onclick: () => openFeature(r.id) },
+        el("b", {}, "#" + r.id), el("span", { class: "tok" }, r.top_token === null ? "—" : show(r.top_token)),
+        el("span", { class: "muted" }, `${why} · density ${(100 * r.density).toFixed(3)}% · max ${fmt(r.max)}`)));
+    }
+  } catch (e) { failed("feat-results")(e); }
+}
+
+// ---- a feature's page ------------------------------------------------------------------
+async function openFeature(id) {
+  F.id = id;
+  $("feat-id").value = id;
+  try {
+    F.page = F.info.pages ? await api(`/api/features/page/${id}`) : null;
+  } catch (e) { F.page = null; failed("feat-contexts")(e); }
+  drawPage();
+  drawFeatChips();
+  const R = Math.max(1, Math.ceil(4 * (F.page && F.page.max ? F.page.max : 2)));
+  const v = $("feat-value");
+  v.min = -R; v.max = R; v.step = R / 200;
+  if ($("feat-mode").value === "clamp") v.min = 0;
+  featTokens();
+  steer();
+}
+
+function drawPage() {
+  const p = F.page, id = F.id;
+  $("feat-title").textContent = `#${id}`;
+  for (const k of ["feat-stats", "feat-hist", "feat-logits", "feat-contexts"]) $(k).textContent = "";
+  if (!p) { $("feat-stats").textContent = "no page: run glassgpt sae features on this SAE"; return; }
+  $("feat-stats").textContent = `density ${(100 * p.density).toFixed(4)}% (${p.count.toLocaleString()} of ` +
+    `${p.tokens.toLocaleString()} tokens) · max activation ${fmt(p.max)}`;
+  // histogram of the nonzero activations, log-spaced bins
+  const h = $("feat-hist"), top = Math.max(1, ...p.histogram.map((b) => b.count));
+  for (const b of p.histogram) {
+    const range = `${fmt(b.lo)} ≤ f < ${b.hi === null ? "∞" : fmt(b.hi)}: ${b.count}`;
+    h.append(el("span", { class: "hbar", title: range },
+      el("span", { style: `height:${(100 * b.count / top).toFixed(1)}%` })));
+  }
+  if (p.histogram.length) {
+    const a = p.histogram[0], z = p.histogram[p.histogram.length - 1];
+    $("feat-hist-axis").textContent = `${fmt(a.lo)} … ${z.hi === null ? "∞" : fmt(z.hi)} (log scale; tallest bar ${top.toLocaleString()} tokens)`;
+  } else $("feat-hist-axis").textContent = "never active on the corpus";
+  // logit effect
+  const lg = $("feat-logits");
+  for (const [title, rows, cls] of [["promotes", p.logit_top, "pos"], ["suppresses", p.logit_bottom, "neg"]]) {
+    const t = el("table", { class: "pairs" }, el("caption", {}, title));
+    for (const r of rows) t.append(el("tr", {}, el("td", { class: "t" }, show(r.text)), el("td", { class: "v " + cls }, r.value.toFixed(3))));
+    lg.append(t);
+  }
+  // top contexts, each token shaded by this latent's activation there
+  const box = $("feat-contexts"), m = p.max || 1;
+  for (const c of p.contexts) {
+    const line = el("div", { class: "ctx" });
+    c.tokens.forEach((t, j) => {
+      const a = c.acts[j], s = el("span", { class: "ct" + (j === c.at ? " at" : ""), title: `f = ${a.toFixed(4)}` }, show(t));
+      if (a > 0) s.style.background = `rgba(234, 88, 12, ${Math.min(1, 0.1 + 0.9 * a / m).toFixed(3)})`;
+      line.append(s);
+    });
+    box.append(el("span", { class: "cv" }, fmt(c.value)), line);
+  }
+}
+
+// ---- the prompt's activations ----------------------------------------------------------
+async function featTokens() {
+  const prompt = $("feat-prompt").value, seq = ++F.seq;
+  if (!prompt) return;
+  try {
+    const d = await api("/api/features/tokens", { prompt, top: 8, feature: F.id });
+    if (seq !== F.seq) return;
+    F.toks = d; $("feat-prompt-status").textContent = "";
+    $("feat-prompt-status").classList.remove("error");
+    if (F.pin !== null && F.pin >= d.tokens.length) F.pin = null;
+    drawFeatChips(); drawTokenTop(F.pin);
+  } catch (e) {
+    if (seq !== F.seq) return;
+    $("feat-prompt-status").textContent = e.message;
+    $("feat-prompt-status").classList.add("error");
+  }
+}
+
+function drawFeatChips() {
+  const box = $("feat-chips"), d = F.toks;
+  box.textContent = "";
+  if (!d || !d.feature || d.feature.id !== F.id) return;
+  const acts = d.feature.acts, m = Math.max(1e-9, F.page && F.page.max ? F.page.max : Math.max(...acts));
+  d.tokens.forEach((t, i) => {
+    const a = acts[i];
+    const chip = el("span", { class: "chip" + (i === F.pin ? " selected" : ""), "data-i": i,
+      title: `#${i} · f${F.id} = ${a.toFixed(4)}` }, show(t.text));
+    if (a > 0) chip.style.background = `rgba(234, 88, 12, ${Math.min(1, 0.1 + 0.9 * a / m).toFixed(3)})`;
+    chip.addEventListener("mouseenter", () => drawTokenTop(i));
+    chip.addEventListener("mouseleave", () => drawTokenTop(F.pin));
+    chip.addEventListener("click", () => { F.pin = F.pin === i ? null : i; drawFeatChips(); drawTokenTop(F.pin); });
+    box.append(chip);
+  });
+}
+
+function drawTokenTop(i) {
+  const box = $("feat-token-top"), d = F.toks;
+  box.textContent = "";
+  if (i === null || !d) { $("feat-token-where").textContent = "hover or click a token"; return; }
+  $("feat-token-where").textContent = `at #${i} “${show(d.tokens[i].text)}”`;
+  const rows = d.top[i], m = Math.max(1e-9, ...rows.map((r) => r[1]));
+  if (!rows.length) box.append(el("span", { class: "muted small" }, "no latent active here"));
+  for (const [id, v] of rows) {
+    box.append(
+      el("span", { class: "label clickable" + (id === F.id ? " chosen" : ""), onclick: () => openFeature(id) }, "#" + id),
+      el("span", { class: "track", onclick: () => openFeature(id) },
+        el("span", { class: "fill", style: `width:${(100 * v / m).toFixed(1)}%;background:var(--orange)` })),
+      el("span", { class: "num" }, fmt(v)));
+  }
+}
+
+// ---- steering --------------------------------------------------------------------------
+let steerTimer = null;
+function scheduleSteer() { clearTimeout(steerTimer); steerTimer = setTimeout(steer, 150); }
+
+async function steer() {
+  const mode = $("feat-mode").value, value = +$("feat-value").value, seq = ++F.steerSeq;
+  $("feat-value-out").textContent = fmt(value);
+  $("feat-eq").textContent = mode === "add"
+    ? `a ← a + ${fmt(value)} · W_dec[${F.id}]  at every position of ${F.info.out_hook || F.info.hook}`
+    : `a ← a + (${fmt(value)} − f${F.id}(a)) · W_dec[${F.id}]  (the SAE's error term kept)`;
+  const body = { prompt: $("feat-prompt").value, feature: F.id, mode, value,
+    max_tokens: +$("feat-max").value || 0, temperature: +$("feat-temp").value, seed: +$("feat-seed").value };
+  try {
+    const d = await api("/api/features/steer", body);
+    if (seq !== F.steerSeq) return;
+    const box = $("feat-dist"); box.textContent = "";
+    for (const r of d.rows) {
+      box.append(
+        el("span", { class: "label" }, show(r.text)),
+        el("span", { class: "track" },
+          el("span", { class: "ghost", style: `width:${(100 * r.clean).toFixed(2)}%` }),
+          el("span", { class: "fill", style: `width:${(100 * r.p).toFixed(2)}%` }),
+          el("span", { class: "tick", style: `left:${(100 * r.clean).toFixed(2)}%` })),
+        el("span", { class: "num" }, `${(100 * r.p).toFixed(1)}% (was ${(100 * r.clean).toFixed(1)}%)`));
+    }
+    $("feat-kl").textContent = `KL(steered ‖ clean) = ${d.kl.toFixed(4)} nats`;
+    $("feat-sample").textContent = d.sample;
+    $("feat-clean-sample").textContent = d.clean_sample;
+  } catch (e) { if (seq === F.steerSeq) failed("feat-dist")(e); }
+}
+
+// ---- wiring ----------------------------------------------------------------------------
+$("feat-query").addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(featSearch, 200); });
+$("feat-id").addEventListener("change", () => openFeature(Math.max(0, Math.min(F.info.d_sae - 1, +$("feat-id").value || 0))));
+$("feat-prev").addEventListener("click", () => F.id > 0 && openFeature(F.id - 1));
+$("feat-next").addEventListener("click", () => F.id < F.info.d_sae - 1 && openFeature(F.id + 1));
+$("feat-prompt").addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(() => { featTokens(); steer(); }, 250); });
+$("feat-value").addEventListener("input", scheduleSteer);
+$("feat-mode").addEventListener("change", () => { if ($("feat-mode").value === "clamp" && +$("feat-value").value < 0) $("feat-value").value = 0; openFeature(F.id); });
+for (const id of ["feat-max", "feat-temp", "feat-seed"]) $(id).addEventListener("change", steer);
+featuresBoot();

@@ -120,3 +120,84 @@ def test_too_short_and_bad_layout(tmp_path: Path) -> None:
         BatchSampler(stream, batch_size=1, seq_len=2, rank=2, world_size=2)
     with pytest.raises(GlassError, match="batch_size"):
         BatchSampler(stream, batch_size=0, seq_len=2)
+
+
+def _starts_oracle(seed: int, n_starts: int, batch: int, steps: int) -> list[np.ndarray]:
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
+    return [rng.integers(0, n_starts, size=batch) for _ in range(steps)]
+
+
+def test_repeat_spans_zero_leaves_the_batches_unchanged(tmp_path: Path) -> None:
+    stream = _stream(tmp_path, 3000, 999)
+    plain = BatchSampler(stream, batch_size=5, seq_len=12, seed=2)
+    zero = BatchSampler(stream, batch_size=5, seq_len=12, seed=2, repeat_spans=0.0)
+    for starts in _starts_oracle(2, 3000 - 12, 5, 6):
+        rows = torch.as_tensor(starts[:, None] + np.arange(13))
+        (x0, y0), (x, y) = plain.next_batch(), zero.next_batch()
+        assert torch.equal(x, rows[:, :-1]) and torch.equal(y, rows[:, 1:])
+        assert torch.equal(x, x0) and torch.equal(y, y0)
+    assert "span_generator" not in zero.state_dict()
+
+
+def test_repeat_spans_copy_one_earlier_span_later_with_probability_p(tmp_path: Path) -> None:
+    """On the stream 0, 1, 2, … a row is its start plus 0 … T; any change must be one copy."""
+    T, p, batch, steps = 63, 0.3, 32, 60
+    stream = _stream(tmp_path, 20_000, 20_000)
+    aug = BatchSampler(stream, batch_size=batch, seq_len=T, seed=5, repeat_spans=p)
+    plain = BatchSampler(stream, batch_size=batch, seq_len=T, seed=5)
+    n_repeated, lengths, gaps = 0, [], []
+    for _ in range(steps):
+        (x, y), (x0, _) = aug.next_batch(), plain.next_batch()
+        assert torch.equal(x[:, 1:], y[:, :-1])  # one row, cut into x and y
+        assert torch.equal(x[:, 0], x0[:, 0])  # same windows: the first token is never a copy
+        rows = torch.cat([x, y[:, -1:]], 1).numpy()
+        for row in rows:
+            window = row[0] + np.arange(T + 1)
+            changed = np.flatnonzero(row != window)
+            if not len(changed):
+                continue
+            n_repeated += 1
+            b, length = int(changed[0]), len(changed)
+            assert np.array_equal(changed, b + np.arange(length))  # one contiguous span
+            a = int(row[b] - row[0])
+            assert np.array_equal(row[b : b + length], window[a : a + length])
+            assert 2 <= length <= (T + 1) // 4 and a + length <= b  # earlier, not overlapping
+            lengths.append(length)
+            gaps.append(b - a - length)
+    n = batch * steps
+    assert abs(n_repeated - p * n) < 4 * np.sqrt(n * p * (1 - p))
+    # L ~ U{2 … 16}: every length occurs and the mean is 9
+    assert set(lengths) == set(range(2, 17))
+    assert abs(np.mean(lengths) - 9) < 4 * np.std(range(2, 17)) / np.sqrt(len(lengths))
+    assert min(gaps) == 0 and max(gaps) > T // 2
+
+
+def test_repeat_spans_resume_and_ranks(tmp_path: Path) -> None:
+    stream = _stream(tmp_path, 5000, 999)
+    single = BatchSampler(stream, batch_size=6, seq_len=16, seed=4, repeat_spans=0.7)
+    ranks = [
+        BatchSampler(
+            stream, batch_size=3, seq_len=16, seed=4, rank=r, world_size=2, repeat_spans=0.7
+        )
+        for r in range(2)
+    ]
+    for _ in range(3):
+        x, _ = single.next_batch()
+        assert torch.equal(torch.cat([r.next_batch()[0] for r in ranks]), x)
+    state = json.loads(json.dumps(single.state_dict()))
+    expected = [single.next_batch()[0] for _ in range(3)]
+    fresh = BatchSampler(stream, batch_size=6, seq_len=16, seed=0, repeat_spans=0.7)
+    fresh.load_state_dict(state)
+    for e in expected:
+        assert torch.equal(fresh.next_batch()[0], e)
+    with pytest.raises(GlassError, match=r"repeat_spans.*1\.5"):
+        BatchSampler(stream, batch_size=1, seq_len=4, repeat_spans=1.5)
+
+
+def test_repeat_spans_in_the_run_config() -> None:
+    from glassgpt.train.config import load_run_config
+
+    cfg = load_run_config(preset="cpu-tiny", overrides=["data.repeat_spans=0.25"])
+    assert cfg.data.repeat_spans == 0.25
+    with pytest.raises(GlassError, match=r"data\.repeat_spans.*-0\.1"):
+        load_run_config(preset="cpu-tiny", overrides=["data.repeat_spans=-0.1"])

@@ -18,6 +18,18 @@ Evaluation (:func:`iter_eval_batches`): the windows k = 0, 1, …, ⌊(N − 1)/
 xₖ = s[kT : kT + T], in order, so every token after the first is a target exactly once,
 save a tail of fewer than T tokens; batched like the sampler (rank r takes its slice of
 each global batch of B·W windows).
+
+Repeated spans (``repeat_spans`` = p > 0, training only): with probability p a row
+r = s[o : o + T + 1] (before it is cut into x and y) has one of its own spans copied later
+into itself,
+
+    r[b : b + L] ← r[a : a + L],   L ~ U{2 … ⌊(T + 1)/4⌋},  a ~ U{0 … T + 1 − 2L},
+                                    b ~ U{a + L … T + 1 − L},
+
+so the window holds the pattern ``… A B … A B`` more often than the text does; every token is
+still the corpus's own. The draws come from a second generator (seeded from ``seed``, drawn for
+the global batch like the starts), so the window starts are the same for every p and p = 0
+leaves the batches unchanged bit for bit.
 """
 
 from __future__ import annotations
@@ -64,6 +76,48 @@ def _gather(stream: TokenStream, starts: np.ndarray, length: int) -> np.ndarray:
     return np.stack([stream.read(int(o), length) for o in starts])
 
 
+def span_bounds(row_len: int) -> tuple[int, int]:
+    """(L_min, L_max) of a repeated span in a row of ``row_len`` tokens (L_min > L_max: none fits).
+
+    >>> span_bounds(129), span_bounds(7)
+    ((2, 32), (2, 1))
+    """
+    return 2, row_len // 4
+
+
+def draw_spans(
+    rng: np.random.Generator, n_rows: int, row_len: int, p: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(repeat, L, a, b), each [n_rows]: which rows get ``r[b : b + L] ← r[a : a + L]``.
+
+    Always draws the same numbers for a given (n_rows, row_len), whatever p, so the
+    generator advances by the same amount each step."""
+    lo, hi = span_bounds(row_len)
+    u, fa, fb = rng.random((3, n_rows))
+    length = rng.integers(lo, max(lo, hi) + 1, size=n_rows)  # [n_rows]
+    a = np.floor(fa * (row_len - 2 * length + 1)).astype(np.int64)  # 0 … R − 2L
+    b = a + length + np.floor(fb * (row_len - a - 2 * length + 1)).astype(np.int64)
+    repeat = (u < p) & (hi >= lo)
+    return repeat, length, a, b
+
+
+def repeat_in_rows(
+    rows: np.ndarray, repeat: np.ndarray, length: np.ndarray, a: np.ndarray, b: np.ndarray
+) -> np.ndarray:
+    """``rows`` with ``rows[i, b_i : b_i + L_i] ← rows[i, a_i : a_i + L_i]`` where ``repeat[i]``.
+
+    >>> rows = np.arange(10)[None, :]
+    >>> one = np.array([1])
+    >>> repeat_in_rows(rows, np.array([True]), 2 * one, one, 6 * one).tolist()
+    [[0, 1, 2, 3, 4, 5, 1, 2, 8, 9]]
+    """
+    out = rows.copy()
+    for i in np.flatnonzero(repeat):
+        n, src, dst = int(length[i]), int(a[i]), int(b[i])
+        out[i, dst : dst + n] = rows[i, src : src + n]
+    return out
+
+
 def _to_batch(rows: np.ndarray, device: torch.device | str | None) -> Batch:
     x = torch.from_numpy(np.ascontiguousarray(rows[:, :-1]))  # [B, T]
     y = torch.from_numpy(np.ascontiguousarray(rows[:, 1:]))  # [B, T]
@@ -96,8 +150,12 @@ class BatchSampler:
         rank: int = 0,
         world_size: int = 1,
         device: torch.device | str | None = None,
+        repeat_spans: float = 0.0,
     ) -> None:
         _check_layout(batch_size, seq_len, rank, world_size)
+        if not 0 <= repeat_spans <= 1:
+            raise ConfigError("data.repeat_spans", f"must be in [0, 1], got {repeat_spans}")
+        self.repeat_spans = float(repeat_spans)
         self.stream = _stream(data, split)
         self.split, self.batch_size, self.seq_len = split, batch_size, seq_len
         self.seed, self.rank, self.world_size, self.device = seed, rank, world_size, device
@@ -108,6 +166,8 @@ class BatchSampler:
                 f"seq_len={seq_len} needs at least {seq_len + 1}"
             )
         self.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
+        spans = np.random.SeedSequence(seed, spawn_key=(1,))  # independent of the starts
+        self.span_rng = np.random.Generator(np.random.PCG64(spans))
         self.step = 0
 
     def next_starts(self) -> np.ndarray:
@@ -118,7 +178,17 @@ class BatchSampler:
 
     def next_batch(self) -> Batch:
         """(x, y), int64 [batch_size, seq_len] each."""
-        return _to_batch(_gather(self.stream, self.next_starts(), self.seq_len + 1), self.device)
+        rows = _gather(self.stream, self.next_starts(), self.seq_len + 1)  # [B, T + 1]
+        if self.repeat_spans > 0:
+            mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+            draws = draw_spans(
+                self.span_rng,
+                self.batch_size * self.world_size,
+                self.seq_len + 1,
+                self.repeat_spans,
+            )
+            rows = repeat_in_rows(rows, *(d[mine] for d in draws))
+        return _to_batch(rows, self.device)
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -135,6 +205,7 @@ class BatchSampler:
             "seq_len": self.seq_len,
             "n_tokens": len(self.stream),
             "bit_generator": self.rng.bit_generator.state,
+            **({"span_generator": self.span_rng.bit_generator.state} if self.repeat_spans else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -149,6 +220,8 @@ class BatchSampler:
                 )
         try:
             self.rng.bit_generator.state = state["bit_generator"]
+            if self.repeat_spans and "span_generator" in state:
+                self.span_rng.bit_generator.state = state["span_generator"]
         except (KeyError, TypeError, ValueError) as e:
             raise GlassError(f"sampler state: bad generator state ({e})") from None
         self.seed, self.step = state.get("seed", self.seed), int(state.get("step", 0))

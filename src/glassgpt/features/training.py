@@ -70,7 +70,7 @@ class SAETrainConfig:
     median_samples: int = 4096
     median_iters: int = 100
     log_every: int = 50
-    eval_every: int = 0  # steps between CE-recovered evaluations (0: at the end only)
+    eval_every: int = 100  # steps between CE-recovered evaluations (0: at the end only)
     eval_batches: int = 2  # model batches of validation windows per evaluation
     checkpoint_every: int = 200
     keep_last: int = 2

@@ -4,6 +4,7 @@ against one process, FSDP (fully_shard over gloo on CPUs) against DDP, a checkpo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -32,9 +33,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def run(*cmds: list[str]) -> list[str]:
+    """Run the commands at the same time (their start-up is most of their time); their stdout."""
+    procs = [
+        subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for cmd in cmds
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    return [out for out, _ in outs]
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -56,26 +64,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("parallel")
     base = ["--data", str(text_file(tmp)), "--set", *STEPS, "train.checkpoint_every=3"]
     out = {name: tmp / name for name in ("one", "nodes", "fsdp")}
-    run(glassgpt(*base, "--out", str(out["one"])))
     rdzv = ["--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=glassgpt-test"]  # fmt: skip
-    train = ["-m", "glassgpt", *glassgpt(*base, "--out", str(out["nodes"]))[3:]]
-    nodes = [
-        subprocess.Popen(
-            [*TORCHRUN, *rdzv, f"--node_rank={k}", *train],
-            env=env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for k in (0, 1)
-    ]
-    outs = [p.communicate(timeout=300) for p in nodes]
-    for p, (_, err) in zip(nodes, outs):
-        assert p.returncode == 0, err[-3000:]
-    (tmp / "nodes.stdout").write_text("\n".join(o for o, _ in outs))
+    node = ["-m", "glassgpt", *glassgpt(*base, "--out", str(out["nodes"]))[3:]]
     two = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "glassgpt"]
-    run([*two, *glassgpt(*base, "train.parallel=fsdp", "--out", str(out["fsdp"]))[3:]])
+    stdout = run(
+        [*TORCHRUN, *rdzv, "--node_rank=0", *node],
+        [*TORCHRUN, *rdzv, "--node_rank=1", *node],
+        glassgpt(*base, "--out", str(out["one"])),
+        [*two, *glassgpt(*base, "train.parallel=fsdp", "--out", str(out["fsdp"]))[3:]],
+    )
+    (tmp / "nodes.stdout").write_text("\n".join(stdout[:2]))
     return {**out, "tmp": tmp}
 
 
@@ -117,9 +116,11 @@ def test_fsdp_checkpoint_resumes_on_one_rank_and_loads_in_one_process(
     step3 = str(fsdp / "ckpt" / "step_000003")
     one_rank, plain = tmp / "one_rank", tmp / "plain"
     one = [*TORCHRUN, "--standalone", "--nproc_per_node=1", "-m", "glassgpt"]
-    run([*one, "train", "--resume", step3, "--out", str(one_rank)])
-    run([sys.executable, "-m", "glassgpt", "train", "--resume", step3, "--out", str(plain),
-         "--set", "train.parallel=ddp"])  # fmt: skip
+    run(
+        [*one, "train", "--resume", step3, "--out", str(one_rank)],
+        [sys.executable, "-m", "glassgpt", "train", "--resume", step3, "--out", str(plain),
+         "--set", "train.parallel=ddp"],
+    )  # fmt: skip
     assert_same_losses(fsdp, one_rank, range(4, 7))
     assert_same_losses(fsdp, plain, range(4, 7))
 
@@ -220,9 +221,53 @@ def test_fsdp_on_gpus_matches_ddp_in_bf16_and_resumes(tmp_path: Path) -> None:
     base = ["--data", str(text_file(tmp_path)), "--set", *sets]
     ddp, fsdp, resumed = tmp_path / "ddp", tmp_path / "fsdp", tmp_path / "resumed"
     launch = [*TORCHRUN, "--standalone", f"--nproc_per_node={n}", "-m", "glassgpt"]
-    run([*launch, *glassgpt(*base, "--out", str(ddp))[3:]])
+    run([*launch, *glassgpt(*base, "--out", str(ddp))[3:]])  # one after the other: the same GPUs
     run([*launch, *glassgpt(*base, "train.parallel=fsdp", "--out", str(fsdp))[3:]])
     assert_same_losses(ddp, fsdp, range(1, 7), tol=2e-2)
     assert json.loads((fsdp / "run.json").read_text())["backend"] == "nccl"
     run([*launch, "train", "--resume", str(fsdp / "ckpt" / "step_000003"), "--out", str(resumed)])
     assert_same_losses(fsdp, resumed, range(4, 7), tol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("fields", "dtype", "named"),
+    [
+        ({"optimizer": "muon"}, None, "train.optimizer"),
+        ({}, torch.float16, "train.precision"),
+    ],
+)
+def test_fsdp_refuses_what_it_cannot_shard(
+    fields: dict, dtype: torch.dtype | None, named: str
+) -> None:
+    from glassgpt.errors import ConfigError
+    from glassgpt.train.config import TrainConfig
+    from glassgpt.train.distributed import DistContext
+    from glassgpt.train.parallel import check_parallel
+
+    cfg = TrainConfig(parallel="fsdp", **fields)
+    with pytest.raises(ConfigError) as e:
+        check_parallel(cfg, DistContext(world_size=2), dtype)
+    assert e.value.field == named and "\n" not in str(e.value)
+    check_parallel(TrainConfig(parallel="ddp", **fields), DistContext(world_size=2), dtype)
+
+
+def test_memory_precheck_counts_shards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU that holds one FSDP rank's share but not DDP's whole model: DDP is refused before
+    it starts, FSDP over 8 ranks is let through."""
+    from glassgpt.errors import GlassError
+    from glassgpt.model.memory import estimate_training_memory
+    from glassgpt.model.sharding import per_rank_memory
+    from glassgpt.train import inputs
+    from glassgpt.train.config import load_run_config
+
+    cfg = load_run_config(preset="gpt2", overrides=["model.n_vocab=50304"])
+    args = (cfg.model, 4, cfg.seq_len, "bfloat16")
+    whole = estimate_training_memory(*args, device="cuda").total  # DDP's pre-check
+    fsdp = per_rank_memory(*args, world_size=8, parallel="fsdp").total
+    assert fsdp < whole
+    monkeypatch.setattr(inputs, "available_memory", lambda device: (whole + fsdp) // 2)
+    gpu = torch.device("cuda")
+    with pytest.raises(GlassError, match="needs about"):
+        inputs.check_memory(cfg, 4, torch.bfloat16, gpu, 1, world_size=8)
+    fsdp_cfg = cfg.replace(train=dataclasses.replace(cfg.train, parallel="fsdp"))
+    inputs.check_memory(fsdp_cfg, 4, torch.bfloat16, gpu, 1, world_size=8)

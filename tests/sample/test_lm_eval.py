@@ -141,7 +141,7 @@ def _glass_lm(setup: dict[str, Path], batch_size: int = 5) -> object:
     return GlassLM(model, tok, batch_size=batch_size, progress=False)
 
 
-def test_loglikelihoods_and_metrics_equal_the_hf_backend(setup, hf_lm, capsys) -> None:
+def test_loglikelihoods_and_metrics_equal_the_hf_backend(setup, hf_lm, capsys, tmp_path) -> None:
     tasks = ["glass_mc", "glass_ppl"]
     ours, theirs = _evaluate(_glass_lm(setup), setup, tasks), _evaluate(hf_lm, setup, tasks)
     for task in tasks:
@@ -162,12 +162,14 @@ def test_loglikelihoods_and_metrics_equal_the_hf_backend(setup, hf_lm, capsys) -
                 assert ours["results"][task][name] == pytest.approx(value, rel=1e-4), name
     acc = theirs["results"]["glass_mc"]["acc,none"]
     assert ours["results"]["glass_mc"]["acc,none"] == acc  # the same items right
-    # the command: the same numbers, as one JSON object
+    # the command: the same numbers, as one JSON object (and lm-eval's whole results in -o)
     code = main(["eval", "-c", str(setup["run"]), "--tasks", ",".join(tasks), "--include-path",
-                 str(setup["tasks"]), "--json", "--bootstrap-iters", "0", "--batch-size", "3"])  # fmt: skip
+                 str(setup["tasks"]), "--json", "--bootstrap-iters", "0", "--batch-size", "3",
+                 "-o", str(tmp_path / "r.json")])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
     printed = json.loads(out)["results"]
+    assert json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["results"] == printed
     for task in tasks:
         for name, value in theirs["results"][task].items():
             if isinstance(value, float) and "stderr" not in name:

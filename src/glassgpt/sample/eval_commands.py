@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from glassgpt.arguments import add_output
 from glassgpt.errors import GlassError
 
 
@@ -42,8 +43,7 @@ def register(subparsers: Any) -> None:
                    help="bootstrap resamples for the standard errors (0: none)")  # fmt: skip
     g.add_argument("--seed", type=int, default=0,
                    help="few-shot sampling and sampled generation (default 0)")  # fmt: skip
-    g.add_argument("-o", "--output", metavar="FILE", default=None,
-                   help="also write lm-eval's results as JSON to FILE")  # fmt: skip
+    add_output(g, metavar="FILE", help="also write lm-eval's results as JSON to FILE")
     p.set_defaults(func=_dispatch(p.get_default("func")))
 
 

@@ -189,7 +189,11 @@ class TopContexts:
         rows, j = (vals > 0).nonzero(as_tuple=True)
 
         def act_at(n: Tensor, i: Tensor) -> Tensor:  # f_i at tokens n [M, W] for latents i [M]
-            return (vals[n] * (idx[n] == i[:, None, None])).sum(-1)
+            out = vals.new_zeros(n.shape)
+            for a in range(0, len(n), 4096):  # [4096, W, k] at a time
+                m, c = n[a : a + 4096], i[a : a + 4096, None, None]
+                out[a : a + 4096] = (vals[m] * (idx[m] == c)).sum(-1)
+            return out
 
         self._add(tokens, rows, idx[rows, j], vals[rows, j], act_at, where)
 

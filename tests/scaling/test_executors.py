@@ -18,7 +18,13 @@ import pytest
 from glassgpt.cli import main
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.scaling import sweep as sweep_module
-from glassgpt.scaling.executors import ExecutorConfig, SlurmExecutor, make_executor, sweep_status
+from glassgpt.scaling.executors import (
+    TAIL,
+    ExecutorConfig,
+    SlurmExecutor,
+    make_executor,
+    sweep_status,
+)
 from glassgpt.scaling.grid import Grid
 from glassgpt.scaling.sweep import run_sweep
 
@@ -218,7 +224,7 @@ def test_a_failed_point_is_reported_with_its_logs_last_lines_and_the_others_go_o
     assert messages[-1] == "    boom: no memory left" and "    line 29" in messages
     failed = json.loads((tmp_path / "out" / "runs" / bad / "failed.json").read_text())
     assert failed["exit"] == 1 and failed["tail"][-2:] == ["line 29", "boom: no memory left"]
-    assert len(failed["tail"]) == sweep_module.TAIL
+    assert len(failed["tail"]) == TAIL
     states = {s.name: s.state for s in sweep_status(tmp_path / "out")}
     assert sorted(states.values()) == ["failed", "finished"]  # the other point went on
     assert len(rows(tmp_path / "out")) == 1
@@ -242,7 +248,7 @@ def test_the_real_slurm_path_submits_the_same_job_as_an_array(
     assert isinstance(executor, SlurmExecutor) and executor.threads == 4
     out = tmp_path / "sweep"
     points = [("p0", {"seed": 0}), ("p1", {"seed": 1}), ("p2", {"seed": 2})]
-    jobs = executor.submit(out, points)
+    jobs = executor.submit(out, points, sweep_module.train_point)
     script = (tmp_path / "job.sh").read_text()
     for flag in (
         "--partition=gpu",

@@ -39,7 +39,7 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,8 +50,10 @@ KINDS = ("local", "slurm", "ray")
 FAILED = "failed.json"  # OUT/runs/<point>/failed.json: exit code and the log's last lines
 JOBS = "jobs"  # OUT/jobs/<point>.json: the Slurm job a point was submitted as
 BUSY = "already training"  # what train_point says of a point a live trainer holds
+TAIL = 20  # lines of a failed point's log kept in its failed.json
 EXTRAS = {"slurm": ("submitit", "glassgpt[slurm]"), "ray": ("ray", "glassgpt[ray]")}
 Point = tuple[str, dict[str, Any]]  # (name, overrides)
+Work = Callable[[str, str, dict[str, Any]], "str | None"]  # sweep.train_point(out, name, overrides)
 
 
 @dataclass(frozen=True)
@@ -169,14 +171,15 @@ class LocalExecutor:
         self.config, self.parallel = config, parallel
         self.threads = config.cpus or max(1, (os.cpu_count() or 1) // parallel)
 
-    def run(self, out: Path, points: Sequence[Point]) -> Iterator[tuple[str, str | None]]:
-        """Train every point; yield (name, None or its failure) as each ends."""
+    def run(
+        self, out: Path, points: Sequence[Point], work: Work
+    ) -> Iterator[tuple[str, str | None]]:
+        """Run ``work(out, name, overrides)`` for every point; yield (name, None or its
+        failure) as each ends."""
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
-        from glassgpt.scaling.sweep import train_point
-
         with ThreadPoolExecutor(max_workers=self.parallel) as pool:
-            futures = {pool.submit(train_point, out, n, o): n for n, o in points}
+            futures = {pool.submit(work, str(out), n, o): n for n, o in points}
             for fut in as_completed(futures):
                 yield futures[fut], fut.result()
 
@@ -220,24 +223,25 @@ class SlurmExecutor:
         ex.update_parameters(**self.parameters())
         return ex
 
-    def submit(self, out: Path, points: Sequence[Point]) -> list[tuple[str, Any]]:
+    def submit(self, out: Path, points: Sequence[Point], work: Work) -> list[tuple[str, Any]]:
         """Submit every point as one job array; each job's id is kept in ``OUT/jobs/``."""
-        from glassgpt.scaling.sweep import train_point
         from glassgpt.storage import atomic_write
 
         ex = self.executor(out)
         with ex.batch():
-            jobs = [(n, ex.submit(train_point, str(out), n, o)) for n, o in points]
+            jobs = [(n, ex.submit(work, str(out), n, o)) for n, o in points]
         (out / JOBS).mkdir(exist_ok=True)
         for name, job in jobs:
             record = {"executor": f"slurm ({self.config.cluster})", "job": str(job.job_id)}
             atomic_write(out / JOBS / f"{name}.json", json.dumps(record).encode())
         return jobs
 
-    def run(self, out: Path, points: Sequence[Point]) -> Iterator[tuple[str, str | None]]:
+    def run(
+        self, out: Path, points: Sequence[Point], work: Work
+    ) -> Iterator[tuple[str, str | None]]:
         if not points:
             return
-        jobs = self.submit(out, points)
+        jobs = self.submit(out, points, work)
         by_job = {id(job): name for name, job in jobs}
         try:
             poll_s = 0.5 if self.config.cluster == "local" else 15.0  # sacct is shared
@@ -289,7 +293,9 @@ class RayExecutor:
             raise GlassError(f"no Ray cluster reachable at {where}: {_first_line(e)}") from None
         return True
 
-    def run(self, out: Path, points: Sequence[Point]) -> Iterator[tuple[str, str | None]]:
+    def run(
+        self, out: Path, points: Sequence[Point], work: Work
+    ) -> Iterator[tuple[str, str | None]]:
         if not points:
             return
         ray = self.ray
@@ -303,11 +309,7 @@ class RayExecutor:
                         f"the Ray cluster has {have.get(what, 0):g} {what}s; a point asks for "
                         f"{need} (executor.{what.lower()}s)"
                     )
-            from glassgpt.scaling.sweep import train_point
-
-            task = ray.remote(num_cpus=self.threads, num_gpus=self.config.gpus, max_retries=0)(
-                train_point
-            )
+            task = ray.remote(num_cpus=self.threads, num_gpus=self.config.gpus, max_retries=0)(work)
             waiting = list(points)
             while waiting or running:
                 while waiting and len(running) < self.parallel:
@@ -351,7 +353,6 @@ def _first_line(e: BaseException) -> str:
 
 def _write_job_tail(out: Path, name: str, job: Any) -> None:
     """A job that died before its point could say why: its own log's last lines."""
-    from glassgpt.scaling.sweep import TAIL
     from glassgpt.storage import atomic_write
 
     text = ""

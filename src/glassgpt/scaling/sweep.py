@@ -32,6 +32,7 @@ from typing import Any
 from glassgpt.config import load_toml, merge
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.scaling.compute import training_flops
+from glassgpt.scaling.executors import BUSY, FAILED, TAIL, lock_holder, make_executor, write_failure
 from glassgpt.scaling.grid import Grid, RunSpec
 from glassgpt.storage import atomic_write
 from glassgpt.train.config import dump_toml
@@ -53,7 +54,6 @@ COLUMNS = (
 DATA = "data"
 CONFIGS = "configs"  # OUT/configs/<run>.toml: the table each run trains with
 POINTS = "points.json"  # OUT/points.json: every point's name and overrides, in grid order
-TAIL = 20  # lines of a failed point's log kept in its failed.json
 
 
 def run_configs(grid: Grid) -> list[tuple[RunSpec, Any]]:
@@ -193,8 +193,6 @@ def train_point(out: str | Path, name: str, overrides: dict[str, Any]) -> str | 
     the sweep folder, so a point is skipped, resumed or restarted the same way wherever it
     runs. A point another live trainer holds (its ``.lock``) is left to it.
     """
-    from glassgpt.scaling.executors import BUSY, FAILED, lock_holder
-
     out = Path(out)
     run_dir = out / "runs" / name
     if (run_dir / RESULT).is_file():
@@ -236,8 +234,6 @@ def run_sweep(
     ``[executor]`` table, by default processes on this machine."""
     from tqdm import tqdm
 
-    from glassgpt.scaling.executors import BUSY, make_executor, write_failure
-
     out = Path(out).resolve()
     configs = run_configs(grid)
     if executor is None:
@@ -262,7 +258,7 @@ def run_sweep(
             atomic_write(out / CONFIGS / f"{run.name}.toml", dump_toml(table).encode())
     failures: list[str] = []
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress, unit="run")
-    for name, err in executor.run(out, [(r.name, r.overrides) for r in todo]):
+    for name, err in executor.run(out, [(r.name, r.overrides) for r in todo], train_point):
         if err and BUSY in err:
             log(f"sweep: {err}")
         elif err:

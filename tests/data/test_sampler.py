@@ -161,14 +161,14 @@ def test_repeat_spans_copy_one_earlier_span_later_with_probability_p(tmp_path: P
             assert np.array_equal(changed, b + np.arange(length))  # one contiguous span
             a = int(row[b] - row[0])
             assert np.array_equal(row[b : b + length], window[a : a + length])
-            assert 2 <= length <= (T + 1) // 4 and a + length <= b  # earlier, not overlapping
+            assert 2 <= length <= (T + 1) // 2 and a + length <= b  # earlier, not overlapping
             lengths.append(length)
             gaps.append(b - a - length)
     n = batch * steps
     assert abs(n_repeated - p * n) < 4 * np.sqrt(n * p * (1 - p))
-    # L ~ U{2 … 16}: every length occurs and the mean is 9
-    assert set(lengths) == set(range(2, 17))
-    assert abs(np.mean(lengths) - 9) < 4 * np.std(range(2, 17)) / np.sqrt(len(lengths))
+    # L ~ U{2 … 32}: every length occurs and the mean is 17
+    assert set(lengths) == set(range(2, 33))
+    assert abs(np.mean(lengths) - 17) < 4 * np.std(range(2, 33)) / np.sqrt(len(lengths))
     assert min(gaps) == 0 and max(gaps) > T // 2
 
 

@@ -23,7 +23,7 @@ Repeated spans (``repeat_spans`` = p > 0, training only): with probability p a r
 r = s[o : o + T + 1] (before it is cut into x and y) has one of its own spans copied later
 into itself,
 
-    r[b : b + L] ← r[a : a + L],   L ~ U{2 … ⌊(T + 1)/4⌋},  a ~ U{0 … T + 1 − 2L},
+    r[b : b + L] ← r[a : a + L],   L ~ U{2 … ⌊(T + 1)/2⌋},  a ~ U{0 … T + 1 − 2L},
                                     b ~ U{a + L … T + 1 − L},
 
 so the window holds the pattern ``… A B … A B`` more often than the text does; every token is
@@ -79,10 +79,10 @@ def _gather(stream: TokenStream, starts: np.ndarray, length: int) -> np.ndarray:
 def span_bounds(row_len: int) -> tuple[int, int]:
     """(L_min, L_max) of a repeated span in a row of ``row_len`` tokens (L_min > L_max: none fits).
 
-    >>> span_bounds(129), span_bounds(7)
-    ((2, 32), (2, 1))
+    >>> span_bounds(129), span_bounds(3)
+    ((2, 64), (2, 1))
     """
-    return 2, row_len // 4
+    return 2, row_len // 2
 
 
 def draw_spans(

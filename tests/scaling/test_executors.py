@@ -139,12 +139,15 @@ def test_a_sweep_killed_half_way_restarts_without_training_a_point_twice(
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    gone = time.monotonic() + 30  # the killed trainers take a moment to exit (and be reaped)
+    while time.monotonic() < gone and any(s.state == "training" for s in sweep_status(out)):
+        time.sleep(0.05)
 
     states = {s.name: s for s in sweep_status(out)}
     finished = sorted(n for n, s in states.items() if s.state == "finished")
     resumable = sorted(n for n, s in states.items() if s.detail.startswith("resumes from"))
     assert 2 <= len(finished) < 4 and resumable
-    assert all(s.state in ("finished", "interrupted", "pending") for s in states.values())
+    assert all(s.state in ("finished", "interrupted", "pending") for s in states.values()), states
     before = {n: (runs / n / "result.json").stat().st_mtime_ns for n in finished}
     metrics = {n: (runs / n / "metrics.jsonl").read_bytes() for n in finished}
 
@@ -160,6 +163,7 @@ def test_a_sweep_killed_half_way_restarts_without_training_a_point_twice(
     for n in resumable:  # resumed from its checkpoint, not started again
         assert "resumed from" in (runs / n / "sweep.log").read_text("utf-8")
     assert not any(runs.glob("*/failed.json"))
+    assert not [m for m in messages if "failed" in m or "already training" in m]
     assert rows(out) == expected  # an exact resume: the uninterrupted losses
 
 
@@ -201,6 +205,9 @@ def test_status_shows_every_points_state(tmp_path: Path, capsys: pytest.CaptureF
     # Once the trainer is gone (its lock released), the point is no longer training.
     assert sweep_status(out)[-1].state == "interrupted"
     assert main(["sweep", "--status", str(tmp_path / "nothing")]) == 2
+    assert main(["sweep", "--status", str(tmp_path)]) == 2  # not a sweep folder
+    (out / "points.json").unlink()  # a sweep from before points.json: its folders
+    assert [s.name for s in sweep_status(out)] == ["a", "b", "c", "d", "g"]
 
 
 @pytest.mark.slow
@@ -354,3 +361,16 @@ def test_a_point_a_live_trainer_holds_is_left_to_it(tmp_path: Path) -> None:
     assert err == f"p: already training (pid {os.getpid()} on {socket.gethostname()}); left to it"
     assert (run_dir / "metrics.jsonl").is_file()  # its folder was not cleared
     assert not (run_dir / "failed.json").exists()
+
+
+def test_a_point_killed_while_writing_its_first_checkpoint_starts_again(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "p"
+    (run_dir / "ckpt" / ".tmp-step_000003-123").mkdir(parents=True)  # the rename never came
+    config = tmp_path / "configs" / "p.toml"
+    assert not sweep_module.resumable(run_dir)
+    assert sweep_module.train_command(run_dir, config)[-4:] == [
+        "--config", str(config), "--output", str(run_dir)
+    ]  # fmt: skip
+    (run_dir / "ckpt" / "step_000003").mkdir()
+    assert sweep_module.resumable(run_dir)
+    assert sweep_module.train_command(run_dir, config)[-2:] == ["--resume", str(run_dir)]

@@ -489,7 +489,12 @@ def sweep_status(out: str | Path) -> list[PointState]:
     except FileNotFoundError:
         if not out.is_dir():
             raise InputFileError(f"sweep folder not found: {out}") from None
-        raise InputFileError(f"{out}: not a sweep folder (no points.json)") from None
+        # a sweep from before points.json: the points it wrote a config or a folder for
+        found = {p.stem for p in (out / "configs").glob("*.toml")}
+        found |= {p.name for p in (out / "runs").glob("*") if p.is_dir()}
+        if not found:
+            raise InputFileError(f"{out}: not a sweep folder (no points.json)") from None
+        points = sorted(found)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputFileError(f"{out}/points.json: unreadable ({e})") from None
     return [point_state(out, name) for name in points]

@@ -141,11 +141,20 @@ def run_table(
     return merge(resolved.raw, extra)
 
 
+def resumable(run_dir: Path) -> bool:
+    """Whether a run folder holds a complete checkpoint to resume from (a ``ckpt`` folder
+    alone is not one: a run killed while writing its first checkpoint leaves only a
+    temporary folder there)."""
+    from glassgpt.checkpoint import step_folders
+
+    return bool(step_folders(run_dir / "ckpt"))
+
+
 def train_command(run_dir: Path, config_file: Path | None) -> list[str]:
     """The ``glassgpt train`` command line for one run: its config file, or a resume if it
     has a checkpoint."""
     cmd = [sys.executable, "-m", "glassgpt", "train"]
-    if (run_dir / "ckpt").is_dir() or config_file is None:
+    if resumable(run_dir) or config_file is None:
         return [*cmd, "--resume", str(run_dir)]
     return [*cmd, "--config", str(config_file), "--output", str(run_dir)]
 
@@ -200,7 +209,7 @@ def train_point(out: str | Path, name: str, overrides: dict[str, Any]) -> str | 
     holder = lock_holder(run_dir, probe=True)
     if holder is not None:
         return f"{name}: {BUSY} ({holder}); left to it"
-    if run_dir.exists() and not (run_dir / "ckpt").is_dir():
+    if run_dir.exists() and not resumable(run_dir):
         shutil.rmtree(run_dir)  # killed before its first checkpoint: start it again
     (run_dir / FAILED).unlink(missing_ok=True)
     start = time.perf_counter()
@@ -250,7 +259,7 @@ def run_sweep(
         log(f"sweep: {len(runs) - len(todo)} of {len(runs)} runs already finished, skipped")
     shared: dict[str, Path | None] = {}
     for run, resolved in configs:
-        if run in todo and not (out / "runs" / run.name / "ckpt").is_dir():
+        if run in todo and not resumable(out / "runs" / run.name):
             shared[run.name] = prepare_shared(out, resolved.config.data, log)
     for run, resolved in configs:
         if run in todo:

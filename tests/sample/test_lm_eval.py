@@ -203,7 +203,9 @@ def test_generation_task_runs_with_hf_equal_answers(setup, hf_lm) -> None:
     assert a == b
 
 
-def test_unknown_task_and_misplaced_flags_are_one_line(setup, capsys, monkeypatch) -> None:
+def test_unknown_task_and_misplaced_flags_are_one_line(
+    setup, capsys, monkeypatch, tmp_path
+) -> None:
     import lm_eval.tasks
 
     class LocalOnly(lm_eval.tasks.TaskManager):  # lm-eval's catalogue takes seconds to index
@@ -218,6 +220,16 @@ def test_unknown_task_and_misplaced_flags_are_one_line(setup, capsys, monkeypatc
     assert "lm-eval ls tasks" in err
     assert main(["eval", "-c", str(setup["run"]), "--limit", "3"]) == 2
     assert "--limit goes with --tasks" in capsys.readouterr().err
+    gone = tmp_path / "gone.jsonl"  # a task whose data file is missing
+    yaml = (setup["tasks"] / "glass_mc.yaml").read_text(encoding="utf-8")
+    yaml = yaml.replace("glass_mc", "glass_gone").replace(
+        str(setup["tasks"].parent / "data" / "glass_gone.jsonl"), str(gone)
+    )
+    (tmp_path / "glass_gone.yaml").write_text(yaml, encoding="utf-8")
+    assert main(["eval", "-c", str(setup["run"]), "--tasks", "glass_gone", "--include-path",
+                 str(tmp_path)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data could not be read" in err and "gone.jsonl" in err
 
 
 def test_missing_lm_eval_names_the_extra(setup, capsys, monkeypatch) -> None:

@@ -264,11 +264,18 @@ def run_tasks(
                  name=str(checkpoint))  # fmt: skip
     if limit is not None and limit >= 1:
         limit = int(limit)
-    results = simple_evaluate(
-        model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
-        bootstrap_iters=bootstrap_iters, log_samples=False, random_seed=seed,
-        numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-    )  # fmt: skip
+    try:
+        results = simple_evaluate(
+            model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+            bootstrap_iters=bootstrap_iters, log_samples=False, random_seed=seed,
+            numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+        )  # fmt: skip
+    except (ConnectionError, FileNotFoundError) as e:  # the tasks' data, through datasets
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GlassError(
+            f"--tasks: a task's data could not be read: {first} (lm-eval fetches it with "
+            "datasets: it needs the network once, then HF_DATASETS_OFFLINE=1 reads the cache)"
+        ) from None
     if results is None:  # pragma: no cover - only on ranks > 0 of a distributed run
         raise GlassError("lm-eval returned no results")
     return results

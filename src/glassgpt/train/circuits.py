@@ -34,6 +34,17 @@ from glassgpt.train.metrics import read_metrics
 
 PROBE_ROWS = 8  # val windows for the lens losses and entropies
 PROBE_LEN = 256  # their length, at most
+TAB = [
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "tab:red",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+]  # tab10 without its grey, which marks the heads not named
 HEAD_KEY = re.compile(r"^(previous_token|duplicate_token|induction)/L(\d+)H(\d+)$")
 LAYER_KEY = re.compile(r"^(lens_loss|attn_entropy)/L(\d+)$")
 
@@ -149,14 +160,19 @@ def plot_circuits(metrics: str | Path, output: str | Path) -> Path | None:
         (k[0] if isinstance(k, tuple) else k) for s in series.values() for k in s
     )  # fmt: skip
     colors = plt.get_cmap("viridis" if layers > 2 else "tab10")
+    heads = 1 + max((k[1] for s in series.values() for k in s if isinstance(k, tuple)), default=0)
     for ax, name in zip(axes.flat[1:], panels):
         lines = series.get(name, {})
         finals = sorted(lines, key=lambda k: lines[k][-1][1], reverse=True)
+        top4 = [k for k in finals if isinstance(k, tuple)][:4]  # heads named in the legend
         for k in sorted(lines):
             layer = k[0] if isinstance(k, tuple) else k
             label = f"L{k[0]}H{k[1]}" if isinstance(k, tuple) else f"layer {k}"
-            top = not isinstance(k, tuple) or k in finals[:4]
-            color = colors(layer / max(layers - 1, 1)) if layers > 2 else colors(layer)
+            top = not isinstance(k, tuple) or k in top4
+            if isinstance(k, tuple):  # a head keeps its colour in every panel; unnamed: grey
+                color = TAB[(k[0] * heads + k[1]) % len(TAB)] if top else "0.6"
+            else:
+                color = colors(layer / max(layers - 1, 1)) if layers > 2 else colors(layer)
             ax.plot(*zip(*lines[k]), "o-" if top else "-", ms=2.5, lw=1.6 if top else 0.6,
                     alpha=1.0 if top else 0.35, color=color, label=label if top else None)  # fmt: skip
         ax.set_title(TITLES[name])

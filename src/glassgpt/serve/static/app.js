@@ -290,9 +290,9 @@ async function attribution() {
 }
 
 // ---- attention -------------------------------------------------------------------------
-const bases = new Map();  // the undimmed heatmap of each (prompt, head, size), drawn once
+const bases = new Map();  // the undimmed heatmap of each (prompt, checkpoint, head, size), drawn once
 function base(layer, head, size) {
-  const key = `${S.prompt}|${layer}|${head}|${size}`;
+  const key = `${S.prompt}|${S.data.step}|${layer}|${head}|${size}`;  // the step on show
   let src = bases.get(key);
   if (src) return src;
   const T = S.data.tokens.length, A = pattern(layer, head), c = size / T;

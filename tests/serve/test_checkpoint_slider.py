@@ -120,3 +120,36 @@ def test_a_checkpoint_that_is_not_a_run_has_no_steps(tmp_path: Path) -> None:
     from glassgpt.serve.checkpoints import Checkpoints
 
     assert Checkpoints(None).steps() == [] and Checkpoints(tmp_path).steps() == []
+
+
+@pytest.mark.slow
+def test_moving_the_slider_redraws_the_heads(slider: tuple[Server, dict[int, GPT]]) -> None:
+    """In headless Chromium: each stop of the slider shows its step's head (each heatmap is
+    drawn once and kept: per prompt, size and checkpoint), and the served model's again at the
+    last stop."""
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        pytest.skip("no /usr/bin/chromium (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
+    live, _ = slider
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1200})
+        page.goto(live.url + "/")
+        page.wait_for_function("() => S.steps.length === 3 && !$('ckpt-row').hidden")
+        page.fill("#prompt", "abc abd abc ab")
+        page.wait_for_function("() => S.data && S.prompt === 'abc abd abc ab'")
+        shown = {}
+        for stop, step in ((0, 100), (1, 200), (0, 100), (3, None)):
+            page.eval_on_selector(
+                "#ckpt", f"s => {{ s.value = {stop}; s.dispatchEvent(new Event('input')); }}"
+            )
+            want = "null" if step is None else str(step)
+            page.wait_for_function(f"() => S.data.step === {want}")
+            page.evaluate("selectHead(1, 1)")
+            label = page.text_content("#ckpt-out")
+            assert label == ("served" if step is None else f"step {step}")
+            shown.setdefault(step, []).append(page.eval_on_selector("#big", "c => c.toDataURL()"))
+        browser.close()
+    assert shown[100][0] == shown[100][1]  # the same step: the same picture
+    assert len({shown[100][0], shown[200][0], shown[None][0]}) == 3

@@ -160,8 +160,9 @@ def test_a_sweep_killed_half_way_restarts_without_training_a_point_twice(
     for n in finished:  # not trained again
         assert (runs / n / "result.json").stat().st_mtime_ns == before[n]
         assert (runs / n / "metrics.jsonl").read_bytes() == metrics[n]
-    for n in resumable:  # resumed from its checkpoint, not started again
-        assert "resumed from" in (runs / n / "sweep.log").read_text("utf-8")
+    for n in resumable:  # resumed from its checkpoint (or found done there), not started again
+        log = (runs / n / "sweep.log").read_text("utf-8")
+        assert "resumed from" in log or "is already finished: step 6" in log
     assert not any(runs.glob("*/failed.json"))
     assert not [m for m in messages if "failed" in m or "already training" in m]
     assert rows(out) == expected  # an exact resume: the uninterrupted losses

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.train.test_run import TINY as RUN_TINY
+from tests.train.test_run import text_file
 
 from glassgpt.checkpoint import load_checkpoint
 from glassgpt.cli import main
@@ -27,29 +29,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-TINY = [
-    "train.progress=false",
-    "train.threads=1",
-    "train.batch_size=4",
-    "train.eval_batches=2",
-    "train.sample_tokens=0",
-    "train.warmup_steps=2",
-    "train.max_steps=4",
-    "train.eval_every=2",
-    "train.checkpoint_every=2",
-    "train.keep_last=0",  # every checkpoint kept: one per probe
-    "model.n_ctx=16",
-    "model.d_model=16",
-    "model.n_layers=2",
-    "model.n_heads=2",
+TINY = [  # test_run's tiny run, 2 layers, a probe and a kept checkpoint at steps 2 and 4
+    *RUN_TINY,
+    *("model.n_ctx=16", "model.d_model=16", "model.n_layers=2", "train.sample_tokens=0"),
+    *("train.max_steps=4", "train.eval_every=2", "train.checkpoint_every=2", "train.keep_last=0"),
 ]
-
-
-def text_file(folder: Path, size: int = 12_000) -> Path:
-    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(size // 30)]
-    path = folder / "input.txt"
-    path.write_text("".join(lines)[:size], encoding="utf-8")
-    return path
 
 
 def model_at(out: Path, step: int) -> GPT:

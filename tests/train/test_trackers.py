@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.train.test_run import TINY as RUN_TINY
+from tests.train.test_run import text_file
 
 from glassgpt.cli import main
 from glassgpt.train.metrics import read_metrics
@@ -26,28 +28,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-TINY = [
-    "train.progress=false",
-    "train.threads=1",
-    "train.batch_size=4",
-    "train.eval_batches=2",
-    "train.sample_tokens=8",
-    "train.warmup_steps=2",
-    "train.max_steps=6",
-    "train.eval_every=3",
-    "train.checkpoint_every=6",
-    "model.n_ctx=16",
-    "model.d_model=16",
-    "model.n_layers=2",
-    "model.n_heads=2",
+TINY = [  # test_run's tiny run, 2 layers (so head scores in layer 1), 6 steps
+    *RUN_TINY,
+    *("model.n_ctx=16", "model.d_model=16", "model.n_layers=2"),
+    *("train.max_steps=6", "train.eval_every=3", "train.checkpoint_every=6"),
 ]
-
-
-def text_file(folder: Path, size: int = 12_000) -> Path:
-    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(size // 30)]
-    path = folder / "input.txt"
-    path.write_text("".join(lines)[:size], encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")

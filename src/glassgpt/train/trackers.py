@@ -38,6 +38,7 @@ from typing import Any
 
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.storage import atomic_write
+from glassgpt.train.config import _flatten as flatten  # {"train": {"lr": 1}} → {"train.lr": 1}
 
 PACKAGES = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 STATE = "trackers.json"  # the wandb and MLflow run ids, for a resumed run
@@ -89,21 +90,6 @@ def numbers(record: Mapping[str, Any]) -> dict[str, float]:
 def texts(record: Mapping[str, Any]) -> dict[str, str]:
     """The strings of a metrics record (the eval-time ``sample``)."""
     return {k: v for k, v in record.items() if isinstance(v, str)}
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"lr": 1}}`` → ``{"train.lr": 1}``.
-
-    >>> flatten({"seed": 1, "train": {"lr": 0.1, "to": ["a"]}})
-    {'seed': 1, 'train.lr': 0.1, 'train.to': ['a']}
-    """
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        if isinstance(v, Mapping):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 class Tracker:

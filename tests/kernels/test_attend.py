@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glassgpt.kernels import bf16, sdpa
+from glassgpt.kernels import attention_door, bf16
 from glassgpt.kernels.policy import FEW_QUERIES
 
 pytest.importorskip(
@@ -68,7 +68,7 @@ def test_few_queries_is_the_softmax_of_the_allowed_keys(
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        z = sdpa.few_queries(q, k, v, offset, mask)
+        z = attention_door.few_queries(q, k, v, offset, mask)
     finally:
         torch.set_num_threads(before)
     assert z.shape == (B, H, Tq, D)
@@ -78,18 +78,18 @@ def test_few_queries_is_the_softmax_of_the_allowed_keys(
 def test_a_query_seeing_no_key_gets_zero() -> None:
     q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
     mask = torch.zeros(1, 1, 1, 3, dtype=torch.bool)
-    assert torch.equal(sdpa.few_queries(q, k, v, 2, mask), torch.zeros(1, 2, 1, 8))
+    assert torch.equal(attention_door.few_queries(q, k, v, 2, mask), torch.zeros(1, 2, 1, 8))
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    real = sdpa.few_queries
+    real = attention_door.few_queries
 
     def spy(*args: object, **kwargs: object) -> torch.Tensor:
         calls.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sdpa, "few_queries", spy)
+    monkeypatch.setattr(attention_door, "few_queries", spy)
     return calls
 
 
@@ -97,24 +97,24 @@ def test_the_seam_routes_decoding_steps_to_it(monkeypatch: pytest.MonkeyPatch) -
     calls = _spy(monkeypatch)
     q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 4, 9, 16), torch.randn(2, 4, 9, 16)
     with torch.inference_mode():
-        got = sdpa.attention(q, k, v, offset=8)
+        got = attention_door.attention(q, k, v, offset=8)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert calls == [1]
     # autograd, more queries than FEW_QUERIES, and bf16 on a CPU with bf16 arithmetic keep
     # PyTorch's kernel
     monkeypatch.setattr(bf16, "native", lambda: True)
-    sdpa.attention(q.requires_grad_(), k, v, offset=8)
+    attention_door.attention(q.requires_grad_(), k, v, offset=8)
     with torch.no_grad():
         long_q = torch.randn(2, 4, FEW_QUERIES + 1, 16)
-        sdpa.attention(long_q, k, v, offset=0)
-        sdpa.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), offset=8)
+        attention_door.attention(long_q, k, v, offset=0)
+        attention_door.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), offset=8)
     assert calls == [1]
     # without bf16 arithmetic a bf16 step takes it on float32 copies, z rounded to bf16
     monkeypatch.setattr(bf16, "native", lambda: False)
     qb, kb, vb = q.detach().bfloat16(), k.bfloat16(), v.bfloat16()
     with torch.inference_mode():
-        z = sdpa.attention(qb, kb, vb, offset=8)
+        z = attention_door.attention(qb, kb, vb, offset=8)
     assert calls == [1, 1] and z.dtype == torch.bfloat16
     ref = torch.nn.functional.scaled_dot_product_attention(qb.double(), kb.double(), vb.double())
     torch.testing.assert_close(z.double(), ref.bfloat16().double(), rtol=8e-3, atol=1e-3)
@@ -147,9 +147,10 @@ def test_decoding_through_it_gives_the_full_forward_logits(
 
 def test_without_the_extension_pytorch_computes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _spy(monkeypatch)
-    monkeypatch.setattr(sdpa, "_attend", None)  # as when no C compiler was there at install
+    # as when no C compiler was there at install
+    monkeypatch.setattr(attention_door, "_attend", None)
     q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     with torch.inference_mode():
-        got = sdpa.attention(q, k, v, offset=4)
+        got = attention_door.attention(q, k, v, offset=4)
     torch.testing.assert_close(got, torch.nn.functional.scaled_dot_product_attention(q, k, v))
     assert calls == []

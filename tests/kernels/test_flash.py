@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glassgpt.kernels import bf16, flash, sdpa
+from glassgpt.kernels import attention_door, bf16, flash
 from glassgpt.kernels.policy import (
     CAUSAL_MAX_HEAD,
     CAUSAL_MAX_KEYS,
@@ -250,31 +250,31 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_the_seam_routes_float32_self_attention_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _spy(monkeypatch)
     q, k, v = (t.requires_grad_() for t in _inputs(2, 2, 20, 16, False, seed=5))
-    z = sdpa.attention(q, k, v)
+    z = attention_door.attention(q, k, v)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(z, want, rtol=1e-5, atol=1e-6)
     assert calls == [1]
     with torch.no_grad():  # a prompt's forward (more than FEW_QUERIES queries)
-        sdpa.attention(q, k, v)
+        attention_door.attention(q, k, v)
     assert calls == [1, 1]
     # after cached keys, with a mask, dropout, bf16 autocast on a CPU with bf16 arithmetic:
     # not this kernel
-    sdpa.attention(q[:, :, 5:], k, v, offset=5)
-    sdpa.attention(q, k, v, mask=torch.ones(20, 20, dtype=torch.bool).tril())
-    sdpa.attention(q, k, v, dropout_p=0.1)
+    attention_door.attention(q[:, :, 5:], k, v, offset=5)
+    attention_door.attention(q, k, v, mask=torch.ones(20, 20, dtype=torch.bool).tril())
+    attention_door.attention(q, k, v, dropout_p=0.1)
     monkeypatch.setattr(bf16, "native", lambda: True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        sdpa.attention(q, k, v)
+        attention_door.attention(q, k, v)
     assert calls == [1, 1]
     # without bf16 arithmetic, bf16 q, k, v take it on float32 copies, z rounded to bf16
     monkeypatch.setattr(bf16, "native", lambda: False)
     qb, kb, vb = (t.detach().bfloat16() for t in (q, k, v))
-    z = sdpa.attention(qb, kb, vb)
+    z = attention_door.attention(qb, kb, vb)
     assert calls == [1, 1, 1] and z.dtype == torch.bfloat16
     ref = F.scaled_dot_product_attention(qb.double(), kb.double(), vb.double(), is_causal=True)
     torch.testing.assert_close(z.double(), ref.bfloat16().double(), rtol=8e-3, atol=1e-3)
     monkeypatch.setattr(flash, "_flash", None)  # as when no C compiler was there at install
-    torch.testing.assert_close(sdpa.attention(q, k, v), want)
+    torch.testing.assert_close(attention_door.attention(q, k, v), want)
     assert calls == [1, 1, 1]
 
 

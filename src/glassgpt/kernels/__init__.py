@@ -50,6 +50,7 @@ from glassgpt.kernels.policy import (
 
 if TYPE_CHECKING:
     from glassgpt.kernels.activations import gelu_exact, gelu_tanh
+    from glassgpt.kernels.attention_door import attention
     from glassgpt.kernels.bf16 import cache_dtype
     from glassgpt.kernels.checks import id_out_of_range
     from glassgpt.kernels.dense import has_small_batch_kernel, is_packed, matmul, pack, unpack
@@ -74,11 +75,10 @@ if TYPE_CHECKING:
         attention_kept,
         norm_kept,
     )
-    from glassgpt.kernels.sdpa import attention
 
 # name → (module of glassgpt.kernels, its attribute): imported on first use
 _LAZY = {
-    "attention": ("sdpa", "attention"),
+    "attention": ("attention_door", "attention"),
     "matmul": ("dense", "matmul"),
     "pack": ("dense", "pack"),
     "unpack": ("dense", "unpack"),

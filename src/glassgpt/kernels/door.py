@@ -60,7 +60,7 @@ OPS: dict[str, Op] = {
            "float32 products otherwise on a CPU",
            "glassgpt::linear once register_custom_ops() has run, else " + PYTORCH,
            "x, or xᵀ where d_in < d_out (onednn.keeps_transpose), and W"),
-        Op("attention", "sdpa:attention", "_attend",
+        Op("attention", "attention_door:attention", "_attend",
            "a few float32 queries over a KV cache, no autograd (the decoding step); float32 "
            "causal training attention with small heads goes to _flash",
            "glassgpt::causal_attention once registered, else " + PYTORCH,

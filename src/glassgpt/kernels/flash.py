@@ -31,7 +31,7 @@ _flash = extension("_flash")  # not built (no C compiler at install): PyTorch's 
 def takes(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the kernel takes q, k, v: float32 CPU tensors of one [B, H, T, d_head] shape
     (queries and keys at the same positions). Under ``torch.compile`` the attention door
-    (``glassgpt.kernels.sdpa``) calls it as the custom operator of
+    (``glassgpt.kernels.attention_door``) calls it as the custom operator of
     ``glassgpt.kernels.custom_ops``, once registered, and never eagerly."""
     if _flash is None:
         return False

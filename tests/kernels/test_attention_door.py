@@ -32,15 +32,15 @@ def test_small_cpu_heads_match_float64(length: int, offset: int, bf16: bool, mon
     float64 softmax(q kᵀ/√d + M) v to the precision's accuracy, forward and backward
     (``offset``: queries after cached keys). As on a CPU with bf16 arithmetic; without it
     bf16 takes float32 copies (tests/kernels/test_flash.py)."""
+    from glassgpt.kernels import attention_door, flash
     from glassgpt.kernels import bf16 as bf16_kernels
-    from glassgpt.kernels import flash, sdpa
 
     monkeypatch.setattr(bf16_kernels, "native", lambda: True)
 
     fused_calls = []
     real_sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(
-        sdpa.F,
+        attention_door.F,
         "scaled_dot_product_attention",
         lambda *a, **k: fused_calls.append(a[0].dtype) or real_sdpa(*a, **k),
     )
@@ -51,7 +51,7 @@ def test_small_cpu_heads_match_float64(length: int, offset: int, bf16: bool, mon
     g = torch.randn(2, 3, t_q, 16, generator=gen, dtype=torch.float64)
     leaves = [t.float().requires_grad_() for t in (q64, k64, v64)]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        z = sdpa.attention(*leaves, offset=offset)
+        z = attention_door.attention(*leaves, offset=offset)
     z.backward(g.float())
     assert z.dtype == (torch.bfloat16 if bf16 else torch.float32)
     causal = offset == 0 and flash._flash is not None  # float32 (copies): the causal kernel
@@ -75,12 +75,12 @@ def test_per_row_offsets_equal_each_row_alone(kernel: bool, monkeypatch) -> None
     """Row b's query at position offset[b] sees keys 0..offset[b] of its own row, equal to each
     row's own causal attention in float64; the keys past it are never read by the decoding
     kernel (NaN there) and weigh nothing through the mask (large finite values there)."""
-    from glassgpt.kernels import sdpa
+    from glassgpt.kernels import attention_door
 
-    if kernel and sdpa._attend is None:
+    if kernel and attention_door._attend is None:
         pytest.skip("glassgpt's decoding kernel is not built")
     if not kernel:
-        monkeypatch.setattr(sdpa, "_attend", None)
+        monkeypatch.setattr(attention_door, "_attend", None)
     g = torch.Generator().manual_seed(0)
     B, H, Tk, D = 4, 3, 20, 16
     q = torch.randn(B, H, 1, D, generator=g)
@@ -90,7 +90,7 @@ def test_per_row_offsets_equal_each_row_alone(kernel: bool, monkeypatch) -> None
         k[b, :, n + 1 :] = float("nan") if kernel else 1e4
         v[b, :, n + 1 :] = float("inf") if kernel else -1e4
     with torch.inference_mode():
-        z = sdpa.attention(q, k, v, offsets)
+        z = attention_door.attention(q, k, v, offsets)
     for b, n in enumerate(offsets.tolist()):
         qb, kb, vb = (t[b : b + 1].double() for t in (q, k[:, :, : n + 1], v[:, :, : n + 1]))
         want = F.scaled_dot_product_attention(qb, kb, vb)

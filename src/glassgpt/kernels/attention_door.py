@@ -8,6 +8,9 @@ decoding step's few queries in float32 inference, glassgpt's own kernel
 (``glassgpt.kernels._attend``) computes the same z without PyTorch's per-call set-up; for
 float32 causal self-attention with small heads (training, or a prompt's forward), glassgpt's
 causal kernel (``glassgpt.kernels.flash``) computes z and its gradients several times faster.
+
+This module is the attention door: every attention of the model enters by its
+:func:`attention` (``glassgpt.kernels.attention``), which picks the path.
 """
 
 from __future__ import annotations

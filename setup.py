@@ -4,8 +4,10 @@
 - ``glassgpt.kernels._gemv``: small-batch float32 products for decoding;
 - ``glassgpt.kernels._attend``: attention for a few queries over a KV cache (decoding);
 - ``glassgpt.kernels._int8``: the int8 weight-only product for decoding;
-- ``glassgpt.kernels._rowwise``: a decoding step's norms and tanh GELU on its few rows, and
-  a training step's tanh GELU and its gradient over whole activations;
+- ``glassgpt.kernels._rowwise``: the small kernels around the products, one header a family
+  (``kernels/_norms.h``, ``_gelu.h``, ``_kvcache.h``, ``_residual.h``, ``_clip.h``,
+  ``_transpose.h``, ``_argmax.h``): a decoding step's norms, GELUs and KV-cache writes on its
+  few rows, a training step's norms and GELUs with their gradients, gradient clipping;
 - ``glassgpt.kernels._flash``: causal self-attention and its gradients for small heads
   (training, and a prompt's forward).
 
@@ -22,17 +24,17 @@ with the same weights (each says so once), the norms and GELU to PyTorch's.
 from setuptools import Extension, setup
 
 KERNELS = "src/glassgpt/kernels"
+SHARED = ("_parallel", "_cpu", "_vexp", "_tile", "_flash_rows", "_module")
+# the extensions' own headers: _rowwise.c is one translation unit of its families
+OWN = {"_rowwise": ("_norms", "_gelu", "_kvcache", "_residual", "_clip", "_transpose", "_argmax")}
 
 
 def kernel(name: str) -> Extension:
-    """``glassgpt.kernels.<name>`` from ``kernels/<name>.c`` and the headers they share."""
+    """``glassgpt.kernels.<name>`` from ``kernels/<name>.c`` and the headers it includes."""
     return Extension(
         f"glassgpt.kernels.{name}",
         [f"{KERNELS}/{name}.c"],
-        depends=[
-            f"{KERNELS}/{h}.h"
-            for h in ("_parallel", "_cpu", "_vexp", "_tile", "_flash_rows", "_module")
-        ],
+        depends=[f"{KERNELS}/{h}.h" for h in (*SHARED, *OWN.get(name, ()))],
         extra_compile_args=["-O3"],
         optional=True,
     )

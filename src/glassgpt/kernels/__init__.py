@@ -17,8 +17,9 @@ with :func:`pack` (``glassgpt.model.precision.cast`` does it for an inference co
 ``glassgpt.kernels.int8.pack_int8`` turns a weight into W̃ = q·s (int8, one scale per output
 channel) and registers its int8 product, a compiled kernel (``kernels/_int8.c``). A decoding
 step's attention (a few queries, float32, no autograd) takes ``kernels/_attend.c``; its norms,
-GELUs and KV-cache writes take ``kernels/_rowwise.c`` (``glassgpt.kernels.rowwise``), as do a
-training step's float32 tanh GELU and its gradient. Float32 causal self-attention with small
+GELUs and KV-cache writes take the ``_rowwise`` extension (``glassgpt.kernels.rowwise``; one
+header a family: ``kernels/_norms.h``, ``_gelu.h``, ``_kvcache.h``, …), as do a training
+step's float32 norms, tanh GELU and their gradients. Float32 causal self-attention with small
 heads (training, a prompt) takes ``kernels/_flash.c`` (``glassgpt.kernels.flash``). The
 weights the decoding kernels stream live on 2 MiB pages (``glassgpt.kernels.pages``).
 ``glassgpt.kernels.checks`` checks token ids without stalling a GPU (a device-side

@@ -168,6 +168,7 @@ def native_bf16() -> bool:
 
 
 def compiled_gelu() -> bool:
-    """Whether glassgpt's own GELU kernel (``kernels/_rowwise.c``) is built: a float32 tanh
-    GELU on a CPU then keeps only its input for the backward (``glassgpt.kernels.activations``)."""
+    """Whether glassgpt's own GELU kernel (``kernels/_gelu.h``, in ``_rowwise``) is built: a
+    float32 tanh GELU on a CPU then keeps only its input for the backward
+    (``glassgpt.kernels.activations``)."""
     return built("_rowwise")

@@ -156,3 +156,9 @@ def test_the_command_writes_the_pages_beside_the_sae(tiny_run: Path, tmp_path: P
     assert load_pages(tmp_path / "t.st").meta["source"].endswith("text.txt")
     assert main([*args, "--split", "test"]) == 2
     assert "--split test" in capsys.readouterr().err
+    sae.save(tmp_path / "bare", extra={"model": str(tiny_run)})  # no data folder of its own
+    assert main(["sae", "features", "-c", str(tmp_path / "bare")]) == 2
+    assert "pass --data" in capsys.readouterr().err
+    sae.save(tmp_path / "nomodel")
+    assert main(["sae", "features", "-c", str(tmp_path / "nomodel")]) == 2
+    assert "pass --model" in capsys.readouterr().err

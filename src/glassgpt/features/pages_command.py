@@ -67,6 +67,25 @@ def sae_folder(sae_dir: str | Path) -> Path:
     return d / "sae" if not (d / CONFIG_FILE).is_file() and (d / "sae" / CONFIG_FILE).is_file() else d  # fmt: skip
 
 
+def open_sae(sae_dir: str, *, model: str | None = None, device: str = "cpu") -> tuple[Any, Any, Any, dict[str, Any]]:  # fmt: skip
+    """(SAE, the model it reads (``model``, else the one its sae.json names), tokenizer, its
+    sae.json), on ``device``; one line when the model is not named or does not fit."""
+    from glassgpt.errors import GlassError
+    from glassgpt.features.sae import CONFIG_FILE, SAE
+    from glassgpt.features.sites import check_model
+    from glassgpt.interop.loading import load, parse_device
+
+    where = parse_device(device)
+    sae = SAE.load(sae_dir, device=where)
+    extra = json.loads((sae_folder(sae_dir) / CONFIG_FILE).read_text(encoding="utf-8"))
+    model_path = model or extra.get("model")
+    if not model_path:
+        raise GlassError(f"{sae_dir}: names no model; pass --model DIR")
+    net, tok = load(model_path, device=where)
+    check_model(sae, net)
+    return sae, net, tok, extra
+
+
 def features_command(
     sae_dir: str,
     *,
@@ -84,19 +103,9 @@ def features_command(
     """Compute and write the pages of the SAE in ``sae_dir``: (the file, the pages)."""
     from glassgpt.errors import GlassError
     from glassgpt.features.pages import FILE, compute_pages, save_pages, windows
-    from glassgpt.features.sae import CONFIG_FILE, SAE
-    from glassgpt.features.sites import check_model
-    from glassgpt.interop.loading import load, parse_device
 
-    where = parse_device(device)
-    sae = SAE.load(sae_dir, device=where)
-    folder = sae_folder(sae_dir)
-    extra = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-    model_path = model or extra.get("model")
-    if not model_path:
-        raise GlassError(f"{sae_dir}: names no model; pass --model DIR")
-    net, tok = load(model_path, device=where)
-    check_model(sae, net)
+    sae, net, tok, extra = open_sae(sae_dir, model=model, device=device)
+    model_path = model or extra["model"]
     if tokens < 1:
         raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
     T = seq_len or min(net.config.n_ctx, 256)
@@ -109,7 +118,7 @@ def features_command(
     meta = {"source": source, "model": str(model_path), "seq_len": T}
     pages = compute_pages(net, sae, windows(stream, seq_len=T, batch=B, tokens=tokens),
                           top=top, before=context[0], after=context[1], meta=meta)  # fmt: skip
-    out = Path(output) if output else folder / FILE
+    out = Path(output) if output else sae_folder(sae_dir) / FILE
     return save_pages(out, pages), pages
 
 

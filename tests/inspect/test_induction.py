@@ -18,54 +18,21 @@ import pytest
 import torch
 
 from glassgpt.inspect import head_scores, per_token_loss, repeated_random_tokens, run_with_hooks
-from glassgpt.model import GPT, GPTConfig
+from glassgpt.inspect.induction import train_synthetic
+from glassgpt.model import GPT
 
 V, T = 32, 16
 
 
-def batch(gen: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences [prefix, segment, segment] [size, T] and targets (−1 outside the copy)."""
-    xs, ys = [], []
-    for _ in range(size):
-        m = int(torch.randint(2, 9, (), generator=gen))
-        segment = torch.randperm(V, generator=gen)[:m]
-        prefix = torch.randint(0, V, (T - 2 * m,), generator=gen)
-        x = torch.cat([prefix, segment, segment])
-        y = torch.cat([x[1:], torch.tensor([-1])])
-        y[: T - m] = -1  # predictable only from the second copy's first token on
-        xs.append(x)
-        ys.append(y)
-    return torch.stack(xs), torch.stack(ys)
-
-
 def train(steps: int, seed: int) -> GPT:
+    """The study's toy model (``glassgpt.inspect.induction.train_synthetic``): sequences of
+    random tokens, then a segment of 2–8 distinct tokens, then the segment again."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is faster than several
     try:
-        return _train(steps, seed)
+        return train_synthetic(steps, seed=seed, n_vocab=V, n_ctx=T)
     finally:
         torch.set_num_threads(threads)
-
-
-def _train(steps: int, seed: int) -> GPT:
-    torch.manual_seed(seed)
-    cfg = GPTConfig(
-        n_vocab=V, n_ctx=T, d_model=64, n_layers=2, n_heads=2, attn_only=True, tie_embeddings=False
-    )
-    model = GPT(cfg)
-    with torch.no_grad():
-        model.embed.W_E.normal_(0.0, 1.0)
-        model.pos_embed.W_P.normal_(0.0, 1.0)  # type: ignore[union-attr]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98), weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed + 1)
-    model.train()
-    for _ in range(steps):
-        x, y = batch(gen, 32)
-        _, loss = model(x, targets=y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return model.eval()
 
 
 @pytest.mark.slow

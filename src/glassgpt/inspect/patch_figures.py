@@ -11,6 +11,7 @@ white means "no effect" and full blue "restores the clean run" in every figure a
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,9 +45,8 @@ def patching_figure(
     """values [n_layers, n_cols] as a heat map with layers on y, a labelled colour bar."""
     m = _np(values)
     L, C = m.shape
-    fig = Figure(
-        figsize=(3.4 + min(0.42 * C, 14.0), 1.9 + min(0.42 * L, 12.0)), layout="constrained"
-    )
+    width = 3.4 + min(0.42 * C, 14.0)
+    fig = Figure(figsize=(width, 1.9 + min(0.42 * L, 12.0)), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     finite = m[np.isfinite(m)]
     lim = max(1.0, float(np.abs(finite).max()) if finite.size else 1.0)
@@ -71,7 +71,9 @@ def patching_figure(
     ax.set_yticks(range(L), [str(layer) for layer in range(L)], fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("layer")
-    ax.set_title(title, fontsize=10)
+    # each line of the title within the axes: about 11 characters an inch at 10 pt
+    lines = [textwrap.fill(line, max(24, int((width - 1.3) * 11))) for line in title.split("\n")]
+    ax.set_title("\n".join(lines), fontsize=10)
     bar = fig.colorbar(im, ax=ax, fraction=0.05)
     bar.set_label(colorbar, fontsize=8)
     return to_png(fig)

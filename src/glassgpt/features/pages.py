@@ -206,7 +206,11 @@ class TopContexts:
         self.tokens += B * T
         self.count += torch.bincount(cols, minlength=S)
         self.hist += torch.bincount(cols * nb + self.binning.bin(vals), minlength=S * nb)
-        # each latent's K largest entries of this batch: sort by value, then stably by latent
+        # only entries above a latent's K-th largest so far can enter its top K (few, once
+        # the pass is under way); of those, each latent's K largest: sort by value, then
+        # stably by latent
+        above = vals > self.values[:, -1][cols]
+        rows, cols, vals = rows[above], cols[above], vals[above]
         order = vals.argsort(descending=True, stable=True)
         order = order[cols[order].argsort(stable=True)]
         c = cols[order]

@@ -156,6 +156,11 @@ def test_clamping_at_the_current_value_changes_nothing(fserve: Server) -> None:
     assert d["sample"] == d["clean_sample"]
 
 
+def test_a_server_without_an_sae_says_so(live: Server) -> None:
+    assert request(live.url, "/api/features/info", method="GET") == (200, {"sae": False})
+    assert request(live.url, "/api/features/steer", {"prompt": "a", "feature": 0})[0] == 404
+
+
 def test_bad_input(fserve: Server, tmp_path: Path) -> None:
     from glassgpt.serve.features import Features, load_sae
 

@@ -21,7 +21,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from glassgpt.serve import api, errors, explore
+from glassgpt.serve import api, errors, explore, features
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.scheduler import Scheduler
 from glassgpt.serve.state import ServeState
@@ -77,10 +77,7 @@ def create_app(
     guard = [Depends(check_key)]
     app.include_router(api.make_router(state), dependencies=guard)
     app.include_router(explore.make_router(state, guard))
-    if sae is not None:
-        from glassgpt.serve import features
-
-        app.include_router(features.make_router(state, guard, sae, pages))
+    app.include_router(features.make_router(state, guard, sae, pages))
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
     @app.get("/", include_in_schema=False)

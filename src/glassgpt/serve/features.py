@@ -91,7 +91,7 @@ class Features:
 
     def info(self) -> dict[str, Any]:
         cfg, p = self.sae.cfg, self.pages
-        return {"hook": cfg.hook, "out_hook": cfg.out_hook, "arch": cfg.arch, "d_sae": cfg.d_sae,
+        return {"sae": True, "hook": cfg.hook, "out_hook": cfg.out_hook, "arch": cfg.arch, "d_sae": cfg.d_sae,
                 "d_in": cfg.d_in, "k": cfg.k, "pages": p is not None,
                 "tokens": p.tokens if p is not None else 0,
                 "source": p.meta.get("source") if p is not None else None}  # fmt: skip
@@ -228,10 +228,14 @@ def load_sae(folder: str, model: Any) -> tuple[SAE, Any]:
     return sae, None
 
 
-def make_router(state: ServeState, guard: list[Any], sae: SAE, pages: Any = None) -> APIRouter:
-    """The /api/features routes (all behind ``guard``, the API-key check)."""
-    f = Features(state, sae, pages)
+def make_router(state: ServeState, guard: list[Any], sae: SAE | None, pages: Any = None) -> APIRouter:  # fmt: skip
+    """The /api/features routes (all behind ``guard``, the API-key check); without an SAE,
+    only /info, answering {"sae": false} (the page then shows no Features tab)."""
     router = APIRouter(prefix="/api/features", dependencies=guard)
+    if sae is None:
+        router.add_api_route("/info", lambda: {"sae": False}, methods=["GET"])
+        return router
+    f = Features(state, sae, pages)
     router.add_api_route("/info", f.info, methods=["GET"])
     router.add_api_route("/page/{i}", f.page, methods=["GET"])
     for path, fn in (("/search", f.search), ("/tokens", f.tokens), ("/steer", f.steer)):

@@ -6,7 +6,8 @@
 const F = { info: null, page: null, id: null, toks: null, pin: null, seq: 0, steerSeq: 0 };
 
 async function featuresBoot() {
-  try { F.info = await api("/api/features/info"); } catch (e) { return; }  // no SAE: no tab
+  try { F.info = await api("/api/features/info"); } catch (e) { return; }  // e.g. no API key yet
+  if (!F.info.sae) return;  // no SAE: no tab
   $("tab-features").hidden = false;
   const i = F.info;
   $("feat-sae").textContent = `${i.arch}${i.k ? " k=" + i.k : ""} · ${i.d_sae} latents on ${i.hook}` +
@@ -183,4 +184,5 @@ $("feat-prompt").addEventListener("input", () => { clearTimeout(searchTimer); se
 $("feat-value").addEventListener("input", scheduleSteer);
 $("feat-mode").addEventListener("change", () => { if ($("feat-mode").value === "clamp" && +$("feat-value").value < 0) $("feat-value").value = 0; openFeature(F.id); });
 for (const id of ["feat-max", "feat-temp", "feat-seed"]) $(id).addEventListener("change", steer);
+$("api-key").addEventListener("change", () => { if (!F.info) featuresBoot(); });
 featuresBoot();

@@ -18,9 +18,11 @@
 
 The direct path only: what the latent writes, read straight into the vocabulary, ignoring
 the later layers. The pass streams batches of windows through the model and the SAE; the
-running top K is one ``torch.topk`` over [K old + K new] candidates per latent and batch,
-the histogram one ``bucketize`` and ``bincount`` over the nonzero (latent, bin) pairs: no
-Python loop over tokens or latents. Memory: one batch's f [B·T, d_sae] and the pages.
+running top K is one ``torch.topk`` over [K old + K new] candidates per latent and batch
+(the new ones: the batch's entries above the latent's K-th value so far, sorted by value and
+grouped by latent), the histogram one ``bucketize`` and ``bincount`` over the nonzero
+(latent, bin) pairs: no Python loop over tokens or latents. A TopK SAE's codes travel as
+their k entries per token, never as a dense [B·T, d_sae] tensor. Memory: one batch's f [B·T, d_sae] and the pages.
 
 Store (:func:`save_pages`, :func:`load_pages`): one safetensors file per SAE (default
 ``SAE_DIR/features.safetensors``), written atomically; its JSON metadata under

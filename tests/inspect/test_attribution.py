@@ -313,6 +313,20 @@ def test_edges_top_and_lookup(tiny: SimpleNamespace) -> None:
         edges.score("blocks.9.mlp", "logits")
 
 
+def test_the_weights_get_no_gradient_and_keep_their_flags(tiny: SimpleNamespace) -> None:
+    """Attribution asks ∂m/∂a only: no parameter gets a .grad, and each keeps requires_grad."""
+    cfg = tiny.config()
+    model = tiny.model(cfg, seed=11)
+    model.embed.W_E.requires_grad_(False)  # a frozen parameter stays frozen
+    clean, corrupted = pair(tiny, cfg)
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    attribution_patch(model, clean, corrupted, logit_diff(2, 7))
+    edge_attribution_patch(model, clean, corrupted, logit_diff(2, 7), method="eap-ig", steps=2)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
+    assert all(p.grad is None for p in model.parameters())
+    assert not flags["embed.W_E"] and sum(flags.values()) == len(flags) - 1
+
+
 def test_bad_input_raises_one_line(tiny: SimpleNamespace) -> None:
     cfg = tiny.config()
     model = tiny.model(cfg)

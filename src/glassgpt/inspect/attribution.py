@@ -50,7 +50,8 @@ differences are multiplied and summed in float32).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -116,7 +117,8 @@ def attribution_patch(
     site_names = _sites(model, sites)
     names = [n for group in site_names.values() for n in group]
     aliases: dict[str, HookFn] = {n: _alias for n in names if n.endswith(_ALIASED)}
-    with evaluating(model):
+    aliases["embed"] = _root(aliases.get("embed"))
+    with evaluating(model), _weights_frozen(model):
         if clean_cache is None:
             tokens = torch.cat([clean, corrupted])  # rows 0 … B − 1 clean, B … 2B − 1 corrupted
             logits, cache = run_with_cache(
@@ -258,10 +260,9 @@ def edge_attribution_patch(
     names.append(f"blocks.{L - 1}.resid_post")
     names = list(dict.fromkeys(names))
     hooks: dict[str, HookFn] = {}
-    if method == "eap-ig":
-        hooks["embed"] = _interpolating(B, m)
+    hooks["embed"] = _root(_interpolating(B, m) if method == "eap-ig" else None)
     tokens = torch.cat([clean] + [corrupted] * m)  # [(1 + m)·B, T]
-    with evaluating(model):
+    with evaluating(model), _weights_frozen(model):
         logits, cache = run_with_cache(model, tokens, names, hooks=hooks, detach=False, grad=True)
         T, V = logits.shape[1:]
         total = score_runs(metric, logits[B:].reshape(m, B, T, V)).sum()
@@ -389,6 +390,31 @@ def _d(t: Tensor | None) -> Tensor | None:
 
 def _alias(t: Tensor, name: str) -> Tensor:
     return t.view_as(t)
+
+
+@contextmanager
+def _weights_frozen(model: GPT) -> Iterator[None]:
+    """The parameters without gradients for the block, so the backward pass computes ∂m/∂a
+    for the activations only: no ∂m/∂W, which would read every weight matrix a second time."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+def _root(fn: HookFn | None) -> HookFn:
+    """A hook on ``embed`` (after ``fn``, if any) that makes the embeddings the root of the
+    autograd graph, the weights being frozen (:func:`_weights_frozen`)."""
+
+    def hook(t: Tensor, name: str) -> Tensor:
+        out = None if fn is None else fn(t, name)
+        return (t if out is None else out).detach().requires_grad_(True)
+
+    return hook
 
 
 def _pair_batches(

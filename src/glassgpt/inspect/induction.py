@@ -45,12 +45,15 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from glassgpt.errors import GlassError
+from glassgpt.inspect import patching
+from glassgpt.inspect.ablation import run_ablated
 from glassgpt.inspect.cache import evaluating, run_with_cache
 from glassgpt.inspect.circuits import composition_scores
 from glassgpt.inspect.figures import to_png
 from glassgpt.inspect.heads import SCORES, head_scores
 from glassgpt.inspect.lens import per_token_loss
 from glassgpt.inspect.metrics import Metric, normalised
+from glassgpt.inspect.paths import FINAL, Head, Receiver, path_patch, path_patch_heads
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.storage import atomic_write
 
@@ -477,8 +480,6 @@ def activation_patching(
 ) -> dict[str, Any]:
     """Patch each head's clean z (its output) into the corrupted run: at every position at
     once [L, H], and one position at a time [L, T, H]; each head's keys k likewise [L, H]."""
-    from glassgpt.inspect import patching
-
     (l1, h1), (l2, h2) = pair
     L, H = model.config.n_layers, model.config.n_heads
     n = corrupted.shape[1] // 2
@@ -517,10 +518,6 @@ def path_patching(
 ) -> dict[str, Any]:
     """The previous-token head's clean output reaching only the induction head's q, k or v;
     only each layer-l₂ head's keys; only the final residual stream (its direct path)."""
-    try:
-        from glassgpt.inspect.paths import FINAL, Head, Receiver, path_patch, path_patch_heads
-    except ImportError:
-        return {"status": "unfinished: glassgpt.inspect.paths (path patching) has not landed"}
     (l1, h1), (l2, h2) = pair
     sender = Head(l1, h1)
 
@@ -546,8 +543,6 @@ def ablation(
     """The loss on each half of r r: the full model; the pair ablated; only the pair kept;
     every head ablated; each head ablated alone. Mean ablation over random (unrepeated)
     sequences of the same length, per position, and zero ablation."""
-    from glassgpt.inspect.ablation import run_ablated
-
     L, H = model.config.n_layers, model.config.n_heads
     n = clean.shape[1] // 2
     gen = torch.Generator().manual_seed(seed + 1)

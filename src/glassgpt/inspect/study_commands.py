@@ -144,7 +144,4 @@ def summary(r: dict[str, Any]) -> str:
             f"{b['pair ablated']['drop_kept']:.0%}, only the pair kept "
             f"{b['only the pair kept']['drop_kept']:.0%}"
         )
-    for name in ("activation_patching", "path_patching", "ablation"):
-        if "status" in r[name]:
-            lines.append(f"{name}: {r[name]['status']}")
     return "\n".join(lines)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from glassgpt.arguments import add_checkpoint, add_output, add_overrides
@@ -108,28 +107,18 @@ def eval_command(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """The metrics of :func:`glassgpt.features.metrics.evaluate` for the SAE in ``sae_dir``."""
-    import json
-
     import torch
 
     from glassgpt.data import DataDir, iter_eval_batches
     from glassgpt.errors import GlassError
     from glassgpt.features.metrics import evaluate
-    from glassgpt.features.sae import CONFIG_FILE, SAE
-    from glassgpt.features.sites import check_model
-    from glassgpt.interop.loading import load, parse_device
+    from glassgpt.interop.loading import parse_device
     from glassgpt.train.evaluate import encode_files
     from glassgpt.train.inputs import is_prepared
 
     where = parse_device(device)
-    sae = SAE.load(sae_dir, device=where)
-    folder = Path(sae_dir) if (Path(sae_dir) / CONFIG_FILE).is_file() else Path(sae_dir) / "sae"
-    extra = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-    model_path = model or extra.get("model")
-    if not model_path:
-        raise GlassError(f"{sae_dir}: names no model; pass --model DIR")
-    net, tok = load(model_path, device=where)
-    check_model(sae, net)
+    sae, net, tok, extra = pages_command.open_sae(sae_dir, model=model, device=device)
+    model_path = model or extra["model"]
     if tokens < 1:
         raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
     T = seq_len or min(net.config.n_ctx, 256)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,10 +46,33 @@ def random_tokens(config: GPTConfig, batch: int, length: int, seed: int = 1) -> 
     return torch.randint(0, config.n_vocab, (batch, length), generator=gen)
 
 
+def write_run(root: Path, tok: Any, cfg: GPTConfig, model: GPT) -> tuple[Path, str]:
+    """(a checkpoint folder under ``root/run`` as the trainer writes it, its config TOML)."""
+    import json
+
+    from glassgpt import checkpoint
+
+    toml = "[model]\n" + "".join(
+        f"{k} = {v!r}\n".replace("True", "true").replace("False", "false")
+        for k, v in cfg.to_dict().items()
+    )
+    folder = checkpoint.write_checkpoint(
+        root / "run" / "ckpt" / "step_000001",
+        step=1,
+        tensors={"model.safetensors": model.state_dict()},
+        files={"config.toml": toml.encode(), "tokenizer.json": json.dumps(tok.to_dict()).encode()},
+        state={},
+    )
+    return folder, toml
+
+
 @pytest.fixture
 def tiny() -> SimpleNamespace:
-    """``tiny.config(**overrides)``, ``tiny.model(config, seed, dtype)``, ``tiny.tokens(config, B, T)``."""
-    return SimpleNamespace(config=tiny_config, model=random_model, tokens=random_tokens)
+    """``tiny.config(**overrides)``, ``tiny.model(config, seed, dtype)``, ``tiny.tokens(config, B, T)``,
+    ``tiny.write_run(root, tok, config, model)``."""
+    return SimpleNamespace(
+        config=tiny_config, model=random_model, tokens=random_tokens, write_run=write_run
+    )
 
 
 PROMPT = "the cat <sat> & the cat sat\non the mat"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,6 @@ import pytest
 import tomllib
 import torch
 
-from glassgpt import checkpoint
 from glassgpt.cli import main
 from glassgpt.inspect import commands
 from glassgpt.tokenizer import CharTokenizer
@@ -133,18 +131,8 @@ def test_end_to_end_from_a_training_checkpoint(
     tok = CharTokenizer.train([TEXT])
     cfg = tiny.config(n_vocab=tok.n_vocab, n_ctx=12)
     model = tiny.model(cfg, dtype=torch.float32)
-    toml = "[model]\n" + "".join(
-        f"{k} = {v!r}\n".replace("True", "true").replace("False", "false")
-        for k, v in cfg.to_dict().items()
-    )
+    folder, toml = tiny.write_run(tmp_path, tok, cfg, model)
     assert tomllib.loads(toml)["model"]["n_vocab"] == tok.n_vocab
-    folder = checkpoint.write_checkpoint(
-        tmp_path / "run" / "ckpt" / "step_000001",
-        step=1,
-        tensors={"model.safetensors": model.state_dict()},
-        files={"config.toml": toml.encode(), "tokenizer.json": json.dumps(tok.to_dict()).encode()},
-        state={},
-    )
     out_file = tmp_path / "report.html"
     code, _, err = run(
         ["inspect", "--checkpoint", str(folder), "--prompt", "abc", "--output", str(out_file)],

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from glassgpt import checkpoint
 from glassgpt.cli import main
 from glassgpt.inspect import ablation, commands, metrics, patching
 from glassgpt.inspect.cache import run_with_cache, run_with_hooks
@@ -279,17 +278,7 @@ def test_patch_from_a_checkpoint_folder(
     tok = CharTokenizer.train([TEXT])
     cfg = tiny.config(n_vocab=tok.n_vocab, n_ctx=12)
     model = tiny.model(cfg, dtype=torch.float32)
-    toml = "[model]\n" + "".join(
-        f"{k} = {v!r}\n".replace("True", "true").replace("False", "false")
-        for k, v in cfg.to_dict().items()
-    )
-    folder = checkpoint.write_checkpoint(
-        tmp_path / "run" / "ckpt" / "step_000001",
-        step=1,
-        tensors={"model.safetensors": model.state_dict()},
-        files={"config.toml": toml.encode(), "tokenizer.json": json.dumps(tok.to_dict()).encode()},
-        state={},
-    )
+    folder, _ = tiny.write_run(tmp_path, tok, cfg, model)
     out = tmp_path / "o"
     code, _, err = run(
         ["patch", "-c", str(folder), *PATCH, "--wrong", "x", "--what", "resid", "-o", str(out)],

@@ -178,7 +178,9 @@ def main() -> int:
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     from lm_eval.models.huggingface import HFLM
 
-    from glassgpt.interop.loading import load, parse_device
+    from glassgpt.checkpoint import load
+
+    from glassgpt.devices import parse_device
     from glassgpt.sample.lm_eval_adapter import GlassLM
 
     rng = random.Random(0)

@@ -148,7 +148,7 @@ def activations(args: argparse.Namespace) -> tuple[Any, torch.Tensor]:
     from glassgpt.model import GPT, GPTConfig
 
     if args.model:
-        from glassgpt.interop.loading import load
+        from glassgpt.checkpoint import load
 
         model = load(args.model, device=args.device)[0]
     else:

@@ -9,11 +9,11 @@ import torch
 from glassgpt.checkpoint import (
     CheckpointError,
     CheckpointManager,
-    atomic_write,
     find_resumable,
     load_checkpoint,
     step_folders,
 )
+from glassgpt.storage import atomic_write
 
 
 def save(manager: CheckpointManager, step: int) -> Path:

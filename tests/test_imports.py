@@ -3,8 +3,8 @@
 Read from the source (``ast``), imports inside functions included (a lazy import is still a
 dependency) and those under ``if TYPE_CHECKING:`` left out. The order is README's table:
 below every stage the foundation modules, then the kernels, then
-tokenizer → model → interop → data → train → sample → inspect → features → scaling → serve, and the
-package root and the CLI on top. A module may import its own stage and the ones before it.
+tokenizer → model → interop → checkpoint → data → train → sample → inspect → features → scaling →
+serve, then the commands (``glassgpt.cli``), and the package root on top. A module may import its own stage and the ones before it.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-FOUNDATION = ("errors", "version", "config", "storage", "formats", "checkpoint", "arguments")
+FOUNDATION = ("errors", "version", "config", "storage", "formats", "console", "devices")
 ORDER = (
-    "<foundation>", "kernels", "tokenizer", "model", "interop", "data", "train", "sample",
-    "inspect", "features", "scaling", "serve", "<top>",
+    "<foundation>", "kernels", "tokenizer", "model", "interop", "checkpoint", "data", "train",
+    "sample", "inspect", "features", "scaling", "serve", "cli", "<top>",
 )  # fmt: skip
-TOP = ("glassgpt", "glassgpt.cli", "glassgpt.__main__")
+TOP = ("glassgpt", "glassgpt.__main__")
 
 
 def module_names() -> dict[str, Path]:

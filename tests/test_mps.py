@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from glassgpt.errors import ConfigError, GlassError
-from glassgpt.interop.loading import available_devices, parse_device
+from glassgpt.devices import available_devices, parse_device
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.train.distributed import resolve_device
 

@@ -2,14 +2,9 @@
 
 text → BPE tokens → W_E (+ W_P) → n_layers residual blocks → W_U → softmax.
 
-Subpackages follow the pipeline: ``tokenizer`` → ``model`` → ``data`` → ``train`` →
-``sample`` → ``inspect`` → ``scaling``, plus ``interop`` for HF and tiktoken formats.
-
-This module is the facade at the top of the import graph: no module of the package imports
-it (the version lives in :mod:`glassgpt.version`, errors in :mod:`glassgpt.errors`), so its
-one arrow, to :mod:`glassgpt.interop.loading`, points down. Python runs this file before any
-submodule, so that arrow is followed when :func:`load` is called rather than here: importing
-``glassgpt.tokenizer`` or ``glassgpt --help`` does not load torch.
+Subpackages follow the pipeline (README's table): ``tokenizer`` → ``model`` → ``interop`` →
+``checkpoint`` → ``data`` → ``train`` → ``sample`` → ``inspect`` → ``features`` → ``scaling`` →
+``serve``, and the commands on top in ``glassgpt.cli``.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ def load(path: Any, *, dtype: Any = "float32", **options: Any) -> Any:
 
     ``options``: ``tokenizer=`` (a file, when the folder has none), ``device=``. To train or
     fine-tune the model, load it in float32 (the default) and call ``model.train()``. See
-    :func:`glassgpt.interop.loading.load`.
+    :func:`glassgpt.checkpoint.open_run`.
 
     >>> import glassgpt                                          # doctest: +SKIP
     >>> from glassgpt.sample import generate                     # doctest: +SKIP
@@ -37,6 +32,8 @@ def load(path: Any, *, dtype: Any = "float32", **options: Any) -> Any:
     >>> ids = generate(model, tok.encode("def "), max_new_tokens=50)  # doctest: +SKIP
     >>> print(tok.decode(ids))                                   # doctest: +SKIP
     """
-    from glassgpt.interop.loading import load as load_model
+    # Python runs this file before any submodule's: imported at the top, the checkpoint
+    # stage would load torch for `glassgpt --help` and for `import glassgpt.tokenizer`.
+    from glassgpt.checkpoint import load as load_model
 
     return load_model(path, dtype=dtype, **options)

@@ -60,6 +60,19 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise InputFileError(f"{p}: not UTF-8 at byte {e.start}") from None
 
 
+def parse_toml(text: str, where: str | Path) -> dict[str, Any]:
+    """TOML text read from ``where`` (a file, or a file inside a checkpoint); malformed TOML
+    is a one-line :class:`GlassError` naming it.
+
+    >>> parse_toml("[model]\\nn_layers = 2", "config.toml")
+    {'model': {'n_layers': 2}}
+    """
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputFileError(f"{where}: invalid TOML: {e}") from None
+
+
 def parse_value(text: str) -> Any:
     """Parse the right-hand side of ``--set key=value`` as a TOML value, else keep the string.
 

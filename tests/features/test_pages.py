@@ -24,7 +24,7 @@ from glassgpt.features.pages import (
 from glassgpt.features.sae import SAE, SAEConfig
 from glassgpt.features.sites import read, resolve_site
 from glassgpt.inspect.lens import unembed
-from glassgpt.interop.loading import load
+from glassgpt.checkpoint import load
 
 HOOK = "blocks.1.resid_post"
 

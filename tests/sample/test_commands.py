@@ -46,7 +46,7 @@ def test_num_samples_seeds_and_bf16(char_run: Run, capsys) -> None:
 
 def test_int8_weights(char_run: Run, capsys) -> None:
     """--dtype int8 samples from the model with int8 weights (greedy: the ids of cast's copy)."""
-    from glassgpt.sample.precision import cast
+    from glassgpt.model.precision import cast
 
     run, model, tok = char_run
     code, out, err = sample(capsys, "-c", str(run), "-p", "hello", "-m", "20", "-t", "0",

@@ -12,7 +12,7 @@ from tests.sample.conftest import CHARS, write_run
 
 import glassgpt
 from glassgpt.errors import ConfigError
-from glassgpt.interop.loading import load as load_as_stored
+from glassgpt.checkpoint import load as load_as_stored
 from glassgpt.kernels import rowwise
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import cast

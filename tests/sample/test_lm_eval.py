@@ -134,7 +134,7 @@ def hf_lm(setup: dict[str, Path]) -> object:
 
 
 def _glass_lm(setup: dict[str, Path], batch_size: int = 5) -> object:
-    from glassgpt.interop.loading import load
+    from glassgpt.checkpoint import load
     from glassgpt.sample.lm_eval_adapter import GlassLM
 
     model, tok = load(setup["run"])

@@ -11,7 +11,7 @@ from glassgpt.kernels import dense
 from glassgpt.kernels.dense import out_in_view
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.sample import generate
-from glassgpt.sample.precision import attach_kernels, cast, parse_dtype, perplexity
+from glassgpt.model.precision import attach_kernels, cast, parse_dtype, perplexity
 
 
 def model_of(**kw: object) -> GPT:

@@ -12,7 +12,7 @@ from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.gpt import TokenError
 from glassgpt.sample.cache import CacheFullError, KVCache
 from glassgpt.sample.generation import generate
-from glassgpt.sample.precision import cast
+from glassgpt.model.precision import cast
 from glassgpt.sample.replay import ReplayedStep
 
 pytestmark = pytest.mark.skipif(not rowwise.built(), reason="glassgpt's kernels are not built")
@@ -235,7 +235,7 @@ def test_a_first_decoding_does_not_import_dynamo(imports_after) -> None:
     code = (
         "from glassgpt.model import GPT, GPTConfig\n"
         "from glassgpt.sample.generation import generate\n"
-        "from glassgpt.sample.precision import cast\n"
+        "from glassgpt.model.precision import cast\n"
         "from glassgpt.sample.replay import ReplayedStep\n"
         "m = cast(GPT(GPTConfig(n_vocab=61, n_ctx=40, d_model=32, n_layers=2, n_heads=4)),"
         " 'float32')\n"

@@ -86,7 +86,7 @@ def start_server(app: Any) -> tuple[Any, threading.Thread, str]:
 
 @pytest.fixture(scope="session")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    from glassgpt.sample.loading import load
+    from glassgpt.checkpoint import load
     from glassgpt.serve.app import create_app
 
     run = tiny_run(tmp_path_factory.mktemp("serve") / "tiny")
@@ -102,7 +102,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def oracle(live: Server) -> tuple[Any, Any]:
     """The same checkpoint loaded again, for ``glassgpt.sample.generate`` to compare with."""
-    from glassgpt.sample.loading import load
+    from glassgpt.checkpoint import load
 
     return load(live.run)
 

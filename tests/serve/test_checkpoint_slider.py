@@ -38,7 +38,7 @@ def models() -> dict[int, GPT]:
 
 @pytest.fixture(scope="module")
 def slider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[int, GPT]]]:
-    from glassgpt.sample.loading import load
+    from glassgpt.checkpoint import load
     from glassgpt.serve.app import create_app
 
     run = tmp_path_factory.mktemp("slider") / "run"

@@ -47,8 +47,8 @@ def test_serve_int8_serves_the_int8_copy(live: object, monkeypatch) -> None:
 
     from glassgpt.kernels import is_packed
     from glassgpt.sample import generate
-    from glassgpt.sample.loading import load
-    from glassgpt.sample.precision import cast
+    from glassgpt.checkpoint import load
+    from glassgpt.model.precision import cast
 
     served = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
@@ -76,8 +76,8 @@ def test_serve_float32_registers_the_kernels_in_place(live: object, monkeypatch)
 
     from glassgpt.kernels import is_packed
     from glassgpt.sample import generate
-    from glassgpt.sample.loading import load
-    from glassgpt.sample.precision import cast
+    from glassgpt.checkpoint import load
+    from glassgpt.model.precision import cast
 
     served = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))

@@ -71,7 +71,7 @@ def test_wrong_method_is_json(live: Server) -> None:
 
 @pytest.fixture(scope="module")
 def keyed(live: Server) -> Iterator[str]:
-    from glassgpt.sample.loading import load
+    from glassgpt.checkpoint import load
     from glassgpt.serve.app import create_app
 
     model, tok = load(live.run)

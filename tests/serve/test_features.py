@@ -37,7 +37,7 @@ def make_sae(folder: Path, model: Any, tok: Any) -> Path:
 
 @pytest.fixture(scope="module")
 def fserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    from glassgpt.sample.loading import load
+    from glassgpt.checkpoint import load
     from glassgpt.serve.app import create_app
     from glassgpt.serve.features import load_sae
 

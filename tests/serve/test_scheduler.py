@@ -12,7 +12,7 @@ import torch
 from glassgpt.kernels import rowwise
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.sample.filters import SamplingConfig
-from glassgpt.sample.precision import cast
+from glassgpt.model.precision import cast
 from glassgpt.serve.scheduler import Job, Scheduler
 from glassgpt.tokenizer import CharTokenizer
 

@@ -57,7 +57,7 @@ def test_replayed_slot_steps_equal_eager_ones_bit_for_bit() -> None:
     """A step recorded over slots of different lengths replays, bit for bit, as the lengths
     move on and after a sequence leaves (a new recording for the smaller batch)."""
     from glassgpt.kernels import rowwise
-    from glassgpt.sample.precision import cast
+    from glassgpt.model.precision import cast
     from glassgpt.sample.replay import ReplayedStep
 
     if not rowwise.built():
@@ -91,7 +91,7 @@ def test_replayed_slot_steps_equal_eager_ones_bit_for_bit() -> None:
 def test_a_bf16_model_decodes_over_its_slots() -> None:
     """A bf16 inference copy's slot steps (its cache float32 on a CPU without bf16 arithmetic)
     give each row its own logits, to bf16's rounding."""
-    from glassgpt.sample.precision import cast
+    from glassgpt.model.precision import cast
 
     torch.manual_seed(0)
     model = cast(GPT(GPTConfig(n_vocab=29, n_ctx=32, d_model=16, n_layers=2, n_heads=2)), "bf16")

@@ -48,7 +48,7 @@ def steered_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
 
 
 def test_served_completions_are_steered(steered_server: tuple[str, Path, Any]) -> None:
-    from glassgpt.sample.loading import load
+    from glassgpt.checkpoint import load
 
     url, run, steer = steered_server
     model, tok = load(run)
@@ -68,7 +68,7 @@ def test_served_completions_are_steered(steered_server: tuple[str, Path, Any]) -
 def test_echoed_prompt_logprobs_are_the_steered_models(
     steered_server: tuple[str, Path, Any],
 ) -> None:
-    from glassgpt.sample.loading import load
+    from glassgpt.checkpoint import load
 
     url, run, steer = steered_server
     model, tok = load(run)

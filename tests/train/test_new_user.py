@@ -210,7 +210,7 @@ def test_sampling_past_the_context_says_nothing(run: Path, capsys) -> None:
 
 def test_export_hf_of_the_readmes_char_model(run: Path, tmp_path: Path, capsys) -> None:
     transformers = pytest.importorskip("transformers")
-    from glassgpt.interop.loading import load
+    from glassgpt.checkpoint import load
 
     config = tomllib.loads((run / "config.toml").read_text())
     assert config["model"]["bias"] is True  # biases, but b_U is off by default, as in GPT-2

@@ -124,7 +124,7 @@ def test_fsdp_checkpoint_resumes_on_one_rank_and_loads_in_one_process(
     assert_same_losses(fsdp, one_rank, range(4, 7))
     assert_same_losses(fsdp, plain, range(4, 7))
 
-    from glassgpt.interop.loading import load
+    from glassgpt.checkpoint import load
 
     model, _ = load(fsdp)
     weights = ckpt.load_checkpoint(fsdp / "ckpt" / "step_000006").tensors("model.safetensors")

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_output
+from glassgpt.cli.arguments import add_output
 
 SEPARATOR_SPECIAL = "<|endoftext|>"
 

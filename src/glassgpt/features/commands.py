@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint, add_output, add_overrides
+from glassgpt.cli.arguments import add_checkpoint, add_output, add_overrides
 from glassgpt.features import pages_command, saelens_commands
 
 
@@ -112,7 +112,7 @@ def eval_command(
     from glassgpt.data import DataDir, iter_eval_batches
     from glassgpt.errors import GlassError
     from glassgpt.features.metrics import evaluate
-    from glassgpt.interop.loading import parse_device
+    from glassgpt.devices import parse_device
     from glassgpt.train.evaluate import encode_files
     from glassgpt.train.inputs import is_prepared
 

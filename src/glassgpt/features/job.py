@@ -134,7 +134,7 @@ def train_command(
 ) -> dict[str, Any]:
     """The whole job behind ``glassgpt sae train``; returns the final metrics."""
     from glassgpt.data import DataDir
-    from glassgpt.interop.loading import load
+    from glassgpt.checkpoint import load
     from glassgpt.train.lock import RunLock
 
     if resume is not None:

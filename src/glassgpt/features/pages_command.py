@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint, add_output
+from glassgpt.cli.arguments import add_checkpoint, add_output
 
 
 def add_parser(sub: Any) -> None:
@@ -73,7 +73,8 @@ def open_sae(sae_dir: str, *, model: str | None = None, device: str = "cpu") -> 
     from glassgpt.errors import GlassError
     from glassgpt.features.sae import CONFIG_FILE, SAE
     from glassgpt.features.sites import check_model
-    from glassgpt.interop.loading import load, parse_device
+    from glassgpt.checkpoint import load
+    from glassgpt.devices import parse_device
 
     where = parse_device(device)
     sae = SAE.load(sae_dir, device=where)

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint, add_output
+from glassgpt.cli.arguments import add_checkpoint, add_output
 from glassgpt.errors import GlassError
 
 
@@ -89,12 +89,12 @@ def export_command(
         folder = Path(sae_dir) if (Path(sae_dir) / CONFIG_FILE).is_file() else Path(sae_dir) / "sae"  # fmt: skip
         model = model or json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")).get("model")  # fmt: skip
         if model:
-            from glassgpt.interop.loading import load
+            from glassgpt.checkpoint import load
 
             net = load(model)[0]
     elif model:
         from glassgpt.features.sites import check_model
-        from glassgpt.interop.loading import load
+        from glassgpt.checkpoint import load
 
         net = load(model)[0]
         check_model(sae, net)
@@ -112,7 +112,7 @@ def import_command(
     _free(path, overwrite)
     net = None
     if model:
-        from glassgpt.interop.loading import load
+        from glassgpt.checkpoint import load
 
         net = load(model)[0]
     sae = from_saelens(source, model=net, processed=processed)

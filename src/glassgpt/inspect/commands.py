@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint, add_output
+from glassgpt.cli.arguments import add_checkpoint, add_output
 from glassgpt.errors import GlassError, InputFileError
 
 
@@ -61,7 +61,8 @@ def load_model(path: str, device: str = "cpu") -> tuple[Any, Any]:
     """(model, tokenizer) through ``glassgpt.sample.loading.load``, on ``device``."""
     if not Path(path).exists():
         raise InputFileError(f"{path}: no such checkpoint folder")
-    from glassgpt.sample.loading import load, parse_device
+    from glassgpt.checkpoint import load
+    from glassgpt.devices import parse_device
 
     model, tokenizer = load(path, device=parse_device(device))
     if tokenizer is None:

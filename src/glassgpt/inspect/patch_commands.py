@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint, add_output
+from glassgpt.cli.arguments import add_checkpoint, add_output
 from glassgpt.errors import GlassError, InputFileError
 
 # --what item → (TransformerLens-named function in glassgpt.inspect.patching, cached site,

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint, add_output, add_overrides
+from glassgpt.cli.arguments import add_checkpoint, add_output, add_overrides
 
 PRESET = "induction-2l"
 
@@ -89,7 +89,8 @@ def train_preset(out: Path, preset: str, overrides: list[str]) -> Path:
 
 def run_induction(args: argparse.Namespace) -> int:
     from glassgpt.inspect.induction import run_induction_study
-    from glassgpt.sample.loading import load, parse_device
+    from glassgpt.checkpoint import load
+    from glassgpt.devices import parse_device
 
     out = Path(args.output)
     if args.synthetic:

@@ -1,7 +1,5 @@
-"""glassgpt.interop: the model and tokenizer from their files: glassgpt's checkpoints
-(:mod:`glassgpt.interop.loading`, behind ``glassgpt.load``) and other formats of the same
-objects (HF GPT-2 weights, tokenizer files). The stage just below ``model``, so that
-``train``, ``sample``, ``inspect`` and ``serve`` all load models from here.
+"""glassgpt.interop: the model and tokenizer in other formats (HF GPT-2 weights, HF and
+tiktoken tokenizer files), read and written.
 
 ``from_hf(folder_or_model) -> GPT`` and ``to_hf(model, folder)`` load lazily, so importing
 this package does not import torch.

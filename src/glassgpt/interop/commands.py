@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint, add_output
+from glassgpt.cli.arguments import add_checkpoint, add_output
 
 EOT = "<|endoftext|>"
 
@@ -80,7 +80,7 @@ def export_tiktoken(tok: Any, out: Path) -> Path:
 
 def run_export(args: argparse.Namespace) -> int:
     from glassgpt.errors import GlassError
-    from glassgpt.interop.loading import load
+    from glassgpt.checkpoint import load
 
     model, tok = load(args.checkpoint)
     if tok is None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint
+from glassgpt.cli.arguments import add_checkpoint
 
 SMALL_MODEL = 8_000_000  # parameters; below this a decoding step is too short to split
 
@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
 
 def register_steer(subparsers: Any) -> None:
     """Add ``steer`` (a steering vector from contrastive prompts) to the ``glassgpt`` parser."""
-    from glassgpt.arguments import add_output
+    from glassgpt.cli.arguments import add_output
 
     p = subparsers.add_parser(
         "steer",
@@ -100,7 +100,8 @@ def register_steer(subparsers: Any) -> None:
 
 def run_steer(args: argparse.Namespace) -> int:
     from glassgpt.errors import GlassError
-    from glassgpt.sample.loading import load, parse_device
+    from glassgpt.checkpoint import load
+    from glassgpt.devices import parse_device
     from glassgpt.sample.steering import canonical_hook, contrastive_vector, save_vector
 
     out = Path(args.output)
@@ -228,8 +229,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
     from glassgpt.errors import GlassError
-    from glassgpt.sample.loading import load, parse_device
-    from glassgpt.sample.precision import cast, parse_dtype
+    from glassgpt.checkpoint import load
+    from glassgpt.devices import parse_device
+    from glassgpt.model.precision import cast, parse_dtype
 
     dtype = parse_dtype(args.dtype)
     if args.threads is not None:

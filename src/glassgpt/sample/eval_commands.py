@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from glassgpt.arguments import add_output
+from glassgpt.cli.arguments import add_output
 from glassgpt.errors import GlassError
 
 

@@ -247,7 +247,9 @@ def run_tasks(
     dictionary (``results``, ``configs``, ``n-shot``, ... as lm-eval writes them)."""
     from lm_eval import simple_evaluate
 
-    from glassgpt.interop.loading import load, parse_device
+    from glassgpt.checkpoint import load
+
+    from glassgpt.devices import parse_device
     from glassgpt.model.precision import cast, parse_dtype
 
     names = parse_tasks(tasks)

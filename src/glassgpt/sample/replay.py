@@ -69,7 +69,7 @@ class ReplayedStep:
     The logits tensor is the recording's own buffer: the next call overwrites it.
 
     >>> from glassgpt.model import GPT, GPTConfig
-    >>> from glassgpt.sample.precision import cast
+    >>> from glassgpt.model.precision import cast
     >>> torch.manual_seed(0) and None
     >>> model = cast(GPT(GPTConfig(n_vocab=10, n_ctx=8, d_model=8, n_layers=1, n_heads=2)), "float32")
     >>> cache = KVCache.for_model(model, batch_size=1, last_only=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from glassgpt.arguments import add_output, add_run_source
+from glassgpt.cli.arguments import add_output, add_run_source
 
 
 def register(subparsers: Any) -> None:

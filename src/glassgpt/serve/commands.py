@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint
+from glassgpt.cli.arguments import add_checkpoint
 
 
 def register(subparsers: Any) -> None:
@@ -57,8 +57,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from glassgpt.errors import GlassError
     from glassgpt.sample.commands import SMALL_MODEL
-    from glassgpt.sample.loading import load, parse_device
-    from glassgpt.sample.precision import attach_kernels, cast, parse_dtype
+    from glassgpt.checkpoint import load
+    from glassgpt.devices import parse_device
+    from glassgpt.model.precision import attach_kernels, cast, parse_dtype
     from glassgpt.sample.steering import parse_steer
     from glassgpt.serve.app import create_app
     from glassgpt.serve.features import load_sae

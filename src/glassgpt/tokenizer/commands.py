@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_output
+from glassgpt.cli.arguments import add_output
 from glassgpt.errors import GlassError, InputFileError
 
 

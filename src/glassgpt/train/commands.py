@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint, add_output, add_run_source
+from glassgpt.cli.arguments import add_checkpoint, add_output, add_run_source
 
 
 def register(subparsers: Any) -> None:

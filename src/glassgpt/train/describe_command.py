@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from glassgpt.arguments import add_checkpoint, add_output, add_run_source
+from glassgpt.cli.arguments import add_checkpoint, add_output, add_run_source
 
 SECTIONS = ("model.", "train.", "data.", "seed")
 

@@ -65,7 +65,7 @@ def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
     if preference == "auto":
         preference = "cuda" if torch.cuda.is_available() else "cpu"
     if preference == "mps":
-        from glassgpt.interop.loading import available_devices
+        from glassgpt.devices import available_devices
 
         if "mps" not in available_devices():
             raise ConfigError("train.device", "'mps' asked for, but this machine has "

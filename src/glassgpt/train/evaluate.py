@@ -156,11 +156,12 @@ def evaluate_command(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Loss, perplexity and bits per byte of a checkpoint on files or a prepared split, with
-    its weights in ``dtype`` (``glassgpt.sample.precision.cast``). Without ``data``: the run's
+    its weights in ``dtype`` (``glassgpt.model.precision.cast``). Without ``data``: the run's
     own validation split, exactly as its trainer measured it (:func:`run_defaults`; ``dtype``
     None there means the trainer's autocast, elsewhere float32)."""
     from glassgpt.data import DataDir
-    from glassgpt.interop.loading import load, parse_device
+    from glassgpt.checkpoint import load
+    from glassgpt.devices import parse_device
     from glassgpt.model.precision import cast, parse_dtype
     from glassgpt.train.inputs import is_prepared
 

@@ -34,7 +34,7 @@ class InitFrom:
 
 def load_init(path: str | Path) -> InitFrom:
     """Weights, config and tokenizer of a run, checkpoint or HF GPT-2 folder."""
-    from glassgpt.interop.loading import load
+    from glassgpt.checkpoint import load
 
     folder = Path(path)
     model, tok = load(folder)

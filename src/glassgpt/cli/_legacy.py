@@ -1,4 +1,4 @@
-"""The ``glassgpt`` command: wiring only.
+"""TRANSITION (removed when every command is in glassgpt.cli): the stages' old parsers.
 
 Each stage's ``commands`` module adds its subcommand to the parser (importing nothing heavy)
 and points it at a handler in that stage; this module parses, dispatches and turns a
@@ -143,3 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def parser_of(name: str) -> argparse.ArgumentParser:
+    """The old sub-parser of command ``name``."""
+    parser = build_parser()
+    return parser._subparsers._group_actions[0].choices[name]  # type: ignore[union-attr]

@@ -248,7 +248,7 @@ def find_resumable(path: str | Path, warn: Callable[[str], None] | None = None) 
     candidates = step_folders(root)
     if _STEP_DIR.match(path.name) and (path / STATE).exists():
         first = path  # an explicit step folder: it, then older ones
-        candidates = [first] + [p for p in candidates if _step(p) < _step(first)]
+        candidates = [first] + [p for p in candidates if step_of(p) < step_of(first)]
     else:
         pointer = root / "latest"
         if pointer.is_file():
@@ -266,7 +266,12 @@ def find_resumable(path: str | Path, warn: Callable[[str], None] | None = None) 
     raise CheckpointError(f"{path}: no valid checkpoint (all {len(candidates)} failed checks)")
 
 
-def _step(folder: Path) -> int:
+def step_of(folder: Path) -> int:
+    """The step a ``step_*`` folder holds (-1 for another name).
+
+    >>> step_of(Path("ckpt/step_000500")), step_of(Path("ckpt/best"))
+    (500, -1)
+    """
     m = _STEP_DIR.match(folder.name)
     return int(m.group(1)) if m else -1
 

@@ -1,0 +1,221 @@
+"""``open_run(path)``: the one way in to a trained model, whatever folder names it.
+
+``path`` may be:
+
+- a run folder (``OUT``, holding ``OUT/ckpt``) or its ``ckpt`` folder;
+- one checkpoint folder (``ckpt/step_000500``, ``ckpt/best``): exactly that one;
+- a Hugging Face GPT-2 folder (``config.json`` + weights, as ``to_hf`` or ``save_pretrained``
+  writes it).
+
+**Which checkpoint of a run.** ``which="best"`` (the default: what sampling, evaluation,
+inspection and serving want) opens ``ckpt/best``, the lowest validation loss, when it verifies,
+else the newest valid ``step_*``. ``which="latest"`` opens the newest valid ``step_*`` (what
+``train --resume`` continues). ``step=N`` opens ``ckpt/step_N``. A checkpoint that fails its
+checksums is skipped with a warning naming it, and the one before it is used.
+
+Every checkpoint is verified against the sha256 sums of its ``state.json``; the config is its
+``config.toml``; the tokenizer its ``tokenizer.json`` (glassgpt's format or HF's). An HF
+folder's tokenizer is its ``tokenizer.json``, ``vocab.json`` + ``merges.txt``, or
+``encoder.json`` + ``vocab.bpe``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from glassgpt.checkpoint import files as ckpt
+from glassgpt.config import parse_toml
+from glassgpt.devices import parse_device
+from glassgpt.errors import GlassError, InputFileError
+from glassgpt.interop.hf_gpt2 import config_from_hf, from_hf
+from glassgpt.interop.hf_tokenizers import load_tokenizer_json
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.model.precision import cast
+from glassgpt.tokenizer import Tokenizer, load_tokenizer
+
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+CONFIG = "config.toml"
+
+
+@dataclass
+class Run:
+    """A trained model as :func:`open_run` found it.
+
+    ``config`` is the run config's tables as written (``config["model"]`` is the GPT's; an HF
+    folder has only that one); ``meta`` the checkpoint's ``state.json`` (step, trainer state)
+    or the HF folder's ``config.json``.
+    """
+
+    source: Path
+    kind: Literal["checkpoint", "hf"]
+    config: dict[str, Any]
+    model: GPT | None
+    tokenizer: Any
+    checkpoint: ckpt.Checkpoint | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_config(self) -> GPTConfig:
+        return GPTConfig.from_dict(self.config["model"], prefix="model.")
+
+    @property
+    def step(self) -> int | None:
+        return None if self.checkpoint is None else self.checkpoint.step
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run folder (the one holding ``ckpt/``), when the model came from a run."""
+        return None if self.checkpoint is None else self.checkpoint.path.parent.parent
+
+    def needs_tokenizer(self, flag: str = "--tokenizer FILE") -> Any:
+        """The tokenizer; a one-line error when the folder has none."""
+        if self.tokenizer is None:
+            raise GlassError(f"{self.source}: has no tokenizer; pass {flag}")
+        return self.tokenizer
+
+
+def open_run(
+    path: str | os.PathLike[str],
+    *,
+    which: Literal["best", "latest"] = "best",
+    step: int | None = None,
+    weights: bool = True,
+    tokenizer: Any = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> Run:
+    """The run, checkpoint or HF folder at ``path`` (see the module docstring for which
+    checkpoint of a run is opened).
+
+    ``weights=False`` reads only the config, tokenizer and metadata (``Run.model`` is None).
+    ``tokenizer`` (a file, or a tokenizer) replaces the folder's. The model comes back in eval
+    mode on ``device`` (default: the CPU); with a ``dtype`` (what ``--dtype`` means: float32,
+    bf16, int8, float16) cast by :func:`glassgpt.model.precision.cast` and ready for fast
+    inference, else as stored.
+    """
+    folder = Path(path)
+    if not folder.exists():
+        raise InputFileError(f"{folder}: no such checkpoint or model folder")
+    if not folder.is_dir():
+        raise InputFileError(f"{folder}: not a folder (expected a checkpoint or HF model folder)")
+    if (folder / "config.json").is_file() and any((folder / w).is_file() for w in HF_WEIGHTS):
+        run = _open_hf(folder, weights)
+    else:
+        run = _open_checkpoint(folder, _choose(folder, which, step), weights)
+    if tokenizer is not None:
+        run.tokenizer = (
+            tokenizer_file(Path(tokenizer))
+            if isinstance(tokenizer, (str, os.PathLike))
+            else tokenizer
+        )
+    n_vocab = int(run.config["model"].get("n_vocab", 0) or 0)
+    if run.tokenizer is not None and n_vocab and run.tokenizer.n_vocab > n_vocab:
+        raise GlassError(
+            f"tokenizer has {run.tokenizer.n_vocab} ids but the model's n_vocab is {n_vocab}"
+        )
+    if run.model is not None:
+        if device is not None:
+            run.model = run.model.to(parse_device(device))
+        run.model = run.model.eval() if dtype is None else cast(run.model, dtype, inplace=True)
+    return run
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    tokenizer: Any = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> tuple[GPT, Any]:
+    """``(model, tokenizer)`` of :func:`open_run` (the tokenizer None, with a warning, when the
+    folder has none): what ``glassgpt.load`` returns."""
+    run = open_run(path, tokenizer=tokenizer, device=device, dtype=dtype)
+    if run.tokenizer is None:
+        warnings.warn(f"{path}: no tokenizer found; working with token ids only", stacklevel=2)
+    assert run.model is not None
+    return run.model, run.tokenizer
+
+
+def _choose(folder: Path, which: str, step: int | None) -> ckpt.Checkpoint:
+    """The verified checkpoint that ``folder`` names (the rule of the module docstring)."""
+    if (folder / ckpt.STATE).is_file():
+        return ckpt.load_checkpoint(folder)
+    root = ckpt.ckpt_root_of(folder)
+    best = root / "best"
+    if not root.is_dir() or not (best.is_dir() or ckpt.step_folders(root)):
+        raise GlassError(
+            f"{folder}: not a glassgpt checkpoint or HF model folder "
+            "(no state.json, no ckpt/ with checkpoints, no config.json with weights)"
+        )
+    if step is not None:
+        named = root / f"step_{step:06d}"
+        if not named.is_dir():
+            kept = ", ".join(str(ckpt.step_of(p)) for p in reversed(ckpt.step_folders(root)))
+            raise GlassError(f"no checkpoint of step {step}; kept: {kept or 'none'}")
+        return ckpt.load_checkpoint(named)
+    if which == "best" and (best / ckpt.STATE).is_file():
+        try:
+            return ckpt.load_checkpoint(best)
+        except ckpt.CheckpointError as e:
+            warnings.warn(f"skipping {e}; using the newest step checkpoint", stacklevel=4)
+    return ckpt.find_resumable(folder, warn=lambda m: warnings.warn(m, stacklevel=5))
+
+
+def _open_checkpoint(folder: Path, chosen: ckpt.Checkpoint, weights: bool) -> Run:
+    config = parse_toml(chosen.text(CONFIG), chosen.path / CONFIG)
+    if "model" not in config:
+        raise GlassError(f"{chosen.path / CONFIG}: has no [model] table")
+    model_config = GPTConfig.from_dict(config["model"], prefix="model.")
+    model = None
+    if weights:
+        model = GPT(model_config)
+        try:
+            model.load_state_dict(chosen.tensors("model.safetensors"))
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            raise GlassError(f"{chosen.path}: weights do not fit its config: {first}") from None
+    tok = None
+    if "tokenizer.json" in chosen.files:
+        tok = tokenizer_file(chosen.path / "tokenizer.json")
+    meta = {k: v for k, v in chosen.state.items() if k != "files"}
+    return Run(folder, "checkpoint", config, model, tok, chosen, meta)
+
+
+def _open_hf(folder: Path, weights: bool) -> Run:
+    try:
+        meta = json.loads((folder / "config.json").read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputFileError(f"{folder / 'config.json'}: not valid JSON ({e})") from None
+    model = from_hf(folder) if weights else None
+    config = (model.config if model is not None else config_from_hf(meta)).to_dict()
+    return Run(folder, "hf", {"model": config}, model, hf_tokenizer(folder), None, meta)
+
+
+def tokenizer_file(path: Path) -> Any:
+    """A glassgpt tokenizer file, or an HF ``tokenizer.json``."""
+    if not path.is_file():
+        raise InputFileError(f"{path}: no such tokenizer file")
+    try:
+        return load_tokenizer(path)
+    except GlassError as first:
+        try:
+            return load_tokenizer_json(path)
+        except GlassError:
+            raise first from None
+
+
+def hf_tokenizer(folder: Path) -> Any:
+    """The tokenizer files of an HF folder, or None."""
+    if (folder / "tokenizer.json").is_file():
+        return tokenizer_file(folder / "tokenizer.json")
+    for vocab, merges in (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")):
+        if (folder / vocab).is_file() and (folder / merges).is_file():
+            return Tokenizer.from_gpt2(folder / vocab, folder / merges)
+    return None

@@ -179,7 +179,6 @@ def main() -> int:
     from lm_eval.models.huggingface import HFLM
 
     from glassgpt.checkpoint import load
-
     from glassgpt.devices import parse_device
     from glassgpt.sample.lm_eval_adapter import GlassLM
 

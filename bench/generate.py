@@ -61,8 +61,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from glassgpt.interop import from_hf, to_hf  # noqa: E402
-from glassgpt.sample import generate, stream  # noqa: E402
 from glassgpt.model.precision import cast, perplexity  # noqa: E402
+from glassgpt.sample import generate, stream  # noqa: E402
 
 
 class Bandwidth:

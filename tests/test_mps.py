@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from glassgpt.errors import ConfigError, GlassError
 from glassgpt.devices import available_devices, parse_device
+from glassgpt.errors import ConfigError, GlassError
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.train.distributed import resolve_device
 

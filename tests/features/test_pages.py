@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from glassgpt.checkpoint import load
 from glassgpt.cli import main
 from glassgpt.data import DataDir
 from glassgpt.errors import GlassError, InputFileError
@@ -24,7 +25,6 @@ from glassgpt.features.pages import (
 from glassgpt.features.sae import SAE, SAEConfig
 from glassgpt.features.sites import read, resolve_site
 from glassgpt.inspect.lens import unembed
-from glassgpt.checkpoint import load
 
 HOOK = "blocks.1.resid_post"
 

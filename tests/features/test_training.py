@@ -107,8 +107,8 @@ def test_resume_after_an_interrupt_is_bit_exact(
 
 
 def test_the_buffer_is_a_permutation_of_the_windows_activations(tiny_run: Path) -> None:
-    from glassgpt.data import BatchSampler, DataDir
     from glassgpt.checkpoint import load
+    from glassgpt.data import BatchSampler, DataDir
 
     model, _ = load(tiny_run)
     site = resolve_site(model, "blocks.0.resid_mid")

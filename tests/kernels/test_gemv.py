@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from glassgpt.kernels import bf16, dense, is_packed, matmul, pack, unpack
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.sample import generate
 from glassgpt.model.precision import cast
+from glassgpt.sample import generate
 
 _gemv = pytest.importorskip(
     "glassgpt.kernels._gemv", reason="the C extension is not built (no compiler at install)"

@@ -11,8 +11,8 @@ import torch
 from tests.sample.conftest import CHARS, write_run
 
 import glassgpt
-from glassgpt.errors import ConfigError
 from glassgpt.checkpoint import load as load_as_stored
+from glassgpt.errors import ConfigError
 from glassgpt.kernels import rowwise
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import cast

@@ -10,8 +10,8 @@ from glassgpt.errors import ConfigError, GlassError
 from glassgpt.kernels import dense
 from glassgpt.kernels.dense import out_in_view
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.sample import generate
 from glassgpt.model.precision import attach_kernels, cast, parse_dtype, perplexity
+from glassgpt.sample import generate
 
 
 def model_of(**kw: object) -> GPT:

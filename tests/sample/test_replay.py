@@ -10,9 +10,9 @@ import torch
 from glassgpt.kernels import rowwise
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.gpt import TokenError
+from glassgpt.model.precision import cast
 from glassgpt.sample.cache import CacheFullError, KVCache
 from glassgpt.sample.generation import generate
-from glassgpt.model.precision import cast
 from glassgpt.sample.replay import ReplayedStep
 
 pytestmark = pytest.mark.skipif(not rowwise.built(), reason="glassgpt's kernels are not built")

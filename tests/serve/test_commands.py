@@ -45,10 +45,10 @@ def test_serve_int8_serves_the_int8_copy(live: object, monkeypatch) -> None:
     import torch
     import uvicorn
 
-    from glassgpt.kernels import is_packed
-    from glassgpt.sample import generate
     from glassgpt.checkpoint import load
+    from glassgpt.kernels import is_packed
     from glassgpt.model.precision import cast
+    from glassgpt.sample import generate
 
     served = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
@@ -74,10 +74,10 @@ def test_serve_float32_registers_the_kernels_in_place(live: object, monkeypatch)
     import torch
     import uvicorn
 
-    from glassgpt.kernels import is_packed
-    from glassgpt.sample import generate
     from glassgpt.checkpoint import load
+    from glassgpt.kernels import is_packed
     from glassgpt.model.precision import cast
+    from glassgpt.sample import generate
 
     served = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))

@@ -11,8 +11,8 @@ import torch
 
 from glassgpt.kernels import rowwise
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.sample.filters import SamplingConfig
 from glassgpt.model.precision import cast
+from glassgpt.sample.filters import SamplingConfig
 from glassgpt.serve.scheduler import Job, Scheduler
 from glassgpt.tokenizer import CharTokenizer
 

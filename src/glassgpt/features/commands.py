@@ -110,9 +110,9 @@ def eval_command(
     import torch
 
     from glassgpt.data import DataDir, iter_eval_batches
+    from glassgpt.devices import parse_device
     from glassgpt.errors import GlassError
     from glassgpt.features.metrics import evaluate
-    from glassgpt.devices import parse_device
     from glassgpt.train.evaluate import encode_files
     from glassgpt.train.inputs import is_prepared
 

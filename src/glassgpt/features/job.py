@@ -133,8 +133,8 @@ def train_command(
     argv: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The whole job behind ``glassgpt sae train``; returns the final metrics."""
-    from glassgpt.data import DataDir
     from glassgpt.checkpoint import load
+    from glassgpt.data import DataDir
     from glassgpt.train.lock import RunLock
 
     if resume is not None:

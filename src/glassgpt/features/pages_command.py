@@ -70,11 +70,11 @@ def sae_folder(sae_dir: str | Path) -> Path:
 def open_sae(sae_dir: str, *, model: str | None = None, device: str = "cpu") -> tuple[Any, Any, Any, dict[str, Any]]:  # fmt: skip
     """(SAE, the model it reads (``model``, else the one its sae.json names), tokenizer, its
     sae.json), on ``device``; one line when the model is not named or does not fit."""
+    from glassgpt.checkpoint import load
+    from glassgpt.devices import parse_device
     from glassgpt.errors import GlassError
     from glassgpt.features.sae import CONFIG_FILE, SAE
     from glassgpt.features.sites import check_model
-    from glassgpt.checkpoint import load
-    from glassgpt.devices import parse_device
 
     where = parse_device(device)
     sae = SAE.load(sae_dir, device=where)

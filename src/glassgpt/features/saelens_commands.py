@@ -93,8 +93,8 @@ def export_command(
 
             net = load(model)[0]
     elif model:
-        from glassgpt.features.sites import check_model
         from glassgpt.checkpoint import load
+        from glassgpt.features.sites import check_model
 
         net = load(model)[0]
         check_model(sae, net)

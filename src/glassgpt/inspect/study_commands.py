@@ -88,9 +88,9 @@ def train_preset(out: Path, preset: str, overrides: list[str]) -> Path:
 
 
 def run_induction(args: argparse.Namespace) -> int:
-    from glassgpt.inspect.induction import run_induction_study
     from glassgpt.checkpoint import load
     from glassgpt.devices import parse_device
+    from glassgpt.inspect.induction import run_induction_study
 
     out = Path(args.output)
     if args.synthetic:

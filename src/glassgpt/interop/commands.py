@@ -79,8 +79,8 @@ def export_tiktoken(tok: Any, out: Path) -> Path:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from glassgpt.errors import GlassError
     from glassgpt.checkpoint import load
+    from glassgpt.errors import GlassError
 
     model, tok = load(args.checkpoint)
     if tok is None:

@@ -99,9 +99,9 @@ def register_steer(subparsers: Any) -> None:
 
 
 def run_steer(args: argparse.Namespace) -> int:
-    from glassgpt.errors import GlassError
     from glassgpt.checkpoint import load
     from glassgpt.devices import parse_device
+    from glassgpt.errors import GlassError
     from glassgpt.sample.steering import canonical_hook, contrastive_vector, save_vector
 
     out = Path(args.output)
@@ -228,9 +228,9 @@ def _prompts(
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
-    from glassgpt.errors import GlassError
     from glassgpt.checkpoint import load
     from glassgpt.devices import parse_device
+    from glassgpt.errors import GlassError
     from glassgpt.model.precision import cast, parse_dtype
 
     dtype = parse_dtype(args.dtype)

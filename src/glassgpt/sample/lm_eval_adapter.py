@@ -248,7 +248,6 @@ def run_tasks(
     from lm_eval import simple_evaluate
 
     from glassgpt.checkpoint import load
-
     from glassgpt.devices import parse_device
     from glassgpt.model.precision import cast, parse_dtype
 

@@ -55,11 +55,11 @@ def run_serve(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from glassgpt.errors import GlassError
-    from glassgpt.sample.commands import SMALL_MODEL
     from glassgpt.checkpoint import load
     from glassgpt.devices import parse_device
+    from glassgpt.errors import GlassError
     from glassgpt.model.precision import attach_kernels, cast, parse_dtype
+    from glassgpt.sample.commands import SMALL_MODEL
     from glassgpt.sample.steering import parse_steer
     from glassgpt.serve.app import create_app
     from glassgpt.serve.features import load_sae

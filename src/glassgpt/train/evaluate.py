@@ -159,8 +159,8 @@ def evaluate_command(
     its weights in ``dtype`` (``glassgpt.model.precision.cast``). Without ``data``: the run's
     own validation split, exactly as its trainer measured it (:func:`run_defaults`; ``dtype``
     None there means the trainer's autocast, elsewhere float32)."""
-    from glassgpt.data import DataDir
     from glassgpt.checkpoint import load
+    from glassgpt.data import DataDir
     from glassgpt.devices import parse_device
     from glassgpt.model.precision import cast, parse_dtype
     from glassgpt.train.inputs import is_prepared

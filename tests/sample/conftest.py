@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests import runs
 
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.tokenizer import CharTokenizer
@@ -14,24 +15,8 @@ CHARS = sorted(set("abcdefghijklmnopqrstuvwxyz ,.!?\n"))
 
 
 def write_run(out: Path, model: GPT, tok: CharTokenizer, steps: tuple[int, ...] = (5, 10)) -> Path:
-    """``out/ckpt/step_*`` (and ``best``) as ``glassgpt.train`` writes them."""
-    from glassgpt.checkpoint import CheckpointManager
-    from glassgpt.train.config import dump_toml
-
-    tok_path = out / "tok.json"
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(tok_path)
-    files = {
-        "config.toml": dump_toml({"seed": 1, "model": model.config.to_dict()}).encode(),
-        "tokenizer.json": tok_path.read_bytes(),
-    }
-    manager = CheckpointManager(out / "ckpt", keep_last=3)
-    for step in steps:
-        manager.save(step, tensors={"model.safetensors": model.state_dict()}, files=files,
-                     state={"trainer": {}})  # fmt: skip
-    manager.save(steps[0], tensors={"model.safetensors": model.state_dict()}, files=files,
-                 state={"val_loss": 1.0}, best=True)  # fmt: skip
-    return out
+    """``out/ckpt/step_*`` (and ``best`` at the first step) as ``glassgpt.train`` writes them."""
+    return runs.write_run(out, model, tok, steps=steps, best=steps[0], keep_last=3)
 
 
 @pytest.fixture

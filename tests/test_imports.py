@@ -138,3 +138,56 @@ def test_the_reader_follows_every_kind_of_import(tmp_path: Path, source: str, ex
     path.write_text(source)
     known = set(module_names())
     assert imported(path, "glassgpt.train.muon", known) == expected
+
+
+# Imports inside functions: only of the optional extras (imported on use, each with a one-line
+# error naming its extra) and of these few, each for the reason given.
+EXTRAS = (
+    "tensorboard", "torch.utils.tensorboard", "wandb", "mlflow", "ray", "submitit", "lm_eval",
+    "pyarrow", "datasets", "transformers", "tokenizers", "sae_lens", "transformer_lens",
+    "playwright",
+)  # fmt: skip
+DEFERRED = {
+    # Python runs the package root before any submodule: a top-level import of the checkpoint
+    # stage there would load torch for `glassgpt --help` and `import glassgpt.tokenizer`.
+    ("glassgpt", "glassgpt.checkpoint"),
+    # the error path of a mistyped flag only: --help stays free of the config's stages
+    ("glassgpt.cli", "glassgpt.train.config"),
+}
+
+
+def function_imports(path: Path) -> list[str]:
+    """The modules imported inside the functions of the file at ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    out += [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    out.append("." * node.level + (node.module or ""))
+    return out
+
+
+def test_imports_are_plain_and_at_the_top() -> None:
+    inside = sorted(
+        f"{m} imports {name} inside a function"
+        for m, path in module_names().items()
+        for name in function_imports(path)
+        if not any(name == e or name.startswith(e + ".") for e in EXTRAS)
+        and (m, name) not in DEFERRED
+    )
+    assert not inside, "imports deferred into functions:\n" + "\n".join(inside)
+
+
+def test_no_package_resolves_its_names_lazily() -> None:
+    lazy = sorted(
+        m
+        for m, path in module_names().items()
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+        )
+    )
+    assert not lazy, f"modules with a module-level __getattr__: {lazy}"

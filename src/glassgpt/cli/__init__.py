@@ -11,11 +11,13 @@ other exception is a bug and shows its traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import importlib
 import importlib.util
 import os
 import sys
+import typing
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -97,9 +99,7 @@ def config_keys() -> list[str]:
     >>> "train.max_steps" in config_keys() and "model.n_layers" in config_keys()
     True
     """
-    import dataclasses  # the error path only: --help stays free of the config's stages
-    import typing
-
+    # the error path only: --help stays free of the config's stages
     from glassgpt.train.config import RunConfig
 
     keys = []

@@ -30,6 +30,13 @@ if TYPE_CHECKING:
     from glassgpt.model.gpt import GPT
 
 Kind = Literal["eager", "replayed", "graphed"]
+SMALL_MODEL = 8_000_000  # parameters; below this a decoding step is too short to split
+
+
+def is_small(model: GPT) -> bool:
+    """Whether ``model``'s decoding steps are too short to share among CPU threads (sample
+    and serve then run on one thread unless told otherwise)."""
+    return sum(p.numel() for p in model.parameters()) < SMALL_MODEL
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from glassgpt.errors import ConfigError, GlassError
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.engine import Decoder
 from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token
+from glassgpt.sample.steering import steered
 from glassgpt.sample.stops import StopMatcher
 from glassgpt.tokenizer.special import start_id
 
@@ -120,8 +121,6 @@ def generate(
     (5, True)
     """
     if steer:
-        from glassgpt.sample.steering import steered
-
         with steered(model, steer):
             return generate(model, tokens, tokenizer=tokenizer, **options)
     run = stream(model, tokens, tokenizer=tokenizer, **options)

@@ -16,15 +16,12 @@ Prompts (T > 1) run eagerly through the ordinary :class:`KVCache` path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from glassgpt.model.gpt import GPT
 from glassgpt.sample.cache import CacheFullError, KVCache, _LayerKV
-
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
 
 
 class _StaticLayerKV(_LayerKV):

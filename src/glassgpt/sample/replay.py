@@ -24,17 +24,14 @@ it). Prompts (several tokens) always run eagerly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from glassgpt import kernels
-from glassgpt.model.gpt import TokenError
+from glassgpt.model.gpt import GPT, TokenError
 from glassgpt.sample.cache import CacheFullError, KVCache
-
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
 
 
 def unreplayable(model: GPT, cache: Any) -> str | None:

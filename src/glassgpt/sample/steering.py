@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import safetensors.torch
@@ -40,11 +40,9 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.model.gpt import GPT
 from glassgpt.storage import atomic_write
 from glassgpt.tokenizer.special import start_id
-
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
 
 HookFn = Callable[[Tensor, str], "Tensor | None"]
 VECTOR_KEY = "vector"

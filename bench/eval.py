@@ -68,7 +68,7 @@ def tokenizer(words: list[str]) -> Any:
 def write_run(root: Path, shape: str, tok: Any) -> tuple[Path, Path]:
     """A glassgpt checkpoint folder of random weights and its HF export."""
     from glassgpt.checkpoint import CheckpointManager
-    from glassgpt.interop.commands import export_hf
+    from glassgpt.interop.export import export_hf
     from glassgpt.model import GPT, GPTConfig
     from glassgpt.train.config import dump_toml
 

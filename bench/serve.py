@@ -40,10 +40,9 @@ GPT2_SMALL = {"n_ctx": 1024, "d_model": 768, "n_layers": 12, "n_heads": 12}
 
 
 def default_shape() -> dict:
-    import tomllib
+    from glassgpt.config import load_toml
 
-    preset = REPO / "src" / "glassgpt" / "presets" / "default.toml"
-    return tomllib.loads(preset.read_text())["model"]
+    return load_toml(REPO / "src" / "glassgpt" / "presets" / "default.toml")["model"]
 
 
 def write_model(folder: Path, kind: str) -> Path:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glassgpt.interop.commands import export_hf
+from glassgpt.interop.export import export_hf
 from glassgpt.interop.hf_tokenizers import load_tokenizer_json
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.tokenizer import CharTokenizer

@@ -17,6 +17,8 @@ import torch
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
+from tests.runs import write_run
+
 from glassgpt.cli import main
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.sample import generate
@@ -35,9 +37,7 @@ def _sentence(rng: random.Random, n: int) -> str:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A run folder (glassgpt's checkpoint), its HF export, and a folder of three tasks."""
-    from glassgpt.checkpoint import CheckpointManager
-    from glassgpt.interop.commands import export_hf
-    from glassgpt.train.config import dump_toml
+    from glassgpt.interop.export import export_hf
 
     root = tmp_path_factory.mktemp("lm_eval")
     rng = random.Random(0)
@@ -49,13 +49,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)
-    run = root / "run"
-    run.mkdir()
-    tok.save(run / "tok.json")
-    files = {"config.toml": dump_toml({"seed": 1, "model": model.config.to_dict()}).encode(),
-             "tokenizer.json": (run / "tok.json").read_bytes()}  # fmt: skip
-    CheckpointManager(run / "ckpt").save(1, tensors={"model.safetensors": model.state_dict()},
-                                         files=files, state={"trainer": {}})  # fmt: skip
+    run = write_run(root / "run", model, tok)
     hf = root / "hf"
     export_hf(model, tok, hf)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.runs import write_run
 
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.tokenizer import CharTokenizer
@@ -28,19 +29,7 @@ KEY = "test-key"
 
 def write_checkpoint(out: Path, model: GPT, tok: CharTokenizer) -> Path:
     """``out/ckpt/step_000001`` as ``glassgpt.train`` writes it."""
-    from glassgpt.checkpoint import CheckpointManager
-    from glassgpt.train.config import dump_toml
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(out / "tok.json")
-    files = {
-        "config.toml": dump_toml({"seed": 1, "model": model.config.to_dict()}).encode(),
-        "tokenizer.json": (out / "tok.json").read_bytes(),
-    }
-    CheckpointManager(out / "ckpt", keep_last=1).save(
-        1, tensors={"model.safetensors": model.state_dict()}, files=files, state={"trainer": {}}
-    )
-    return out
+    return write_run(out, model, tok, steps=(1,), keep_last=1)
 
 
 def tiny_run(folder: Path, positional: str = "learned", n_ctx: int = 64) -> Path:

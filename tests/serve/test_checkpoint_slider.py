@@ -12,13 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests.runs import write_run
 from tests.serve.conftest import CHARS, Server, request, start_server
 
-from glassgpt.checkpoint import CheckpointManager
 from glassgpt.inspect import head_scores, run_with_cache
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.tokenizer import CharTokenizer
-from glassgpt.train.config import dump_toml
 
 STEPS = (100, 200, 300)
 
@@ -42,18 +41,10 @@ def slider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, d
     from glassgpt.serve.app import create_app
 
     run = tmp_path_factory.mktemp("slider") / "run"
-    run.mkdir()
     tok = CharTokenizer(CHARS, special_tokens=["<|endoftext|>"])
-    tok.save(run / "tok.json")
     weights = models()
-    manager = CheckpointManager(run / "ckpt", keep_last=0)  # every step kept
-    for step, model in weights.items():
-        files = {
-            "config.toml": dump_toml({"seed": 1, "model": model.config.to_dict()}).encode(),
-            "tokenizer.json": (run / "tok.json").read_bytes(),
-        }
-        manager.save(step, tensors={"model.safetensors": model.state_dict()}, files=files,
-                     state={"trainer": {}})  # fmt: skip
+    for step, model in weights.items():  # every step kept (keep_last=0)
+        write_run(run, model, tok, steps=(step,), keep_last=0)
     served, tok = load(run)
     app = create_app(served, tok, name="run", slots=2, source=run)
     server, thread, url = start_server(app)

@@ -180,3 +180,9 @@ def test_check_merge_order_accepts_what_the_loop_accepts() -> None:
     check_merge_order({(1, 2): 4, (4, 3): 5, (5, 5): 6}, 7)
     with pytest.raises(GlassError, match="uses token 6, which merge 0 makes"):
         check_merge_order({(6, 1): 6}, 7)
+
+
+def test_importing_the_tokenizer_does_not_import_torch(imports_after) -> None:
+    """Text ↔ ids needs no tensors: ``glassgpt tokenizer`` and the tokenizer's users stay
+    light (``glassgpt.interop``, above the model, imports torch with the GPT)."""
+    assert imports_after("import glassgpt.tokenizer", ["torch"]) == []

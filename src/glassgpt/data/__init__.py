@@ -8,12 +8,10 @@
 - :func:`default_corpus_files` / :func:`iter_default_corpus`: the embedded corpus, this
   interpreter's standard library sources (:mod:`glassgpt.data.corpus`).
 - :class:`BatchSampler` and :func:`iter_eval_batches` read the shards memory-mapped
-  (:mod:`glassgpt.data.sampler`; imported on first use since it needs torch).
+  (:mod:`glassgpt.data.sampler`).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from glassgpt.data.corpus import (
     default_corpus_files,
@@ -24,6 +22,7 @@ from glassgpt.data.corpus import (
 from glassgpt.data.documents import Corpus
 from glassgpt.data.prepare import prepare
 from glassgpt.data.reading import resolve_inputs
+from glassgpt.data.sampler import BatchSampler, eval_windows, iter_eval_batches
 from glassgpt.data.shards import DataDir, DataMeta, TokenStream, dtype_for, tokenizer_fingerprint
 
 __all__ = [
@@ -34,6 +33,7 @@ __all__ = [
     "TokenStream",
     "default_corpus_files",
     "dtype_for",
+    "eval_windows",
     "iter_default_corpus",
     "iter_eval_batches",
     "prepare",
@@ -42,11 +42,3 @@ __all__ = [
     "stdlib_dir",
     "tokenizer_fingerprint",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("BatchSampler", "iter_eval_batches", "eval_windows"):
-        from glassgpt.data import sampler
-
-        return getattr(sampler, name)
-    raise AttributeError(f"module 'glassgpt.data' has no attribute {name!r}")

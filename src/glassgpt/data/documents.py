@@ -27,7 +27,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from glassgpt.data.reading import PIECE_BYTES, Piece, file_size, iter_pieces, text_pieces
+from glassgpt.data.reading import (
+    PIECE_BYTES,
+    Piece,
+    file_size,
+    iter_pieces,
+    resolve_inputs,
+    text_pieces,
+)
 from glassgpt.data.records import (
     BadRecords,
     DatasetSource,
@@ -54,8 +61,6 @@ def input_kind(path: Path) -> str:
 
 def resolve_corpus(inputs: Sequence[str | Path], pattern: str = "*") -> list[tuple[str, str]]:
     """Inputs as ``(kind, path or dataset spec)``: folders expanded, datasets kept whole."""
-    from glassgpt.data.reading import resolve_inputs
-
     if not inputs:
         raise InputFileError("no input given")
     out: list[tuple[str, str]] = []

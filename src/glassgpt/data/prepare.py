@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from glassgpt.data.documents import Corpus, as_corpus, check_not_empty
-from glassgpt.data.reading import PIECE_BYTES, Piece, file_size, safe_cut
+from glassgpt.data.reading import PIECE_BYTES, Piece, safe_cut
 from glassgpt.data.shards import (
     META,
     SHARD_TOKENS,
@@ -42,6 +43,7 @@ from glassgpt.data.shards import (
 )
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.storage import atomic_write
+from glassgpt.tokenizer.char import CharTokenizer
 
 BATCH_BYTES = 8 << 20  # text per encode_batch call
 EOT = "<|endoftext|>"
@@ -90,17 +92,6 @@ def _is_shard(name: str) -> bool:
     return split in ("train", "val") and rest.endswith(".bin") and rest[:-4].isdigit()
 
 
-def input_sizes(files: Sequence[Path]) -> list[int]:
-    """Sizes of the input files; no files, or only empty ones, is an :class:`InputFileError`."""
-    if not files:
-        raise InputFileError("no input files given")
-    sizes = [file_size(p) for p in files]
-    if sum(sizes) == 0:
-        names = ", ".join(str(p) for p in files[:3]) + (", …" if len(files) > 3 else "")
-        raise InputFileError(f"the input is empty: {names}")
-    return sizes
-
-
 def prepare(
     inputs: Sequence[str | Path] | Corpus,
     output: str | Path,
@@ -145,8 +136,6 @@ def prepare(
     except OSError as e:
         raise GlassError(f"{out}: cannot create the output folder ({e.strerror or e})") from None
     sink = _Sink(out, encode, n_vocab, dtype, shard_tokens, batch_bytes, sep_ids, sep_bytes)
-    from tqdm.auto import tqdm  # on use: it costs a quarter second, and the CLI imports this module
-
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     try:
         # global byte offset where val starts (no val: past the end)
@@ -318,7 +307,5 @@ def char_tokenizer(files: Sequence[str | Path] | Corpus) -> Any:
 
     The newline is added so that it can always separate documents.
     """
-    from glassgpt.tokenizer.char import CharTokenizer  # on use: the CLI imports this module
-
     alphabet = sorted(char_set(files) | {"\n"})
     return CharTokenizer(alphabet)

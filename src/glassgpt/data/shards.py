@@ -36,6 +36,7 @@ import numpy as np
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.formats import check_format
 from glassgpt.storage import inside
+from glassgpt.tokenizer.loading import load_tokenizer
 from glassgpt.version import __version__
 
 FORMAT = "glassgpt-data"
@@ -319,8 +320,6 @@ class DataDir:
 
     def load_tokenizer(self) -> Any:
         """The tokenizer saved with the shards (checked against the recorded fingerprint)."""
-        from glassgpt.tokenizer.loading import load_tokenizer  # on use: regex is not cheap
-
         path = self.path / TOKENIZER
         if not path.is_file():
             raise InputFileError(f"{path}: missing from the data folder")

@@ -23,7 +23,6 @@ members of ``glassgpt.model.cache.KVCacheProtocol``, which this class implements
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -31,9 +30,7 @@ from torch import Tensor
 from glassgpt.errors import GlassError
 from glassgpt.kernels import cache_dtype, write_kv
 from glassgpt.model.config import GPTConfig
-
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
+from glassgpt.model.gpt import GPT
 
 
 class CacheError(GlassError, ValueError):

@@ -17,19 +17,24 @@ choice (say, by the explorer) run the steps they see eagerly, without changing i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from glassgpt.model.gpt import GPT
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.graphs import GraphedStep, StaticKVCache
 from glassgpt.sample.replay import ReplayedStep, unreplayable_model
 
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
-
 Kind = Literal["eager", "replayed", "graphed"]
+SMALL_MODEL = 8_000_000  # parameters; below this a decoding step is too short to split
+
+
+def is_small(model: GPT) -> bool:
+    """Whether ``model``'s decoding steps are too short to share among CPU threads (sample
+    and serve then run on one thread unless told otherwise)."""
+    return sum(p.numel() for p in model.parameters()) < SMALL_MODEL
 
 
 @dataclass(frozen=True)

@@ -32,20 +32,19 @@ import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from glassgpt.errors import ConfigError, GlassError
+from glassgpt.model.gpt import GPT
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.engine import Decoder
 from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token
+from glassgpt.sample.steering import steered
 from glassgpt.sample.stops import StopMatcher
 from glassgpt.tokenizer.special import start_id
-
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
 
 
 class ContextWarning(UserWarning):
@@ -120,8 +119,6 @@ def generate(
     (5, True)
     """
     if steer:
-        from glassgpt.sample.steering import steered
-
         with steered(model, steer):
             return generate(model, tokens, tokenizer=tokenizer, **options)
     run = stream(model, tokens, tokenizer=tokenizer, **options)

@@ -1,7 +1,7 @@
 """Decoding from a CUDA graph: one replay per generated token instead of ~15 launches a layer.
 
-At batch 1 a GPT-2-small decoding step is about 180 kernels of a few microseconds of work
-each, and the GPU spends the step waiting for the host to launch them. A CUDA graph records
+At batch 1 a decoding step is many small kernels, and the GPU spends the step waiting for
+the host to launch them (``bench/generate.py`` measures the gain). A CUDA graph records
 the step once and replays it with one launch. A replay has fixed shapes and addresses, so
 the step must keep its shape while the sequence grows. :class:`StaticKVCache` does that: a
 step writes its key and value at column n, held in a device tensor, and attends over the
@@ -16,15 +16,12 @@ Prompts (T > 1) run eagerly through the ordinary :class:`KVCache` path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from glassgpt.model.gpt import GPT
 from glassgpt.sample.cache import CacheFullError, KVCache, _LayerKV
-
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
 
 
 class _StaticLayerKV(_LayerKV):

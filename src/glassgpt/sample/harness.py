@@ -30,17 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
+from glassgpt.model.gpt import GPT
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.generation import left_pad
-
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
 
 
 def fit_context(ctx: Sequence[int], cont: Sequence[int], n_ctx: int) -> list[int]:

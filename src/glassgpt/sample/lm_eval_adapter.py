@@ -21,7 +21,10 @@ data as lm-eval does (``datasets`` and its cache). ``lm_eval`` is the optional e
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,13 +32,18 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from glassgpt.checkpoint import load
+from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
+from glassgpt.model.precision import cast, parse_dtype
 from glassgpt.sample.generation import generate
 from glassgpt.sample.harness import rolling_windows, score
 from glassgpt.tokenizer.special import END_OF_TEXT, start_id
 
 MISSING = "lm-eval is not installed: pip install 'glassgpt[eval]' (or pip install lm-eval)"
 try:
+    import lm_eval
+    import lm_eval.tasks  # read at each call: a test may replace its TaskManager
     from lm_eval.api.model import TemplateLM
 except ImportError:  # pragma: no cover - the optional extra
     raise GlassError(MISSING) from None
@@ -197,12 +205,6 @@ def task_manager(names: Sequence[str], include_path: Sequence[str] = ()) -> Any:
     """lm-eval's ``TaskManager`` that knows every name: the ``include_path`` folders alone
     when they hold them all (fast), else with lm-eval's catalogue (seconds: thousands of
     YAML files); an unknown name is a one-line error naming the closest ones."""
-    import difflib
-    import fnmatch
-    import logging
-
-    from lm_eval.tasks import TaskManager
-
     for path in include_path:
         if not Path(path).is_dir():
             raise GlassError(f"--include-path {path}: not a folder of task YAML files")
@@ -214,10 +216,10 @@ def task_manager(names: Sequence[str], include_path: Sequence[str] = ()) -> Any:
 
     paths = [str(p) for p in include_path] or None
     if paths:
-        tm = TaskManager(include_path=paths, include_defaults=False)
+        tm = lm_eval.tasks.TaskManager(include_path=paths, include_defaults=False)
         if not unknown(tm):
             return tm
-    tm = TaskManager(include_path=paths)
+    tm = lm_eval.tasks.TaskManager(include_path=paths)
     missing = unknown(tm)
     if missing:
         close = difflib.get_close_matches(missing[0], tm.all_tasks, n=3, cutoff=0.6)
@@ -245,12 +247,6 @@ def run_tasks(
 ) -> dict[str, Any]:
     """lm-eval's ``simple_evaluate`` of the checkpoint's model on ``tasks``: its results
     dictionary (``results``, ``configs``, ``n-shot``, ... as lm-eval writes them)."""
-    from lm_eval import simple_evaluate
-
-    from glassgpt.checkpoint import load
-    from glassgpt.devices import parse_device
-    from glassgpt.model.precision import cast, parse_dtype
-
     names = parse_tasks(tasks)
     if num_fewshot is not None and num_fewshot < 0:
         raise GlassError(f"--num-fewshot: must be ≥ 0, got {num_fewshot}")
@@ -266,7 +262,7 @@ def run_tasks(
     if limit is not None and limit >= 1:
         limit = int(limit)
     try:
-        results = simple_evaluate(
+        results = lm_eval.simple_evaluate(
             model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
             bootstrap_iters=bootstrap_iters, log_samples=False, random_seed=seed,
             numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,

@@ -6,7 +6,7 @@ A one-token step of a float32 (or int8) model on a CPU,
 
 runs as glassgpt's compiled kernels (the products, norms, GELU, cache writes and attention)
 with Python between them: module calls, hooks that are off, the seams' choices, views and
-allocations, about 2 ms a GPT-2-small step against 17-25 ms of weight reads. The kernels
+allocations (``bench/generate.py`` measures what that costs a step). The kernels
 and the buffers they work on are the same at every step; only the position n moves (the
 cache column written, the n + 1 keys attended to, the position row P[n]).
 :class:`ReplayedStep` runs one step eagerly while the kernels' recorder (``glassgpt.kernels.Recorder``) records its
@@ -24,17 +24,14 @@ it). Prompts (several tokens) always run eagerly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from glassgpt import kernels
-from glassgpt.model.gpt import TokenError
+from glassgpt.model.gpt import GPT, TokenError
 from glassgpt.sample.cache import CacheFullError, KVCache
-
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
 
 
 def unreplayable(model: GPT, cache: Any) -> str | None:
@@ -162,7 +159,7 @@ class ReplayedStep:
         recording's own buffer; None where a row holds a NaN or an infinite maximum.
 
         Between two steps PyTorch's code is cold (the step's weights streamed through every
-        cache), so that each operation took 30-50 µs: this pick, and a step from a list of
+        cache), so that each PyTorch operation is slow: this pick, and a step from a list of
         ids, make none."""
         B, V = self.tokens.shape[0], self.logits.shape[-1]
         return kernels.argmax_at(self.logits.data_ptr(), B, min(n_valid, V), V)

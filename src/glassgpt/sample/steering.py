@@ -25,21 +25,24 @@ as glassgpt's.
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+import numpy as np
+import safetensors.torch
 import torch
 from torch import Tensor
 
 from glassgpt.errors import ConfigError, GlassError, InputFileError
-
-if TYPE_CHECKING:
-    from glassgpt.model.gpt import GPT
+from glassgpt.model.gpt import GPT
+from glassgpt.storage import atomic_write
+from glassgpt.tokenizer.special import start_id
 
 HookFn = Callable[[Tensor, str], "Tensor | None"]
 VECTOR_KEY = "vector"
@@ -215,12 +218,8 @@ def load_vector(path: str | Path) -> Tensor:
     suffix = path.suffix.lower()
     try:
         if suffix == ".safetensors":
-            from safetensors.torch import load
-
-            found: Any = load(path.read_bytes())
+            found: Any = safetensors.torch.load(path.read_bytes())
         elif suffix == ".npy":
-            import numpy as np
-
             array = np.load(path, allow_pickle=False)
             if not np.issubdtype(array.dtype, np.floating):
                 raise GlassError(f"{path}: holds {array.dtype} values, not floats")
@@ -252,16 +251,10 @@ def load_vector(path: str | Path) -> Tensor:
 
 def save_vector(path: str | Path, vector: Tensor, metadata: dict[str, str] | None = None) -> None:
     """Write ``vector`` (atomically) as safetensors (key ``vector``), ``.npy`` or ``.pt``."""
-    import io
-
-    from glassgpt.storage import atomic_write
-
     path = Path(path)
     v = vector.detach().to("cpu").contiguous()
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        import numpy as np
-
         buf = io.BytesIO()
         np.save(buf, v.numpy(), allow_pickle=False)
         data = buf.getvalue()
@@ -270,9 +263,7 @@ def save_vector(path: str | Path, vector: Tensor, metadata: dict[str, str] | Non
         torch.save({VECTOR_KEY: v}, buf)
         data = buf.getvalue()
     elif suffix == ".safetensors":
-        from safetensors.torch import save
-
-        data = save({VECTOR_KEY: v}, metadata=metadata)
+        data = safetensors.torch.save({VECTOR_KEY: v}, metadata=metadata)
     else:
         raise GlassError(f"{path}: unknown vector format (use .safetensors, .npy or .pt)")
     atomic_write(path, data)
@@ -309,8 +300,6 @@ def _mean_activation(
     model: GPT, tokenizer: Any, prompts: Sequence[Any], name: str, shape: tuple[int, ...], pos: str
 ) -> Tensor:
     """mean over ``prompts`` of a(p) (float64, on the CPU)."""
-    from glassgpt.tokenizer.special import start_id
-
     device = next(model.parameters()).device
     total = torch.zeros(shape, dtype=torch.float64)
     seen: list[Tensor] = []

@@ -17,6 +17,16 @@ from typing import Any
 from glassgpt.errors import GlassError
 
 
+def unescape(text: str) -> str:
+    r"""``text`` with its backslash escapes read (``\n``, ``\t``, ``\u00e9``): how a stop
+    string or a prompt typed on a command line says a newline.
+
+    >>> unescape(r"\n\nUser:"), unescape("naïve")
+    ('\n\nUser:', 'naïve')
+    """
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
 def single_byte_ids(tokenizer: Any) -> dict[int, int]:
     """byte value → id of the token that is exactly that byte (byte-level BPE vocabularies)."""
     vocab = getattr(tokenizer, "vocab", None)

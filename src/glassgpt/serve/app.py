@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
+from glassgpt.sample.steering import steering_hooks
 from glassgpt.serve import api, errors, explore, features
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.scheduler import Scheduler
@@ -45,8 +46,6 @@ def create_app(
     (``glassgpt.sample.steering.Steer``s) steers every request's generation; ``source`` (the
     checkpoint or run folder served) gives the explorer's checkpoint slider its steps; ``sae``
     (and its ``pages``) adds the feature endpoints of ``glassgpt.serve.features``."""
-    from glassgpt.sample.steering import steering_hooks
-
     if tokenizer is None:
         raise APIError(500, "serving needs a tokenizer")
     model.eval()

@@ -3,13 +3,12 @@
 A run trained with ``train.keep_last=0`` keeps every ``ckpt/step_*``; the slider asks for the
 analyses (patterns, logit lens, logits, head scores) of the model θ_s at step s, so that a head
 can be seen before and after a change such as the forming of an induction head. Each θ_s is
-read from its checkpoint's ``model.safetensors`` (the shape from its ``config.toml``) onto the
-served model's device in float32, and the last few are kept.
+opened by :func:`glassgpt.checkpoint.open_run` onto the served model's device, as stored, and
+the last few are kept.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -19,11 +18,6 @@ from glassgpt import checkpoint as ckpt
 from glassgpt.errors import GlassError
 
 KEEP = 4  # models kept in memory
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 class Checkpoints:
@@ -39,8 +33,7 @@ class Checkpoints:
         """{step: folder}, oldest first."""
         if self.root is None or not self.root.is_dir():
             return {}
-        found = {int(p.name.removeprefix("step_")): p for p in ckpt.step_folders(self.root)}
-        return dict(sorted(found.items()))
+        return dict(sorted((ckpt.step_of(p), p) for p in ckpt.step_folders(self.root)))
 
     def steps(self) -> list[int]:
         return list(self.folders())
@@ -52,16 +45,10 @@ class Checkpoints:
                 self.models.move_to_end(step)
                 return self.models[step]
         folders = self.folders()
-        if step not in folders:
+        if self.root is None or step not in folders:
             known = ", ".join(map(str, folders)) or "none"
             raise GlassError(f"no checkpoint of step {step}; kept: {known}")
-        from glassgpt.model import GPT, GPTConfig
-
-        saved = ckpt.load_checkpoint(folders[step])
-        config = GPTConfig.from_dict(tomllib.loads(saved.text("config.toml"))["model"])
-        model = GPT(config)
-        model.load_state_dict(saved.tensors("model.safetensors"))
-        model = model.to(self.device).eval()
+        model = ckpt.open_run(self.root, step=step, device=self.device).model
         with self.lock:
             self.models[step] = model
             while len(self.models) > KEEP:

@@ -25,12 +25,16 @@ import torch
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
+from glassgpt.console import say
 from glassgpt.errors import GlassError
+from glassgpt.features.pages import FILE, load_pages
+from glassgpt.features.pages_command import sae_folder
 from glassgpt.features.sae import SAE
 from glassgpt.features.sites import check_model, read
 from glassgpt.features.steering import feature_hooks
 from glassgpt.inspect.cache import evaluating
 from glassgpt.inspect.report import encode_prompt, token_texts
+from glassgpt.sample import generate
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.state import ServeState
 
@@ -177,8 +181,6 @@ class Features:
 
     # -- steering -------------------------------------------------------------------------------
     def steer(self, ask: SteerAsk) -> dict[str, Any]:
-        from glassgpt.sample import generate
-
         if not math.isfinite(ask.value):
             raise APIError(400, f"value {ask.value}: must be finite", param="value")
         ids = self._ids(ask.prompt)
@@ -213,18 +215,15 @@ class Features:
 def load_sae(folder: str, model: Any) -> tuple[SAE, Any]:
     """(the SAE in ``folder``, checked against ``model``, in float32 on its device; its feature
     pages, or None with a note on stderr)."""
-    import sys
-
-    from glassgpt.features.pages import FILE, load_pages
-    from glassgpt.features.pages_command import sae_folder
-
     sae = SAE.load(folder, device=next(model.parameters()).device).float()
     check_model(sae, model)
     found = sae_folder(folder) / FILE
     if found.is_file():
         return sae, load_pages(found)
-    print(f"glassgpt: note: {folder} has no feature pages (glassgpt sae features -c {folder} "
-          "--data …): the explorer shows activations and steering only", file=sys.stderr)  # fmt: skip
+    say(
+        f"{folder} has no feature pages (glassgpt sae features -c {folder} --data …): the "
+        "explorer shows activations and steering only"
+    )
     return sae, None
 
 

@@ -36,6 +36,8 @@ import heapq
 from collections.abc import Mapping
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from glassgpt.errors import GlassError
 from glassgpt.tokenizer.files import bytes_to_unicode
 
@@ -193,6 +195,4 @@ def _add_pairs(
 
 
 def _progress_bar(total: int) -> Any:
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc="BPE merges", unit="merge")

@@ -7,8 +7,8 @@ of ``(?i:s)``, ``(?i:d)``, ``(?i:m)``, ``(?i:t)``, ``(?i:l)``, ``(?i:v)``, ``(?i
 ``(?i:r)`` matches c (1-8; 0 none). The compiled encoder's scanners read it, so its classes
 are the reference's by construction.
 
-Computing it runs the ``regex`` module over all 1.1 million code points (about 0.15 s, a
-third of loading GPT-2's tokenizer). It depends only on the ``regex`` module, which ships
+Computing it runs the ``regex`` module over all 1.1 million code points (a large part of
+loading GPT-2's tokenizer). It depends only on the ``regex`` module, which ships
 its own Unicode tables (not Python's ``unicodedata``: ``regex`` 2026.11 calls U+0558 a
 letter, Python 3.11 does not), and on the definitions above. So it is computed once per
 ``regex`` version and kept, zlib-compressed (about 5 KB), in a per-user cache folder:
@@ -61,7 +61,7 @@ def cache_path() -> Path:
 
 
 def compute_table() -> bytes:
-    """The table, computed with the ``regex`` module (about 0.15 s).
+    """The table, computed with the ``regex`` module (every code point: slow, hence the cache).
 
     >>> t = compute_table()
     >>> [t[ord(c)] & 3 for c in "a1 .\u0558"], [t[ord(c)] >> 2 for c in "sSE\u017fx"]

@@ -12,6 +12,8 @@ import os
 from collections import Counter
 from collections.abc import Collection, Iterable
 
+from tqdm.auto import tqdm
+
 from glassgpt.errors import GlassError
 from glassgpt.tokenizer.files import read_text
 from glassgpt.tokenizer.pretokenize import splitter
@@ -61,8 +63,6 @@ def count_chunks(
     counts: Counter[str] = Counter()
     items = iter_texts(texts_or_paths)
     if progress:
-        from tqdm.auto import tqdm
-
         items = tqdm(items, desc="pre-tokenizing", unit=" inputs")
     for _, text in items:
         for part in split_special(text, specials)[::2]:

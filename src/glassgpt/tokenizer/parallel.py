@@ -16,20 +16,20 @@ instead: no fork, no ids to send back.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
+
+import numpy as np
 
 from glassgpt.errors import GlassError
 from glassgpt.tokenizer.pretokenize import WHITESPACE
 from glassgpt.tokenizer.special import SpecialSet, check_disallowed, resolve
-
-if TYPE_CHECKING:  # these load when a batch runs in parallel: loading a tokenizer stays light
-    from concurrent.futures import ProcessPoolExecutor
-
-    import numpy as np
 
 
 class Tokenizer(Protocol):
@@ -107,16 +107,12 @@ def encode_texts(tok: Tokenizer, texts: Sequence[str], allowed: frozenset[str]) 
 
 def _work(key: int, texts: list[str], allowed: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
     """In a worker: the ids of ``texts`` as one flat int32 array and the lengths."""
-    import numpy as np
-
     ids = encode_texts(_tokenizers[key], texts, allowed)
     lengths = np.array([len(x) for x in ids], dtype=np.int64)
     return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths
 
 
 def _unpack(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
-    import numpy as np
-
     ids, ends = flat.tolist(), np.cumsum(lengths).tolist()
     return [ids[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
@@ -125,9 +121,6 @@ def _pool(tok: Tokenizer, n: int) -> ProcessPoolExecutor:
     key = id(tok)
     if key in _pools and _pools[key][0] == n:
         return _pools[key][1]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     close_workers(tok)
     _tokenizers[key] = tok
     pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
@@ -165,10 +158,6 @@ def encode_batch(
     if disallowed:
         for t in texts:  # raise here, not in a worker
             check_disallowed(t, disallowed)
-    import multiprocessing
-    from concurrent.futures import ThreadPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
     lengths = [len(t) for t in texts]
     workers = cpu_count() if num_workers is None else num_workers
     if (

@@ -4,8 +4,10 @@
                           --tokenizer TOK.json | --char | --train-tokenizer VOCAB_SIZE
                           --output DIR [--val-fraction F] [--shard-tokens N]
                           [--text-field NAME] [--skip-bad]
+    glassgpt data info DIR [--tokenizer TOK.json]
 
-Wiring only; the work is in :mod:`glassgpt.data.prepare` (imported when a command runs).
+The work is in :mod:`glassgpt.data.prepare` (shards) and :mod:`glassgpt.data.documents`
+(the inputs).
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from glassgpt.cli.arguments import add_output
+from glassgpt.cli.arguments import add_no_progress, add_output
+from glassgpt.console import say
+from glassgpt.data.corpus import default_corpus_files
+from glassgpt.data.documents import HF_PREFIX, Corpus
+from glassgpt.data.prepare import EOT, char_tokenizer, prepare
+from glassgpt.data.shards import DataDir
+from glassgpt.errors import ConfigError
+from glassgpt.tokenizer import Tokenizer, load_tokenizer
 
-SEPARATOR_SPECIAL = "<|endoftext|>"
 
-
-def register(subparsers: Any) -> None:
-    """Add ``glassgpt data`` and its subcommands."""
-    data = subparsers.add_parser("data", help="prepare token shards from text")
-    sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
 
     p = sub.add_parser("prepare", help="encode text files into train/val token shards")
     src = p.add_mutually_exclusive_group(required=True)
@@ -50,7 +55,7 @@ def register(subparsers: Any) -> None:
         "--train-tokenizer",
         type=int,
         metavar="VOCAB_SIZE",
-        help=f"train a byte-level BPE tokenizer (with {SEPARATOR_SPECIAL}) on the input",
+        help=f"train a byte-level BPE tokenizer (with {EOT}) on the input",
     )
     add_output(p, required=True, metavar="DIR", help="data folder")
     p.add_argument(
@@ -78,29 +83,19 @@ def register(subparsers: Any) -> None:
         "--workers", type=int, default=None, metavar="N", help="cores to encode on (all)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace prepared data in DIR")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_prepare)
+    add_no_progress(p)
+    p.set_defaults(func=run_prepare)
 
     i = sub.add_parser("info", help="describe a prepared data folder")
     i.add_argument("folder", type=Path, metavar="DIR")
     i.add_argument(
         "--tokenizer", type=Path, metavar="TOK", help="also check that DIR was made with TOK"
     )
-    i.set_defaults(func=_info)
-
-    data.set_defaults(func=lambda args: data.print_help() or 2)
+    i.set_defaults(func=run_info)
 
 
-def _prepare(args: argparse.Namespace) -> int:
-    import sys
-
-    from glassgpt.data.documents import HF_PREFIX, Corpus
-    from glassgpt.data.prepare import prepare
-    from glassgpt.errors import ConfigError
-
+def run_prepare(args: argparse.Namespace) -> int:
     if args.stdlib:
-        from glassgpt.data.corpus import default_corpus_files
-
         inputs: list[Any] = list(default_corpus_files(args.max_bytes))
     else:
         if args.max_bytes is not None:
@@ -109,11 +104,10 @@ def _prepare(args: argparse.Namespace) -> int:
     corpus = Corpus(inputs, text_field=args.text_field, skip_bad=args.skip_bad, pattern=args.glob)
     if corpus.text_only or args.val_fraction > 0:
         corpus.sizes()  # empty input: fail before building a tokenizer
-    tokenizer = _tokenizer(args, corpus)
     data = prepare(
         corpus,
         Path(args.output),
-        tokenizer,
+        _tokenizer(args, corpus),
         val_fraction=args.val_fraction,
         shard_tokens=args.shard_tokens,
         workers=args.workers,
@@ -123,45 +117,30 @@ def _prepare(args: argparse.Namespace) -> int:
     print(_describe(data))
     skipped = corpus.describe_skipped()
     if skipped:
-        print(f"glassgpt: {skipped}", file=sys.stderr)
+        say(skipped, kind=None)
     return 0
 
 
-def _tokenizer(args: argparse.Namespace, corpus: Any) -> Any:
+def _tokenizer(args: argparse.Namespace, corpus: Corpus) -> Any:
+    """The tokenizer of ``--tokenizer``, ``--char`` or ``--train-tokenizer``."""
     if args.tokenizer is not None:
-        from glassgpt.tokenizer import load_tokenizer
-
         return load_tokenizer(args.tokenizer)
     if args.char:
-        from glassgpt.data.prepare import char_tokenizer
-
         return char_tokenizer(corpus)
-    from glassgpt.errors import ConfigError
-    from glassgpt.tokenizer import Tokenizer
-
     if args.train_tokenizer < 257:
         raise ConfigError("--train-tokenizer", f"must be at least 257, got {args.train_tokenizer}")
     return Tokenizer.train(
-        corpus.texts(),
-        args.train_tokenizer,
-        special_tokens=(SEPARATOR_SPECIAL,),
-        progress=not args.no_progress,
+        corpus.texts(), args.train_tokenizer, special_tokens=(EOT,), progress=not args.no_progress
     )
 
 
-def _info(args: argparse.Namespace) -> int:
-    from glassgpt.data.shards import DataDir
-
-    tokenizer = None
-    if args.tokenizer is not None:
-        from glassgpt.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(args.tokenizer)
+def run_info(args: argparse.Namespace) -> int:
+    tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
     print(_describe(DataDir.open(args.folder, tokenizer)))
     return 0
 
 
-def _describe(data: Any) -> str:
+def _describe(data: DataDir) -> str:
     m = data.meta
     lines = [
         f"{data.path}: {m.tokenizer_kind} tokenizer, n_vocab={m.n_vocab}, {m.dtype}, "

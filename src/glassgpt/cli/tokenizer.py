@@ -8,8 +8,7 @@
 
 Ids are written and read as whitespace-separated integers. ``--tokenizer`` takes a saved
 tokenizer (either kind) or a folder holding GPT-2's ``encoder.json`` and ``vocab.bpe``;
-glassgpt looks nowhere else for them. Only argparse is imported here; the work is imported
-on use.
+glassgpt looks nowhere else for them.
 """
 
 from __future__ import annotations
@@ -22,12 +21,12 @@ from typing import Any
 
 from glassgpt.cli.arguments import add_output
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.tokenizer import CharTokenizer, Tokenizer, open_tokenizer
+from glassgpt.tokenizer.files import read_text
 
 
-def register(subparsers: Any) -> None:
-    """Add ``tokenizer`` and its subcommands to the ``glassgpt`` parser."""
-    p = subparsers.add_parser("tokenizer", help="train, apply and inspect tokenizers")
-    sub = p.add_subparsers(dest="tokenizer_command", metavar="SUBCOMMAND", required=True)
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="tokenizer_command", metavar="SUBCOMMAND", required=True)
 
     t = sub.add_parser("train", help="learn a tokenizer from text files")
     t.add_argument("--input", nargs="+", required=True, metavar="PATH", help="UTF-8 text files")
@@ -48,7 +47,7 @@ def register(subparsers: Any) -> None:
         metavar="TOKEN",
         help="special tokens, e.g. '<|endoftext|>'",
     )
-    t.set_defaults(func=_train)
+    t.set_defaults(func=run_train)
 
     e = sub.add_parser("encode", help="text on stdin → ids on stdout")
     _tokenizer_arg(e)
@@ -58,45 +57,26 @@ def register(subparsers: Any) -> None:
         default="error",
         help="a special token's string in the text: an error (default), its id, or plain text",
     )
-    e.set_defaults(func=_encode)
+    e.set_defaults(func=run_encode)
 
     d = sub.add_parser("decode", help="ids on stdin → text on stdout")
     _tokenizer_arg(d)
-    d.set_defaults(func=_decode)
+    d.set_defaults(func=run_decode)
 
     s = sub.add_parser("stats", help="bytes per token and vocabulary use on text files")
     _tokenizer_arg(s)
     s.add_argument("paths", nargs="+", metavar="PATH", help="UTF-8 text files")
-    s.set_defaults(func=_stats)
+    s.set_defaults(func=run_stats)
 
 
 def _tokenizer_arg(parser: argparse.ArgumentParser) -> None:
+    # required, and a folder of GPT-2's files too: not the shared --tokenizer (a file, optional)
     parser.add_argument(
         "--tokenizer",
         required=True,
         metavar="PATH",
         help="tokenizer JSON, or a folder with GPT-2's encoder.json and vocab.bpe",
     )
-
-
-def open_tokenizer(spec: str) -> Any:
-    """A tokenizer from a ``--tokenizer`` value (see the module docstring)."""
-    from glassgpt.tokenizer import Tokenizer, load_tokenizer
-
-    def gpt2_in(folder: Path) -> bool:
-        return (folder / "encoder.json").is_file() and (folder / "vocab.bpe").is_file()
-
-    path = Path(spec)
-    if spec == "gpt2" and not path.exists():
-        raise InputFileError(
-            "--tokenizer gpt2: give the folder that holds GPT-2's encoder.json and vocab.bpe "
-            "(e.g. --tokenizer ../shared/data/gpt2)"
-        )
-    if path.is_dir():
-        if gpt2_in(path):
-            return Tokenizer.from_gpt2(path / "encoder.json", path / "vocab.bpe")
-        raise InputFileError(f"{path}: a folder without GPT-2's encoder.json and vocab.bpe")
-    return load_tokenizer(path)
 
 
 def _read_stdin() -> str:
@@ -107,9 +87,7 @@ def _read_stdin() -> str:
         raise InputFileError(f"stdin: not UTF-8 at byte offset {e.start}") from None
 
 
-def _train(args: argparse.Namespace) -> int:
-    from glassgpt.tokenizer import CharTokenizer, Tokenizer
-
+def run_train(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.input]
     progress = sys.stderr.isatty()
     start = time.perf_counter()
@@ -130,7 +108,7 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _encode(args: argparse.Namespace) -> int:
+def run_encode(args: argparse.Namespace) -> int:
     tok = open_tokenizer(args.tokenizer)
     policy = {"error": {}, "allow": {"allowed_special": "all"}, "text": {"disallowed_special": ()}}
     ids = tok.encode(_read_stdin(), **policy[args.specials])
@@ -138,7 +116,7 @@ def _encode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decode(args: argparse.Namespace) -> int:
+def run_decode(args: argparse.Namespace) -> int:
     tok = open_tokenizer(args.tokenizer)
     words = _read_stdin().split()
     try:
@@ -153,9 +131,7 @@ def _decode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stats(args: argparse.Namespace) -> int:
-    from glassgpt.tokenizer.files import read_text
-
+def run_stats(args: argparse.Namespace) -> int:
     tok = open_tokenizer(args.tokenizer)
     rows, used_all, totals = [], set(), [0, 0, 0]
     for p in args.paths:

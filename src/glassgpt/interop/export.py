@@ -1,0 +1,51 @@
+"""A model and its tokenizer written for other tools: an HF GPT-2 folder, a ``.tiktoken`` file.
+
+``export_hf`` writes ``config.json``, ``model.safetensors``, ``tokenizer.json`` and
+``tokenizer_config.json``: ``transformers``' ``AutoModelForCausalLM`` and ``AutoTokenizer``
+load the folder without glassgpt (a byte-level BPE or a character tokenizer).
+``export_tiktoken`` writes a byte-level BPE tokenizer's ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from glassgpt.errors import GlassError
+from glassgpt.interop.hf_gpt2 import to_hf
+from glassgpt.interop.hf_tokenizers import save_tokenizer_json
+from glassgpt.interop.tiktoken_format import save_tiktoken
+from glassgpt.storage import atomic_write
+from glassgpt.tokenizer.special import END_OF_TEXT as EOT
+
+
+def export_hf(model: Any, tok: Any, out: Path) -> None:
+    """Weights, ``config.json`` and the tokenizer files of an HF GPT-2 folder."""
+    char = not hasattr(tok, "merges")  # a character tokenizer: BPE without merges, Fuse decoder
+    to_hf(model, out)
+    save_tokenizer_json(tok, out / "tokenizer.json")
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast" if char else "GPT2TokenizerFast",
+        "model_max_length": model.config.n_ctx,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+    }
+    if EOT in tok.special_tokens:
+        config.update(bos_token=EOT, eos_token=EOT)
+        if not char:
+            config.update(unk_token=EOT)
+    atomic_write(out / "tokenizer_config.json", (json.dumps(config, indent=2) + "\n").encode())
+
+
+def export_tiktoken(tok: Any, out: Path) -> Path:
+    """The tokenizer's ranks as ``out`` (a ``.tiktoken`` file) or ``out/tokenizer.tiktoken``."""
+    if not hasattr(tok, "merges"):
+        raise GlassError(
+            "--format tiktoken needs a byte-level BPE tokenizer; this checkpoint's is a "
+            f"{type(tok).__name__} (train with --set data.tokenizer=bpe)"
+        )
+    path = out if out.suffix == ".tiktoken" else out / "tokenizer.tiktoken"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_tiktoken(tok, path)
+    return path

@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from glassgpt.data import commands as data_commands
 from glassgpt.errors import GlassError
 from glassgpt.features import commands as sae_commands
-from glassgpt.inspect import commands as inspect_commands
-from glassgpt.inspect import patch_commands, study_commands
 from glassgpt.interop import commands as interop_commands
 from glassgpt.sample import commands as sample_commands
 from glassgpt.sample import eval_commands
@@ -36,9 +34,6 @@ COMMAND_MODULES = (
     train_commands,
     sample_commands,
     eval_commands,  # eval --tasks (the harness), on train's eval parser
-    inspect_commands,
-    study_commands,
-    patch_commands,
     sae_commands,
     scaling_commands,
     interop_commands,

@@ -32,6 +32,7 @@ from glassgpt.inspect.circuits import (
 from glassgpt.inspect.heads import HeadScores, head_scores
 from glassgpt.inspect.lens import direct_logit_attribution, logit_lens
 from glassgpt.model import GPT
+from glassgpt.storage import atomic_write
 
 
 def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
@@ -332,8 +333,6 @@ def _device(model: GPT) -> torch.device:
 def write_report(path: str | os.PathLike[str], html_text: str) -> Path:
     """Write the page atomically (temp file, rename), with the permissions any file the user
     writes gets (the umask's); errors name the file."""
-    from glassgpt.storage import atomic_write
-
     out = Path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -341,3 +340,17 @@ def write_report(path: str | os.PathLike[str], html_text: str) -> Path:
         raise InputFileError(f"{out}: cannot write the report ({e.strerror or e})") from None
     atomic_write(out, html_text.encode("utf-8"))
     return out
+
+
+def default_output(checkpoint: str | os.PathLike[str]) -> Path:
+    """``report.html`` in the run folder of a checkpoint (or in the folder given).
+
+    >>> default_output("runs/x/ckpt/step_000100").as_posix(), default_output("hf").as_posix()
+    ('runs/x/report.html', 'hf/report.html')
+    """
+    p = Path(checkpoint)
+    if p.parent.name == "ckpt":
+        p = p.parent.parent
+    elif p.name == "ckpt":
+        p = p.parent
+    return p / "report.html"

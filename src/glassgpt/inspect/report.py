@@ -143,7 +143,7 @@ def _overview(model: GPT, prompt: str, ids: list[int], labels: list[str]) -> str
 def _predictions(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
     logits = model(torch.tensor([ids], device=_device(model)))
     assert isinstance(logits, Tensor)
-    logp = torch.log_softmax(logits[0].float(), -1)  # [T, V]
+    logp = torch.log_softmax(logits[0].float(), -1)  # [T, n_vocab]
     top_p, top_i = torch.topk(logp.exp(), min(3, logp.shape[-1]), dim=-1)
     rows: list[list[object]] = []
     losses = []
@@ -168,7 +168,7 @@ def _predictions(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) 
 
 def _lens(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
     lens = logit_lens(model, ids)
-    probs = lens.probs()[:, 0]  # [L + 1, T, V]
+    probs = lens.probs()[:, 0]  # [L + 1, T, n_vocab]
     top_i = probs.argmax(-1)  # [L + 1, T]
     nxt = torch.tensor([*ids[1:], ids[-1]], device=probs.device)
     p_next = probs.gather(-1, nxt.expand(probs.shape[0], -1)[..., None])[..., 0]
@@ -205,7 +205,7 @@ def _attribution(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) 
             anchor="attribution",
         )
     dla = direct_logit_attribution(model, ids)
-    logits = dla.total(None)[0, -1]  # [V]
+    logits = dla.total(None)[0, -1]  # [n_vocab]
     target = int(logits.argmax())
     parts = dla.logits(torch.tensor([[target]] * len(ids), device=logits.device).T)[:, 0, -1]
     text = fig.token_label(token_texts(tokenizer, [target])[0])

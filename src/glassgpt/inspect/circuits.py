@@ -212,7 +212,8 @@ def composition_scores(model: GPT, kind: Composition = "q") -> Tensor:
     scores = torch.full((L, H, L, H), float("nan"), dtype=dtype)
     with torch.no_grad():
         for l1 in range(L):
-            V1, O1 = W[l1]["W_V"][:, None], W[l1]["W_O"][:, None]  # [H, 1, d_model, d_head], [H, 1, d_head, d_model]
+            V1 = W[l1]["W_V"][:, None]  # [H, 1, d_model, d_head]
+            O1 = W[l1]["W_O"][:, None]  # [H, 1, d_head, d_model]
             ov1 = FactoredMatrix(V1, O1).norm()  # [H, 1]
             for l2 in range(l1 + 1, L):
                 Q2, K2 = W[l2]["W_Q"][None], W[l2]["W_K"][None]  # [1, H, d_model, d_head]

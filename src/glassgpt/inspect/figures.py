@@ -186,7 +186,7 @@ def loss_figure(loss: Tensor, labels: Sequence[str]) -> bytes:
 # -- the induction study (glassgpt.inspect.induction): a pair of heads outlined in red --------
 
 
-def _matrix(
+def _outlined_matrix(
     ax: Any,
     m: Tensor,
     title: str,
@@ -215,14 +215,14 @@ def _matrix(
                 color="black" if light else "white",
             )
     for i, j in marks:
-        ax.add_patch(_box(i, j))
+        ax.add_patch(_outline(i, j))
     ax.set_xticks(range(len(cols)), list(cols), fontsize=8)
     ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
     ax.set_title(title, fontsize=10)
     return im
 
 
-def _box(i: int, j: int) -> Rectangle:
+def _outline(i: int, j: int) -> Rectangle:
     return Rectangle((j - 0.44, i - 0.44), 0.88, 0.88, fill=False, edgecolor="red", linewidth=2.5)
 
 
@@ -236,7 +236,7 @@ def induction_scores_figure(scores: Any, pair: HeadPair) -> bytes:
     heads, layers = [f"head {h}" for h in range(H)], [f"layer {layer}" for layer in range(L)]
     for k, (name, mark) in enumerate([("previous_token", pair[0]), ("induction", pair[1])]):
         ax = fig.add_subplot(1, 2, k + 1)
-        im = _matrix(
+        im = _outlined_matrix(
             ax,
             getattr(scores, name),
             name.replace("_", "-"),
@@ -257,7 +257,7 @@ def induction_composition_figure(k_block: Tensor, comp: dict[str, Any], pair: He
     H = k_block.shape[0]
     fig = Figure(figsize=(4.0 + 1.2 * H, 3.6), layout="constrained")
     ax = fig.add_subplot(1, 2, 1)
-    im = _matrix(
+    im = _outlined_matrix(
         ax,
         k_block,
         f"K-composition, layer {l1} → layer {l2}",
@@ -302,11 +302,11 @@ def induction_patching_figure(heads: Tensor, keys: Tensor, pair: HeadPair) -> by
         "activation patching: clean → corrupted run, metric recovered\n(0 = corrupted, 1 = clean)",
         fontsize=10,
     )
-    heads_l, layers = [f"head {h}" for h in range(H)], [f"layer {layer}" for layer in range(L)]
+    head_labels, layers = [f"head {h}" for h in range(H)], [f"layer {layer}" for layer in range(L)]
     lim = max(1.0, float(heads.abs().max()), float(keys.abs().max()))
     for k, (m, title) in enumerate([(heads, "head output z"), (keys, "head keys k")]):
         ax = fig.add_subplot(1, 2, k + 1)
-        im = _matrix(ax, m, title, layers, heads_l, list(pair), -lim, lim, cmap="RdBu")
+        im = _outlined_matrix(ax, m, title, layers, head_labels, list(pair), -lim, lim, cmap="RdBu")
     fig.colorbar(im, ax=fig.axes, fraction=0.04)
     return to_png(fig)
 

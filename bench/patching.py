@@ -28,7 +28,6 @@ the largest difference between the two results. Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import time
@@ -40,6 +39,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # TransformerLens's sweeps print pro
 import torch
 from torch import Tensor
 
+from glassgpt.inspect import patching as gp
+from glassgpt.inspect.attribution import attribution_patch
 from glassgpt.inspect.cache import run_with_cache
 from glassgpt.inspect.metrics import logit_diff
 from glassgpt.interop.hf_gpt2 import config_to_hf, state_dict_to_hf
@@ -134,9 +135,7 @@ def main() -> None:
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
-    import transformer_lens.patching as tlp
-
-    from glassgpt.inspect import patching as gp
+    import transformer_lens.patching as tlp  # the optional oracle
 
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     load = os.getloadavg()
@@ -193,14 +192,11 @@ def main() -> None:
             L * H,
         ),
     }
-    if importlib.util.find_spec("glassgpt.inspect.attribution") is not None:
-        from glassgpt.inspect.attribution import attribution_patch
-
-        rows["attribution z"] = (
-            lambda: attribution_patch(ours, clean, corrupted, metric, ("attn.z",))["attn.z"],
-            lambda: tl_attribution_z(bridge, clean, corrupted, tl_metric),
-            L * args.seq * H,
-        )
+    rows["attribution z"] = (
+        lambda: attribution_patch(ours, clean, corrupted, metric, ("attn.z",))["attn.z"],
+        lambda: tl_attribution_z(bridge, clean, corrupted, tl_metric),
+        L * args.seq * H,
+    )
     header = (
         f"{'row':<18}{'cells':>6}{'lib':>10}{'cold s':>9}{'warm s':>9}{'ratio':>7}"
         f"{'fwd-eq':>8}{'fwd-eq/cells':>13}{'peak MiB':>10}{'max |diff|':>12}"

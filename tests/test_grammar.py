@@ -130,7 +130,7 @@ def test_inspect_writes_into_the_run_folder_with_the_umask(tmp_path, monkeypatch
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
-    from glassgpt.inspect.commands import default_output
+    from glassgpt.inspect.report import default_output
 
     assert default_output(Path("runs/x")) == Path("runs/x/report.html")
     assert default_output(Path("runs/x/ckpt/best")) == Path("runs/x/report.html")

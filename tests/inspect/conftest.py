@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 import torch
 
+from glassgpt.checkpoint import Run
+from glassgpt.cli import ablate as cli_ablate
+from glassgpt.cli import inspect as cli_inspect
+from glassgpt.cli import patch as cli_patch
+from glassgpt.inspect.report import build_report
 from glassgpt.model import GPT, GPTConfig
+from glassgpt.tokenizer import CharTokenizer
 
 TINY: dict[str, Any] = {
     "n_vocab": 11,
@@ -46,32 +52,24 @@ def random_tokens(config: GPTConfig, batch: int, length: int, seed: int = 1) -> 
     return torch.randint(0, config.n_vocab, (batch, length), generator=gen)
 
 
-def write_run(root: Path, tok: Any, cfg: GPTConfig, model: GPT) -> tuple[Path, str]:
-    """(a checkpoint folder under ``root/run`` as the trainer writes it, its config TOML)."""
-    import json
+def open_as(monkeypatch: pytest.MonkeyPatch, model: GPT, tok: Any) -> None:
+    """Make ``-c ANY`` of ``glassgpt inspect``, ``patch`` and ``ablate`` open ``model`` with
+    ``tok`` (no folder read): their ``open_run`` returns this run."""
 
-    from glassgpt import checkpoint
+    def opened(path: Any, **options: Any) -> Run:
+        config = {"model": model.config.to_dict()}
+        return Run(Path(path), "checkpoint", config, model=model, tokenizer=tok)
 
-    toml = "[model]\n" + "".join(
-        f"{k} = {v!r}\n".replace("True", "true").replace("False", "false")
-        for k, v in cfg.to_dict().items()
-    )
-    folder = checkpoint.write_checkpoint(
-        root / "run" / "ckpt" / "step_000001",
-        step=1,
-        tensors={"model.safetensors": model.state_dict()},
-        files={"config.toml": toml.encode(), "tokenizer.json": json.dumps(tok.to_dict()).encode()},
-        state={},
-    )
-    return folder, toml
+    for command in (cli_inspect, cli_patch, cli_ablate):
+        monkeypatch.setattr(command, "open_run", opened)
 
 
 @pytest.fixture
 def tiny() -> SimpleNamespace:
     """``tiny.config(**overrides)``, ``tiny.model(config, seed, dtype)``, ``tiny.tokens(config, B, T)``,
-    ``tiny.write_run(root, tok, config, model)``."""
+    ``tiny.open_as(monkeypatch, model, tok)``."""
     return SimpleNamespace(
-        config=tiny_config, model=random_model, tokens=random_tokens, write_run=write_run
+        config=tiny_config, model=random_model, tokens=random_tokens, open_as=open_as
     )
 
 
@@ -81,9 +79,6 @@ PROMPT = "the cat <sat> & the cat sat\non the mat"
 @pytest.fixture(scope="session")
 def report_html() -> SimpleNamespace:
     """One report of a small random model (built once: rendering figures takes seconds)."""
-    from glassgpt.inspect.report import build_report
-    from glassgpt.tokenizer import CharTokenizer
-
     tok = CharTokenizer.train([PROMPT + "xyz"])
     cfg = GPTConfig(n_vocab=tok.n_vocab, n_ctx=48, d_model=16, n_layers=2, n_heads=2)
     model = random_model(cfg, seed=0, dtype=torch.float32)

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import tomllib
 import torch
+from tests.runs import write_run
 
+import glassgpt.inspect as gi
+from glassgpt.checkpoint import open_run
 from glassgpt.cli import main
-from glassgpt.inspect import commands
+from glassgpt.inspect.paths import FINAL
 from glassgpt.tokenizer import CharTokenizer
 
 TEXT = "abcdefgh abc"
@@ -21,10 +20,10 @@ TEXT = "abcdefgh abc"
 
 @pytest.fixture
 def loaded(monkeypatch: pytest.MonkeyPatch, tiny: SimpleNamespace) -> SimpleNamespace:
-    """Point the command's loader at a small in-memory model (any existing folder works)."""
+    """Point the command's ``open_run`` at a small in-memory model (any folder name works)."""
     tok = CharTokenizer.train([TEXT])
     model = tiny.model(tiny.config(n_vocab=tok.n_vocab, n_ctx=12), dtype=torch.float32)
-    monkeypatch.setattr(commands, "load_model", lambda path, device="cpu": (model, tok))
+    tiny.open_as(monkeypatch, model, tok)
     return SimpleNamespace(model=model, tokenizer=tok)
 
 
@@ -76,17 +75,32 @@ def test_missing_checkpoint_and_prompt_file_are_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = run(["inspect", "--checkpoint", str(tmp_path / "nope"), "--prompt", "a"], capsys)
-    assert code == 2 and "nope: no such checkpoint folder" in err and err.count("\n") == 1
+    assert code == 2 and "nope: no such checkpoint or model folder" in err and err.count("\n") == 1
     code, _, err = run(
         ["inspect", "--checkpoint", str(tmp_path), "--prompt-file", str(tmp_path / "p.txt")], capsys
     )
-    assert code == 2 and "p.txt: cannot read the prompt" in err
+    assert code == 2 and "p.txt: no such prompt file" in err
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
     code, _, err = run(
         ["inspect", "--checkpoint", str(tmp_path), "--prompt-file", str(tmp_path / "bad.txt")],
         capsys,
     )
-    assert code == 2 and "bad.txt: not UTF-8 text" in err
+    assert code == 2 and "bad.txt: not UTF-8 (byte 0)" in err
+
+
+def test_a_run_without_a_tokenizer_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    tiny: SimpleNamespace,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = tiny.model(tiny.config(n_vocab=11, n_ctx=12), dtype=torch.float32)
+    tiny.open_as(monkeypatch, model, None)
+    code, _, err = run(["inspect", "-c", str(tmp_path), "--prompt", "abc"], capsys)
+    assert (code, err) == (
+        2,
+        f"glassgpt: error: {tmp_path}: has no tokenizer; pass --tokenizer FILE\n",
+    )
 
 
 @pytest.mark.slow
@@ -127,12 +141,12 @@ def test_writes_the_report(
 def test_end_to_end_from_a_training_checkpoint(
     tmp_path: Path, tiny: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A checkpoint written by the trainer's writer, read back by ``glassgpt.load``."""
+    """A run written by the trainer's CheckpointManager, read back by ``open_run``."""
     tok = CharTokenizer.train([TEXT])
     cfg = tiny.config(n_vocab=tok.n_vocab, n_ctx=12)
     model = tiny.model(cfg, dtype=torch.float32)
-    folder, toml = tiny.write_run(tmp_path, tok, cfg, model)
-    assert tomllib.loads(toml)["model"]["n_vocab"] == tok.n_vocab
+    folder = write_run(tmp_path / "run", model, tok)
+    assert open_run(folder, weights=False).model_config.n_vocab == tok.n_vocab
     out_file = tmp_path / "report.html"
     code, _, err = run(
         ["inspect", "--checkpoint", str(folder), "--prompt", "abc", "--output", str(out_file)],
@@ -142,16 +156,10 @@ def test_end_to_end_from_a_training_checkpoint(
     assert out_file.read_text(encoding="utf-8").count("<img ") >= 10
 
 
-def test_the_command_module_and_package_load_without_torch_until_used() -> None:
-    code = (
-        "import sys, glassgpt.inspect, glassgpt.inspect.commands\n"
-        "assert 'torch' not in sys.modules\n"
-        "from glassgpt.inspect import __all__ as names\n"
-        "import glassgpt.inspect as gi\n"
-        "assert all(callable(getattr(gi, n)) for n in names if n != 'FINAL')\n"
-        "from glassgpt.inspect.paths import FINAL\n"
-        "assert gi.FINAL is FINAL  # the one constant: path patching's final-residual receiver\n"
-        "assert 'torch' in sys.modules\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(Path(commands.__file__).parents[2])}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+def test_the_package_exports_its_names_plainly() -> None:
+    """Every name of ``glassgpt.inspect.__all__`` is an attribute bound at import (no lazy
+    ``__getattr__``): the functions and classes, and the one constant, path patching's
+    final-residual receiver."""
+    assert not hasattr(gi, "__getattr__")
+    assert all(callable(getattr(gi, n)) for n in gi.__all__ if n != "FINAL")
+    assert gi.FINAL is FINAL

@@ -18,14 +18,14 @@ import pytest
 import torch
 
 from glassgpt.inspect import head_scores, per_token_loss, repeated_random_tokens, run_with_hooks
-from glassgpt.inspect.induction import train_synthetic
 from glassgpt.model import GPT
+from glassgpt.train.synthetic import train_synthetic
 
 V, T = 32, 16
 
 
 def train(steps: int, seed: int) -> GPT:
-    """The study's toy model (``glassgpt.inspect.induction.train_synthetic``): sequences of
+    """The study's toy model (``glassgpt.train.synthetic.train_synthetic``): sequences of
     random tokens, then a segment of 2–8 distinct tokens, then the segment again."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is faster than several

@@ -19,12 +19,11 @@ from glassgpt.inspect.induction import (
     induction_prompts,
     query_positions,
     run_induction_study,
-    segment_batch,
+    summary,
     target_logprob,
-    train_synthetic,
 )
-from glassgpt.inspect.study_commands import summary
 from glassgpt.model import GPT
+from glassgpt.train.synthetic import segment_batch, train_synthetic
 
 V, T = 32, 16
 

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.runs import write_run
 
 from glassgpt.cli import main
-from glassgpt.inspect import ablation, commands, metrics, patching
+from glassgpt.inspect import ablation, metrics, patching
 from glassgpt.inspect.cache import run_with_cache, run_with_hooks
 from glassgpt.tokenizer import CharTokenizer
 
@@ -21,13 +22,13 @@ CLEAN, CORRUPT = "abc dab", "abx dxb"
 def _load(monkeypatch: pytest.MonkeyPatch, tiny: SimpleNamespace, **cfg: object) -> SimpleNamespace:
     tok = CharTokenizer.train([TEXT])
     model = tiny.model(tiny.config(n_vocab=tok.n_vocab, n_ctx=12, **cfg), seed=3)
-    monkeypatch.setattr(commands, "load_model", lambda path, device="cpu": (model, tok))
+    tiny.open_as(monkeypatch, model, tok)
     return SimpleNamespace(model=model, tokenizer=tok)
 
 
 @pytest.fixture
 def loaded(monkeypatch: pytest.MonkeyPatch, tiny: SimpleNamespace) -> SimpleNamespace:
-    """A random float64 model (2 layers, 3 heads) behind the commands' loader."""
+    """A random float64 model (2 layers, 3 heads) behind the commands' ``open_run``."""
     return _load(monkeypatch, tiny)
 
 
@@ -274,11 +275,11 @@ def test_ablate_refuses_mlps_of_an_attention_only_model(
 def test_patch_from_a_checkpoint_folder(
     tmp_path: Path, tiny: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A checkpoint as the trainer writes it, read back by the real loader."""
+    """A run as the trainer writes it, read back by the real ``open_run``."""
     tok = CharTokenizer.train([TEXT])
     cfg = tiny.config(n_vocab=tok.n_vocab, n_ctx=12)
     model = tiny.model(cfg, dtype=torch.float32)
-    folder, _ = tiny.write_run(tmp_path, tok, cfg, model)
+    folder = write_run(tmp_path / "run", model, tok)
     out = tmp_path / "o"
     code, _, err = run(
         ["patch", "-c", str(folder), *PATCH, "--wrong", "x", "--what", "resid", "-o", str(out)],

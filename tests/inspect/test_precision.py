@@ -252,6 +252,7 @@ def test_every_public_tensor_function_is_covered() -> None:
         "edge_names",  # names and a boolean mask
         "ablated_components",  # the plan (lists of indices)
         "ablation_hooks",  # through run_ablated
+        "next_token_shift",  # Python floats, computed in float64
         "get_act_patch_block_every",  # stacks of the sweeps above
         "get_act_patch_attn_head_all_pos_every",
         "get_act_patch_attn_head_by_pos_every",

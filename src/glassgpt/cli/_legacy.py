@@ -16,8 +16,6 @@ from collections.abc import Sequence
 
 from glassgpt.errors import GlassError
 from glassgpt.features import commands as sae_commands
-from glassgpt.inspect import commands as inspect_commands
-from glassgpt.inspect import patch_commands, study_commands
 from glassgpt.sample import eval_commands
 from glassgpt.scaling import commands as scaling_commands
 from glassgpt.train import commands as train_commands
@@ -28,9 +26,6 @@ COMMAND_MODULES = (
     model_commands,
     train_commands,
     eval_commands,  # eval --tasks (the harness), on train's eval parser
-    inspect_commands,
-    study_commands,
-    patch_commands,
     sae_commands,
     scaling_commands,
 )

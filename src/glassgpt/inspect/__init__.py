@@ -7,101 +7,57 @@
     head_scores(model)                                       previous-token / induction / duplicate
 
 ``glassgpt inspect --checkpoint DIR --prompt TEXT --output report.html`` puts it on one page.
-The names below load (with torch) on first use, so ``glassgpt --help`` stays fast.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from glassgpt.inspect.ablation import ablation_hooks, run_ablated
-    from glassgpt.inspect.attribution import Edges, attribution_patch, edge_attribution_patch
-    from glassgpt.inspect.cache import (
-        ActivationCache,
-        patch_hook,
-        resolve_names,
-        run_with_cache,
-        run_with_hooks,
-    )
-    from glassgpt.inspect.circuits import (
-        composition_scores,
-        copying_scores,
-        ov_circuit,
-        qk_circuit,
-        unembedding,
-    )
-    from glassgpt.inspect.factored import FactoredMatrix, copying_score
-    from glassgpt.inspect.heads import HeadScores, head_scores, repeated_random_tokens
-    from glassgpt.inspect.lens import (
-        Attribution,
-        LogitLens,
-        direct_logit_attribution,
-        logit_lens,
-        per_token_loss,
-    )
-    from glassgpt.inspect.patching import (
-        activation_patch,
-        get_act_patch_attn_head_all_pos_every,
-        get_act_patch_attn_head_by_pos_every,
-        get_act_patch_attn_head_k_all_pos,
-        get_act_patch_attn_head_k_by_pos,
-        get_act_patch_attn_head_out_all_pos,
-        get_act_patch_attn_head_out_by_pos,
-        get_act_patch_attn_head_pattern_all_pos,
-        get_act_patch_attn_head_pattern_by_pos,
-        get_act_patch_attn_head_pattern_dest_src_pos,
-        get_act_patch_attn_head_q_all_pos,
-        get_act_patch_attn_head_q_by_pos,
-        get_act_patch_attn_head_v_all_pos,
-        get_act_patch_attn_head_v_by_pos,
-        get_act_patch_attn_out,
-        get_act_patch_block_every,
-        get_act_patch_mlp_out,
-        get_act_patch_resid_mid,
-        get_act_patch_resid_pre,
-    )
-    from glassgpt.inspect.paths import FINAL, MLP, Head, Receiver, path_patch, path_patch_heads
-
-_WHERE = {
-    "ablation": ("ablation_hooks", "run_ablated"),
-    "attribution": ("Edges", "attribution_patch", "edge_attribution_patch"),
-    "cache": ("ActivationCache", "patch_hook", "resolve_names", "run_with_cache", "run_with_hooks"),
-    "circuits": ("composition_scores", "copying_scores", "ov_circuit", "qk_circuit", "unembedding"),
-    "factored": ("FactoredMatrix", "copying_score"),
-    "heads": ("HeadScores", "head_scores", "repeated_random_tokens"),
-    "paths": ("FINAL", "MLP", "Head", "Receiver", "path_patch", "path_patch_heads"),
-    "patching": (
-        "activation_patch",
-        "get_act_patch_resid_pre",
-        "get_act_patch_resid_mid",
-        "get_act_patch_attn_out",
-        "get_act_patch_mlp_out",
-        "get_act_patch_attn_head_out_by_pos",
-        "get_act_patch_attn_head_q_by_pos",
-        "get_act_patch_attn_head_k_by_pos",
-        "get_act_patch_attn_head_v_by_pos",
-        "get_act_patch_attn_head_pattern_by_pos",
-        "get_act_patch_attn_head_pattern_dest_src_pos",
-        "get_act_patch_attn_head_out_all_pos",
-        "get_act_patch_attn_head_q_all_pos",
-        "get_act_patch_attn_head_k_all_pos",
-        "get_act_patch_attn_head_v_all_pos",
-        "get_act_patch_attn_head_pattern_all_pos",
-        "get_act_patch_block_every",
-        "get_act_patch_attn_head_all_pos_every",
-        "get_act_patch_attn_head_by_pos_every",
-    ),
-    "lens": (
-        "Attribution",
-        "LogitLens",
-        "direct_logit_attribution",
-        "logit_lens",
-        "per_token_loss",
-    ),
-}
-_MODULE = {name: module for module, names in _WHERE.items() for name in names}
+from glassgpt.inspect.ablation import ablation_hooks, run_ablated
+from glassgpt.inspect.attribution import Edges, attribution_patch, edge_attribution_patch
+from glassgpt.inspect.cache import (
+    ActivationCache,
+    patch_hook,
+    resolve_names,
+    run_with_cache,
+    run_with_hooks,
+)
+from glassgpt.inspect.circuits import (
+    composition_scores,
+    copying_scores,
+    ov_circuit,
+    qk_circuit,
+    unembedding,
+)
+from glassgpt.inspect.factored import FactoredMatrix, copying_score
+from glassgpt.inspect.heads import HeadScores, head_scores, repeated_random_tokens
+from glassgpt.inspect.lens import (
+    Attribution,
+    LogitLens,
+    direct_logit_attribution,
+    logit_lens,
+    per_token_loss,
+)
+from glassgpt.inspect.patching import (
+    activation_patch,
+    get_act_patch_attn_head_all_pos_every,
+    get_act_patch_attn_head_by_pos_every,
+    get_act_patch_attn_head_k_all_pos,
+    get_act_patch_attn_head_k_by_pos,
+    get_act_patch_attn_head_out_all_pos,
+    get_act_patch_attn_head_out_by_pos,
+    get_act_patch_attn_head_pattern_all_pos,
+    get_act_patch_attn_head_pattern_by_pos,
+    get_act_patch_attn_head_pattern_dest_src_pos,
+    get_act_patch_attn_head_q_all_pos,
+    get_act_patch_attn_head_q_by_pos,
+    get_act_patch_attn_head_v_all_pos,
+    get_act_patch_attn_head_v_by_pos,
+    get_act_patch_attn_out,
+    get_act_patch_block_every,
+    get_act_patch_mlp_out,
+    get_act_patch_resid_mid,
+    get_act_patch_resid_pre,
+)
+from glassgpt.inspect.paths import FINAL, MLP, Head, Receiver, path_patch, path_patch_heads
 
 __all__ = [
     "FINAL",
@@ -155,10 +111,3 @@ __all__ = [
     "run_with_hooks",
     "unembedding",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'glassgpt.inspect' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"glassgpt.inspect.{module}"), name)

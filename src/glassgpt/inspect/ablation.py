@@ -196,6 +196,38 @@ _KEYWORDS = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class NextTokenShift:
+    """How an intervention moved the next-token distribution at the last position."""
+
+    kl: float  # KL(before ‖ after), nats
+    ids: list[int]  # the union of both top-k, most likely before first
+    before: list[float]  # p(id) before, one per id
+    after: list[float]  # p(id) after
+
+
+def next_token_shift(before: Tensor, after: Tensor, top: int = 5) -> NextTokenShift:
+    """Compare the logits [B, T, n_vocab] of two runs at the first prompt's last position.
+
+    >>> z = torch.tensor([[[0.0, 1.0, 2.0]]])
+    >>> s = next_token_shift(z, z, top=1)
+    >>> s.kl, s.ids
+    (0.0, [2])
+    """
+    logp_before = before[0, -1].double().log_softmax(-1)  # [n_vocab]
+    logp_after = after[0, -1].double().log_softmax(-1)
+    kl = float((logp_before.exp() * (logp_before - logp_after)).sum())
+    k = min(top, logp_before.shape[0])
+    union = {*logp_before.topk(k).indices.tolist(), *logp_after.topk(k).indices.tolist()}
+    ids = sorted(union, key=lambda i: -float(logp_before[i]))
+    return NextTokenShift(
+        kl=kl,
+        ids=ids,
+        before=[float(logp_before[i].exp()) for i in ids],
+        after=[float(logp_after[i].exp()) for i in ids],
+    )
+
+
 # -- the replacement values ------------------------------------------------------------------
 class _Zero:
     def __call__(self, t: Tensor, name: str) -> Tensor:

@@ -169,7 +169,7 @@ def ov_circuit(
         v = read_inputs(model, layer, source) @ _heads(attn.W_V, head)  # [(H,) n_src, d_head]
         if bias and attn.b_V is not None:
             v = v + _heads(attn.b_V, head)[..., None, :]
-        out = _heads(attn.W_O, head) @ unembedding(model, fold_final_norm)  # [(H,) d_head, V]
+        out = _heads(attn.W_O, head) @ unembedding(model, fold_final_norm)  # [(H,) d_head, n_vocab]
     return FactoredMatrix(v, out)
 
 
@@ -212,10 +212,11 @@ def composition_scores(model: GPT, kind: Composition = "q") -> Tensor:
     scores = torch.full((L, H, L, H), float("nan"), dtype=dtype)
     with torch.no_grad():
         for l1 in range(L):
-            V1, O1 = W[l1]["W_V"][:, None], W[l1]["W_O"][:, None]  # [H, 1, D, dh], [H, 1, dh, D]
+            V1 = W[l1]["W_V"][:, None]  # [H, 1, d_model, d_head]
+            O1 = W[l1]["W_O"][:, None]  # [H, 1, d_head, d_model]
             ov1 = FactoredMatrix(V1, O1).norm()  # [H, 1]
             for l2 in range(l1 + 1, L):
-                Q2, K2 = W[l2]["W_Q"][None], W[l2]["W_K"][None]  # [1, H, D, dh]
+                Q2, K2 = W[l2]["W_Q"][None], W[l2]["W_K"][None]  # [1, H, d_model, d_head]
                 V2, O2 = W[l2]["W_V"][None], W[l2]["W_O"][None]
                 if kind == "q":  # (V1 O1)(Q2 K2ᵀ)
                     num = FactoredMatrix(V1, (O1 @ Q2) @ K2.transpose(-1, -2))

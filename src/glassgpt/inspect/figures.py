@@ -4,7 +4,9 @@
 - logit lens grid: layer × position, coloured by the probability of the actual next token,
   each cell labelled with that layer's top prediction;
 - attribution bars: the parts of one logit, largest |contribution| first;
-- heat maps: circuits restricted to tokens, head scores, composition scores.
+- heat maps: circuits restricted to tokens, head scores, composition scores;
+- the induction study's panels (``induction_*_figure``): head scores, composition, activation
+  and path patching, ablation, each with the study's pair of heads outlined.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ import io
 import math
 import unicodedata
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from torch import Tensor
 
 MAX_TICKS = 48  # axes with more labels than this are drawn without them
+HeadPair = tuple[tuple[int, int], tuple[int, int]]  # (previous-token head, induction head)
 
 
 def token_label(text: str, width: int = 10) -> str:
@@ -175,4 +180,209 @@ def loss_figure(loss: Tensor, labels: Sequence[str]) -> bytes:
     _ticks(ax, labels, None)
     ax.set_ylabel("−log p (nats)")
     ax.set_title("per-token loss (label: the token predicted)", fontsize=10)
+    return to_png(fig)
+
+
+# -- the induction study (glassgpt.inspect.induction): a pair of heads outlined in red --------
+
+
+def _outlined_matrix(
+    ax: Any,
+    m: Tensor,
+    title: str,
+    rows: Sequence[str],
+    cols: Sequence[str],
+    marks: Sequence[tuple[int, int]] = (),
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str = "viridis",
+) -> Any:
+    """An annotated matrix on ``ax``, each cell in ``marks`` outlined in red."""
+    a = m.detach().float().cpu().numpy()
+    im = ax.imshow(a, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    lo, hi = im.get_clim()
+    if a.size <= 64:
+        for (i, j), v in np.ndenumerate(a):
+            x = (v - lo) / ((hi - lo) or 1.0)  # where v sits on the colour scale, 0..1
+            light = abs(x - 0.5) < 0.3 if cmap == "RdBu" else x > 0.6
+            ax.text(
+                j,
+                i,
+                f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="black" if light else "white",
+            )
+    for i, j in marks:
+        ax.add_patch(_outline(i, j))
+    ax.set_xticks(range(len(cols)), list(cols), fontsize=8)
+    ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
+    ax.set_title(title, fontsize=10)
+    return im
+
+
+def _outline(i: int, j: int) -> Rectangle:
+    return Rectangle((j - 0.44, i - 0.44), 0.88, 0.88, fill=False, edgecolor="red", linewidth=2.5)
+
+
+def induction_scores_figure(scores: Any, pair: HeadPair) -> bytes:
+    """Previous-token and induction scores [L, H], the pair outlined."""
+    L, H = scores.induction.shape
+    fig = Figure(figsize=(3.0 + 1.4 * H, 1.4 + 0.55 * L), layout="constrained")
+    fig.suptitle(
+        "head scores on repeated random tokens (attention on the expected key)", fontsize=10
+    )
+    heads, layers = [f"head {h}" for h in range(H)], [f"layer {layer}" for layer in range(L)]
+    for k, (name, mark) in enumerate([("previous_token", pair[0]), ("induction", pair[1])]):
+        ax = fig.add_subplot(1, 2, k + 1)
+        im = _outlined_matrix(
+            ax,
+            getattr(scores, name),
+            name.replace("_", "-"),
+            layers,
+            heads,
+            [mark],
+            vmin=0.0,
+            vmax=1.0,
+        )
+    fig.colorbar(im, ax=fig.axes, fraction=0.04)
+    return to_png(fig)
+
+
+def induction_composition_figure(k_block: Tensor, comp: dict[str, Any], pair: HeadPair) -> bytes:
+    """K-composition of every layer-l₁ head into every layer-l₂ head; the pair's Q/K/V
+    composition beside other pairs' and random matrices' (mean ± 2 std)."""
+    (l1, h1), (l2, h2) = pair
+    H = k_block.shape[0]
+    fig = Figure(figsize=(4.0 + 1.2 * H, 3.6), layout="constrained")
+    ax = fig.add_subplot(1, 2, 1)
+    im = _outlined_matrix(
+        ax,
+        k_block,
+        f"K-composition, layer {l1} → layer {l2}",
+        [f"L{l1}H{h}" for h in range(H)],
+        [f"L{l2}H{h}" for h in range(H)],
+        [(h1, h2)],
+    )
+    ax.set_ylabel(f"writer (layer {l1})")
+    ax.set_xlabel(f"reader of keys (layer {l2})")
+    fig.colorbar(im, ax=ax, fraction=0.05)
+    ax = fig.add_subplot(1, 2, 2)
+    x = np.arange(3)
+    pair_v = [comp[k]["pair"] for k in "qkv"]
+    other = [comp[k]["other_pairs_mean"] for k in "qkv"]
+    mean = np.array([comp[k]["random_mean"] for k in "qkv"])
+    std = np.array([comp[k]["random_std"] for k in "qkv"])
+    bars = ax.bar(x - 0.2, pair_v, 0.4, color="tab:red", label=f"L{l1}H{h1} → L{l2}H{h2}")
+    ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.bar(x + 0.2, other, 0.4, color="tab:grey", label="other pairs (mean)")
+    ax.errorbar(
+        x,
+        mean,
+        yerr=2 * std,
+        fmt="_",
+        color="black",
+        markersize=30,
+        capsize=0,
+        label="random matrices (± 2 std)",
+    )
+    ax.set_xticks(x, ["Q", "K", "V"])
+    ax.set_ylabel("composition score")
+    ax.set_title("the pair's composition", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
+    return to_png(fig)
+
+
+def induction_patching_figure(heads: Tensor, keys: Tensor, pair: HeadPair) -> bytes:
+    """Activation patching of each head's output z and keys k at every position [L, H]."""
+    L, H = heads.shape
+    fig = Figure(figsize=(3.0 + 1.4 * H, 1.6 + 0.55 * L), layout="constrained")
+    fig.suptitle(
+        "activation patching: clean → corrupted run, metric recovered\n(0 = corrupted, 1 = clean)",
+        fontsize=10,
+    )
+    head_labels, layers = [f"head {h}" for h in range(H)], [f"layer {layer}" for layer in range(L)]
+    lim = max(1.0, float(heads.abs().max()), float(keys.abs().max()))
+    for k, (m, title) in enumerate([(heads, "head output z"), (keys, "head keys k")]):
+        ax = fig.add_subplot(1, 2, k + 1)
+        im = _outlined_matrix(ax, m, title, layers, head_labels, list(pair), -lim, lim, cmap="RdBu")
+    fig.colorbar(im, ax=fig.axes, fraction=0.04)
+    return to_png(fig)
+
+
+def induction_positions_figure(by_pos: Tensor, pair: HeadPair, seq_len: int) -> bytes:
+    """The pair's output z patched one position at a time [T] each."""
+    T = by_pos.shape[1]
+    fig = Figure(figsize=(8.0, 3.4), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    names = ("previous-token", "induction")
+    for (layer, head), name, colour in zip(pair, names, ("tab:blue", "tab:red"), strict=True):
+        ax.plot(
+            range(T),
+            by_pos[layer, :, head].tolist(),
+            marker="o",
+            markersize=3,
+            color=colour,
+            label=f"{name} head L{layer}H{head}",
+        )
+    ax.axvline(seq_len - 0.5, color="black", linewidth=0.8, linestyle="--")
+    ax.text(seq_len - 0.5, ax.get_ylim()[1], " second copy →", va="top", fontsize=8)
+    ax.axhline(0.0, color="grey", linewidth=0.6)
+    ax.set_xlabel("position patched (first copy: 0 … n−1; odd ones corrupted)")
+    ax.set_ylabel("metric recovered")
+    ax.set_title("activation patching of one position of one head's output", fontsize=10)
+    ax.legend(fontsize=8)
+    return to_png(fig)
+
+
+def induction_ablation_figure(mean: dict[str, Any], zero: dict[str, Any], pair: HeadPair) -> bytes:
+    """Loss on the first and the repeated half under each ablation (mean and zero)."""
+    labels = ["full model", "pair ablated", "only the pair kept", "every head ablated"]
+    fig = Figure(figsize=(9.0, 3.6), layout="constrained")
+    (l1, h1), (l2, h2) = pair
+    fig.suptitle(
+        f"loss on r r: first copy vs repeated copy; pair = L{l1}H{h1} + L{l2}H{h2}", fontsize=10
+    )
+    x = np.arange(len(labels))
+    for k, (rows, how) in enumerate([(mean, "mean ablation"), (zero, "zero ablation")]):
+        ax = fig.add_subplot(1, 2, k + 1, sharey=fig.axes[0] if k else None)
+        first = [rows[label]["first_half"] for label in labels]
+        second = [rows[label]["second_half"] for label in labels]
+        ax.bar(x - 0.2, first, 0.4, color="tab:grey", label="first copy")
+        bars = ax.bar(x + 0.2, second, 0.4, color="tab:red", label="repeated copy")
+        kept = [f"{rows[label]['drop_kept']:.0%}" for label in labels]
+        ax.bar_label(bars, kept, fontsize=8)
+        ax.set_xticks(x, [label.replace(" ", "\n", 1) for label in labels], fontsize=8)
+        ax.set_title(f"{how} (label: share of the drop kept)", fontsize=9)
+        if not k:
+            ax.set_ylabel("loss (nats per token)")
+            ax.legend(fontsize=8)
+    return to_png(fig)
+
+
+def induction_path_figure(p: dict[str, Any], pair: HeadPair) -> bytes:
+    """Path patching from the previous-token head: into the induction head's q/k/v, into
+    each layer-l₂ head's keys, into the logits directly."""
+    (l1, h1), (l2, h2) = pair
+    names = [f"L{l2}H{h2}.{kind}" for kind in "qkv"]
+    values = [p[kind] for kind in "qkv"]
+    colours = ["tab:red" if kind == "k" else "tab:grey" for kind in "qkv"]
+    for h, v in enumerate(p["keys_of_each_head"]):
+        if h != h2:
+            names.append(f"L{l2}H{h}.k")
+            values.append(v)
+            colours.append("tab:blue")
+    names.append("logits\n(direct)")
+    values.append(p["final"])
+    colours.append("tab:green")
+    fig = Figure(figsize=(2.0 + 0.9 * len(names), 3.6), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    bars = ax.bar(range(len(names)), values, color=colours)
+    ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_xlabel("receiver: the only input recomputed with the sender's clean output")
+    ax.set_ylabel("metric recovered")
+    ax.set_title(f"path patching from the previous-token head L{l1}H{h1}", fontsize=10)
     return to_png(fig)

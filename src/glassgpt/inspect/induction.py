@@ -28,7 +28,9 @@ restore the prediction. The metric is the mean log-probability of r_{i+1} at tho
 normalised to 0 on the corrupted run and 1 on the clean one. (Corrupting a whole first half
 would change the tokens the induction head copies as well, so no upstream head could help.)
 
-:func:`run_induction_study` writes each figure as a PNG and every number in ``results.json``.
+:func:`run_induction_study` writes each figure as a PNG (drawn by the ``induction_*_figure``
+functions of :mod:`glassgpt.inspect.figures`) and every number in ``results.json``. A model
+that has the circuit in a few hundred steps: :func:`glassgpt.train.synthetic.train_synthetic`.
 """
 
 from __future__ import annotations
@@ -39,9 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from glassgpt.errors import GlassError
@@ -49,7 +49,14 @@ from glassgpt.inspect import patching
 from glassgpt.inspect.ablation import run_ablated
 from glassgpt.inspect.cache import evaluating, run_with_cache
 from glassgpt.inspect.circuits import composition_scores
-from glassgpt.inspect.figures import to_png
+from glassgpt.inspect.figures import (
+    induction_ablation_figure,
+    induction_composition_figure,
+    induction_patching_figure,
+    induction_path_figure,
+    induction_positions_figure,
+    induction_scores_figure,
+)
 from glassgpt.inspect.heads import SCORES, head_scores
 from glassgpt.inspect.lens import per_token_loss
 from glassgpt.inspect.metrics import Metric, normalised
@@ -109,7 +116,7 @@ def target_logprob(tokens: Tensor, positions: Sequence[int]) -> Metric:
 
     def batched(logits: Tensor) -> Tensor:
         z = logits if logits.dtype == torch.float64 else logits.float()
-        logp = z[:, :, pos].log_softmax(-1)  # [N, B, P, V]
+        logp = z[:, :, pos].log_softmax(-1)  # [N, B, P, n_vocab]
         index = targets.to(z.device)[None, ..., None].expand(*logp.shape[:3], 1)
         return logp.gather(-1, index)[..., 0].mean((1, 2))
 
@@ -149,217 +156,6 @@ def random_composition(config: GPTConfig, n_models: int = 8, seed: int = 0) -> d
                 s = composition_scores(model, kind)  # type: ignore[arg-type]
                 out[kind].append(s[s.isfinite()].flatten())
     return {k: torch.cat(v) for k, v in out.items()}
-
-
-# -- figures ------------------------------------------------------------------------------
-
-
-def _matrix(
-    ax: Any,
-    m: Tensor,
-    title: str,
-    rows: Sequence[str],
-    cols: Sequence[str],
-    marks: Sequence[tuple[int, int]] = (),
-    vmin: float | None = None,
-    vmax: float | None = None,
-    cmap: str = "viridis",
-) -> Any:
-    """An annotated matrix on ``ax``, each cell in ``marks`` outlined in red."""
-    a = m.detach().float().cpu().numpy()
-    im = ax.imshow(a, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-    lo, hi = im.get_clim()
-    if a.size <= 64:
-        for (i, j), v in np.ndenumerate(a):
-            x = (v - lo) / ((hi - lo) or 1.0)  # where v sits on the colour scale, 0..1
-            light = abs(x - 0.5) < 0.3 if cmap == "RdBu" else x > 0.6
-            ax.text(
-                j,
-                i,
-                f"{v:.2f}",
-                ha="center",
-                va="center",
-                fontsize=9,
-                color="black" if light else "white",
-            )
-    for i, j in marks:
-        ax.add_patch(_box(i, j))
-    ax.set_xticks(range(len(cols)), list(cols), fontsize=8)
-    ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
-    ax.set_title(title, fontsize=10)
-    return im
-
-
-def _box(i: int, j: int) -> Any:
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((j - 0.44, i - 0.44), 0.88, 0.88, fill=False, edgecolor="red", linewidth=2.5)
-
-
-def scores_figure(scores: Any, pair: tuple[HeadIndex, HeadIndex]) -> bytes:
-    """Previous-token and induction scores [L, H], the pair outlined."""
-    L, H = scores.induction.shape
-    fig = Figure(figsize=(3.0 + 1.4 * H, 1.4 + 0.55 * L), layout="constrained")
-    fig.suptitle(
-        "head scores on repeated random tokens (attention on the expected key)", fontsize=10
-    )
-    heads, layers = [f"head {h}" for h in range(H)], [f"layer {layer}" for layer in range(L)]
-    for k, (name, mark) in enumerate([("previous_token", pair[0]), ("induction", pair[1])]):
-        ax = fig.add_subplot(1, 2, k + 1)
-        im = _matrix(
-            ax,
-            getattr(scores, name),
-            name.replace("_", "-"),
-            layers,
-            heads,
-            [mark],
-            vmin=0.0,
-            vmax=1.0,
-        )
-    fig.colorbar(im, ax=fig.axes, fraction=0.04)
-    return to_png(fig)
-
-
-def composition_figure(
-    k_block: Tensor, comp: dict[str, Any], pair: tuple[HeadIndex, HeadIndex]
-) -> bytes:
-    """K-composition of every layer-l₁ head into every layer-l₂ head; the pair's Q/K/V
-    composition beside other pairs' and random matrices' (mean ± 2 std)."""
-    (l1, h1), (l2, h2) = pair
-    H = k_block.shape[0]
-    fig = Figure(figsize=(4.0 + 1.2 * H, 3.6), layout="constrained")
-    ax = fig.add_subplot(1, 2, 1)
-    im = _matrix(
-        ax,
-        k_block,
-        f"K-composition, layer {l1} → layer {l2}",
-        [f"L{l1}H{h}" for h in range(H)],
-        [f"L{l2}H{h}" for h in range(H)],
-        [(h1, h2)],
-    )
-    ax.set_ylabel(f"writer (layer {l1})")
-    ax.set_xlabel(f"reader of keys (layer {l2})")
-    fig.colorbar(im, ax=ax, fraction=0.05)
-    ax = fig.add_subplot(1, 2, 2)
-    x = np.arange(3)
-    pair_v = [comp[k]["pair"] for k in "qkv"]
-    other = [comp[k]["other_pairs_mean"] for k in "qkv"]
-    mean = np.array([comp[k]["random_mean"] for k in "qkv"])
-    std = np.array([comp[k]["random_std"] for k in "qkv"])
-    bars = ax.bar(x - 0.2, pair_v, 0.4, color="tab:red", label=f"L{l1}H{h1} → L{l2}H{h2}")
-    ax.bar_label(bars, fmt="%.2f", fontsize=8)
-    ax.bar(x + 0.2, other, 0.4, color="tab:grey", label="other pairs (mean)")
-    ax.errorbar(
-        x,
-        mean,
-        yerr=2 * std,
-        fmt="_",
-        color="black",
-        markersize=30,
-        capsize=0,
-        label="random matrices (± 2 std)",
-    )
-    ax.set_xticks(x, ["Q", "K", "V"])
-    ax.set_ylabel("composition score")
-    ax.set_title("the pair's composition", fontsize=10)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
-    return to_png(fig)
-
-
-def patching_figure(heads: Tensor, keys: Tensor, pair: tuple[HeadIndex, HeadIndex]) -> bytes:
-    """Activation patching of each head's output z and keys k at every position [L, H]."""
-    L, H = heads.shape
-    fig = Figure(figsize=(3.0 + 1.4 * H, 1.6 + 0.55 * L), layout="constrained")
-    fig.suptitle(
-        "activation patching: clean → corrupted run, metric recovered\n(0 = corrupted, 1 = clean)",
-        fontsize=10,
-    )
-    heads_l, layers = [f"head {h}" for h in range(H)], [f"layer {layer}" for layer in range(L)]
-    lim = max(1.0, float(heads.abs().max()), float(keys.abs().max()))
-    for k, (m, title) in enumerate([(heads, "head output z"), (keys, "head keys k")]):
-        ax = fig.add_subplot(1, 2, k + 1)
-        im = _matrix(ax, m, title, layers, heads_l, list(pair), -lim, lim, cmap="RdBu")
-    fig.colorbar(im, ax=fig.axes, fraction=0.04)
-    return to_png(fig)
-
-
-def positions_figure(by_pos: Tensor, pair: tuple[HeadIndex, HeadIndex], seq_len: int) -> bytes:
-    """The pair's output z patched one position at a time [T] each."""
-    T = by_pos.shape[1]
-    fig = Figure(figsize=(8.0, 3.4), layout="constrained")
-    ax = fig.add_subplot(1, 1, 1)
-    names = ("previous-token", "induction")
-    for (layer, head), name, colour in zip(pair, names, ("tab:blue", "tab:red"), strict=True):
-        ax.plot(
-            range(T),
-            by_pos[layer, :, head].tolist(),
-            marker="o",
-            markersize=3,
-            color=colour,
-            label=f"{name} head L{layer}H{head}",
-        )
-    ax.axvline(seq_len - 0.5, color="black", linewidth=0.8, linestyle="--")
-    ax.text(seq_len - 0.5, ax.get_ylim()[1], " second copy →", va="top", fontsize=8)
-    ax.axhline(0.0, color="grey", linewidth=0.6)
-    ax.set_xlabel("position patched (first copy: 0 … n−1; odd ones corrupted)")
-    ax.set_ylabel("metric recovered")
-    ax.set_title("activation patching of one position of one head's output", fontsize=10)
-    ax.legend(fontsize=8)
-    return to_png(fig)
-
-
-def ablation_figure(
-    mean: dict[str, Any], zero: dict[str, Any], pair: tuple[HeadIndex, HeadIndex]
-) -> bytes:
-    """Loss on the first and the repeated half under each ablation (mean and zero)."""
-    labels = ["full model", "pair ablated", "only the pair kept", "every head ablated"]
-    fig = Figure(figsize=(9.0, 3.6), layout="constrained")
-    (l1, h1), (l2, h2) = pair
-    fig.suptitle(
-        f"loss on r r: first copy vs repeated copy; pair = L{l1}H{h1} + L{l2}H{h2}", fontsize=10
-    )
-    x = np.arange(len(labels))
-    for k, (rows, how) in enumerate([(mean, "mean ablation"), (zero, "zero ablation")]):
-        ax = fig.add_subplot(1, 2, k + 1, sharey=fig.axes[0] if k else None)
-        first = [rows[label]["first_half"] for label in labels]
-        second = [rows[label]["second_half"] for label in labels]
-        ax.bar(x - 0.2, first, 0.4, color="tab:grey", label="first copy")
-        bars = ax.bar(x + 0.2, second, 0.4, color="tab:red", label="repeated copy")
-        kept = [f"{rows[label]['drop_kept']:.0%}" for label in labels]
-        ax.bar_label(bars, kept, fontsize=8)
-        ax.set_xticks(x, [label.replace(" ", "\n", 1) for label in labels], fontsize=8)
-        ax.set_title(f"{how} (label: share of the drop kept)", fontsize=9)
-        if not k:
-            ax.set_ylabel("loss (nats per token)")
-            ax.legend(fontsize=8)
-    return to_png(fig)
-
-
-def path_figure(p: dict[str, Any], pair: tuple[HeadIndex, HeadIndex]) -> bytes:
-    """Path patching from the previous-token head: into the induction head's q/k/v, into
-    each layer-l₂ head's keys, into the logits directly."""
-    (l1, h1), (l2, h2) = pair
-    names = [f"L{l2}H{h2}.{kind}" for kind in "qkv"]
-    values = [p[kind] for kind in "qkv"]
-    colours = ["tab:red" if kind == "k" else "tab:grey" for kind in "qkv"]
-    for h, v in enumerate(p["keys_of_each_head"]):
-        if h != h2:
-            names.append(f"L{l2}H{h}.k")
-            values.append(v)
-            colours.append("tab:blue")
-    names.append("logits\n(direct)")
-    values.append(p["final"])
-    colours.append("tab:green")
-    fig = Figure(figsize=(2.0 + 0.9 * len(names), 3.6), layout="constrained")
-    ax = fig.add_subplot(1, 1, 1)
-    bars = ax.bar(range(len(names)), values, color=colours)
-    ax.bar_label(bars, fmt="%.2f", fontsize=8)
-    ax.axhline(0.0, color="black", linewidth=0.6)
-    ax.set_xticks(range(len(names)), names, fontsize=8)
-    ax.set_xlabel("receiver: the only input recomputed with the sender's clean output")
-    ax.set_ylabel("metric recovered")
-    ax.set_title(f"path patching from the previous-token head L{l1}H{h1}", fontsize=10)
-    return to_png(fig)
 
 
 # -- the study ----------------------------------------------------------------------------
@@ -404,7 +200,7 @@ def run_induction_study(
         (l1, h1), (l2, h2) = pair
         results["heads"] = {"previous_token": [l1, h1], "induction": [l2, h2]}
         results["head_scores"] = {s: getattr(scores, s).tolist() for s in SCORES}
-        figures["head-scores.png"] = scores_figure(scores, pair)
+        figures["head-scores.png"] = induction_scores_figure(scores, pair)
 
         # the loss on the repeated half
         loss = per_token_loss(model, clean)
@@ -440,6 +236,47 @@ def run_induction_study(
     return results
 
 
+def summary(r: dict[str, Any]) -> str:
+    """A few lines of :func:`run_induction_study`'s results: the pair, its scores and what
+    each intervention found."""
+    (l1, h1), (l2, h2) = r["heads"]["previous_token"], r["heads"]["induction"]
+    k = r["composition"]["k"]
+    lines = [
+        f"previous-token head L{l1}H{h1} (score {r['head_scores']['previous_token'][l1][h1]:.2f}), "
+        f"induction head L{l2}H{h2} (score {r['head_scores']['induction'][l2][h2]:.2f})",
+        f"loss on r r: first copy {r['loss']['first_half']:.2f}, repeated copy "
+        f"{r['loss']['second_half']:.2f} nats",
+        f"K-composition L{l1}H{h1} → L{l2}H{h2}: {k['pair']:.3f} (random matrices "
+        f"{k['random_mean']:.3f} ± {k['random_std']:.3f})",
+    ]
+    gap = r["patching_metric"]["gap"]
+    if gap < 1.0:
+        lines.append(
+            f"note: the clean run predicts the repeated tokens only {gap:.2f} nats better than "
+            "the corrupted one: there is little induction to localise, and the normalised "
+            "patching and ablation shares below are dominated by noise"
+        )
+    a = r["activation_patching"]
+    if "pair" in a:
+        lines.append(
+            f"activation patching (z, all positions): previous-token {a['pair']['previous_token']:.2f}, "
+            f"induction {a['pair']['induction']:.2f}, best other head {a['best_other_head']:.2f}"
+        )
+    p = r["path_patching"]
+    if "k" in p:
+        lines.append(
+            f"path patching L{l1}H{h1} → L{l2}H{h2}: q {p['q']:.2f}, k {p['k']:.2f}, v {p['v']:.2f}"
+        )
+    b = r["ablation"].get("mean")
+    if b:
+        lines.append(
+            "share of the in-context loss drop kept (mean ablation): pair ablated "
+            f"{b['pair ablated']['drop_kept']:.0%}, only the pair kept "
+            f"{b['only the pair kept']['drop_kept']:.0%}"
+        )
+    return "\n".join(lines)
+
+
 def composition_results(
     model: GPT,
     pair: tuple[HeadIndex, HeadIndex],
@@ -466,7 +303,7 @@ def composition_results(
             "random_max": float(r.max()),
         }
     k = composition_scores(model, "k")[l1, :, l2, :]
-    figures["composition.png"] = composition_figure(k, out, pair)
+    figures["composition.png"] = induction_composition_figure(k, out, pair)
     return out
 
 
@@ -503,8 +340,8 @@ def activation_patching(
         if L * H > 2
         else math.nan,
     }
-    figures["patching-heads.png"] = patching_figure(heads, keys, pair)
-    figures["patching-positions.png"] = positions_figure(by_pos, pair, n)
+    figures["patching-heads.png"] = induction_patching_figure(heads, keys, pair)
+    figures["patching-positions.png"] = induction_positions_figure(by_pos, pair, n)
     return out
 
 
@@ -529,7 +366,7 @@ def path_patching(
     out["final"] = through(FINAL)
     senders = path_patch_heads(model, clean, corrupted, metric, [Receiver(l2, h2, "k")])
     out["each_sender_to_induction_keys"] = senders.tolist()
-    figures["path-patching.png"] = path_figure(out, pair)
+    figures["path-patching.png"] = induction_path_figure(out, pair)
     return out
 
 
@@ -583,7 +420,7 @@ def ablation(
                 single[layer, head] = (first - second) / full if full else math.nan
         rows["each head ablated alone: drop kept"] = single.tolist()
         out[how] = rows
-    figures["ablation.png"] = ablation_figure(out["mean"], out["zero"], pair)
+    figures["ablation.png"] = induction_ablation_figure(out["mean"], out["zero"], pair)
     return out
 
 
@@ -591,57 +428,3 @@ def token_losses(logits: Tensor, tokens: Tensor) -> Tensor:
     """[B, T − 1]: −log softmax(z_t)[tokens_{t+1}]."""
     z = logits if logits.dtype == torch.float64 else logits.float()
     return -z[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
-
-
-# -- a model that has the circuit, in seconds ---------------------------------------------
-
-
-def segment_batch(
-    gen: torch.Generator, size: int, n_vocab: int, n_ctx: int
-) -> tuple[Tensor, Tensor]:
-    """[size, n_ctx] sequences: random tokens, then a segment of 2 … n_ctx/2 distinct tokens
-    twice; targets are −1 (no loss) except inside the second copy, where only induction
-    predicts the next token (the segment's length and place vary, so no offset does)."""
-    xs, ys = [], []
-    for _ in range(size):
-        m = int(torch.randint(2, n_ctx // 2 + 1, (), generator=gen))
-        seg = torch.randperm(n_vocab, generator=gen)[:m]
-        x = torch.cat([torch.randint(0, n_vocab, (n_ctx - 2 * m,), generator=gen), seg, seg])
-        y = torch.cat([x[1:], torch.tensor([-1])])
-        y[: n_ctx - m] = -1
-        xs.append(x)
-        ys.append(y)
-    return torch.stack(xs), torch.stack(ys)
-
-
-def train_synthetic(
-    steps: int = 300, *, seed: int = 0, n_vocab: int = 32, n_ctx: int = 16, d_model: int = 64
-) -> GPT:
-    """A 2-layer, 2-head attention-only GPT trained on :func:`segment_batch` (AdamW, 32
-    sequences a step; a few seconds on one core for 300 steps). Token and position
-    embeddings start N(0, 1) and the unembedding is untied: from GPT-2's 0.02 the run sits
-    on a plateau for thousands of steps."""
-    cfg = GPTConfig(
-        n_vocab=n_vocab,
-        n_ctx=n_ctx,
-        d_model=d_model,
-        n_layers=2,
-        n_heads=2,
-        attn_only=True,
-        tie_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    model = GPT(cfg)
-    with torch.no_grad():
-        model.embed.W_E.normal_(0.0, 1.0)
-        model.pos_embed.W_P.normal_(0.0, 1.0)  # type: ignore[union-attr]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98), weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed + 1)
-    model.train()
-    for _ in range(steps):
-        x, y = segment_batch(gen, 32, n_vocab, n_ctx)
-        _, loss = model(x, targets=y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return model.eval()

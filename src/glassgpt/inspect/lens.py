@@ -107,14 +107,14 @@ class Attribution:
         With every id ([n_vocab] per position) the memory is n_parts · B · T · n_vocab.
         """
         if ids is None:
-            out = self.resid @ self.W_U  # [P, B, T, V]
+            out = self.resid @ self.W_U  # [n_parts, B, T, n_vocab]
             b_U = torch.zeros_like(out[0]) if self.b_U is None else self.b_U.expand_as(out[0])
         else:
             squeeze = ids.ndim == 2
-            ids_k = ids[..., None] if squeeze else ids  # [B, T, k]
-            cols = self.W_U.T[ids_k]  # [B, T, k, d_model]
+            picked = ids[..., None] if squeeze else ids  # [B, T, k]
+            cols = self.W_U.T[picked]  # [B, T, k, d_model]
             out = torch.einsum("pbtd,btkd->pbtk", self.resid, cols)
-            b_U = torch.zeros_like(out[0]) if self.b_U is None else self.b_U[ids_k]
+            b_U = torch.zeros_like(out[0]) if self.b_U is None else self.b_U[picked]
             if squeeze:
                 out, b_U = out[..., 0], b_U[..., 0]
         if self.b_U is None:
@@ -169,7 +169,7 @@ def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attr
                 if b_out is not None:
                     parts.append(b_out.expand_as(parts[0]))
                     names.append(f"blocks.{layer}.mlp.b_out")
-        stacked = torch.stack(parts)  # [P, B, T, d_model]
+        stacked = torch.stack(parts)  # [n_parts, B, T, d_model]
         if ln.kind == "layernorm":
             stacked = stacked - stacked.mean(-1, keepdim=True)
         scale = cache["ln_final.scale"].to(stacked.dtype)  # [B, T, 1], frozen

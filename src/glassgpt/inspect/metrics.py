@@ -26,8 +26,8 @@ MetricFn = Callable[[Tensor], Tensor]
 
 
 class Metric:
-    """A metric of one run (``metric(logits [B, T, V]) → 0-d``) that also scores a stack of
-    runs at once (``metric.batched(logits [N, B, T, V]) → [N]``)."""
+    """A metric of one run (``metric(logits [B, T, n_vocab]) → 0-d``) that also scores a stack of
+    runs at once (``metric.batched(logits [N, B, T, n_vocab]) → [N]``)."""
 
     def __init__(self, batched: Callable[[Tensor], Tensor], name: str) -> None:
         self._batched, self.name = batched, name
@@ -52,7 +52,7 @@ class Metric:
 
 
 def score_runs(metric: MetricFn, logits: Tensor) -> Tensor:
-    """The metric of each run in ``logits`` [N, B, T, V] → [N] (one call when it is batched)."""
+    """The metric of each run in ``logits`` [N, B, T, n_vocab] → [N] (one call when it is batched)."""
     if isinstance(metric, Metric):
         return metric.batched(logits)
     return torch.stack([torch.as_tensor(metric(run)).reshape(()) for run in logits])
@@ -80,7 +80,7 @@ def _at(logits: Tensor, ids: Tensor, pos: int, what: str) -> Tensor:
     if int(ids.min()) < 0 or int(ids.max()) >= V:
         bad = int(ids[(ids < 0) | (ids >= V)][0])
         raise GlassError(f"{what}: token id {bad} is out of range [0, {V})")
-    z = logits[:, :, pos, :]  # [N, B, V]
+    z = logits[:, :, pos, :]  # [N, B, n_vocab]
     index = ids.to(z.device).expand(B)[None, :, None].expand(N, B, 1)
     return z.gather(-1, index)[..., 0]
 
@@ -137,7 +137,7 @@ def loss(tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Metric:
             raise GlassError(f"loss: tokens {tuple(ids.shape)} do not match logits [B={B}, T={T}]")
         z = _widened(logits)
         targets = ids.to(z.device).expand(B, T)[:, 1:]
-        logp = z[:, :, :-1].log_softmax(-1)  # [N, B, T − 1, V]
+        logp = z[:, :, :-1].log_softmax(-1)  # [N, B, T − 1, n_vocab]
         nll = -logp.gather(-1, targets[None, ..., None].expand(N, B, T - 1, 1))[..., 0]
         return nll.mean((1, 2))
 

@@ -33,7 +33,7 @@ def position_labels(clean: Sequence[str], corrupted: Sequence[str], width: int =
     ]
 
 
-def patching_figure(
+def patching_heatmap(
     values: Tensor | np.ndarray,
     title: str,
     *,

@@ -158,7 +158,7 @@ def _check_lengths(clean: Tensor, tokens: Tensor, pos_axis: int) -> None:
 
 
 class _CorruptedRun:
-    """The base run: logits [B, T, V]; per layer, the residual stream entering the block
+    """The base run: logits [B, T, n_vocab]; per layer, the residual stream entering the block
     [B, T, d_model], keys and values [B, H, T, d_head] and the patched site's activation."""
 
     def __init__(self, model: GPT, tokens: Tensor, site_name: str) -> None:
@@ -297,10 +297,10 @@ def _run_rows(
     assert x is not None
     if model.ln_final is not None:
         x = model.ln_final(x)
-    part = model.unembed(x, model.embed.W_E)  # [n·B, t, V]
+    part = model.unembed(x, model.embed.W_E)  # [n·B, t, n_vocab]
     n = len(rows)
-    before = run.logits[None, :, :start].expand(n, -1, -1, -1)  # [n, B, start, V]
-    logits = torch.cat([before, part.view(n, B, t, -1)], 2)  # [n, B, T, V]
+    before = run.logits[None, :, :start].expand(n, -1, -1, -1)  # [n, B, start, n_vocab]
+    logits = torch.cat([before, part.view(n, B, t, -1)], 2)  # [n, B, T, n_vocab]
     return score_runs(metric, logits)
 
 

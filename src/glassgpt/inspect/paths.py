@@ -83,7 +83,8 @@ def path_patch(
     >>> torch.manual_seed(0) and None
     >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=2, n_heads=2)).eval()
     >>> m = lambda z: z[0, -1, 0]
-    >>> corrupted_run = float(m(model(torch.tensor([[1, 5, 3]])).detach()))
+    >>> with torch.no_grad():  # the inference path path_patch takes (kernels differ with autograd)
+    ...     corrupted_run = float(m(model(torch.tensor([[1, 5, 3]]))))
     >>> float(path_patch(model, [1, 2, 3], [1, 5, 3], m, Head(0, 1), [])) == corrupted_run
     True
     >>> float(path_patch(model, [1, 2, 3], [1, 5, 3], m, Head(0, 1), [FINAL])) != corrupted_run

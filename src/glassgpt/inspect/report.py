@@ -32,6 +32,7 @@ from glassgpt.inspect.circuits import (
 from glassgpt.inspect.heads import HeadScores, head_scores
 from glassgpt.inspect.lens import direct_logit_attribution, logit_lens
 from glassgpt.model import GPT
+from glassgpt.storage import atomic_write
 
 
 def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
@@ -142,7 +143,7 @@ def _overview(model: GPT, prompt: str, ids: list[int], labels: list[str]) -> str
 def _predictions(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
     logits = model(torch.tensor([ids], device=_device(model)))
     assert isinstance(logits, Tensor)
-    logp = torch.log_softmax(logits[0].float(), -1)  # [T, V]
+    logp = torch.log_softmax(logits[0].float(), -1)  # [T, n_vocab]
     top_p, top_i = torch.topk(logp.exp(), min(3, logp.shape[-1]), dim=-1)
     rows: list[list[object]] = []
     losses = []
@@ -167,7 +168,7 @@ def _predictions(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) 
 
 def _lens(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
     lens = logit_lens(model, ids)
-    probs = lens.probs()[:, 0]  # [L + 1, T, V]
+    probs = lens.probs()[:, 0]  # [L + 1, T, n_vocab]
     top_i = probs.argmax(-1)  # [L + 1, T]
     nxt = torch.tensor([*ids[1:], ids[-1]], device=probs.device)
     p_next = probs.gather(-1, nxt.expand(probs.shape[0], -1)[..., None])[..., 0]
@@ -204,7 +205,7 @@ def _attribution(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) 
             anchor="attribution",
         )
     dla = direct_logit_attribution(model, ids)
-    logits = dla.total(None)[0, -1]  # [V]
+    logits = dla.total(None)[0, -1]  # [n_vocab]
     target = int(logits.argmax())
     parts = dla.logits(torch.tensor([[target]] * len(ids), device=logits.device).T)[:, 0, -1]
     text = fig.token_label(token_texts(tokenizer, [target])[0])
@@ -332,8 +333,6 @@ def _device(model: GPT) -> torch.device:
 def write_report(path: str | os.PathLike[str], html_text: str) -> Path:
     """Write the page atomically (temp file, rename), with the permissions any file the user
     writes gets (the umask's); errors name the file."""
-    from glassgpt.storage import atomic_write
-
     out = Path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -341,3 +340,17 @@ def write_report(path: str | os.PathLike[str], html_text: str) -> Path:
         raise InputFileError(f"{out}: cannot write the report ({e.strerror or e})") from None
     atomic_write(out, html_text.encode("utf-8"))
     return out
+
+
+def default_output(checkpoint: str | os.PathLike[str]) -> Path:
+    """``report.html`` in the run folder of a checkpoint (or in the folder given).
+
+    >>> default_output("runs/x/ckpt/step_000100").as_posix(), default_output("hf").as_posix()
+    ('runs/x/report.html', 'hf/report.html')
+    """
+    p = Path(checkpoint)
+    if p.parent.name == "ckpt":
+        p = p.parent.parent
+    elif p.name == "ckpt":
+        p = p.parent
+    return p / "report.html"

@@ -16,13 +16,11 @@ from collections.abc import Sequence
 
 from glassgpt.data import commands as data_commands
 from glassgpt.errors import GlassError
-from glassgpt.features import commands as sae_commands
 from glassgpt.inspect import commands as inspect_commands
 from glassgpt.inspect import patch_commands, study_commands
 from glassgpt.interop import commands as interop_commands
 from glassgpt.sample import commands as sample_commands
 from glassgpt.sample import eval_commands
-from glassgpt.scaling import commands as scaling_commands
 from glassgpt.serve import commands as serve_commands
 from glassgpt.tokenizer import commands as tokenizer_commands
 from glassgpt.train import commands as train_commands
@@ -39,8 +37,6 @@ COMMAND_MODULES = (
     inspect_commands,
     study_commands,
     patch_commands,
-    sae_commands,
-    scaling_commands,
     interop_commands,
     serve_commands,
 )

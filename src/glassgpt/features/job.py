@@ -150,7 +150,9 @@ def train_command(
     run = ckpt.open_run(model_path)
     model, tok = run.model, run.tokenizer
     if tok is None:  # as glassgpt.load says it
-        warnings.warn(f"{model_path}: no tokenizer found; working with token ids only", stacklevel=2)
+        warnings.warn(
+            f"{model_path}: no tokenizer found; working with token ids only", stacklevel=2
+        )
     if resume is None:
         assert hook is not None and width is not None and arch is not None
         job = plan(checkpoint=model_path, hook=hook, width=width, arch=arch, k=k, tokens=tokens,

@@ -48,7 +48,14 @@ from torch import Tensor, nn
 
 from glassgpt.config import check, from_dict, to_dict
 from glassgpt.errors import ConfigError, GlassError, InputFileError
-from glassgpt.features.sparse import batch_topk_relu, jumprelu, sparse_decode, step, topk_encode, topk_relu
+from glassgpt.features.sparse import (
+    batch_topk_relu,
+    jumprelu,
+    sparse_decode,
+    step,
+    topk_encode,
+    topk_relu,
+)
 from glassgpt.formats import check_format
 from glassgpt.storage import atomic_write
 
@@ -240,17 +247,8 @@ class SAE(nn.Module):
         u = x.to(self.W_enc.dtype).reshape(-1, self.cfg.d_in)  # [N, d_in]
         return (u if self.cfg.arch == "transcoder" else u - self.b_dec), y
 
-    def terms(
-        self,
-        x: Tensor,
-        y: Tensor,
-        u: Tensor,
-        x_hat: Tensor,
-        acts: Tensor,
-        *,
-        sparsity: Tensor | None = None,
-        dead: Tensor | None = None,
-    ) -> dict[str, Tensor]:
+    def terms(self, x: Tensor, y: Tensor, u: Tensor, x_hat: Tensor, acts: Tensor, *,
+              sparsity: Tensor | None = None, dead: Tensor | None = None) -> dict[str, Tensor]:  # fmt: skip
         """The loss's terms from x̂ [N, d_out] and f [N, d_sae] (AuxK on the ``dead`` latents)."""
         err = y.to(x_hat.dtype).reshape(len(u), -1) - x_hat
         mse = err.pow(2).sum(-1).mean()

@@ -368,4 +368,3 @@ def from_saelens(folder: str | Path, *, model: Any = None, processed: bool | Non
     if model is not None:
         check_model(sae, model)
     return sae.eval()
-

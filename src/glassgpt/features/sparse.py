@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
 # -- the JumpReLU step and its straight-through estimator -------------------------------------
 
 

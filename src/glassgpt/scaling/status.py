@@ -1,4 +1,4 @@
-"""A sweep folder's state, read from the folder alone, whichever executor ran its points.
+"""A sweep folder's state, read from the folder alone, whichever executor ran its points:
 
     OUT/points.json                  the grid's points, in order
     OUT/runs/<point>/result.json     finished (skipped when the sweep starts again)
@@ -6,6 +6,8 @@
     OUT/runs/<point>/failed.json     failed: exit code and the log's last lines (tried again)
     OUT/runs/<point>/ckpt/           interrupted (resumed from its newest checkpoint)
     OUT/jobs/<point>.json            submitted as a Slurm job, not started yet
+
+:func:`sweep_status` reads every point's state; :func:`format_status` tabulates them.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from typing import Any
 from tqdm import tqdm
 
 from glassgpt.checkpoint import open_run, step_folders
-from glassgpt.config import load_toml, merge
+from glassgpt.config import merge
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.model import GPTConfig
 from glassgpt.model.accounting import count_parameters

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.features.sae import ARCHS, SAE, SAEConfig
+from glassgpt.features.sparse import jumprelu, sparse_decode, step, topk_encode
+from glassgpt.features.training import update_threshold
 
 
 def randomised(cfg: SAEConfig, seed: int) -> SAE:
@@ -77,7 +79,7 @@ def test_encode_and_decode_are_the_equations(arch: str, shape: tuple[int, ...]) 
     for training in (True, False):
         sae.train(training)
         with torch.no_grad():
-            acts = sae.encode(x, batch_topk=training)
+            acts = sae.encode(x)  # batchtopk: over the batch in training mode
             x_hat = sae.decode(acts)
         want = np_encode(sae, x.numpy(), batch=training)
         # a near-tie of the k-th and (k+1)-th value may pick either; the values kept must agree
@@ -131,7 +133,13 @@ def test_batchtopk_keeps_k_times_batch_latents_over_the_batch(shape: tuple[int, 
     per_token = (acts != 0).sum(-1)
     assert per_token.max() >= per_token.min()  # free to vary per token; the total is fixed
     least = acts.detach()[acts != 0].min()
+    assert float(sae.threshold) == 0  # encoding leaves θ alone: the trainer keeps it
+    terms = sae.loss(x)
+    assert float(terms["least"]) == pytest.approx(float(least), rel=1e-12)
+    update_threshold(sae, terms["least"])
     assert float(sae.threshold) == pytest.approx(float(least))  # the first batch sets θ
+    update_threshold(sae, terms["least"] + 1)
+    assert float(sae.threshold) == pytest.approx(float(least) + 0.01)  # then its running mean
     # evaluation: z · 1[z > θ]
     sae.eval()
     with torch.no_grad():
@@ -172,8 +180,6 @@ def test_jumprelu_threshold_gradient_is_the_smoothed_objectives(
     sae = SAE(cfg)
     with torch.no_grad():
         sae.log_threshold.copy_(torch.from_numpy(np.log(theta)))
-    from glassgpt.features.sae import jumprelu, step
-
     zt = torch.from_numpy(z)
     out = (torch.from_numpy(c) * jumprelu(zt, sae.theta, eps)).sum()
     out = out + lam * step(zt, sae.theta, eps).sum()
@@ -194,8 +200,6 @@ def test_jumprelu_threshold_gradient_is_the_smoothed_objectives(
 
 
 def test_jumprelu_gradient_in_z_is_the_step() -> None:
-    from glassgpt.features.sae import jumprelu
-
     z = torch.tensor([0.1, 0.29, 0.31, 2.0], dtype=torch.float64, requires_grad=True)
     theta = torch.full((4,), 0.3, dtype=torch.float64)
     (g,) = torch.autograd.grad(jumprelu(z, theta, 0.1).sum(), z)
@@ -313,8 +317,6 @@ def test_an_input_of_another_width_names_both() -> None:
 @settings(max_examples=10, deadline=None)
 @given(shape=shapes)
 def test_the_sparse_topk_backward_is_the_gradient(shape: tuple[int, ...]) -> None:
-    from glassgpt.features.sae import sparse_decode, topk_encode
-
     d_in, d_sae, n, k, seed = shape
     k = min(k, d_sae)
     gen = torch.Generator().manual_seed(seed)

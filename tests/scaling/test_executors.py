@@ -18,14 +18,9 @@ import pytest
 from glassgpt.cli import main
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.scaling import sweep as sweep_module
-from glassgpt.scaling.executors import (
-    TAIL,
-    ExecutorConfig,
-    SlurmExecutor,
-    make_executor,
-    sweep_status,
-)
+from glassgpt.scaling.executors import ExecutorConfig, SlurmExecutor, make_executor
 from glassgpt.scaling.grid import Grid
+from glassgpt.scaling.status import TAIL, sweep_status
 from glassgpt.scaling.sweep import run_sweep
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400))

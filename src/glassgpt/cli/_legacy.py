@@ -15,9 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from glassgpt.errors import GlassError
-from glassgpt.features import commands as sae_commands
 from glassgpt.sample import eval_commands
-from glassgpt.scaling import commands as scaling_commands
 from glassgpt.train import commands as train_commands
 from glassgpt.train import describe_command as model_commands
 from glassgpt.version import __version__
@@ -26,8 +24,6 @@ COMMAND_MODULES = (
     model_commands,
     train_commands,
     eval_commands,  # eval --tasks (the harness), on train's eval parser
-    sae_commands,
-    scaling_commands,
 )
 
 

@@ -10,7 +10,8 @@ into ``DIR/data`` with the model's tokenizer.
 from __future__ import annotations
 
 import json
-import sys
+import shutil
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,15 @@ import torch
 
 from glassgpt import checkpoint as ckpt
 from glassgpt.config import apply_overrides, from_dict
+from glassgpt.console import say
+from glassgpt.data import DataDir, prepare
 from glassgpt.errors import ConfigError, GlassError, InputFileError
-from glassgpt.features.sae import SAEConfig
+from glassgpt.features.sae import CONFIG_FILE, SAEConfig
 from glassgpt.features.sites import resolve_site
 from glassgpt.features.training import RUN_FILE, SAERun, SAETrainConfig, Trainer
 from glassgpt.storage import atomic_write
+from glassgpt.train.inputs import is_prepared
+from glassgpt.train.lock import LOCK_NAME, RunLock
 
 
 def plan(
@@ -72,8 +77,6 @@ def plan(
 
 def _data_folder(checkpoint: str, data: Sequence[str] | None) -> str:
     """The prepared data folder the SAE reads: ``--data``'s, else the run's own."""
-    from glassgpt.train.inputs import is_prepared
-
     if data:
         if len(data) == 1 and is_prepared(data[0]):
             return str(Path(data[0]).resolve())
@@ -97,15 +100,7 @@ def _data_folder(checkpoint: str, data: Sequence[str] | None) -> str:
     )
 
 
-def _note(message: str) -> None:
-    print(f"glassgpt: note: {message}", file=sys.stderr, flush=True)
-
-
 def _claim(out: Path, overwrite: bool) -> None:
-    import shutil
-
-    from glassgpt.train.lock import LOCK_NAME
-
     entries = sorted(p for p in out.iterdir() if p.name != LOCK_NAME)
     if entries and not overwrite:
         raise GlassError(
@@ -133,10 +128,6 @@ def train_command(
     argv: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The whole job behind ``glassgpt sae train``; returns the final metrics."""
-    from glassgpt.checkpoint import load
-    from glassgpt.data import DataDir
-    from glassgpt.train.lock import RunLock
-
     if resume is not None:
         folder = Path(resume)
         path = folder / RUN_FILE
@@ -156,19 +147,22 @@ def train_command(
             raise InputFileError(f"-o {out_dir}: a file is there, not a folder")
     model_path = job.model if resume is not None else checkpoint
     assert model_path is not None
-    model, tok = load(model_path)
+    run = ckpt.open_run(model_path)
+    model, tok = run.model, run.tokenizer
+    if tok is None:  # as glassgpt.load says it
+        warnings.warn(
+            f"{model_path}: no tokenizer found; working with token ids only", stacklevel=2
+        )
     if resume is None:
         assert hook is not None and width is not None and arch is not None
         job = plan(checkpoint=model_path, hook=hook, width=width, arch=arch, k=k, tokens=tokens,
                    overrides=overrides, data=data, model=model, argv=argv)  # fmt: skip
     if job.train.threads is not None:
         torch.set_num_threads(job.train.threads)
-    with RunLock(out_dir, note=_note):
+    with RunLock(out_dir, note=say):
         if resume is None:
             _claim(out_dir, overwrite)
             if not job.data:  # text files: encoded once into DIR/data
-                from glassgpt.data import prepare
-
                 if tok is None:
                     raise GlassError(f"{model_path}: has no tokenizer, so --data text cannot be encoded")  # fmt: skip
                 prepare(list(data or []), out_dir / "data", tok, progress=progress)
@@ -177,21 +171,22 @@ def train_command(
         datadir = DataDir.open(job.data)
         if tok is not None:
             datadir.check_tokenizer(tok)
-        trainer = Trainer(job, out_dir, model, datadir, progress=progress, note=_note)
+        trainer = Trainer(job, out_dir, model, datadir, progress=progress, note=say,
+                          run_config=run.config)  # fmt: skip
         if resume is None:
             trainer.init_b_dec()
         else:
             found = (
-                ckpt.find_resumable(out_dir, warn=_note)
+                ckpt.find_resumable(out_dir, warn=say)
                 if ckpt.step_folders(out_dir / "ckpt")
                 else None
             )
             if found is None:
-                _note(f"{out_dir} has no checkpoint yet: starting from step 0")
+                say(f"{out_dir} has no checkpoint yet: starting from step 0")
                 trainer.init_b_dec()
             else:
                 trainer.load(found)
-                if trainer.step >= job.train.steps and (out_dir / "sae" / "sae.json").is_file():
-                    _note(f"{out_dir} is already finished (step {trainer.step})")
+                if trainer.step >= job.train.steps and (out_dir / "sae" / CONFIG_FILE).is_file():
+                    say(f"{out_dir} is already finished (step {trainer.step})")
                     return json.loads((out_dir / "eval.json").read_text())
         return trainer.fit()

@@ -39,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as st_save
 from torch import Tensor
 
 from glassgpt.errors import GlassError, InputFileError
-from glassgpt.features.sae import SAE
+from glassgpt.features.sae import SAE, TopK
 from glassgpt.features.sites import check_model, read
 from glassgpt.formats import check_format
 from glassgpt.model import GPT
@@ -339,7 +341,7 @@ def compute_pages(
     acc = TopContexts(sae.cfg.d_sae, top=top, before=before, after=after, binning=binning or Binning())  # fmt: skip
     for tokens, where in batches:
         x, _ = read(model, tokens.to(device), site)
-        if sae.cfg.activation == "topk":  # f = ReLU on the k largest z: only those k travel
+        if isinstance(sae, TopK):  # f = ReLU on the k largest z: only those k travel
             assert sae.cfg.k is not None
             values, index = sae.pre_acts(x.to(sae.W_enc.dtype)).topk(sae.cfg.k, dim=-1)
             acc.add_sparse(tokens, values.relu(), index, where)
@@ -369,19 +371,15 @@ def windows(
 
 def save_pages(path: str | Path, pages: FeaturePages) -> Path:
     """Write ``pages`` to one safetensors file (arrays + JSON metadata), atomically."""
-    from safetensors.torch import save
-
     path = Path(path)
     tensors = {name: getattr(pages, name).contiguous() for name in ARRAYS}
     doc = {"format": FORMAT, "version": VERSION, **pages.meta}
-    atomic_write(path, save(tensors, metadata={"glassgpt": json.dumps(doc)}))
+    atomic_write(path, st_save(tensors, metadata={"glassgpt": json.dumps(doc)}))
     return path
 
 
 def load_pages(path: str | Path) -> FeaturePages:
     """The pages in ``path`` (a file, or an SAE folder holding ``features.safetensors``)."""
-    from safetensors import SafetensorError, safe_open
-
     path = Path(path)
     if path.is_dir():
         path = next((p / FILE for p in (path, path / "sae") if (p / FILE).is_file()), path / FILE)

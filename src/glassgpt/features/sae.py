@@ -5,35 +5,30 @@
     x̂      = f W_dec + b_dec                           the reconstruction [..., d_in]
 
 with W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in] (row i: latent i's direction),
-b_dec [d_in], and σ by architecture:
+b_dec [d_in], and σ by architecture, one class each (``SAE(cfg)`` builds the one cfg names):
 
-    topk       σ(z) = ReLU(z) on the k largest zᵢ of each token, 0 elsewhere (Gao et al. 2024)
-    batchtopk  training: ReLU(z) on the k·B largest z over the whole batch of B tokens;
-               evaluation: z · 1[z > θ], θ the running mean of the least kept value
-               (Bussmann et al. 2024)
-    jumprelu   σ(z) = z · H(z − θ), θ = exp(log_threshold) > 0 per latent
+    ReLU       σ(z) = ReLU(z)
+    TopK       σ(z) = ReLU(z) on the k largest zᵢ of each token, 0 elsewhere (Gao et al. 2024)
+    BatchTopK  training: ReLU(z) on the k·B largest z over the whole batch of B tokens;
+               evaluation: z · 1[z > θ], θ the running mean of the least kept value, which
+               the trainer keeps (glassgpt.features.training) (Bussmann et al. 2024)
+    JumpReLU   σ(z) = z · H(z − θ), θ = exp(log_threshold) > 0 per latent
                (Rajamanoharan et al. 2024)
-    relu       σ(z) = ReLU(z)
     transcoder reads the MLP's input x (``blocks.L.mlp.in``), predicts its output
                (``blocks.L.mlp_out``): z = x W_enc + b_enc (no centring: x̂ lives in another
                space), f = σ(z) with σ = ``transcoder_activation``, ŷ = f W_dec + b_dec
 
-Training objective, per token, averaged over tokens (:meth:`SAE.loss`):
+Training objective, per token, averaged over tokens (each class's ``loss``):
 
     mse       ‖y − x̂‖²                      (y = x, or the MLP's output for a transcoder)
     relu      + l1_coeff · Σᵢ fᵢ ‖W_dec,ᵢ‖   (Anthropic, April 2024 update; free decoder norms)
-    jumprelu  + l0_coeff · Σᵢ H(zᵢ − θᵢ)
+    jumprelu  + l0_coeff · Σᵢ H(zᵢ − θᵢ)    (θ trained by the straight-through estimator of
+                                             glassgpt.features.sparse)
     topk      + aux_coeff · ‖e − ê‖²,  e = y − x̂ (no gradient),  ê = TopK_aux(z on dead
               latents) W_dec (AuxK, Gao et al. 2024; batchtopk and topk transcoders too)
 
-The Heaviside step has no useful derivative in θ; JumpReLU's threshold is trained by the
-straight-through estimator of the paper, a rectangle kernel K(u) = 1[|u| < ½] of
-``bandwidth`` ε standing in for the Dirac delta:
-
-    ∂/∂θ [z · H(z − θ)] := −(θ/ε) K((z − θ)/ε),     ∂/∂θ H(z − θ) := −(1/ε) K((z − θ)/ε)
-
-and ∂/∂z of z·H(z − θ) is H(z − θ) (of the L0 term, 0). Every architecture but ``relu`` keeps
-the decoder rows at unit norm (:meth:`SAE.normalize_decoder`, :meth:`SAE.remove_parallel_grad`).
+Every architecture but ``relu`` keeps the decoder rows at unit norm
+(:meth:`SAE.normalize_decoder`, :meth:`SAE.remove_parallel_grad`).
 """
 
 from __future__ import annotations
@@ -46,11 +41,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 from glassgpt.config import check, from_dict, to_dict
 from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.features.sparse import (
+    batch_topk_relu,
+    jumprelu,
+    sparse_decode,
+    step,
+    topk_encode,
+    topk_relu,
+)
 from glassgpt.formats import check_format
 from glassgpt.storage import atomic_write
 
@@ -59,7 +64,6 @@ ACTIVATIONS: tuple[str, ...] = ("topk", "batchtopk", "jumprelu", "relu")  # σ o
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 FORMAT, VERSION = "glassgpt-sae", 1
 CONFIG_FILE, WEIGHTS_FILE = "sae.json", "sae.safetensors"
-BATCHTOPK_MOMENTUM = 0.99  # θ ← m θ + (1 − m) · (least kept value of the batch)
 
 
 @dataclass(frozen=True)
@@ -151,158 +155,30 @@ class SAEConfig:
         return dataclasses.replace(self, **changes)
 
 
-# -- the JumpReLU step and its straight-through estimator -------------------------------------
+def sae_folder(sae_dir: str | Path) -> Path:
+    """The folder holding sae.json: ``sae_dir``, or its ``sae/`` (a training folder)."""
+    d = Path(sae_dir)
+    return d / "sae" if not (d / CONFIG_FILE).is_file() and (d / "sae" / CONFIG_FILE).is_file() else d  # fmt: skip
 
 
-def rectangle(u: Tensor) -> Tensor:
-    """K(u) = 1[|u| < ½] (in u's dtype)."""
-    return (u.abs() < 0.5).to(u.dtype)
-
-
-class _JumpReLU(torch.autograd.Function):
-    """f = z · H(z − θ); ∂f/∂z = H(z − θ), ∂f/∂θ := −(θ/ε) K((z − θ)/ε)."""
-
-    @staticmethod
-    def forward(ctx: Any, z: Tensor, theta: Tensor, eps: float) -> Tensor:
-        ctx.save_for_backward(z, theta)
-        ctx.eps = eps
-        return z * (z > theta).to(z.dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        z, theta = ctx.saved_tensors
-        eps = ctx.eps
-        g_z = grad * (z > theta).to(z.dtype)
-        g_theta = grad * (-(theta / eps) * rectangle((z - theta) / eps))
-        return g_z, g_theta.reshape(-1, theta.shape[-1]).sum(0), None
-
-
-class _Step(torch.autograd.Function):
-    """H(z − θ); ∂/∂z := 0, ∂/∂θ := −(1/ε) K((z − θ)/ε)."""
-
-    @staticmethod
-    def forward(ctx: Any, z: Tensor, theta: Tensor, eps: float) -> Tensor:
-        ctx.save_for_backward(z, theta)
-        ctx.eps = eps
-        return (z > theta).to(z.dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, None]:
-        z, theta = ctx.saved_tensors
-        eps = ctx.eps
-        g_theta = grad * (-(1.0 / eps) * rectangle((z - theta) / eps))
-        return None, g_theta.reshape(-1, theta.shape[-1]).sum(0), None
-
-
-def jumprelu(z: Tensor, theta: Tensor, bandwidth: float) -> Tensor:
-    """z · H(z − θ) with the straight-through threshold gradient (module docstring)."""
-    return _JumpReLU.apply(z, theta, bandwidth)
-
-
-def step(z: Tensor, theta: Tensor, bandwidth: float) -> Tensor:
-    """H(z − θ) with the straight-through threshold gradient (module docstring)."""
-    return _Step.apply(z, theta, bandwidth)
-
-
-def topk_relu(z: Tensor, k: int) -> Tensor:
-    """ReLU(z) on the k largest entries of each row of z [..., d_sae], 0 elsewhere.
-
-    >>> topk_relu(torch.tensor([[3.0, -1.0, 2.0, 5.0]]), 2).tolist()
-    [[3.0, 0.0, 0.0, 5.0]]
-    """
-    values, index = z.topk(k, dim=-1, sorted=False)
-    return torch.zeros_like(z).scatter_(-1, index, values.relu())
-
-
-class _TopKEncoder(torch.autograd.Function):
-    """(values, index) of the k largest z = u W_enc + b_enc of each row u [N, d_in]. The
-    gradient of z is 0 off the k selected entries, so the backward reads only those columns:
-    ∂W_enc[:, i] = Σₙ uₙ gₙᵢ, ∂b_enc[i] = Σₙ gₙᵢ, ∂uₙ = Σᵢ gₙᵢ W_enc[:, i] over the selected i,
-    O(N·k·d_in) where autograd's dense path spends two [N, d_sae] × d_in products."""
-
-    @staticmethod
-    def forward(ctx: Any, u: Tensor, W_enc: Tensor, b_enc: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        z = torch.addmm(b_enc, u, W_enc)  # [N, d_sae]
-        values, index = z.topk(k, dim=-1, sorted=False)  # [N, k] each
-        ctx.save_for_backward(u, W_enc, index)
-        ctx.mark_non_differentiable(index)
-        return values, index
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor, _: Any) -> tuple[Tensor | None, ...]:
-        u, W_enc, index = ctx.saved_tensors
-        d_sae = W_enc.shape[1]
-        g_u = g_W = g_b = None
-        if ctx.needs_input_grad[0]:
-            g_u = F.embedding_bag(index, W_enc.T.contiguous(), per_sample_weights=g, mode="sum")
-        if ctx.needs_input_grad[1]:
-            g_W = torch.sparse.mm(_selection(index, g, d_sae), u).T  # Gᵀ u, G [N, d_sae] sparse
-        if ctx.needs_input_grad[2]:
-            g_b = g.new_zeros(d_sae).index_add_(0, index.reshape(-1), g.reshape(-1))
-        return g_u, g_W, g_b, None
-
-
-def _selection(index: Tensor, values: Tensor, d_sae: int) -> Tensor:
-    """Gᵀ as a sparse [d_sae, N] tensor: G[n, index[n, j]] = values[n, j], 0 elsewhere."""
-    N, k = index.shape
-    rows = torch.arange(N, device=index.device).repeat_interleave(k)
-    at = torch.stack([index.reshape(-1), rows])
-    return torch.sparse_coo_tensor(at, values.reshape(-1), (d_sae, N), check_invariants=False)
-
-
-class _SparseDecoder(torch.autograd.Function):
-    """x̂ₙ = Σⱼ vₙⱼ W_dec[iₙⱼ]; ∂W_dec = Gᵀ ∂x̂ (G the sparse codes), ∂vₙⱼ = W_dec[iₙⱼ] · ∂x̂ₙ."""
-
-    @staticmethod
-    def forward(ctx: Any, values: Tensor, index: Tensor, W_dec: Tensor) -> Tensor:
-        ctx.save_for_backward(values, index, W_dec)
-        return F.embedding_bag(index, W_dec, per_sample_weights=values, mode="sum")
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, None, Tensor | None]:
-        values, index, W_dec = ctx.saved_tensors
-        g_v = g_W = None
-        if ctx.needs_input_grad[0]:
-            g_v = torch.bmm(W_dec[index], g[:, :, None]).squeeze(-1)  # [N, k]
-        if ctx.needs_input_grad[2]:
-            g_W = torch.sparse.mm(_selection(index, values, W_dec.shape[0]), g)
-        return g_v, None, g_W
-
-
-def topk_encode(u: Tensor, W_enc: Tensor, b_enc: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(values, index) [N, k] of the k largest entries of u W_enc + b_enc per row (the
-    gradient by :class:`_TopKEncoder`'s sparse backward)."""
-    return _TopKEncoder.apply(u, W_enc, b_enc, k)
-
-
-def sparse_decode(values: Tensor, index: Tensor, W_dec: Tensor) -> Tensor:
-    """Σⱼ values[n, j] · W_dec[index[n, j]]  [N, d]: f W_dec for f nonzero only at ``index``
-    (the gradient by :class:`_SparseDecoder`: O(N·k·d), no [N, d_sae] product)."""
-    return _SparseDecoder.apply(values, index, W_dec)
-
-
-def batch_topk_relu(z: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """ReLU(z) on the k·B largest entries of the whole batch z [..., d_sae] (B = its tokens),
-    and the least value kept (for the evaluation threshold θ)."""
-    flat = z.reshape(-1)
-    n = z.numel() // z.shape[-1]
-    values, index = flat.topk(min(k * n, flat.numel()), sorted=False)
-    acts = torch.zeros_like(flat).scatter_(0, index, values.relu()).reshape(z.shape)
-    return acts, values.min()
-
-
-# -- the module ---------------------------------------------------------------------------
+# -- the shared equations -------------------------------------------------------------------
 
 
 class SAE(nn.Module):
     """A sparse autoencoder (or transcoder): ``encode``, ``decode``, ``forward``, ``loss``.
+    ``SAE(cfg)`` is the architecture ``cfg.activation`` names (:data:`ARCHITECTURES`).
 
     >>> torch.manual_seed(0) and None
     >>> sae = SAE(SAEConfig(d_in=6, d_sae=24, arch="topk", k=3))
     >>> x_hat, acts = sae(torch.randn(2, 5, 6))
-    >>> x_hat.shape, acts.shape, int((acts != 0).sum(-1).max()) <= 3
-    (torch.Size([2, 5, 6]), torch.Size([2, 5, 24]), True)
+    >>> type(sae).__name__, x_hat.shape, acts.shape, int((acts != 0).sum(-1).max()) <= 3
+    ('TopK', torch.Size([2, 5, 6]), torch.Size([2, 5, 24]), True)
     """
+
+    def __new__(cls, cfg: SAEConfig | None = None, *args: Any, **kwargs: Any) -> SAE:
+        if cls is SAE and cfg is not None:
+            cls = ARCHITECTURES[cfg.activation]
+        return super().__new__(cls)
 
     def __init__(self, cfg: SAEConfig, *, seed: int | None = None) -> None:
         super().__init__()
@@ -313,12 +189,6 @@ class SAE(nn.Module):
         self.b_enc = nn.Parameter(torch.zeros(d_sae, dtype=dtype))
         self.W_dec = nn.Parameter(torch.empty(d_sae, d_out, dtype=dtype))
         self.b_dec = nn.Parameter(torch.zeros(d_out, dtype=dtype))
-        if cfg.activation == "jumprelu":
-            self.log_threshold = nn.Parameter(
-                torch.full((d_sae,), math.log(cfg.threshold_init), dtype=dtype)
-            )
-        if cfg.activation == "batchtopk":
-            self.register_buffer("threshold", torch.zeros((), dtype=dtype))
         self.reset_parameters(seed)
 
     @torch.no_grad()
@@ -338,45 +208,15 @@ class SAE(nn.Module):
         self.b_enc.zero_()
         self.b_dec.zero_()
 
-    @property
-    def theta(self) -> Tensor:
-        """JumpReLU's thresholds θ = exp(log_threshold) [d_sae]."""
-        return self.log_threshold.exp()
-
-    # -- the equations -----------------------------------------------------------------
     def pre_acts(self, x: Tensor) -> Tensor:
         """z = (x − b_dec) W_enc + b_enc (a transcoder: x W_enc + b_enc), [..., d_sae]."""
         if self.cfg.arch != "transcoder":
             x = x - self.b_dec
         return x @ self.W_enc + self.b_enc
 
-    def activate(self, z: Tensor, *, batch_topk: bool | None = None) -> Tensor:
-        """f = σ(z). BatchTopK selects over the batch when ``batch_topk`` (default: in
-        training mode), else thresholds at θ."""
-        act, k = self.cfg.activation, self.cfg.k
-        if act == "relu":
-            return z.relu()
-        if act == "topk":
-            assert k is not None
-            return topk_relu(z, k)
-        if act == "jumprelu":
-            return jumprelu(z, self.theta, self.cfg.bandwidth)
-        assert k is not None  # batchtopk
-        if self.training if batch_topk is None else batch_topk:
-            acts, least = batch_topk_relu(z, k)
-            if self.training and torch.is_grad_enabled():
-                with torch.no_grad():
-                    m = BATCHTOPK_MOMENTUM
-                    first = bool(self.threshold == 0)
-                    new = least.detach().to(self.threshold.dtype).clamp_min(0)
-                    self.threshold.copy_(new if first else m * self.threshold + (1 - m) * new)
-            return acts
-        return z * (z > self.threshold).to(z.dtype)
-
-    def encode(self, x: Tensor, *, batch_topk: bool | None = None) -> Tensor:
-        """x [..., d_in] → f [..., d_sae]."""
-        self._check_width(x, self.cfg.d_in)
-        return self.activate(self.pre_acts(x.to(self.W_enc.dtype)), batch_topk=batch_topk)
+    def encode(self, x: Tensor) -> Tensor:
+        """x [..., d_in] → f = σ(z) [..., d_sae] (σ: the architecture's)."""
+        raise NotImplementedError
 
     def decode(self, acts: Tensor) -> Tensor:
         """f [..., d_sae] → x̂ = f W_dec + b_dec [..., d_in (a transcoder: d_out)]."""
@@ -391,43 +231,33 @@ class SAE(nn.Module):
         self, x: Tensor, target: Tensor | None = None, *, dead: Tensor | None = None
     ) -> dict[str, Tensor]:
         """The training objective's terms (module docstring), each a 0-d mean over tokens:
-        ``mse``, ``sparsity``, ``aux``, their sum ``loss``; and ``x_hat``, ``acts`` (detached
-        for topk, whose gradient takes the sparse path of :func:`topk_encode`).
+        ``mse``, ``sparsity``, ``aux``, their sum ``loss``; and ``x_hat``, ``acts``.
 
         ``target``: what to reconstruct (default x; a transcoder's MLP output). ``dead``
-        [d_sae] bool: the latents AuxK may use (none: no auxiliary term).
+        [d_sae] bool: the latents AuxK may use (none: no auxiliary term; relu and jumprelu
+        have none).
         """
-        cfg = self.cfg
+        raise NotImplementedError
+
+    def inputs(self, x: Tensor, target: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(u, y): u = x − b_dec (a transcoder: x) as rows [N, d_in], and the target y."""
         y = x if target is None else target
-        self._check_width(x, cfg.d_in)
-        self._check_width(y, cfg.width_out, what="target")
-        shape = x.shape[:-1]
-        u = x.to(self.W_enc.dtype).reshape(-1, cfg.d_in)  # [N, d_in]
-        if cfg.arch != "transcoder":
-            u = u - self.b_dec
-        z: Tensor | None = None
-        if cfg.activation == "topk":  # the sparse path: no [N, d_sae] product in the backward
-            assert cfg.k is not None
-            values, index = topk_encode(u, self.W_enc, self.b_enc, cfg.k)
-            values = values.relu()
-            x_hat = sparse_decode(values, index, self.W_dec) + self.b_dec
-            with torch.no_grad():
-                acts = values.new_zeros(len(u), cfg.d_sae).scatter_(-1, index, values)
-        else:
-            z = torch.addmm(self.b_enc, u, self.W_enc)
-            acts = self.activate(z)
-            x_hat = self.decode(acts)
+        self._check_width(x, self.cfg.d_in)
+        self._check_width(y, self.cfg.width_out, what="target")
+        u = x.to(self.W_enc.dtype).reshape(-1, self.cfg.d_in)  # [N, d_in]
+        return (u if self.cfg.arch == "transcoder" else u - self.b_dec), y
+
+    def terms(self, x: Tensor, y: Tensor, u: Tensor, x_hat: Tensor, acts: Tensor, *,
+              sparsity: Tensor | None = None, dead: Tensor | None = None) -> dict[str, Tensor]:  # fmt: skip
+        """The loss's terms from x̂ [N, d_out] and f [N, d_sae] (AuxK on the ``dead`` latents)."""
         err = y.to(x_hat.dtype).reshape(len(u), -1) - x_hat
         mse = err.pow(2).sum(-1).mean()
         zero = mse.new_zeros(())
-        sparsity, aux = zero, zero
-        if cfg.activation == "relu":
-            sparsity = cfg.l1_coeff * (acts * self.W_dec.norm(dim=-1)).sum(-1).mean()
-        elif cfg.activation == "jumprelu":
-            assert z is not None
-            sparsity = cfg.l0_coeff * step(z, self.theta, cfg.bandwidth).sum(-1).mean()
-        elif dead is not None and cfg.aux_coeff > 0 and bool(dead.any()):
-            aux = cfg.aux_coeff * self.aux_loss(u, err.detach(), dead)
+        sparsity = zero if sparsity is None else sparsity
+        aux = zero
+        if dead is not None and self.cfg.aux_coeff > 0 and bool(dead.any()):
+            aux = self.cfg.aux_coeff * self.aux_loss(u, err.detach(), dead)
+        shape = x.shape[:-1]
         return {
             "loss": mse + sparsity + aux,
             "mse": mse,
@@ -486,11 +316,11 @@ class SAE(nn.Module):
         copy.W_enc.mul_(s_in / s_out)
         copy.b_enc.div_(s_out)
         copy.b_dec.div_(s_out)
-        if self.cfg.activation == "jumprelu":
-            copy.log_threshold.sub_(math.log(s_out))
-        if self.cfg.activation == "batchtopk":
-            copy.threshold.div_(s_out)
+        copy.scale_threshold(s_out)
         return copy.train(self.training)
+
+    def scale_threshold(self, s: float) -> None:
+        """θ ← θ / s (architectures with a threshold)."""
 
     # -- the model it reads ---------------------------------------------------------------
     @property
@@ -513,8 +343,6 @@ class SAE(nn.Module):
 
     def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
         """Write ``sae.json`` (format, config, ``extra``) and ``sae.safetensors`` atomically."""
-        from safetensors.torch import save as st_save
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.cpu().contiguous() for k, v in self.state().items()}
@@ -526,13 +354,8 @@ class SAE(nn.Module):
     @classmethod
     def load(cls, folder: str | Path, *, device: str | torch.device | None = None) -> SAE:
         """The SAE saved in ``folder`` (by :meth:`save` or ``glassgpt sae train``)."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load as st_load
-
-        folder = Path(folder)
+        folder = sae_folder(folder)
         path = folder / CONFIG_FILE
-        if not path.is_file() and (folder / "sae" / CONFIG_FILE).is_file():
-            folder, path = folder / "sae", folder / "sae" / CONFIG_FILE  # a training folder
         if not path.is_file():
             raise InputFileError(f"{folder}: not an SAE folder (no {CONFIG_FILE})")
         try:
@@ -546,7 +369,7 @@ class SAE(nn.Module):
             raise InputFileError(f"{path}: has no config") from None
         except ConfigError as e:
             raise InputFileError(f"{path}: {e}") from None
-        sae = cls(cfg)
+        sae = SAE(cfg)
         try:
             tensors = st_load((folder / WEIGHTS_FILE).read_bytes())
             sae.load_state_dict(tensors)
@@ -558,3 +381,108 @@ class SAE(nn.Module):
         if device is not None:
             sae = sae.to(device)
         return sae.eval()
+
+
+# -- the architectures ------------------------------------------------------------------------
+
+
+class ReLU(SAE):
+    """σ(z) = ReLU(z); loss: mse + l1_coeff · Σᵢ fᵢ ‖W_dec,ᵢ‖ (decoder norms free)."""
+
+    def encode(self, x: Tensor) -> Tensor:
+        self._check_width(x, self.cfg.d_in)
+        return self.pre_acts(x.to(self.W_enc.dtype)).relu()
+
+    def loss(self, x: Tensor, target: Tensor | None = None, *, dead: Tensor | None = None) -> dict[str, Tensor]:  # fmt: skip
+        u, y = self.inputs(x, target)
+        acts = torch.addmm(self.b_enc, u, self.W_enc).relu()
+        sparsity = self.cfg.l1_coeff * (acts * self.W_dec.norm(dim=-1)).sum(-1).mean()
+        return self.terms(x, y, u, self.decode(acts), acts, sparsity=sparsity)
+
+
+class TopK(SAE):
+    """σ(z) = ReLU(z) on the k largest zᵢ of each token; loss: mse + AuxK on ``dead``. The
+    loss takes the sparse path (:func:`topk_encode`): only the k kept latents of a token enter
+    the backward, so its ``acts`` carry no gradient."""
+
+    def encode(self, x: Tensor) -> Tensor:
+        self._check_width(x, self.cfg.d_in)
+        assert self.cfg.k is not None
+        return topk_relu(self.pre_acts(x.to(self.W_enc.dtype)), self.cfg.k)
+
+    def loss(self, x: Tensor, target: Tensor | None = None, *, dead: Tensor | None = None) -> dict[str, Tensor]:  # fmt: skip
+        u, y = self.inputs(x, target)
+        assert self.cfg.k is not None
+        values, index = topk_encode(u, self.W_enc, self.b_enc, self.cfg.k)
+        values = values.relu()
+        x_hat = sparse_decode(values, index, self.W_dec) + self.b_dec
+        with torch.no_grad():
+            acts = values.new_zeros(len(u), self.cfg.d_sae).scatter_(-1, index, values)
+        return self.terms(x, y, u, x_hat, acts, dead=dead)
+
+
+class BatchTopK(SAE):
+    """Training: ReLU(z) on the k·B largest z of the batch; evaluation: z · 1[z > θ]. θ (the
+    ``threshold`` buffer) is the trainer's running mean of the least value kept, which
+    ``loss`` returns as ``least`` (:func:`glassgpt.features.training.update_threshold`);
+    loss: mse + AuxK on ``dead``."""
+
+    def __init__(self, cfg: SAEConfig, *, seed: int | None = None) -> None:
+        super().__init__(cfg, seed=seed)
+        self.register_buffer("threshold", torch.zeros((), dtype=cfg.torch_dtype))
+
+    def select(self, z: Tensor, over_batch: bool) -> tuple[Tensor, Tensor | None]:
+        """(f, the least value kept over the batch, or None when thresholded at θ)."""
+        assert self.cfg.k is not None
+        if over_batch:
+            return batch_topk_relu(z, self.cfg.k)
+        return z * (z > self.threshold).to(z.dtype), None
+
+    def encode(self, x: Tensor, *, batch_topk: bool | None = None) -> Tensor:
+        """f; over the batch when ``batch_topk`` (default: in training mode), else at θ."""
+        self._check_width(x, self.cfg.d_in)
+        z = self.pre_acts(x.to(self.W_enc.dtype))
+        return self.select(z, self.training if batch_topk is None else batch_topk)[0]
+
+    def loss(self, x: Tensor, target: Tensor | None = None, *, dead: Tensor | None = None) -> dict[str, Tensor]:  # fmt: skip
+        u, y = self.inputs(x, target)
+        acts, least = self.select(torch.addmm(self.b_enc, u, self.W_enc), self.training)
+        terms = self.terms(x, y, u, self.decode(acts), acts, dead=dead)
+        if least is not None:
+            terms["least"] = least.detach()
+        return terms
+
+    def scale_threshold(self, s: float) -> None:
+        self.threshold.div_(s)
+
+
+class JumpReLU(SAE):
+    """σ(z) = z · H(z − θ), θ = exp(log_threshold) per latent; loss: mse + l0_coeff · Σᵢ
+    H(zᵢ − θᵢ), θ trained by the straight-through estimator (:mod:`glassgpt.features.sparse`)."""
+
+    def __init__(self, cfg: SAEConfig, *, seed: int | None = None) -> None:
+        super().__init__(cfg, seed=seed)
+        theta = torch.full((cfg.d_sae,), math.log(cfg.threshold_init), dtype=cfg.torch_dtype)
+        self.log_threshold = nn.Parameter(theta)
+
+    @property
+    def theta(self) -> Tensor:
+        """θ = exp(log_threshold) [d_sae]."""
+        return self.log_threshold.exp()
+
+    def encode(self, x: Tensor) -> Tensor:
+        self._check_width(x, self.cfg.d_in)
+        return jumprelu(self.pre_acts(x.to(self.W_enc.dtype)), self.theta, self.cfg.bandwidth)
+
+    def loss(self, x: Tensor, target: Tensor | None = None, *, dead: Tensor | None = None) -> dict[str, Tensor]:  # fmt: skip
+        u, y = self.inputs(x, target)
+        z = torch.addmm(self.b_enc, u, self.W_enc)
+        acts = jumprelu(z, self.theta, self.cfg.bandwidth)
+        sparsity = self.cfg.l0_coeff * step(z, self.theta, self.cfg.bandwidth).sum(-1).mean()
+        return self.terms(x, y, u, self.decode(acts), acts, sparsity=sparsity)
+
+    def scale_threshold(self, s: float) -> None:
+        self.log_threshold.sub_(math.log(s))
+
+
+ARCHITECTURES: dict[str, type[SAE]] = {"relu": ReLU, "topk": TopK, "batchtopk": BatchTopK, "jumprelu": JumpReLU}  # fmt: skip

@@ -53,10 +53,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 from torch import Tensor
 
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.features.sae import SAE, SAEConfig
+from glassgpt.features.sites import check_model
 from glassgpt.sample.steering import canonical_hook
 from glassgpt.storage import atomic_write
 
@@ -198,8 +202,6 @@ def to_saelens(sae: SAE, *, model: Any = None, model_name: str | None = None) ->
 
 def save_saelens(sae: SAE, folder: str | Path, *, model: Any = None, model_name: str | None = None) -> Path:  # fmt: skip
     """Write ``sae`` as SAELens's ``cfg.json`` and ``sae_weights.safetensors`` (atomically)."""
-    from safetensors.torch import save as st_save
-
     doc, tensors = to_saelens(sae, model=model, model_name=model_name)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -212,9 +214,6 @@ def save_saelens(sae: SAE, folder: str | Path, *, model: Any = None, model_name:
 
 
 def _read(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load as st_load
-
     if not is_saelens(folder):
         raise InputFileError(f"{folder}: not an SAELens SAE folder (no {CFG_FILE} and {WEIGHTS_FILE})")  # fmt: skip
     try:
@@ -367,14 +366,5 @@ def from_saelens(folder: str | Path, *, model: Any = None, processed: bool | Non
                 raise InputFileError(f"{source}: a batchtopk SAE needs one threshold for every latent")  # fmt: skip
             sae.threshold.copy_(theta[0].to(dt))
     if model is not None:
-        from glassgpt.features.sites import check_model
-
         check_model(sae, model)
     return sae.eval()
-
-
-def load_any(folder: str | Path, *, model: Any = None, processed: bool | None = None) -> SAE:
-    """An SAE from a glassgpt SAE folder (or training folder), or an SAELens folder."""
-    if is_saelens(folder):
-        return from_saelens(folder, model=model, processed=processed)
-    return SAE.load(folder)

@@ -30,7 +30,7 @@ import json
 import math
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,15 +39,22 @@ import torch
 
 from glassgpt import checkpoint as ckpt
 from glassgpt.config import check, from_dict, to_dict
+from glassgpt.data import iter_eval_batches
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.features.buffer import ActivationBuffer
 from glassgpt.features.metrics import evaluate
-from glassgpt.features.sae import SAE, SAEConfig
+from glassgpt.features.sae import SAE, BatchTopK, SAEConfig
 from glassgpt.features.sites import Site
+from glassgpt.formats import check_format
 from glassgpt.storage import atomic_write
+from glassgpt.train.adamw import AdamW
+from glassgpt.train.metrics import MetricsLog, truncate_after
+from glassgpt.train.optim import fused_available, load_optimizer_tensors, optimizer_tensors
+from glassgpt.train.progress import Progress, stop_on_signals
 
 RUN_FILE = "sae_run.json"
 FORMAT, VERSION = "glassgpt-sae-run", 1
+BATCHTOPK_MOMENTUM = 0.99  # θ ← m θ + (1 − m) · (least kept value of the batch)
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,27 @@ def geometric_median(points: torch.Tensor, iters: int = 100, tol: float = 1e-9) 
     return m
 
 
+def run_seq_len(n_ctx: int, run_config: Mapping[str, Any]) -> int:
+    """The windows an SAE reads: the run's ``train.seq_len`` (at most n_ctx), else n_ctx.
+
+    >>> run_seq_len(256, {"train": {"seq_len": 128}}), run_seq_len(256, {"model": {}})
+    (128, 256)
+    """
+    train = run_config.get("train")
+    seq_len = train.get("seq_len") if isinstance(train, Mapping) else None
+    return min(n_ctx, seq_len) if isinstance(seq_len, int) and seq_len > 0 else n_ctx
+
+
+@torch.no_grad()
+def update_threshold(sae: BatchTopK, least: torch.Tensor) -> None:
+    """BatchTopK's evaluation threshold after a training batch whose least kept value was
+    ``least``: θ ← m θ + (1 − m) max(least, 0), the first batch (θ = 0) setting θ itself."""
+    m = BATCHTOPK_MOMENTUM
+    first = bool(sae.threshold == 0)
+    new = least.detach().to(sae.threshold.dtype).clamp_min(0)
+    sae.threshold.copy_(new if first else m * sae.threshold + (1 - m) * new)
+
+
 # -- what was asked -----------------------------------------------------------------------------
 
 
@@ -172,8 +200,6 @@ class SAERun:
 
     @classmethod
     def from_json(cls, raw: bytes, source: Path) -> SAERun:
-        from glassgpt.formats import check_format
-
         try:
             doc = check_format(json.loads(raw), source, FORMAT, VERSION, what="SAE run format",
                                not_ours="not a glassgpt SAE training folder")  # fmt: skip
@@ -190,10 +216,7 @@ class Trainer:
     """The loop of the module docstring, with its checkpoints."""
 
     def __init__(self, job: SAERun, out: Path, model: Any, data: Any, *, progress: bool,
-                 note: Callable[[str], None]) -> None:  # fmt: skip
-        from glassgpt.train.adamw import AdamW
-        from glassgpt.train.optim import fused_available
-
+                 note: Callable[[str], None], run_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
         cfg = job.train
         self.job, self.out, self.cfg, self.note = job, out, cfg, note
         self.device = torch.device(cfg.device)
@@ -203,7 +226,7 @@ class Trainer:
         self.site = Site(job.sae.hook, job.sae.d_in, job.sae.out_hook, job.sae.d_out)
         self.sae = SAE(job.sae, seed=cfg.seed).to(self.device).train()
         self.data = data
-        seq_len = cfg.seq_len or self._run_seq_len()
+        seq_len = cfg.seq_len or run_seq_len(self.model.config.n_ctx, run_config or {})
         self.seq_len = seq_len
         self.buffer = ActivationBuffer(
             self.model, self.site, data.stream("train"), batch_tokens=cfg.batch_size,
@@ -226,20 +249,6 @@ class Trainer:
         self.manager = ckpt.CheckpointManager(out / "ckpt", keep_last=cfg.keep_last)
         self.stop: int | None = None
         self.progress = progress
-
-    def _run_seq_len(self) -> int:
-        """The run's train.seq_len (its config.toml), else n_ctx."""
-        from glassgpt.config import load_toml
-
-        n_ctx = self.model.config.n_ctx
-        config = ckpt.ckpt_root_of(self.job.model).parent / "config.toml"
-        try:
-            seq_len = (
-                load_toml(config).get("train", {}).get("seq_len") if config.is_file() else None
-            )
-        except GlassError:
-            seq_len = None
-        return min(n_ctx, seq_len) if isinstance(seq_len, int) and seq_len > 0 else n_ctx
 
     # -- state ------------------------------------------------------------------------------
     def init_b_dec(self) -> None:
@@ -278,8 +287,6 @@ class Trainer:
         return self.sae.rescaled(self.scale_x, self.scale_y)
 
     def save(self) -> Path:
-        from glassgpt.train.optim import optimizer_tensors
-
         opt_tensors, groups = optimizer_tensors(self.opt)
         counters = {"since_fired": self.since_fired, "window": self.window}
         return self.manager.save(
@@ -302,8 +309,6 @@ class Trainer:
         )
 
     def load(self, found: ckpt.Checkpoint) -> None:
-        from glassgpt.train.optim import load_optimizer_tensors
-
         try:
             self.sae.load_state_dict(found.tensors("sae.safetensors"))
             trainer = found.state["trainer"]
@@ -326,7 +331,9 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         dead = self.since_fired >= cfg.dead_after
-        terms = sae.loss(x, y, dead=dead if sae.cfg.activation in ("topk", "batchtopk") else None)
+        terms = sae.loss(x, y, dead=dead)
+        if isinstance(sae, BatchTopK):  # θ for evaluation: the trainer's running mean
+            update_threshold(sae, terms["least"])
         ramp = cfg.sparsity_warmup * cfg.steps
         c = min(1.0, (self.step + 1) / ramp) if ramp > 0 else 1.0
         loss = terms["mse"] + c * terms["sparsity"] + terms["aux"]
@@ -382,8 +389,6 @@ class Trainer:
         return record
 
     def evaluate(self) -> dict[str, Any]:
-        from glassgpt.data import iter_eval_batches
-
         split = "val" if "val" in self.data.meta.splits and self.data.split("val").tokens > self.seq_len else "train"  # fmt: skip
         batches = (
             (x.to(self.device), y.to(self.device))
@@ -398,9 +403,6 @@ class Trainer:
         return evaluate(self.model, self.raw_sae(), batches, dense=self.cfg.dense)
 
     def fit(self) -> dict[str, Any]:
-        from glassgpt.train.metrics import MetricsLog, truncate_after
-        from glassgpt.train.progress import Progress, stop_on_signals
-
         cfg = self.cfg
         log = MetricsLog(self.out / "metrics.jsonl")
         truncate_after(log.path, self.step)

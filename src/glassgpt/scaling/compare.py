@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
+
 from glassgpt.errors import GlassError
 from glassgpt.scaling.sweep import load_results
 from glassgpt.storage import atomic_write
@@ -130,16 +132,12 @@ def compare_results(
 
 def plot_comparison(comparison: Comparison, path: str | Path) -> Path:
     """The metric of each point with ±1 SE error bars (points on a categorical axis)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     path = Path(path)
     pts = comparison.points
     xs = range(len(pts))
     se = [0.0 if math.isnan(p.se) else p.se for p in pts]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(pts) + 2), 4))
+    fig = Figure(figsize=(max(5.0, 1.1 * len(pts) + 2), 4))  # no pyplot: no global state
+    ax = fig.subplots()
     ax.errorbar(xs, [p.mean for p in pts], yerr=se, fmt="o-", capsize=4)
     if len(comparison.keys) == 1:
         labels = [_fmt(p.key[0][1]) for p in pts]
@@ -150,8 +148,7 @@ def plot_comparison(comparison: Comparison, path: str | Path) -> Path:
     ax.set_ylabel(f"{comparison.metric} (mean ± SE)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig.savefig(path, dpi=120)  # Agg, chosen by the file type
     return path
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from glassgpt.errors import GlassError
 from glassgpt.model.accounting import count_parameters
@@ -122,11 +123,6 @@ def load_law(path: str | Path) -> tuple[ScalingLaw, str]:
 
 def plot_report(report: FitReport, out: str | Path) -> list[Path]:
     """loss_vs_n.png (per D, with the law), loss_vs_flops.png (with the frontier), residuals.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = Path(out)
     law, rows = report.law, [*report.fitted, *report.held_out]
     paths = []
@@ -135,7 +131,8 @@ def plot_report(report: FitReport, out: str | Path) -> list[Path]:
     loss = np.array([r["val_loss"] for r in rows])
     held = np.array([r in report.held_out for r in rows])
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))  # no pyplot: no global state
+    ax = fig.subplots()
     grid_n = np.geomspace(n_all.min() / 1.5, n_all.max() * 1.5, 100)
     for i, d in enumerate(sorted(set(d_all))):
         sel = d_all == d
@@ -148,7 +145,8 @@ def plot_report(report: FitReport, out: str | Path) -> list[Path]:
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "loss_vs_n.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     flops = training_flops(n_all, d_all)
     ax.scatter(flops[~held], loss[~held], label="fitted runs")
     ax.scatter(flops[held], loss[held], marker="*", s=120, label="held out")
@@ -159,7 +157,8 @@ def plot_report(report: FitReport, out: str | Path) -> list[Path]:
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "loss_vs_flops.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig = Figure(figsize=(6, 3))
+    ax = fig.subplots()
     rel = np.array([r["rel_err"] for r in rows]) * 100
     ax.axhline(0, color="k", lw=0.5)
     ax.scatter(flops[~held], rel[~held], label="fitted runs")
@@ -170,12 +169,9 @@ def plot_report(report: FitReport, out: str | Path) -> list[Path]:
     return paths
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    fig.savefig(path, dpi=120)  # Agg, chosen by the file type
     return path
 
 

@@ -29,13 +29,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from glassgpt.config import load_toml, merge
+from tqdm import tqdm
+
+from glassgpt.checkpoint import open_run, step_folders
+from glassgpt.config import merge
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.model import GPTConfig
+from glassgpt.model.accounting import count_parameters
 from glassgpt.scaling.compute import training_flops
-from glassgpt.scaling.executors import BUSY, FAILED, TAIL, lock_holder, make_executor, write_failure
+from glassgpt.scaling.executors import make_executor, write_failure
 from glassgpt.scaling.grid import Grid, RunSpec
+from glassgpt.scaling.status import BUSY, FAILED, TAIL, lock_holder
 from glassgpt.storage import atomic_write
 from glassgpt.train.config import dump_toml
+from glassgpt.train.inputs import is_prepared, resolve_data
+from glassgpt.train.metrics import read_metrics
+from glassgpt.train.resolve import resolve_run
 
 RESULT = "result.json"
 COLUMNS = (
@@ -59,8 +68,6 @@ POINTS = "points.json"  # OUT/points.json: every point's name and overrides, in 
 def run_configs(grid: Grid) -> list[tuple[RunSpec, Any]]:
     """Every run of the grid with its ``ResolvedRun`` (raw table and validated RunConfig),
     each checked before anything starts."""
-    from glassgpt.train.resolve import resolve_run
-
     return [
         (
             run,
@@ -82,8 +89,6 @@ def validate(grid: Grid) -> list[RunSpec]:
 
 def data_key(data: Any) -> dict[str, Any] | None:
     """What makes two runs' prepared data the same (None: the run reads a prepared folder)."""
-    from glassgpt.train.inputs import is_prepared
-
     if len(data.paths) == 1 and is_prepared(data.paths[0]):
         return None
     tokenizer = data.tokenizer
@@ -106,8 +111,6 @@ def data_folder(out: Path, key: dict[str, Any]) -> Path:
 def prepare_shared(out: Path, data: Any, log: Callable[[str], None] = print) -> Path | None:
     """The shared prepared folder for a run's data config, prepared here if not there yet
     (by the trainer's own preparation, in a staging folder renamed when complete)."""
-    from glassgpt.train.inputs import is_prepared, resolve_data
-
     key = data_key(data)
     if key is None:
         return None
@@ -145,8 +148,6 @@ def resumable(run_dir: Path) -> bool:
     """Whether a run folder holds a complete checkpoint to resume from (a ``ckpt`` folder
     alone is not one: a run killed while writing its first checkpoint leaves only a
     temporary folder there)."""
-    from glassgpt.checkpoint import step_folders
-
     return bool(step_folders(run_dir / "ckpt"))
 
 
@@ -160,15 +161,9 @@ def train_command(run_dir: Path, config_file: Path | None) -> list[str]:
 
 
 def collect(run_dir: Path, wall_s: float | None = None) -> dict[str, Any]:
-    """The result of a finished run, from its ``config.toml`` and ``metrics.jsonl``."""
-    from glassgpt.model import GPTConfig
-    from glassgpt.model.accounting import count_parameters
-    from glassgpt.train.metrics import read_metrics
-
-    config_path = run_dir / "config.toml"
-    if not config_path.is_file():
-        raise InputFileError(f"{run_dir}: not a training run (no config.toml)")
-    config = load_toml(config_path)
+    """The result of a finished run, from its config (its newest checkpoint's) and
+    ``metrics.jsonl``."""
+    config = open_run(run_dir, which="latest", weights=False).config
     records = read_metrics(run_dir / "metrics.jsonl")
     evals = [r for r in records if r.get("val_loss") is not None]
     if not evals:
@@ -241,8 +236,6 @@ def run_sweep(
 
     ``executor`` (glassgpt.scaling.executors) says where the points train; None: the grid's
     ``[executor]`` table, by default processes on this machine."""
-    from tqdm import tqdm
-
     out = Path(out).resolve()
     configs = run_configs(grid)
     if executor is None:

@@ -1,0 +1,195 @@
+"""``glassgpt sae``: sparse autoencoders and transcoders on one activation of a trained model.
+
+    glassgpt sae train -c RUN --hook blocks.1.resid_post --width 512 --arch topk -k 32 -o DIR
+    glassgpt sae eval -c DIR [--json]
+    glassgpt sae features -c DIR [--data PATH…] [-o FILE] [--tokens N] [--top K]
+    glassgpt sae export -c DIR --format saelens -o OUT
+    glassgpt sae import SAELENS_DIR -o DIR [--model RUN]
+
+The jobs live in :mod:`glassgpt.features` (``job.train_command``, ``folders``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from glassgpt.cli.arguments import (
+    add_checkpoint,
+    add_device,
+    add_json,
+    add_no_progress,
+    add_output,
+    add_overrides,
+)
+from glassgpt.features.folders import eval_sae, export_sae, import_sae, write_pages
+from glassgpt.features.job import train_command
+from glassgpt.features.sae import ARCHS
+
+SAE_DIR = "the SAE folder (sae train's -o, or its sae/)"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Train a sparse dictionary (SAE or transcoder) on one activation of a trained model, "
+        "from the run's own data shards, and measure it."
+    )
+    sub = parser.add_subparsers(dest="sae_command", metavar="SUBCOMMAND")
+
+    p = sub.add_parser(
+        "train",
+        help="train an SAE on one hook of a run",
+        description="Train an SAE (or transcoder) on the activation --hook of the model in -c, "
+        "streamed from the run's data shards through a shuffling buffer (nothing written to "
+        "disk). Checkpoints in -o DIR/ckpt; the SAE in DIR/sae; metrics in DIR/metrics.jsonl.",
+    )
+    add_checkpoint(p, required=False, help="the run (or checkpoint) whose model the SAE reads")
+    p.add_argument("--hook", help="the activation, e.g. blocks.1.resid_post (or blocks.1.hook_resid_post); a transcoder: blocks.L.mlp_out")  # fmt: skip
+    p.add_argument("--width", type=int, help="latents (d_sae)")
+    p.add_argument("--arch", choices=ARCHS,
+                   help="the architecture (transcoder: reads the MLP's input, predicts its output)")  # fmt: skip
+    p.add_argument("-k", type=int, default=None, help="latents kept per token (topk, batchtopk, transcoder)")  # fmt: skip
+    add_output(p, metavar="DIR", help="the SAE's folder")
+    p.add_argument("--tokens", type=int, default=None, help="training tokens (train.tokens)")
+    p.add_argument("--data", metavar="PATH", nargs="+", action="extend",
+                   help="a prepared data folder or text files (default: the run's own shards)")  # fmt: skip
+    p.add_argument("--resume", metavar="DIR", help="continue a killed or stopped training")
+    p.add_argument("--overwrite", action="store_true", help="replace what -o already holds")
+    add_no_progress(p)
+    add_overrides(p, example="train.lr=3e-4 sae.aux_coeff=0.1")
+    p.set_defaults(func=run_train)
+
+    e = sub.add_parser(
+        "eval",
+        help="L0, FVU, CE loss recovered, dead and dense latents of an SAE",
+        description="Measure an SAE on its model: L0, fraction of variance unexplained, CE "
+        "loss recovered ((L_zero − L_sae)/(L_zero − L_clean), the SAE spliced in against the "
+        "clean model and the zeroed activation), and the dead and dense latent fractions.",
+    )
+    add_checkpoint(e, help=SAE_DIR)
+    e.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on)")
+    e.add_argument("--data", metavar="PATH", nargs="+", action="extend",
+                   help="a prepared data folder or text files (default: its data's val split)")  # fmt: skip
+    e.add_argument("--tokens", type=int, default=65_536, help="tokens to measure on (default 65,536)")  # fmt: skip
+    e.add_argument("--seq-len", type=int, default=None, help="window length (default: the model's n_ctx, at most 256)")  # fmt: skip
+    add_device(e)
+    add_json(e)
+    e.set_defaults(func=run_eval)
+
+    f = sub.add_parser(
+        "features",
+        help="feature pages: top contexts, histogram, density and logit effect of every latent",
+        description="Compute, for every latent of an SAE, its top-activating contexts (with the "
+        "activation at every token), a histogram of its nonzero activations (log-spaced bins), "
+        "its density and its logit effect (the decoder direction through the final norm and "
+        "W_U), from one pass over a corpus; written to one file the explorer reads.",
+    )
+    add_checkpoint(f, help=SAE_DIR)
+    f.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on)")
+    f.add_argument("--data", metavar="PATH", nargs="+", action="extend",
+                   help="a prepared data folder or text files (default: the SAE's data)")  # fmt: skip
+    f.add_argument("--split", default="train", help="the split of a prepared folder (default train)")  # fmt: skip
+    f.add_argument("--tokens", type=int, default=1_000_000, help="tokens to read (default 1,000,000)")  # fmt: skip
+    f.add_argument("--seq-len", type=int, default=None, help="window length (default: n_ctx, at most 256)")  # fmt: skip
+    f.add_argument("--batch", type=int, default=None, help="windows per forward (default: ~4,096 tokens)")  # fmt: skip
+    f.add_argument("--top", type=int, default=20, help="top contexts kept per latent (default 20)")
+    f.add_argument("--context", type=int, nargs=2, default=(12, 4), metavar=("BEFORE", "AFTER"),
+                   help="tokens shown before and after each top token (default 12 4)")  # fmt: skip
+    add_device(f)
+    add_output(f, metavar="FILE", help="the pages' file (default SAE_DIR/features.safetensors)")
+    f.set_defaults(func=run_features)
+
+    x = sub.add_parser(
+        "export",
+        help="write an SAE in SAELens's format (cfg.json + sae_weights.safetensors)",
+        description="Write the SAE of -c in SAELens's format, which sae_lens loads with "
+        "SAE.load_from_disk(DIR) and which computes the same codes. Hook names are written "
+        "TransformerLens's way; the model kwargs say center_writing_weights=false (load the "
+        "model with HookedTransformer.from_pretrained_no_processing).",
+    )
+    add_checkpoint(x, help=SAE_DIR)
+    x.add_argument("--format", choices=("saelens",), default="saelens", help="saelens (the only one)")  # fmt: skip
+    add_output(x, required=True, metavar="DIR", help="the folder to write")
+    x.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on; a transcoder needs it)")  # fmt: skip
+    x.add_argument("--model-name", metavar="NAME", help="metadata.model_name (e.g. gpt2)")
+    x.add_argument("--overwrite", action="store_true", help="replace what -o already holds")
+    x.set_defaults(func=run_export)
+
+    i = sub.add_parser(
+        "import",
+        help="read an SAELens SAE folder as a glassgpt SAE",
+        description="Read an SAE saved by sae_lens (cfg.json + sae_weights.safetensors) and "
+        "write it as a glassgpt SAE folder that sae eval, features and the explorer read. "
+        "With --model (e.g. a GPT-2 imported from HF), the SAE is checked against it and, when "
+        "it was trained on TransformerLens's processed model (centred residual stream, folded "
+        "value biases, ln2.hook_normalized), folded to read the model's own activations.",
+    )
+    i.add_argument("source", metavar="DIR", help="the SAELens folder")
+    add_output(i, required=True, metavar="SAE_DIR", help="the glassgpt SAE folder to write")
+    i.add_argument("--model", metavar="DIR", help="the model the SAE reads (checked; needed for hook_z and transcoders)")  # fmt: skip
+    proc = i.add_mutually_exclusive_group()
+    proc.add_argument("--processed", dest="processed", action="store_true", default=None,
+                      help="it read TransformerLens's from_pretrained processing (default: as cfg.json says)")  # fmt: skip
+    proc.add_argument("--no-processed", dest="processed", action="store_false",
+                      help="it read unprocessed activations (from_pretrained_no_processing)")  # fmt: skip
+    i.add_argument("--overwrite", action="store_true", help="replace what -o already holds")
+    i.set_defaults(func=run_import)
+
+
+def summary(r: dict[str, Any]) -> str:
+    """One line of an SAE's metrics (``sae train``'s and ``sae eval``'s output)."""
+    return (
+        f"L0 {r['l0']:.1f} | FVU {r['fvu']:.4f} | CE loss recovered {r['ce_recovered']:.4f} "
+        f"(clean {r['ce_clean']:.4f}, SAE {r['ce_sae']:.4f}, zero {r['ce_zero']:.4f}) | dead "
+        f"{r['dead_fraction']:.1%}, dense {r['dense_fraction']:.1%} | {r['tokens']:,} tokens"
+    )
+
+
+def run_train(args: argparse.Namespace) -> int:
+    result = train_command(
+        checkpoint=args.checkpoint, hook=args.hook, width=args.width, arch=args.arch, k=args.k,
+        out=args.output, tokens=args.tokens, overrides=args.overrides, data=args.data,
+        resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+        argv=sys.argv,
+    )  # fmt: skip
+    if result.get("ended") == "signal":
+        return 130
+    print(summary(result))
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    result = eval_sae(args.checkpoint, model=args.model, data=args.data, tokens=args.tokens,
+                      seq_len=args.seq_len, device=args.device)  # fmt: skip
+    print(json.dumps(result) if args.json else summary(result))
+    return 0
+
+
+def run_features(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    out, pages = write_pages(
+        args.checkpoint, model=args.model, data=args.data, split=args.split, tokens=args.tokens,
+        seq_len=args.seq_len, batch=args.batch, top=args.top, context=tuple(args.context),
+        device=args.device, output=args.output,
+    )  # fmt: skip
+    alive = int((pages.count > 0).sum())
+    print(f"{pages.d_sae:,} latents over {pages.tokens:,} tokens ({alive:,} active) in "
+          f"{time.perf_counter() - t0:.1f} s → {out}")  # fmt: skip
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    out = export_sae(args.checkpoint, args.output, model=args.model,
+                     model_name=args.model_name, overwrite=args.overwrite)  # fmt: skip
+    print(f"wrote {out} (SAELens: SAE.load_from_disk({str(out)!r}))")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    out = import_sae(args.source, args.output, model=args.model, processed=args.processed,
+                     overwrite=args.overwrite)  # fmt: skip
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,184 @@
+"""An SAE folder with the model it reads: opened, measured, paged, exported and imported (the
+jobs behind ``glassgpt sae eval``, ``features``, ``export`` and ``import``).
+
+The model is the one the SAE was trained on (its ``sae.json`` names it; ``model`` for
+another). The corpus is ``data`` (a prepared data folder or text files encoded with the
+model's tokenizer), else the SAE's own data folder; windows are read in order from its start.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from glassgpt.checkpoint import load
+from glassgpt.data import DataDir, iter_eval_batches
+from glassgpt.devices import parse_device
+from glassgpt.errors import GlassError
+from glassgpt.features.metrics import evaluate
+from glassgpt.features.pages import FILE, FeaturePages, compute_pages, save_pages, windows
+from glassgpt.features.sae import CONFIG_FILE, SAE, sae_folder
+from glassgpt.features.saelens import from_saelens, save_saelens
+from glassgpt.features.sites import check_model
+from glassgpt.model import GPT
+from glassgpt.train.evaluate import encode_files
+from glassgpt.train.inputs import is_prepared
+
+
+def open_sae(sae_dir: str, *, model: str | None = None, device: str = "cpu") -> tuple[SAE, GPT, Any, dict[str, Any]]:  # fmt: skip
+    """(SAE, the model it reads (``model``, else the one its sae.json names), tokenizer, its
+    sae.json), on ``device``; one line when the model is not named or does not fit."""
+    where = parse_device(device)
+    sae = SAE.load(sae_dir, device=where)
+    extra = json.loads((sae_folder(sae_dir) / CONFIG_FILE).read_text(encoding="utf-8"))
+    model_path = model or extra.get("model")
+    if not model_path:
+        raise GlassError(f"{sae_dir}: names no model; pass --model DIR")
+    net, tok = load(model_path, device=where)
+    check_model(sae, net)
+    return sae, net, tok, extra
+
+
+def _window(net: GPT, seq_len: int | None) -> int:
+    """The window length: ``seq_len``, else the model's n_ctx, at most 256."""
+    T = seq_len or min(net.config.n_ctx, 256)
+    if not 1 <= T <= net.config.n_ctx:
+        raise GlassError(f"--seq-len: must be in [1, n_ctx={net.config.n_ctx}], got {T}")
+    return T
+
+
+def eval_sae(
+    sae_dir: str,
+    *,
+    model: str | None = None,
+    data: Sequence[str] | None = None,
+    tokens: int = 65_536,
+    seq_len: int | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """The metrics of :func:`glassgpt.features.metrics.evaluate` for the SAE in ``sae_dir``, on
+    ``data`` (default: its data folder's val split, else train)."""
+    where = parse_device(device)
+    sae, net, tok, extra = open_sae(sae_dir, model=model, device=device)
+    model_path = model or extra["model"]
+    if tokens < 1:
+        raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
+    T = _window(net, seq_len)
+    if data and not (len(data) == 1 and is_prepared(data[0])):
+        if tok is None:
+            raise GlassError(f"{model_path}: has no tokenizer, so --data text cannot be encoded")
+        stream, source = encode_files(tok, data)[0], ", ".join(data)
+    else:
+        path = data[0] if data else extra.get("data")
+        if not path or not is_prepared(path):
+            raise GlassError(
+                f"{sae_dir}: its data folder ({path}) is gone; pass --data with a prepared data "
+                "folder or text files"
+            )
+        folder_data = DataDir.open(path)
+        split = "val" if "val" in folder_data.meta.splits and folder_data.split("val").tokens > T else "train"  # fmt: skip
+        stream, source = folder_data.stream(split), f"{path}, {split} split"
+    batch = 8
+    max_batches = max(1, tokens // (batch * T))
+    batches = ((x.to(where), y.to(where)) for x, y in
+               iter_eval_batches(stream, batch_size=batch, seq_len=T, max_batches=max_batches))  # fmt: skip
+    with torch.no_grad():
+        result = evaluate(net, sae, batches)
+    return {**result, "source": source, "hook": sae.cfg.hook, "arch": sae.cfg.arch}
+
+
+def write_pages(
+    sae_dir: str,
+    *,
+    model: str | None = None,
+    data: Sequence[str] | None = None,
+    split: str = "train",
+    tokens: int = 1_000_000,
+    seq_len: int | None = None,
+    batch: int | None = None,
+    top: int = 20,
+    context: tuple[int, int] = (12, 4),
+    device: str = "cpu",
+    output: str | None = None,
+) -> tuple[Path, FeaturePages]:
+    """Compute and write the pages of the SAE in ``sae_dir`` (default file:
+    ``SAE_DIR/features.safetensors``): (the file, the pages)."""
+    sae, net, tok, extra = open_sae(sae_dir, model=model, device=device)
+    model_path = model or extra["model"]
+    if tokens < 1:
+        raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
+    T = _window(net, seq_len)
+    B = batch or max(1, 4096 // T)
+    if B < 1:
+        raise GlassError(f"--batch: must be ≥ 1, got {B}")
+    stream, source = _corpus(sae_dir, data, split, extra.get("data"), tok)
+    meta = {"source": source, "model": str(model_path), "seq_len": T}
+    pages = compute_pages(net, sae, windows(stream, seq_len=T, batch=B, tokens=tokens),
+                          top=top, before=context[0], after=context[1], meta=meta)  # fmt: skip
+    out = Path(output) if output else sae_folder(sae_dir) / FILE
+    return save_pages(out, pages), pages
+
+
+def _corpus(sae_dir: str, data: Sequence[str] | None, split: str, own: Any, tok: Any) -> tuple[Any, str]:  # fmt: skip
+    """(token stream, its description): ``data`` text files or prepared folder, else ``own``."""
+    if data and not (len(data) == 1 and is_prepared(data[0])):
+        if tok is None:
+            raise GlassError("the model has no tokenizer, so --data text cannot be encoded")
+        return encode_files(tok, data)[0], ", ".join(data)
+    path = data[0] if data else own
+    if not path or not is_prepared(path):
+        raise GlassError(f"{sae_dir}: its data folder ({path}) is gone; pass --data with a "
+                         "prepared data folder or text files")  # fmt: skip
+    folder = DataDir.open(path)
+    if split not in folder.meta.splits:
+        raise GlassError(f"--split {split}: {path} has the splits {', '.join(folder.meta.splits)}")
+    if tok is not None:
+        folder.check_tokenizer(tok)
+    return folder.stream(split), f"{path}, {split} split"
+
+
+def _free(out: Path, overwrite: bool) -> None:
+    """``out`` may be written: a missing or empty folder, or any folder with ``overwrite``."""
+    if out.exists() and not out.is_dir():
+        raise GlassError(f"-o {out}: is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise GlassError(f"-o {out}: not empty; pass --overwrite to replace it")
+
+
+def export_sae(
+    sae_dir: str, out: str, *, model: str | None = None, model_name: str | None = None,
+    overwrite: bool = False,
+) -> Path:  # fmt: skip
+    """Write the glassgpt SAE in ``sae_dir`` to ``out`` in SAELens's format (a transcoder with
+    its model: ``model``, else the one it was trained on)."""
+    path = Path(out)
+    _free(path, overwrite)
+    sae = SAE.load(sae_dir)
+    net = None
+    if sae.cfg.arch == "transcoder":
+        model = model or json.loads((sae_folder(sae_dir) / CONFIG_FILE).read_text(encoding="utf-8")).get("model")  # fmt: skip
+        if model:
+            net = load(model)[0]
+    elif model:
+        net = load(model)[0]
+        check_model(sae, net)
+    return save_saelens(sae, path, model=net, model_name=model_name)
+
+
+def import_sae(
+    source: str, out: str, *, model: str | None = None, processed: bool | None = None,
+    overwrite: bool = False,
+) -> Path:  # fmt: skip
+    """Write the SAELens SAE in ``source`` to ``out`` as a glassgpt SAE folder."""
+    path = Path(out)
+    _free(path, overwrite)
+    net = load(model)[0] if model else None
+    sae = from_saelens(source, model=net, processed=processed)
+    extra = {"source": str(Path(source).resolve())}
+    if model:
+        extra["model"] = str(Path(model).resolve())
+    return sae.save(path, extra=extra)

@@ -21,21 +21,15 @@ from glassgpt.inspect import commands as inspect_commands
 from glassgpt.inspect import patch_commands, study_commands
 from glassgpt.interop import commands as interop_commands
 from glassgpt.sample import commands as sample_commands
-from glassgpt.sample import eval_commands
 from glassgpt.scaling import commands as scaling_commands
 from glassgpt.serve import commands as serve_commands
 from glassgpt.tokenizer import commands as tokenizer_commands
-from glassgpt.train import commands as train_commands
-from glassgpt.train import describe_command as model_commands
 from glassgpt.version import __version__
 
 COMMAND_MODULES = (
     tokenizer_commands,
-    model_commands,
     data_commands,
-    train_commands,
     sample_commands,
-    eval_commands,  # eval --tasks (the harness), on train's eval parser
     inspect_commands,
     study_commands,
     patch_commands,

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from glassgpt.kernels import onednn
+from glassgpt.kernels import flash, onednn, rowwise
+from glassgpt.kernels.policy import keeps_probabilities, kept_p_width
 
 _OPS: dict[str, Any] = {}
 
@@ -44,9 +45,6 @@ def register() -> None:
     """Define the operators (idempotent; about 13 ms the first time)."""
     if _OPS:
         return
-    from glassgpt.kernels import flash, rowwise
-    from glassgpt.kernels.policy import keeps_probabilities, kept_p_width
-
     # -- y = x W + b ------------------------------------------------------------------------
     @torch.library.custom_op("glassgpt::linear", mutates_args=())
     def linear_op(

@@ -23,6 +23,7 @@ from torch import nn
 
 from glassgpt import kernels
 from glassgpt.errors import GlassError
+from glassgpt.model.attention import fuse_legacy_names, fuse_qkv
 from glassgpt.train.adamw import AdamW
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.muon import MuonAdamW, is_hidden_matrix
@@ -170,8 +171,6 @@ def _fused_qkv_state(
 ) -> tuple[list, dict[str, torch.Tensor]]:
     """A checkpoint from before W_Q, W_K, W_V became views of W_QKV: the same state with
     each triple's moments fused as the parameters are (``glassgpt.model.attention``)."""
-    from glassgpt.model.attention import fuse_legacy_names, fuse_qkv
-
     out = dict(tensors)
     for key in list(tensors):
         stem, _, rest = key.partition(".attn.")

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tqdm.auto import tqdm
+
 WINDOW = 50  # steps the rate is measured over
 WARMUP = 3  # steps after a start or resume that are never measured
 
@@ -115,8 +117,6 @@ class Progress:
     """A tqdm bar over optimizer steps with ``loss``, ``tok/s``, ``s/step`` and ``ETA``."""
 
     def __init__(self, total: int, initial: int, *, enabled: bool, log: Callable[[str], None]):
-        from tqdm.auto import tqdm
-
         self.total = total
         self.bar = tqdm(
             total=total,

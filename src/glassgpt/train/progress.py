@@ -3,8 +3,8 @@
 The rate is measured over the last ``WINDOW`` steps only, and the first ``WARMUP`` steps of a
 run (or of a resumption) never count: they include one-time costs (the allocator growing
 its heap, kernels chosen for each new shape, a compilation) that later steps do not pay.
-A mean over all steps, or tqdm's smoothed one, kept promising 42 minutes for a 3-minute run
-long after those steps were over.
+A mean over all steps, or tqdm's smoothed one, kept promising far too long an ETA long after
+those steps were over.
 
 >>> eta_seconds([(0.0, 3), (1.0, 13)], total=113)
 10.0

@@ -158,7 +158,7 @@ class Trainer:
         cfg, model, opt = self.cfg, self.train_model, self.optimizer
         lr = lr_at(self.step, cfg)
         set_lr(opt, lr)
-        if not model.training:  # (evaluation switches it back; a walk of every module costs 60 µs)
+        if not model.training:  # (evaluation switches it back; a walk of every module costs time)
             model.train()
         loss_sum = torch.zeros((), device=self.ctx.device)
         n_tokens = 0

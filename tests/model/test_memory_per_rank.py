@@ -10,8 +10,12 @@ import pytest
 from glassgpt.cli import main
 from glassgpt.errors import ConfigError
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.model.memory import estimate_training_memory
-from glassgpt.model.memory import block_parameters, per_rank_memory, shard_count
+from glassgpt.model.memory import (
+    block_parameters,
+    estimate_training_memory,
+    per_rank_memory,
+    shard_count,
+)
 
 CONFIGS = [
     GPTConfig.preset("cpu-tiny"),

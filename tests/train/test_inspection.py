@@ -20,8 +20,8 @@ from glassgpt.cli import main
 from glassgpt.data import iter_eval_batches
 from glassgpt.inspect import head_scores, logit_lens, run_with_cache
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.train.inspection import INSPECT_ROWS
 from glassgpt.train.config import load_run_config
+from glassgpt.train.inspection import INSPECT_ROWS
 from glassgpt.train.metrics import read_metrics
 
 if sys.version_info >= (3, 11):

@@ -40,9 +40,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seq-len", type=int, default=None, help="context T for FLOPs and memory (default n_ctx)"
     )
-    parser.add_argument(
-        "--batch-size", type=int, default=8, help="batch B for the memory estimate"
-    )
+    parser.add_argument("--batch-size", type=int, default=8, help="batch B for the memory estimate")
     parser.add_argument(
         "--world-size",
         type=int,

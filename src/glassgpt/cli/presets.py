@@ -1,6 +1,6 @@
 """``glassgpt presets``: the presets of ``train`` and ``describe`` (one list), one line each.
 
-    glassgpt presets
+glassgpt presets
 """
 
 from __future__ import annotations

@@ -47,9 +47,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "stdlib corpus)",
     )
     add_output(parser, metavar="DIR", help="run folder (default: runs/<preset>)")
-    parser.add_argument(
-        "--resume", metavar="DIR", help="continue a run from its latest checkpoint"
-    )
+    parser.add_argument("--resume", metavar="DIR", help="continue a run from its latest checkpoint")
     parser.add_argument(
         "--init-from",
         metavar="DIR",

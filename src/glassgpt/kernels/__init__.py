@@ -10,7 +10,7 @@
     layer_norm(x, w, b, ε)      (x − μ) · s ⊙ w + b    (few rows | F.layer_norm; rms_norm too)
 
 Each picks its kernel from the device and dtype of its inputs: the rules, with their
-thresholds and measurements, live in :mod:`glassgpt.kernels.policy` (pure Python), which
+thresholds, live in :mod:`glassgpt.kernels.policy` (pure Python), which
 ``glassgpt.model.accounting`` asks too, so a memory estimate follows the path the kernel
 takes on the device it is made for. Packed inference weights are registered explicitly
 with :func:`pack` (``glassgpt.model.precision.cast`` does it for an inference copy);
@@ -28,13 +28,12 @@ assertion there). Under ``torch.compile`` the seams take PyTorch's kernels, or, 
 a CPU), oneDNN's products and the causal kernel as custom operators.
 
 This package is the door (:mod:`glassgpt.kernels.door`): code outside it imports only
-``glassgpt.kernels`` and the names below, never a module inside it; ``OPS`` declares each
+``glassgpt.kernels`` and the names ``door.__all__`` lists, never a module inside it; ``OPS`` declares each
 operation, ``built(extension)`` answers whether a kernel was compiled, ``hidden(...)`` runs a
 block without it.
 """
 
-
 from __future__ import annotations
 
 from glassgpt.kernels.door import *  # noqa: F403  (the declared operations, listed there)
-from glassgpt.kernels.door import __all__
+from glassgpt.kernels.door import __all__ as __all__

@@ -45,6 +45,7 @@ def register() -> None:
     """Define the operators (idempotent)."""
     if _OPS:
         return
+
     # -- y = x W + b ------------------------------------------------------------------------
     @torch.library.custom_op("glassgpt::linear", mutates_args=())
     def linear_op(

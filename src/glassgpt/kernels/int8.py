@@ -141,6 +141,7 @@ def float_product(W: Tensor, *, transposed: bool = False) -> Any:
     """``fn(x, W, b)`` = x W + b from the float32 W itself, for more rows than the int8 kernel
     takes: glassgpt's small-batch float32 kernel (a short prefill) where W is stored
     [d_in, d_out], else the seam's unpacked kernels."""
+
     def plain(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         return dense.unpacked(x, W, b, transposed=transposed)
 

@@ -81,7 +81,9 @@ def inspect_every(cfg: Any) -> int:
     return cfg.inspect_every if cfg.model.n_ctx >= 4 else 0
 
 
-def inspection_series(records: list[dict[str, Any]]) -> dict[str, dict[Any, list[tuple[int, float]]]]:
+def inspection_series(
+    records: list[dict[str, Any]],
+) -> dict[str, dict[Any, list[tuple[int, float]]]]:
     """``{score: {(layer, head) or layer: [(step, value), …]}}`` from metrics records.
 
     >>> recs = [{"step": 5, "induction/L1H0": 0.5, "lens_loss/L0": 3.0, "loss": 2.0}]

@@ -41,8 +41,8 @@ from matplotlib.image import imread
 
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.storage import atomic_write
-from glassgpt.train.metrics import read_metrics
 from glassgpt.train.config import _flatten as flatten  # {"train": {"lr": 1}} → {"train.lr": 1}
+from glassgpt.train.metrics import read_metrics
 
 PACKAGES = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 STATE = "trackers.json"  # the wandb and MLflow run ids, for a resumed run

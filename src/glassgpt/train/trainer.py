@@ -106,7 +106,9 @@ class Trainer:
         self.eval_data = eval_data
         self.bytes_per_token = bytes_per_token
         self.on_eval = on_eval
-        self.inspect = inspect if inspect_every > 0 else None  # named floats every inspect_every steps
+        self.inspect = (
+            inspect if inspect_every > 0 else None
+        )  # named floats every inspect_every steps
         self.inspect_every = inspect_every
         self.tracker: Any = None  # .log(record) after each metrics.jsonl line (rank 0)
         self.log = log if self.ctx.is_main else (lambda msg: None)
@@ -376,7 +378,9 @@ class Trainer:
                     every = cfg.checkpoint_every
                     save = final or stop or bool(every and self.step % every == 0)
                     # an inspection reads the weights: its step is read now, before the next moves them
-                    inspected = self.inspect is not None and (self.step % self.inspect_every == 0 or final)
+                    inspected = self.inspect is not None and (
+                        self.step % self.inspect_every == 0 or final
+                    )
                     if do_eval or save or inspected or not lag:
                         record, pending = self._finish(pending, bar, clock, do_eval), None
                     if save:

@@ -7,7 +7,7 @@
 
 The trainer's periodic samples (``train.sample_tokens`` tokens after each evaluation) are
 drawn by the sampler's :func:`glassgpt.sample.generate`, which this command hands the job
-(:func:`periodic_sampler`): the train stage comes before the sample stage and cannot call it.
+(:func:`periodic_sampler`).
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def periodic_sampler(cfg: RunConfig, run_data: RunData) -> OnEval:
     tokenizer = run_data.tokenizer
     prompt = sample_prompt(cfg, run_data)
     t = cfg.train
+    sharded = t.parallel == "fsdp"
 
     def on_eval(model: nn.Module, step: int) -> str | None:
         if not t.sample_tokens:
@@ -104,6 +105,7 @@ def periodic_sampler(cfg: RunConfig, run_data: RunData) -> OnEval:
                 seed=cfg.seed + step,
                 overflow="truncate",  # a long prompt keeps its end, as the context allows
                 cuda_graph=False,  # one sample per evaluation: no graph worth its capture
+                replay=not sharded,  # a sharded forward gathers its weights: nothing to replay
             )
         return "sample: " + tokenizer.decode(prompt + ids)  # type: ignore[operator]
 

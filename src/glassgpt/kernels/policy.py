@@ -1,8 +1,8 @@
-"""Which attention kernel a shape takes on a device: the rule, its thresholds, no torch.
+"""Which attention kernel a shape takes on a device: the rule and its thresholds.
 
 ``glassgpt.kernels.attention`` dispatches by this rule and ``glassgpt.model.accounting``
-asks it which tensors autograd will keep, so the two cannot disagree. Pure Python: no torch
-import (``describe`` and the trainer's memory check stay cheap).
+asks it which tensors autograd will keep, so the two cannot disagree. Pure Python: no tensor
+is made.
 
 On a CPU (measured with PyTorch 2.x):
 

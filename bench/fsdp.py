@@ -6,7 +6,7 @@ gathered parameters, float32 gradient reduction), each in its own ``torchrun`` l
 the same GPUs, on the same random tokens and global batch: the median tokens/s over the
 timed steps, the peak memory one rank allocated (``torch.cuda.max_memory_allocated``, the
 largest over ranks), and beside it the memory model's estimate per rank
-(``glassgpt.model.sharding.per_rank_memory``, as ``glassgpt describe --world-size W`` shows
+(``glassgpt.model.memory.per_rank_memory``, as ``glassgpt describe --world-size W`` shows
 it). The first ``--warmup`` steps (compilation, allocator growth) are not timed.
 
     PYTHONPATH=src python bench/fsdp.py                    # every visible GPU
@@ -53,8 +53,9 @@ class RandomTokens:
 
 def worker(args: argparse.Namespace) -> None:
     """One rank of one launch: train ``--steps`` steps; rank 0 writes the result JSON."""
+    from glassgpt.model.memory import per_rank_memory
+
     from glassgpt.model import GPT, GPTConfig
-    from glassgpt.model.sharding import per_rank_memory
     from glassgpt.train import distributed as D
     from glassgpt.train.config import TrainConfig
     from glassgpt.train.trainer import Trainer

@@ -255,8 +255,7 @@ def test_memory_precheck_counts_shards(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU that holds one FSDP rank's share but not DDP's whole model: DDP is refused before
     it starts, FSDP over 8 ranks is let through."""
     from glassgpt.errors import GlassError
-    from glassgpt.model.memory import estimate_training_memory
-    from glassgpt.model.sharding import per_rank_memory
+    from glassgpt.model.memory import estimate_training_memory, per_rank_memory
     from glassgpt.train import inputs
     from glassgpt.train.config import load_run_config
 

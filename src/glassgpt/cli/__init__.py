@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import difflib
 import importlib
-import importlib.util
 import os
 import sys
 import typing
@@ -74,13 +73,7 @@ def parsers(
     by_name = {c.name: sub.add_parser(c.name, help=c.help) for c in COMMANDS}
     for name in COMMANDS if commands is None else [BY_NAME[n] for n in commands]:
         name = name.name if isinstance(name, Command) else name
-        module_name = f"glassgpt.cli.{BY_NAME[name].module}"
-        if importlib.util.find_spec(module_name) is None:  # TRANSITION: not yet moved
-            from glassgpt.cli import _legacy
-
-            sub._name_parser_map[name] = by_name[name] = _legacy.parser_of(name)
-            continue
-        importlib.import_module(module_name).register(by_name[name])
+        importlib.import_module(f"glassgpt.cli.{BY_NAME[name].module}").register(by_name[name])
     return parser, by_name
 
 

@@ -5,19 +5,17 @@ Since ½ (1 + tanh(u)) = σ(2u) exactly, the same function is
     gelu_tanh(x) = x σ(c₀ (x + c₁ x³)),   c₀ = 2√(2/π), c₁ = 0.044715,
     gelu_tanh'(x) = s + x s (1 − s) c₀ (1 + 3 c₁ x²),   s = σ(c₀ (x + c₁ x³)).
 
-On x86 CPUs PyTorch's fused tanh-GELU kernels (forward and backward) are about 4x slower
-than its exact erf GELU, because its vectorised tanh is slow; its sigmoid is not. The
-σ form above, in a handful of PyTorch's vectorised elementwise ops, takes about half the
-time of each fused kernel (one thread, [12, 64, 512] float32: forward 0.67 against 1.42 ms).
+On x86 CPUs PyTorch's fused tanh-GELU kernels (forward and backward) are slower than its
+exact erf GELU, because its vectorised tanh is slow; its sigmoid is not. The σ form above,
+in a handful of PyTorch's vectorised elementwise ops, is faster than each fused kernel.
 It differs from ``F.gelu(x, approximate="tanh")`` only in rounding (a few float32 ulps).
 
 ``gelu_tanh`` picks, for a CPU tensor without autocast:
 - a decoding step's few float32 rows (no autograd): glassgpt's own one-thread kernel
-  (``glassgpt.kernels.rowwise``: [1, 1, 3072] in about 2 µs against ``F.gelu``'s 12);
+  (``glassgpt.kernels.rowwise``);
 - any other contiguous float32 tensor: glassgpt's parallel kernel for the σ form, with its
   derivative d in the same pass where autograd needs one, keeping d for a backward of
-  g ⊙ d (:class:`CompiledGELU`; [12, 64, 512] on 2 threads: forward 127 µs against 476 in
-  PyTorch's ops, forward and backward 145 against 1,131);
+  g ⊙ d (:class:`CompiledGELU`);
 - under ``torch.compile``, at any size, the plain expression, which inductor fuses into one
   loop (its own tanh is as slow);
 - float64, or float32 without the compiled kernels, from ``MIN_ELEMENTS`` elements: the σ
@@ -42,8 +40,7 @@ from glassgpt.kernels import bf16, rowwise
 
 C0 = 2.0 * math.sqrt(2.0 / math.pi)
 C1 = 0.044715
-# Below this many elements (eager) the fused kernel's single call wins: a decoding step's
-# [1, 1, 3072] took 12 µs there and 29 µs in the σ form; [8, 1, 3072] 90 µs against 63.
+# Below this many elements (eager) the fused kernel's single call wins.
 MIN_ELEMENTS = 1 << 14
 
 
@@ -133,7 +130,7 @@ def gelu_exact(x: Tensor) -> Tensor:
 def _bf16_via_float32(x: Tensor) -> bool:
     """Whether a bf16 GELU takes the float32 kernel on a float32 copy, rounded back to bf16:
     on a CPU without bf16 arithmetic (``glassgpt.kernels.bf16``), where PyTorch's bf16 GELU
-    took 0.86 ms forward for [12, 64, 512]. ``F.gelu`` on bf16 also computes in float32 and
+    is slow. ``F.gelu`` on bf16 also computes in float32 and
     rounds once, so the two differ only in float32 rounding before that."""
     if x.dtype is not torch.bfloat16 or not x.is_cpu or not x.is_contiguous():
         return False
@@ -144,8 +141,7 @@ def _bf16_via_float32(x: Tensor) -> bool:
 
 class CompiledExactGELU(torch.autograd.Function):
     """y = x Φ(x) and ∂x = g (Φ(x) + x φ(x)), φ the standard normal density, each in one pass
-    by glassgpt's kernel (Φ by erf to within 1.5e-7); only x is kept. [16, 128, 512] on 2
-    threads, forward and backward: 1.6 ms against ``F.gelu``'s 2.9."""
+    by glassgpt's kernel (Φ by erf to within 1.5e-7); only x is kept."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:

@@ -5,9 +5,8 @@
 which is what CPU autocast's bf16 ``F.linear`` computes: its inputs rounded to bf16, each
 product of two bf16 values exact in float32, the sums in float32, the output rounded to
 bf16. A CPU with AVX-512 BF16 or AMX runs that product natively; on one without (AVX2, or
-AVX-512 without its BF16 extension) PyTorch's bf16 product falls back to a slow path: on an
-AVX2 AMD EPYC a [768, 128] × [128, 512] product took 80 ms in bf16 against 0.93 ms in
-float32, and a bf16-autocast training step ran 17 times slower than a float32 one. There
+AVX-512 without its BF16 extension) PyTorch's bf16 product falls back to a slow path, many
+times slower than its float32 one. There
 the seam (``glassgpt.kernels.dense``) computes the same function with float32 products of
 the bf16-rounded values (:class:`Bf16Linear`). The gradients follow autocast's too:
 
@@ -34,7 +33,7 @@ def cache_dtype(dtype: torch.dtype, device: torch.device | str | None = None) ->
     ``device``: float32 for bf16 on a CPU without bf16 arithmetic, else ``dtype``. There bf16
     attention computes on float32 copies of q, k and v; a float32 cache holds the bf16 values
     exactly (the same logits, bit for bit) and spares copying every cached key and value at
-    every step (GPT-2 small at 900 positions: 26.7 ms a step against 29.4), at twice the
+    every step, at twice the
     cache's memory."""
     cpu = device is None or torch.device(device).type == "cpu"
     return torch.float32 if dtype == BF16 and cpu and not native() else dtype

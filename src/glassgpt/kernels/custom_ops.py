@@ -9,8 +9,8 @@ Eagerly, the seams call these kernels through ``torch.autograd.Function``s
 (``glassgpt.kernels.onednn``, ``glassgpt.kernels.flash``), which dynamo cannot trace: they
 hand raw addresses to compiled code. Under ``torch.compile`` the seams therefore fell back to
 PyTorch's own kernels, and a compiled float32 training step on a CPU was slower than the
-eager one (nanoGPT's CPU shape, 12 × 64: inductor's products through MKL took 28 ms a step
-against oneDNN's 20, PyTorch's CPU flash attention several times glassgpt's). Registered as
+eager one (inductor's products go through MKL, its attention through PyTorch's CPU flash
+kernel). Registered as
 custom operators (``torch.library.custom_op``, with a fake implementation that gives each
 output's shape and strides, and the gradient formula by ``register_autograd``), the kernels
 stay opaque calls inside the compiled graph, and inductor fuses what lies between them (the
@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from glassgpt.kernels import onednn
+from glassgpt.kernels import flash, onednn, rowwise
+from glassgpt.kernels.policy import keeps_probabilities, kept_p_width
 
 _OPS: dict[str, Any] = {}
 
@@ -41,11 +42,9 @@ def registered() -> bool:
 
 
 def register() -> None:
-    """Define the operators (idempotent; about 13 ms the first time)."""
+    """Define the operators (idempotent)."""
     if _OPS:
         return
-    from glassgpt.kernels import flash, rowwise
-    from glassgpt.kernels.policy import keeps_probabilities, kept_p_width
 
     # -- y = x W + b ------------------------------------------------------------------------
     @torch.library.custom_op("glassgpt::linear", mutates_args=())

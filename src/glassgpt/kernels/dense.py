@@ -43,8 +43,7 @@ _gemv = extension(
 )  # not built (no C compiler at install): PyTorch's kernels do every product
 
 # rows of x up to which float32 packed products take glassgpt's own kernel: decoding steps and
-# short prefills (at 16 rows of GPT-2 small's block weights it took 28-32 ms where oneDNN
-# took 51-54; at 32 rows 53 against 74; at 64 rows the two were even)
+# short prefills (beyond it oneDNN catches up)
 SMALL_BATCH = 32
 
 PANEL = 64  # outputs per panel of a float32 weight's panel copy (``_gemv.gemv_panels``)
@@ -206,10 +205,8 @@ def panels(W: Tensor, out: Tensor | None = None) -> Tensor:
 
 def _panel_copy(W: Tensor) -> Tensor | None:
     """The panels of a float32 or bf16 W [d_in, d_out] on 2 MiB pages, for products of a few rows
-    (``_gemv.gemv_panels``: one stream of memory a thread, 28-31 GB/s over GPT-2 small's block
-    matrices where their rows streamed at 24-26; with AVX-512F up to 8 rows, four at a time
-    from one read of each weight: at 8 rows 13.1 ms for those matrices against the rows
-    form's 19.5); None where the kernel is not built, W is neither
+    (``_gemv.gemv_panels``: one stream of memory a thread, faster than streaming W's rows;
+    with AVX-512F up to 8 rows, four at a time from one read of each weight); None where the kernel is not built, W is neither
     float32 nor bf16, or the copy would take more than ``PANEL_MEMORY_SHARE`` of the memory
     available now (the rows of the live W serve then, a little slower)."""
     if _gemv is None or W.dtype not in (torch.float32, torch.bfloat16):
@@ -269,9 +266,8 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     - bfloat16 on a CPU with bf16 arithmetic (``glassgpt.kernels.bf16.native``): oneDNN's
       pre-packed layout (plain bf16 GEMV re-packs the weight every call), and for the rows
       of a decoding step (1, or up to 8 with AVX-512F) a bf16 panel copy that ``_gemv``
-      streams, widening each weight exactly to float32: oneDNN's packed GEMV read GPT-2
-      small's bf16 weights at about 19 GB/s;
-    - bfloat16 elsewhere (bf16 products there run ~80x slower than float32 ones): as for
+      streams, widening each weight exactly to float32 (faster than oneDNN's packed GEMV);
+    - bfloat16 elsewhere (bf16 products there run many times slower than float32 ones): as for
       float32 below, ``_gemv`` streams the bf16 W (read live or copied) for up to
       ``SMALL_BATCH`` rows of x, widening each weight (and x and b) exactly to float32 as it
       reads it and rounding y to bf16; more rows (a long prompt) take a

@@ -17,14 +17,96 @@ these functions (``tests/test_imports.py`` forbids reaching past it).
 
 from __future__ import annotations
 
-import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from glassgpt.kernels import custom_ops
+from glassgpt.kernels.activations import gelu_exact, gelu_tanh
+from glassgpt.kernels.attention_door import attention
+from glassgpt.kernels.bf16 import cache_dtype
+from glassgpt.kernels.checks import id_out_of_range
+from glassgpt.kernels.dense import has_small_batch_kernel, is_packed, matmul, pack, unpack
 from glassgpt.kernels.extensions import EXTENSIONS, built, extension, hidden
+from glassgpt.kernels.int8 import pack_int8
+from glassgpt.kernels.norms import layer_norm, rms_norm
+from glassgpt.kernels.policy import (
+    EXPLICIT_MAX_KEYS,
+    SMALL_HEAD,
+    attention_path,
+    compiled_causal,
+    compiled_gelu,
+    keeps_probabilities,
+    kept_p_width,
+    native_bf16,
+)
+from glassgpt.kernels.replay import Call as ReplayCall
+from glassgpt.kernels.replay import Recorder, StepMode, argmax_at, embed_call
+from glassgpt.kernels.replay import start as start_recording
+from glassgpt.kernels.replay import stop as stop_recording
+from glassgpt.kernels.rowwise import (
+    advance,
+    argmax_rows,
+    scale_,
+    sum_squares,
+    write_kv,
+    write_kv_rows,
+)
+from glassgpt.kernels.saved import (
+    activation_copy_kept,
+    activation_kept,
+    attention_kept,
+    norm_kept,
+)
 
-__all__ = ["EXTENSIONS", "OPS", "Op", "built", "extension", "hidden", "register_custom_ops"]
+__all__ = [
+    "EXPLICIT_MAX_KEYS",
+    "EXTENSIONS",
+    "OPS",
+    "SMALL_HEAD",
+    "Op",
+    "Recorder",
+    "ReplayCall",
+    "StepMode",
+    "activation_copy_kept",
+    "activation_kept",
+    "advance",
+    "argmax_at",
+    "argmax_rows",
+    "attention",
+    "attention_kept",
+    "attention_path",
+    "built",
+    "cache_dtype",
+    "compiled_causal",
+    "compiled_gelu",
+    "embed_call",
+    "extension",
+    "gelu_exact",
+    "gelu_tanh",
+    "has_small_batch_kernel",
+    "hidden",
+    "id_out_of_range",
+    "is_packed",
+    "keeps_probabilities",
+    "kept_p_width",
+    "layer_norm",
+    "matmul",
+    "native_bf16",
+    "norm_kept",
+    "pack",
+    "pack_int8",
+    "register_custom_ops",
+    "rms_norm",
+    "scale_",
+    "start_recording",
+    "stop_recording",
+    "sum_squares",
+    "unpack",
+    "write_kv",
+    "write_kv_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -43,7 +125,7 @@ class Op:
 
     def fn(self) -> Callable[..., Any]:
         module, _, name = self.function.partition(":")
-        return getattr(importlib.import_module(f"glassgpt.kernels.{module}"), name)
+        return getattr(sys.modules[f"glassgpt.kernels.{module}"], name)  # imported above
 
     def built(self) -> bool:
         return self.extension is None or built(self.extension)
@@ -111,6 +193,4 @@ OPS: dict[str, Op] = {
 def register_custom_ops() -> None:
     """Register the float32 CPU kernels as custom operators for ``torch.compile``
     (``glassgpt.kernels.custom_ops``); idempotent."""
-    from glassgpt.kernels import custom_ops
-
     custom_ops.register()

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from glassgpt.kernels import replay
+from glassgpt.kernels import dense, replay
 from glassgpt.kernels.extensions import extension
 from glassgpt.kernels.pages import huge_page_copy
 
@@ -126,16 +126,14 @@ def pack_int8(W: Tensor, *, transposed: bool = False) -> bool:
     W in place: every reader of W (hooks, inspection, the tied embedding lookup, the float32
     path for many rows) computes the same function W̃ as the int8 kernel.
     """
-    from glassgpt.kernels.dense import out_in_view, register
-
     if W.device.type != "cpu" or W.dtype != torch.float32:
         return False
     with torch.inference_mode(False), torch.no_grad():
-        view = out_in_view(W, transposed=transposed)
+        view = dense.out_in_view(W, transposed=transposed)
         q, s = quantize(view)
         view.copy_(dequantize(q, s))
     many = float_product(W, transposed=transposed)
-    register(W, product(q, s, many=many), transposed=transposed)
+    dense.register(W, product(q, s, many=many), transposed=transposed)
     return True
 
 
@@ -143,7 +141,6 @@ def float_product(W: Tensor, *, transposed: bool = False) -> Any:
     """``fn(x, W, b)`` = x W + b from the float32 W itself, for more rows than the int8 kernel
     takes: glassgpt's small-batch float32 kernel (a short prefill) where W is stored
     [d_in, d_out], else the seam's unpacked kernels."""
-    from glassgpt.kernels import dense
 
     def plain(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         return dense.unpacked(x, W, b, transposed=transposed)

@@ -6,10 +6,8 @@
 A decoding step's few float32 rows take glassgpt's own kernel (``glassgpt.kernels.rowwise``,
 without PyTorch's per-call set-up). In training (autograd on), an RMS norm of contiguous
 float32 CPU tensors takes :class:`CompiledNorm`, glassgpt's kernels for its forward and
-backward: ``F.rms_norm`` is a composite of several ops on a CPU, and forward and backward of
-[768, 128] took 0.31 ms against its 1.03 (2 threads; [2048, 128]: 0.71 against 2.12). The
-same kernels compute the layer norm (``centred``), but there PyTorch's fused kernels were as
-fast or faster (0.31 ms against 0.22 at [768, 128], 0.55 against 0.51 at [2048, 128]: the
+backward: ``F.rms_norm`` is a composite of several ops on a CPU. The same kernels compute the
+layer norm (``centred``), but there PyTorch's fused kernels were as fast or faster (the
 Python of an autograd Function costs what the kernel saves), so ``F.layer_norm`` keeps it.
 The kernels differ only in rounding.
 """

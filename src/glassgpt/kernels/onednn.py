@@ -47,7 +47,7 @@ def _has_avx512() -> bool:
 ONEDNN_PREFERRED = _has_avx512()  # MKL's float32 products won on the AVX2 CPUs measured
 
 # Below about 2 M multiply-adds per product (one row, or a few rows of a narrow layer) MKL's
-# lower call overhead wins; above it oneDNN was 1.4-2.7x faster in our measurements.
+# lower call overhead wins; above it oneDNN was faster in our measurements.
 MIN_MACS = 1 << 21
 
 
@@ -82,8 +82,7 @@ class OneDNNLinear(torch.autograd.Function):
     PyTorch's strided copy, so the narrower of xᵀ and gᵀ is made by glassgpt's transposition
     (``rowwise.transposed``). Where that is xᵀ (d_in < d_out: W_QKV, W_in) the forward makes it,
     while x is still in the caches, and keeps it instead of x, which the backward does not
-    otherwise read (nanoGPT's CPU step: 0.4-0.6 ms of its 33-37 faster than transposing the
-    cold x in the backward). Two products of one x (a gated MLP's W_in and W_gate) share it
+    otherwise read (faster than transposing the cold x in the backward). Two products of one x (a gated MLP's W_in and W_gate) share it
     (:func:`_kept_transpose`)."""
 
     @staticmethod
@@ -135,7 +134,7 @@ def gradients(
         else:
             # The kernel copies a transposed first operand (PyTorch's strided copy) and
             # reads a transposed second one in place: the first is the narrower of xᵀ and
-            # gᵀ, made by glassgpt's transposition where it is built (5x faster).
+            # gᵀ, made by glassgpt's transposition where it is built (faster than PyTorch's).
             x2 = kept
             x_first = x2.shape[1] <= g2.shape[1]
             first, second = (x2, g2) if x_first else (g2, x2)
@@ -143,7 +142,7 @@ def gradients(
             prod = _mm(first.T if first_t is None else first_t, second.T)  # xᵀ g or gᵀ x
         grad_W = prod.T if x_first == transposed else prod
         if not grad_W.is_contiguous() and W.is_contiguous():  # as W: AccumulateGrad
-            laid_out = rowwise.transposed(prod)  # would copy it, 5x slower than this
+            laid_out = rowwise.transposed(prod)  # would copy it, slower than this
             grad_W = grad_W if laid_out is None else laid_out
     if need_b:
         grad_b = g2.sum(0)

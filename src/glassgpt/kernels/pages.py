@@ -2,9 +2,7 @@
 
 A decoding step reads every weight once, front to back. With the usual 4 KiB pages that is
 a page-table walk (a TLB miss) for every 4 KiB read, which the memory system cannot hide
-entirely: on the dev machine (AMD EPYC, 2 threads) the 494 MB of GPT-2 small's step
-weights took 18.9 ms to stream from 4 KiB pages and 17.1 ms from 2 MiB pages (medians of
-12 interleaved passes; 26.2 against 28.9 GB/s).
+entirely.
 
 Linux gives an anonymous mapping transparent huge pages where it is advised to
 (``MADV_HUGEPAGE``, which takes effect with the system's THP setting ``madvise`` or

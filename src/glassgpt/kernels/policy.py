@@ -1,8 +1,8 @@
-"""Which attention kernel a shape takes on a device: the rule, its thresholds, no torch.
+"""Which attention kernel a shape takes on a device: the rule and its thresholds.
 
 ``glassgpt.kernels.attention`` dispatches by this rule and ``glassgpt.model.accounting``
-asks it which tensors autograd will keep, so the two cannot disagree. Pure Python: no torch
-import (``describe`` and the trainer's memory check stay cheap).
+asks it which tensors autograd will keep, so the two cannot disagree. Pure Python: no tensor
+is made.
 
 On a CPU (measured with PyTorch 2.x):
 
@@ -10,24 +10,19 @@ On a CPU (measured with PyTorch 2.x):
 - on a CPU without bf16 arithmetic (no AVX-512 BF16, no AMX) every bf16 attention takes
   float32 copies of q, k and v (PyTorch's bf16 products there are many times slower than
   its float32 ones, see ``glassgpt.kernels.bf16``), z rounded back to bf16;
-- bf16 heads narrower than ``SMALL_HEAD`` avoid PyTorch's bf16 fused kernel, about 3x slower
-  there than its float32 one: up to ``EXPLICIT_MAX_KEYS`` keys (no mask of their own) they
-  take the explicit product in bf16 with the softmax in float32 (forward + backward at
-  B 24, H 4, T 64, d_head 32: 1.4 ms against the float32 kernel's 3.2; a whole training step
-  4-8% faster), longer ones the float32 fused kernel. (In float32 the explicit product
+- bf16 heads narrower than ``SMALL_HEAD`` avoid PyTorch's bf16 fused kernel, slower there
+  than its float32 one: up to ``EXPLICIT_MAX_KEYS`` keys (no mask of their own) they take the
+  explicit product in bf16 with the softmax in float32, longer ones the float32 fused kernel. (In float32 the explicit product
   measured faster alone but slower inside a training step, so float32 keeps the fused one.)
 
 - float32 inference (no autograd) with at most ``FEW_QUERIES`` queries, a decoding step,
   takes glassgpt's own kernel (``kernels/_attend.c``) when it is built: PyTorch's fused
-  kernel spends about 50 µs a call setting up for one query of GPT-2 small (12 heads, 80
-  keys), about 0.6 ms of a 21 ms decoding step over 12 layers.
+  kernel spends a large part of such a call setting up for one query.
 - other float32 causal self-attention (queries and keys at the same positions, no mask of
   the caller's, no dropout) with heads up to ``CAUSAL_MAX_HEAD`` wide and up to
   ``CAUSAL_MAX_KEYS`` positions, training or not, takes glassgpt's causal kernel
-  (``kernels/_flash.c``) when it is built: PyTorch's CPU flash kernel runs small heads at
-  about 12 GFLOP/s. At the speedrun preset's [16, 4, 128, 32] on one thread the kernels
-  alone took 1.5 ms forward and 3.3 backward against PyTorch's 2.9 and 7.0; forward and
-  backward 1.6-2x faster up to 512 positions (d_head 32-128), no faster at 1024, where its
+  (``kernels/_flash.c``) when it is built: PyTorch's CPU flash kernel runs small heads far
+  below the core's rate. It is faster up to 512 positions and no faster at 1024, where its
   per-head scratch (two T × T blocks) leaves the caches (``bench/attention_train.py``). It
   keeps what the fused kernel keeps (q, k, v, z and the row log-sum-exps), except where
   :func:`keeps_probabilities`: for rows of up to 4 d_head keys it keeps P itself [B, H, T,

@@ -126,8 +126,7 @@ class StepMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         """False: ``__torch_dispatch__`` is not wrapped to disable dynamo (the wrapper imports
-        ``torch._dynamo`` at the mode's first operation: about 1 s on a process's first
-        decoding, which no compiled code here needs; a recording never runs under
+        ``torch._dynamo`` at the mode's first operation, on a process's first decoding, which no compiled code here needs; a recording never runs under
         ``torch.compile``)."""
         return False
 

@@ -15,9 +15,8 @@
     norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
                        (μ, s) its backward needs;  norm_train_backward(...) → dx, dw, db
 
-On one row of GPT-2 small (768 or 3072 values, about 1 µs of arithmetic) PyTorch's layer
-norm took 4-10 µs a call and its tanh GELU 12-17 (alone, and inside a decoding step, which
-makes 25 norms and 12 GELUs); the compiled kernels, checks included, about 4-5 µs.
+On one row of GPT-2 small (768 or 3072 values) PyTorch's layer norm and tanh GELU spend
+most of a call setting up, and a decoding step makes 25 norms and 12 GELUs.
 They take float32 inference (no autograd) on a CPU, contiguous, up to ``MAX_ROWS`` rows,
 one thread; :func:`few_rows` says whether they take an input. The seams
 ``glassgpt.kernels.norms`` and ``glassgpt.kernels.activations`` ask it and fall back to
@@ -115,8 +114,7 @@ def gelu_many(x: Tensor, g: Tensor | None = None, *, exact: bool = False) -> Ten
 def gelu_slope(x: Tensor) -> tuple[Tensor, Tensor]:
     """The tanh GELU y = GELU(x) (:func:`gelu_many`'s bits) and its slope d = GELU'(x), in one
     pass over a contiguous float32 CPU x (``whole_ok``): a training step's forward keeps d, so
-    that its backward is g ⊙ d, one product, instead of the exps again ([768, 512] on 2
-    threads: forward and backward 145 µs against 218-255)."""
+    that its backward is g ⊙ d, one product, instead of the exps again."""
     assert _rowwise is not None
     y, d = torch.empty_like(x), torch.empty_like(x)
     _rowwise.gelu_slope(
@@ -140,8 +138,8 @@ def sum_squares(tensors: list[Tensor]) -> float | None:
     in an order that does not depend on the thread count; None where the kernel does not take
     them (another dtype or device, non-contiguous, not built).
 
-    One parallel pass for all of them: the 53 gradients of nanoGPT's CPU model (810 k
-    values) in about 0.1 ms, where a norm per tensor and the norm of those took 0.55."""
+    One parallel pass for all of them, where PyTorch takes a norm per tensor and the norm of
+    those."""
     buffers = _buffers(tensors)
     if buffers is None:
         return None
@@ -207,9 +205,7 @@ def transposed(x: Tensor) -> Tensor | None:
     blocks in registers, in parallel; None where the kernel does not take x.
 
     oneDNN's product copies a transposed first operand, and ∂W = xᵀ g has one: PyTorch's
-    strided copy of a [768, 128] activation took 54-72 µs alone there (16 a step at
-    nanoGPT's CPU shape) and about 100 inside a training step, this one 13 and 34 (2
-    threads, an AVX-512 EPYC)."""
+    strided copy of it is slow (16 a step at nanoGPT's CPU shape)."""
     if x.ndim != 2 or not whole_ok(x):
         return None
     rows, cols = x.shape
@@ -225,8 +221,7 @@ def argmax_rows(z: Tensor, n: int | None = None) -> list[int] | None:
     path handles those).
 
     A greedy step's pick over GPT-2's 50,257 logits: ``z.max(-1)`` reads them one value at a
-    time (about 47 µs, and 120-250 inside a decoding step, after the unembedding wrote them
-    from both cores), this kernel 8 at a time, and returns a list, not a tensor."""
+    time, this kernel 8 at a time, and returns a list, not a tensor."""
     if _rowwise is None or z.ndim != 2 or z.dtype is not torch.float32 or not z.is_cpu:
         return None
     V = z.shape[1] if n is None else min(n, z.shape[1])

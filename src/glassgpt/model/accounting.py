@@ -19,7 +19,7 @@ mask lets a careful kernel skip about half of the two attention terms; we count 
 
 Training memory (bytes of one AdamW step) is in :mod:`glassgpt.model.memory`.
 
-Pure Python: no torch import (``describe`` and the trainer's batch check stay cheap).
+Arithmetic on the config alone: no tensor is made.
 """
 
 from __future__ import annotations

@@ -159,17 +159,17 @@ class Attention(nn.Module):
         b_QKV = self.b_QKV  # [3, H, d_head] (a parameter: each read is a Module.__getattr__ call)
         b_QKV = None if b_QKV is None else b_QKV.flatten()  # [3·H·d_head]
         qkv = linear(x, self.W_QKV, b_QKV)  # [B, T, 3·H·d_head] = x W_QKV + b_QKV
-        q_BHTD, k_BHTD, v_BHTD = self._heads(qkv.view(B, T, 3, H, dh), rope)
+        q, k, v = self._heads(qkv.view(B, T, 3, H, dh), rope)  # each [B, H, T, d_head]
         mask = None
         if kv is not None:
             offset, mask = kv.offset, kv.mask
-            k_BHTD, v_BHTD = kv.update(k_BHTD, v_BHTD)  # [B, H, offset + T, d_head]
+            k, v = kv.update(k, v)  # [B, H, offset + T, d_head]
         p_drop = self.dropout if self.training else 0.0
         if self.impl == "explicit" or self.hook_scores.active or self.hook_pattern.active:
-            z_BHTD = self._explicit(q_BHTD, k_BHTD, v_BHTD, offset, p_drop, mask)
+            z = self._explicit(q, k, v, offset, p_drop, mask)  # [B, H, T, d_head]
         else:
-            z_BHTD = fused_attention(q_BHTD, k_BHTD, v_BHTD, offset, p_drop, mask)
-        z = self.hook_z(z_BHTD.transpose(1, 2))  # [B, T, H, d_head]
+            z = fused_attention(q, k, v, offset, p_drop, mask)  # [B, H, T, d_head]
+        z = self.hook_z(z.transpose(1, 2))  # [B, T, H, d_head]
         out = linear(z.reshape(B, T, H * dh), self.W_O, self.b_O)  # [B, T, d_model]
         return self._hooked_result(z, out) if self.hook_result.active else out
 

@@ -17,7 +17,12 @@ from glassgpt.errors import ConfigError
 from glassgpt.model.accounting import count_parameters, flops_per_token, parameter_table
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.document import Cell, Math, Section, latex, markdown
-from glassgpt.model.memory import estimate_training_memory, format_bytes, weight_bytes
+from glassgpt.model.memory import (
+    estimate_training_memory,
+    format_bytes,
+    per_rank_memory,
+    weight_bytes,
+)
 
 Format = Literal["markdown", "latex"]
 FORMATS: tuple[str, ...] = ("markdown", "latex")
@@ -336,8 +341,6 @@ def _memory(c: GPTConfig, batch_size: int, seq_len: int) -> Section:
 
 
 def _per_rank(c: GPTConfig, batch_size: int, seq_len: int, world_size: int) -> Section:
-    from glassgpt.model.sharding import per_rank_memory
-
     ddp, fsdp = (
         per_rank_memory(c, batch_size, seq_len, "bfloat16", world_size=world_size, parallel=p)
         for p in ("ddp", "fsdp")

@@ -108,7 +108,7 @@ def attach_kernels(model: GPT) -> int:
       oneDNN's pre-packed copy where the CPU has bf16 arithmetic (plain bf16 GEMV re-packs the
       weight on every call); elsewhere glassgpt's small-batch kernel streams the bf16 weight
       with float32 sums (a long prompt: a float32 product of float32 copies), as the bf16
-      GEMM there runs ~80x slower than float32 (``glassgpt.kernels.dense.pack``).
+      GEMM there is many times slower than float32 (``glassgpt.kernels.dense.pack``).
     - float32: every projection takes glassgpt's own small-batch kernel when it is built
       (decoding streams each weight once, in its stored layout); without it, only the
       unembedding is packed: a contiguous copy of W_U (= W_Eᵀ when tied), the layout in

@@ -17,8 +17,8 @@ import torch
 def _without_dynamo_guard(method: Any) -> Any:
     """PyTorch's optimizer ``method`` without the wrapper that disables dynamo inside it
     (``method`` itself where it has none): that wrapper imports ``torch._dynamo`` at its
-    first call, which took 1.0 s at every ``glassgpt train``'s start (after the modules it
-    imports anyway). The optimizer never runs under ``torch.compile`` here
+    first call, at every ``glassgpt train``'s start (``tests/train/test_optim.py`` checks it
+    is never imported). The optimizer never runs under ``torch.compile`` here
     (``train.compile`` compiles the model alone)."""
     return getattr(method, "__wrapped__", method)
 

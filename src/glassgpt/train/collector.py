@@ -2,11 +2,9 @@
 full collection in the middle of one.
 
 CPython collects cycles by generation. A full (generation 2) collection visits every object
-the process tracks: after ``import torch`` and glassgpt about 190,000, which takes 130 ms on
-a 2-core CPU, and a process that also imports transformers 370,000 (260 ms). The autograd
+the process tracks (after ``import torch`` and glassgpt, hundreds of thousands). The autograd
 graph of every step allocates and frees thousands of objects, so these full collections
-come every few dozen steps and land inside one. At nanoGPT's CPU shape (a 55 ms step) they
-cost about 3 ms a step on average (5%), and a step that meets one takes several times as
+come every few dozen steps and land inside one: a step that meets one takes several times as
 long as its neighbours.
 
 :func:`collect_between_steps` does what long training loops do about it:

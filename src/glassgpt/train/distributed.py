@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from glassgpt.devices import available_devices
 from glassgpt.errors import ConfigError, GlassError
 
 
@@ -65,8 +66,6 @@ def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
     if preference == "auto":
         preference = "cuda" if torch.cuda.is_available() else "cpu"
     if preference == "mps":
-        from glassgpt.devices import available_devices
-
         if "mps" not in available_devices():
             raise ConfigError("train.device", "'mps' asked for, but this machine has "
                               f"{', '.join(available_devices())}")  # fmt: skip
@@ -224,15 +223,6 @@ def any_rank(flag: bool, ctx: DistContext) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
-
-
-def broadcast_object(obj: Any, ctx: DistContext) -> Any:
-    """Rank 0's ``obj`` on every rank."""
-    if not ctx.enabled:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:

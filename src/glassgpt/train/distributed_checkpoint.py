@@ -23,17 +23,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from glassgpt import checkpoint as ckpt
+from glassgpt.train.optim import load_optimizer_tensors
 from glassgpt.train.parallel import is_sharded
 
 SHARDS = "optimizer"  # the checkpoint's subfolder of optimizer shards
 
 
 def _options(**kwargs: Any) -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     return StateDictOptions(**kwargs)
 
 
@@ -42,8 +49,6 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     the others get ``{}``), else ``model.state_dict()``."""
     if not is_sharded(model):
         return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
     return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
 
 
@@ -57,8 +62,6 @@ def load_full_model(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None
     if not is_sharded(model):
         model.load_state_dict(state)
         return
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     layout = model.state_dict()  # the names and placements of this model's entries
     cut: dict[str, torch.Tensor] = {}
     for key, value in state.items():
@@ -78,9 +81,6 @@ def staging(ckpt_root: Path, step: int) -> Path:
 
 def save_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
     """Every rank: its shards of the optimizer state into ``folder`` (DCP; a collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
     dcp.save(get_optimizer_state_dict(model, optimizer), checkpoint_id=folder)
 
 
@@ -92,12 +92,6 @@ def has_shards(checkpoint: ckpt.Checkpoint) -> bool:
 def load_optimizer_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
     """Every rank (or one process): the optimizer state saved by :func:`save_optimizer_shards`
     on any number of ranks, re-sliced to this model's parameters (sharded or whole)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_optimizer_state_dict,
-        set_optimizer_state_dict,
-    )
-
     state = get_optimizer_state_dict(model, optimizer)  # the layout to fill: keys and shards
     try:
         dcp.load(state, checkpoint_id=folder)
@@ -116,10 +110,6 @@ def load_named_optimizer(
     """A DDP checkpoint's optimizer (``{"<param name>.<key>": tensor}``, whole tensors) into a
     sharded model's optimizer: each moment is cut as its parameter is, each rank keeping its
     shard (every rank read the whole file), then loaded by name as a DDP run loads it."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    from glassgpt.train.optim import load_optimizer_tensors
-
     params = dict(model.named_parameters())
     cut: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():

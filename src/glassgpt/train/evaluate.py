@@ -9,8 +9,7 @@ Without ``data``, a run is evaluated as its trainer evaluated it (:func:`run_def
 own data folder's val split, its ``train.seq_len``, the first ``train.eval_batches`` global
 batches of its micro-batch × processes windows, under its ``train.precision``'s autocast
 (bf16 on CPUs that have it), so the loss is the trainer's ``val_loss`` for those weights.
-(All windows, or float32 where the trainer ran bf16, give another number: 1.8615 against
-the trainer's 1.8566 on the README's Shakespeare run.) Text files are encoded with the model's
+(All windows, or float32 where the trainer ran bf16, give another number.) Text files are encoded with the model's
 tokenizer and joined by its document separator, as ``glassgpt data prepare`` joins them;
 bits per byte divides by the UTF-8 bytes of that text, so it compares models whatever their
 tokenizers.
@@ -18,6 +17,8 @@ tokenizers.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,9 +27,20 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
+from glassgpt.checkpoint import Run, open_run
+from glassgpt.data import DataDir, iter_eval_batches, resolve_inputs
+from glassgpt.data.prepare import separator
+from glassgpt.data.sampler import eval_windows
 from glassgpt.data.shards import TokenStream
+from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
+from glassgpt.model.precision import cast, parse_dtype
+from glassgpt.tokenizer.files import read_text
+from glassgpt.train.config import build_run_config
+from glassgpt.train.device import resolve_precision
+from glassgpt.train.inputs import is_prepared
 
 
 class ArrayStream(TokenStream):
@@ -41,10 +53,6 @@ class ArrayStream(TokenStream):
 
 def encode_files(tokenizer: Any, paths: Sequence[str]) -> tuple[ArrayStream, int]:
     """(stream, UTF-8 bytes) of text files or folders, joined by the document separator."""
-    from glassgpt.data import resolve_inputs
-    from glassgpt.data.prepare import separator
-    from glassgpt.tokenizer.files import read_text
-
     kind, text, sep_ids = separator(tokenizer)
     sep_bytes = len(text.encode("utf-8")) if kind == "text" else 0
     ids: list[int] = []
@@ -70,26 +78,17 @@ class RunEval:
     autocast: torch.dtype | None
 
 
-def run_defaults(checkpoint: str | Path, device: torch.device) -> RunEval:
-    """The trainer's validation windows and precision for the run that holds ``checkpoint``
-    (a run folder, its ``ckpt/`` or one checkpoint folder), from its ``config.toml`` and
-    ``run.json``; a one-line error where ``checkpoint`` is no such run."""
-    import json
-
-    from glassgpt import checkpoint as ckpt
-    from glassgpt.config import load_toml
-    from glassgpt.train.config import build_run_config
-    from glassgpt.train.device import resolve_precision
-    from glassgpt.train.inputs import is_prepared
-
-    run_dir = ckpt.ckpt_root_of(checkpoint).parent
-    config = run_dir / "config.toml"
-    if not config.is_file():
+def run_defaults(run: Run, device: torch.device) -> RunEval:
+    """The trainer's validation windows and precision for the run that ``run`` (opened from
+    a run folder, its ``ckpt/`` or one checkpoint folder) belongs to, from its config and
+    ``run.json``; a one-line error where it is no such run."""
+    run_dir = run.run_dir
+    if run_dir is None:
         raise GlassError(
-            f"{checkpoint}: not a glassgpt run folder (no config.toml beside ckpt/), so it has "
+            f"{run.source}: not a glassgpt run folder (no config.toml beside ckpt/), so it has "
             "no validation split of its own; pass --data FILE..."
         )
-    cfg = build_run_config(load_toml(config))
+    cfg = build_run_config(run.config)
     info: dict[str, Any] = {}
     if (run_dir / "run.json").is_file():
         info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
@@ -117,13 +116,6 @@ def mean_loss(
 ) -> float:
     """Token-weighted mean next-token loss over the disjoint evaluation windows (the first
     ``max_batches`` batches), under ``autocast`` as the trainer evaluates when it is given."""
-    import contextlib
-
-    from tqdm.auto import tqdm
-
-    from glassgpt.data import iter_eval_batches
-    from glassgpt.data.sampler import eval_windows
-
     device = next(model.parameters()).device
     n_batches = -(-eval_windows(len(stream), seq_len) // batch_size)
     if max_batches is not None:
@@ -159,16 +151,12 @@ def evaluate_command(
     its weights in ``dtype`` (``glassgpt.model.precision.cast``). Without ``data``: the run's
     own validation split, exactly as its trainer measured it (:func:`run_defaults`; ``dtype``
     None there means the trainer's autocast, elsewhere float32)."""
-    from glassgpt.checkpoint import load
-    from glassgpt.data import DataDir
-    from glassgpt.devices import parse_device
-    from glassgpt.model.precision import cast, parse_dtype
-    from glassgpt.train.inputs import is_prepared
-
     where = parse_device(device)
-    run = run_defaults(checkpoint, where) if not data else None
     dtype_ = parse_dtype(dtype or "float32")
-    model, tok = load(checkpoint, device=where)
+    opened = open_run(checkpoint, device=where)
+    run = run_defaults(opened, where) if not data else None
+    model, tok = opened.model, opened.tokenizer
+    assert model is not None
     if dtype_ != torch.float32:
         model = cast(model, dtype_)
     if tok is None:
@@ -200,8 +188,6 @@ def evaluate_command(
                      max_batches=max_batches, autocast=autocast)  # fmt: skip
     tokens = len(stream)
     if max_batches is not None:  # the windows measured, not the whole split
-        from glassgpt.data.sampler import eval_windows
-
         windows = min(eval_windows(tokens, seq_len), max_batches * batch_size)
         source += f", its first {windows} windows (train.eval_batches={max_batches})"
         n_bytes = round(n_bytes * windows * seq_len / tokens)

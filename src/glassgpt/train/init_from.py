@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from glassgpt.checkpoint import open_run
 from glassgpt.config import merge
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.model.accounting import parameter_shapes
@@ -34,10 +35,10 @@ class InitFrom:
 
 def load_init(path: str | Path) -> InitFrom:
     """Weights, config and tokenizer of a run, checkpoint or HF GPT-2 folder."""
-    from glassgpt.checkpoint import load
-
     folder = Path(path)
-    model, tok = load(folder)
+    run = open_run(folder)
+    model, tok = run.model, run.tokenizer
+    assert model is not None
     if tok is None:
         raise GlassError(
             f"--init-from {folder}: has no tokenizer files (tokenizer.json, vocab.json + "

@@ -16,11 +16,20 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from glassgpt.console import say
+from glassgpt.data import DataDir, default_corpus_files
+from glassgpt.data import prepare as prepare_data
+from glassgpt.data.documents import Corpus
 from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.model.memory import estimate_training_memory, format_bytes, per_rank_memory
+from glassgpt.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 from glassgpt.train.config import DataConfig, RunConfig
 
 DATA_SUBDIR = "data"
@@ -49,8 +58,6 @@ def is_prepared(path: str | Path) -> bool:
 def train_tokenizer(cfg: DataConfig, files: Any) -> Any:
     """A tokenizer trained on ``files`` (paths or a ``Corpus``; char or BPE) or loaded from
     ``cfg.tokenizer``."""
-    from glassgpt.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
-
     texts = files.texts() if hasattr(files, "texts") else files
     if cfg.tokenizer == "char":
         return CharTokenizer.train(texts)
@@ -66,9 +73,6 @@ def train_tokenizer(cfg: DataConfig, files: Any) -> Any:
 
 def source_files(cfg: DataConfig) -> Any:
     """What a run trains on: ``data.paths`` as a ``Corpus``, or the default corpus's files."""
-    from glassgpt.data import default_corpus_files
-    from glassgpt.data.documents import Corpus
-
     if not cfg.paths:
         files = default_corpus_files(cfg.max_bytes)
         if not files:
@@ -91,9 +95,6 @@ def resolve_data(
     another one is refused. With ``prepare=False`` (ranks other than 0) nothing is written:
     the folder rank 0 prepared is opened.
     """
-    from glassgpt.data import DataDir
-    from glassgpt.data import prepare as prepare_data
-
     pinned = None
     if tokenizer_json is not None:
         pinned = _tokenizer_from_bytes(tokenizer_json)
@@ -118,17 +119,13 @@ def resolve_data(
             )
             skipped = getattr(files, "describe_skipped", lambda: None)()
             if skipped:
-                import sys
-
-                print(f"glassgpt: {skipped}", file=sys.stderr)
+                say(skipped, kind=None)
     tokenizer = pinned if pinned is not None else data.load_tokenizer()
     saved = tokenizer_json or (data.path / "tokenizer.json").read_bytes()
     return RunData(data, tokenizer, saved)
 
 
 def _matches(folder: Path, tokenizer: Any) -> bool:
-    from glassgpt.data import DataDir
-
     try:
         DataDir.open(folder, tokenizer=tokenizer)
     except GlassError:
@@ -137,10 +134,6 @@ def _matches(folder: Path, tokenizer: Any) -> bool:
 
 
 def _tokenizer_from_bytes(data: bytes) -> Any:
-    import tempfile
-
-    from glassgpt.tokenizer import load_tokenizer
-
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tokenizer.json"
         path.write_bytes(data)
@@ -152,8 +145,6 @@ def _tokenizer_from_bytes(data: bytes) -> Any:
 
 def available_memory(device: Any) -> int | None:
     """Bytes the device can still give: free GPU memory, or the CPU's MemAvailable."""
-    import torch
-
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
@@ -174,14 +165,10 @@ def check_memory(
 
     ``ranks`` processes on one CPU machine share its memory; on GPUs each has its own. Under
     ``train.parallel=fsdp`` each of the ``world_size`` ranks holds 1/W of the weights,
-    gradients and optimizer state (:func:`glassgpt.model.sharding.per_rank_memory`).
+    gradients and optimizer state (:func:`glassgpt.model.memory.per_rank_memory`).
     """
-    from glassgpt.model.memory import estimate_training_memory, format_bytes
-
     estimate: Any
     if cfg.train.parallel == "fsdp" and world_size > 1:
-        from glassgpt.model.sharding import per_rank_memory
-
         estimate = per_rank_memory(
             cfg.model, micro_batch, cfg.seq_len, dtype, world_size=world_size,
             parallel="fsdp", device=device.type,

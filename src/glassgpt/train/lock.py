@@ -10,6 +10,7 @@ the lock held is refused at once, naming the holder.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -62,8 +63,6 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        import fcntl
-
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.storage import atomic_write
 
 
 class MetricsLog:
@@ -81,6 +82,4 @@ def truncate_after(path: str | Path, step: int) -> None:
     if not path.exists():
         return
     keep = [r for r in read_metrics(path) if r["step"] <= step]
-    from glassgpt.storage import atomic_write
-
     atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep).encode())

@@ -23,6 +23,7 @@ from torch import nn
 
 from glassgpt import kernels
 from glassgpt.errors import GlassError
+from glassgpt.model.attention import fuse_legacy_names, fuse_qkv
 from glassgpt.train.adamw import AdamW
 from glassgpt.train.config import TrainConfig
 from glassgpt.train.muon import MuonAdamW, is_hidden_matrix
@@ -170,8 +171,6 @@ def _fused_qkv_state(
 ) -> tuple[list, dict[str, torch.Tensor]]:
     """A checkpoint from before W_Q, W_K, W_V became views of W_QKV: the same state with
     each triple's moments fused as the parameters are (``glassgpt.model.attention``)."""
-    from glassgpt.model.attention import fuse_legacy_names, fuse_qkv
-
     out = dict(tensors)
     for key in list(tensors):
         stem, _, rest = key.partition(".attn.")
@@ -195,8 +194,7 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     cost about 1% of a small model's step); on a GPU always, so that the host never waits.
     Contiguous float32 gradients on a CPU take glassgpt's kernels (``kernels.sum_squares``,
     ``kernels.scale_``): ‖g‖₂² summed in float64 in one pass over all of them, and one pass
-    to scale them, where PyTorch makes a call per tensor (0.1 ms against 0.3-0.55 for the
-    norm of nanoGPT's CPU model's 53 gradients). The norm is then the float32 rounding of
+    to scale them, where PyTorch makes a call per tensor. The norm is then the float32 rounding of
     the float64 one, where PyTorch's sums float32 norms, so the two can differ in the last
     bit, and the clipped gradients by as much."""
     grads = [p.grad for p in params if p.grad is not None]

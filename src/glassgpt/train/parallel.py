@@ -28,6 +28,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from glassgpt.errors import ConfigError
 from glassgpt.train.config import TrainConfig
@@ -78,9 +80,6 @@ def shard(model: nn.Module, ctx: DistContext, autocast_dtype: torch.dtype | None
     With ``autocast_dtype`` bf16, the gathered parameters are bf16 copies and the gradients are
     reduced in float32 (the sharded parameters and AdamW's state stay float32).
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     if autocast_dtype == torch.bfloat16:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
@@ -95,8 +94,6 @@ def shard(model: nn.Module, ctx: DistContext, autocast_dtype: torch.dtype | None
 
 def is_sharded(model: nn.Module) -> bool:
     """Whether ``fully_shard`` has sharded ``model``."""
-    from torch.distributed.fsdp import FSDPModule
-
     return isinstance(model, FSDPModule)
 
 

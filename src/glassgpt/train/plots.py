@@ -7,6 +7,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
+
 from glassgpt.train.metrics import read_metrics
 
 NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
@@ -39,20 +42,13 @@ def log_ticks(lo: float, hi: float, most: int = 8) -> list[float]:
 
 
 def plot_metrics(metrics: str | Path, output: str | Path) -> Path:
-    """Draw ``metrics`` (a metrics.jsonl) into ``output`` (PNG, matplotlib's Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
-
+    """Draw ``metrics`` (a metrics.jsonl) into ``output`` (PNG)."""
     records = read_metrics(metrics)
     train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
     val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
     lr = [(r["step"], r["lr"]) for r in records if r.get("lr") is not None]
-    fig, (ax, ax_lr) = plt.subplots(
-        2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
-    )
+    fig = Figure(figsize=(8, 6))  # no pyplot: no global figure, no backend chosen
+    ax, ax_lr = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     if train:
         ax.plot(*zip(*train), lw=0.8, alpha=0.7, label="train loss")
     if val:
@@ -80,5 +76,4 @@ def plot_metrics(metrics: str | Path, output: str | Path) -> Path:
     fig.tight_layout()
     output = Path(output)
     fig.savefig(output, dpi=110)
-    plt.close(fig)
     return output

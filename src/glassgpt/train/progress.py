@@ -3,8 +3,8 @@
 The rate is measured over the last ``WINDOW`` steps only, and the first ``WARMUP`` steps of a
 run (or of a resumption) never count: they include one-time costs (the allocator growing
 its heap, kernels chosen for each new shape, a compilation) that later steps do not pay.
-A mean over all steps, or tqdm's smoothed one, kept promising 42 minutes for a 3-minute run
-long after those steps were over.
+A mean over all steps, or tqdm's smoothed one, kept promising far too long an ETA long after
+those steps were over.
 
 >>> eta_seconds([(0.0, 3), (1.0, 13)], total=113)
 10.0
@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tqdm.auto import tqdm
 
 WINDOW = 50  # steps the rate is measured over
 WARMUP = 3  # steps after a start or resume that are never measured
@@ -115,8 +117,6 @@ class Progress:
     """A tqdm bar over optimizer steps with ``loss``, ``tok/s``, ``s/step`` and ``ETA``."""
 
     def __init__(self, total: int, initial: int, *, enabled: bool, log: Callable[[str], None]):
-        from tqdm.auto import tqdm
-
         self.total = total
         self.bar = tqdm(
             total=total,

@@ -12,23 +12,32 @@ versions, devices), ``OUT/metrics.jsonl``, ``OUT/ckpt/`` and ``OUT/loss.png``.
 
 from __future__ import annotations
 
+import shlex
 import shutil
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from glassgpt import checkpoint as ckpt
-from glassgpt.config import load_toml
+from glassgpt.config import parse_toml
+from glassgpt.console import say
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.train import distributed as D
-from glassgpt.train.config import RESUMABLE_KEYS, RunConfig, build_run_config, config_diff
+from glassgpt.train.config import (
+    RESUMABLE_KEYS,
+    RunConfig,
+    build_run_config,
+    config_diff,
+    raw_run_config,
+)
+from glassgpt.train.init_from import check_shapes, init_raw, load_init
 from glassgpt.train.lock import LOCK_NAME, RunLock
+from glassgpt.train.metrics import read_metrics
 from glassgpt.train.parallel import check_parallel
 from glassgpt.train.resolve import resolve_run
-from glassgpt.train.session import Plan, sample, train
+from glassgpt.train.session import CONFIG, Plan, Sampler, train
 
-__all__ = ["sample", "train_main"]
+__all__ = ["train_main"]
 
 
 def _default_out(preset: str | None, config_file: str | None) -> Path:
@@ -53,7 +62,7 @@ def fresh_folder(path: Path) -> Path:
         k += 1
         candidate = path.with_name(f"{path.name}-{k}")
     if candidate != path:
-        _note(f"{path} already holds a run; this one goes to {candidate} (-o DIR chooses)")
+        say(f"{path} already holds a run; this one goes to {candidate} (-o DIR chooses)")
     return candidate
 
 
@@ -71,9 +80,6 @@ def plan_run(
     if resume is not None and init_from is not None:
         raise ConfigError("--init-from", "a resumed run continues its own weights; drop --resume")
     if init_from is not None:
-        from glassgpt.train.config import raw_run_config
-        from glassgpt.train.init_from import check_shapes, init_raw, load_init
-
         init = load_init(init_from)
         base = init_raw(init, raw_run_config(preset=preset, config_file=config_file))
         run = resolve_run(base=base, data_paths=data_paths, overrides=overrides)
@@ -85,12 +91,11 @@ def plan_run(
             preset=preset, config_file=config_file, data_paths=data_paths, overrides=overrides
         )
         if config_file is not None and not run.raw.get("model"):
-            _note(f"{config_file} sets no [model] table: the model is GPT-2 small's defaults "
+            say(f"{config_file} sets no [model] table: the model is GPT-2 small's defaults "
                   f"({run.config.model.n_layers} layers, d_model {run.config.model.d_model})")  # fmt: skip
         return Plan(run, Path(out) if out else _default_out(preset, config_file))
-    checkpoint = ckpt.find_resumable(resume)
+    checkpoint, saved_raw = _latest(resume)
     try:
-        saved_raw = _saved_config(checkpoint)
         saved = build_run_config(saved_raw)
     except GlassError as e:
         raise ckpt.CheckpointError(f"{checkpoint.path}: {e}") from None
@@ -105,13 +110,11 @@ def plan_run(
     return Plan(run, Path(out) if out else run_dir, checkpoint=checkpoint)
 
 
-def _saved_config(checkpoint: ckpt.Checkpoint) -> dict[str, Any]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "config.toml"
-        path.write_text(checkpoint.text("config.toml"), "utf-8")
-        return load_toml(path)
+def _latest(resume: str) -> tuple[ckpt.Checkpoint, dict[str, Any]]:
+    """The newest valid checkpoint under ``resume`` (from a step folder: it, else an older
+    one), each one skipped a warning line, and the config it saved."""
+    checkpoint = ckpt.find_resumable(resume, warn=lambda m: say(m, kind="warning"))
+    return checkpoint, parse_toml(checkpoint.text(CONFIG), checkpoint.path / CONFIG)
 
 
 def _check_resume(saved: RunConfig, wanted: RunConfig, where: Path) -> None:
@@ -128,8 +131,6 @@ def _check_resume(saved: RunConfig, wanted: RunConfig, where: Path) -> None:
 
 def finished_message(plan: Plan) -> str | None:
     """For ``--resume`` of a run already at ``train.max_steps``: what it reached."""
-    from glassgpt.train.metrics import read_metrics
-
     checkpoint, max_steps = plan.checkpoint, plan.run.config.train.max_steps
     if checkpoint is None or checkpoint.step < max_steps:
         return None
@@ -160,8 +161,10 @@ def train_main(
     argv: Sequence[str] | None = None,
     overwrite: bool = False,
     init_from: str | None = None,
+    sampler: Sampler | None = None,
 ) -> int:
-    """The whole job behind ``glassgpt train``; returns the exit status."""
+    """The whole job behind ``glassgpt train``; returns the exit status. ``sampler`` makes
+    the periodic samples (``glassgpt.cli.train.periodic_sampler``; None: no samples)."""
     plan = plan_run(
         preset=preset,
         config_file=config_file,
@@ -182,15 +185,15 @@ def train_main(
     check_parallel(cfg.train, ctx, argv=argv)  # fsdp without a process group: one line
     if ctx.device.type == "cpu":
         D.keep_freed_memory()  # the CPU trainer's allocator setting: see its docstring
-    lock = RunLock(out_dir, note=_note) if ctx.is_main else None
+    lock = RunLock(out_dir, note=say) if ctx.is_main else None
     try:
         if lock is not None:
             lock.acquire()  # before anything in the folder is read, removed or written
             _claim_folder(out_dir, fresh=plan.checkpoint is None, overwrite=overwrite)
-        return train(plan, ctx, argv, _note)
+        return train(plan, ctx, argv, sampler)
     except KeyboardInterrupt:  # a second Ctrl-C: at once, from the last checkpoint written
         if ctx.is_main and ckpt.step_folders(out_dir / "ckpt"):
-            _note(f"interrupted; continue from the last checkpoint with: {resume_command(out_dir)}")
+            say(f"interrupted; continue from the last checkpoint with: {resume_command(out_dir)}")
         raise
     finally:
         if lock is not None:
@@ -204,13 +207,7 @@ def resume_command(out_dir: Path) -> str:
     >>> resume_command(Path("runs/my run"))
     "glassgpt train --resume 'runs/my run'"
     """
-    import shlex
-
     return f"glassgpt train --resume {shlex.quote(str(out_dir))}"
-
-
-def _note(message: str) -> None:
-    print(f"glassgpt: note: {message}", file=sys.stderr, flush=True)
 
 
 def _claim_folder(out_dir: Path, *, fresh: bool, overwrite: bool) -> None:
@@ -229,4 +226,4 @@ def _claim_folder(out_dir: Path, *, fresh: bool, overwrite: bool) -> None:
             )
         for p in entries:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        _note(f"--overwrite: removed the earlier contents of {out_dir}")
+        say(f"--overwrite: removed the earlier contents of {out_dir}")

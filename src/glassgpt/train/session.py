@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,15 +20,28 @@ from typing import Any
 import torch
 
 from glassgpt import checkpoint as ckpt
+from glassgpt import console
+from glassgpt.data import BatchSampler, iter_eval_batches
 from glassgpt.errors import ConfigError, GlassError
+from glassgpt.model import GPT
 from glassgpt.storage import atomic_write
 from glassgpt.train import distributed as D
 from glassgpt.train import rng
 from glassgpt.train.config import RunConfig, applicable, dump_toml
+from glassgpt.train.device import resolve_precision
 from glassgpt.train.init_from import InitFrom
 from glassgpt.train.inputs import RunData, check_memory, resolve_data
+from glassgpt.train.inspection import inspect_every, inspector, plot_inspection
+from glassgpt.train.plots import plot_metrics
 from glassgpt.train.resolve import ResolvedRun
+from glassgpt.train.trackers import RunInfo, Trackers, require
+from glassgpt.train.trainer import Trainer
 from glassgpt.version import __version__
+
+OnEval = Callable[[torch.nn.Module, int], "str | None"]  # a sample after an evaluation
+# builds ``on_eval`` once the tokenizer is known (glassgpt.cli.train's, with sample.generate)
+Sampler = Callable[[RunConfig, RunData], OnEval]
+CONFIG = "config.toml"  # the resolved config, in the run folder and in each checkpoint
 
 
 @dataclass
@@ -66,8 +80,6 @@ def prepare_data(plan: Plan, ctx: D.DistContext) -> RunData:
 
 def micro_batch(cfg: RunConfig, ctx: D.DistContext) -> int:
     """Sequences per micro-step on each rank (the global batch split over ranks and steps)."""
-    from glassgpt.train.device import resolve_precision
-
     world = ctx.world_size * cfg.train.grad_accum
     if cfg.train.batch_size % world:
         raise ConfigError(
@@ -92,8 +104,8 @@ def write_run_files(
         return config_toml
     if plan.init is not None:
         print(f"fine-tuning {plan.init.path}: its weights, architecture and tokenizer")
-    atomic_write(plan.out_dir / "config.toml", config_toml.encode())
-    print(f"run: {plan.out_dir} (the full config: {plan.out_dir / 'config.toml'})", flush=True)
+    atomic_write(plan.out_dir / CONFIG, config_toml.encode())
+    print(f"run: {plan.out_dir} (the full config: {plan.out_dir / CONFIG})", flush=True)
     info = {
         "command": list(argv) if argv is not None else sys.argv,
         "glassgpt_version": __version__,
@@ -115,8 +127,6 @@ def write_run_files(
 
 def build_model(cfg: RunConfig, plan: Plan, ctx: D.DistContext) -> torch.nn.Module:
     """GPT(cfg.model), seeded; with ``--init-from``, carrying the source's weights."""
-    from glassgpt.model import GPT
-
     rng.seed_everything(cfg.seed)
     model = GPT(cfg.model)
     if plan.init is not None:
@@ -165,68 +175,14 @@ def describe_run(
     )
 
 
-@torch.no_grad()
-def sample(
-    model: torch.nn.Module,
-    prompt: Sequence[int],
-    n_tokens: int,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    generator: torch.Generator | None = None,
-    n_valid: int | None = None,
-) -> list[int]:
-    """Continue ``prompt`` by ``n_tokens`` draws from softmax(logits_T / temperature), top-k.
-
-    A plain loop without a KV cache (glassgpt.sample brings the fast one); it draws from its
-    own ``generator`` so it never moves the training RNG. Only ids below ``n_valid`` (the
-    tokenizer's vocabulary, when the model's is padded) are drawn.
-    """
-    device = next(model.parameters()).device
-    n_ctx = model.config.n_ctx
-    ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)  # [1, T]
-    for _ in range(n_tokens):
-        logits = model(ids[:, -n_ctx:])[0, -1].float() / temperature  # [n_vocab]
-        if n_valid is not None:
-            logits = logits[:n_valid]
-        if top_k is not None and top_k < logits.numel():
-            kth = torch.topk(logits, top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, -float("inf"))
-        probs = torch.softmax(logits, dim=-1)
-        nxt = torch.multinomial(probs, 1, generator=generator)  # [1]
-        ids = torch.cat([ids, nxt[None]], dim=1)
-    return ids[0, len(prompt) :].tolist()
-
-
-def _prompt_ids(tokenizer: Any, text: str, fallback: Sequence[int]) -> list[int]:
+def sample_prompt(cfg: RunConfig, run_data: RunData) -> list[int]:
+    """The ids of ``train.sample_prompt`` (where it does not encode: the data's document
+    separator, else id 0): where the periodic samples start."""
     try:
-        ids = list(tokenizer.encode(text))
+        ids = list(run_data.tokenizer.encode(cfg.train.sample_prompt))
     except (GlassError, KeyError, ValueError):
         ids = []
-    return ids or list(fallback) or [0]
-
-
-def sampler_at_eval(cfg: RunConfig, run_data: RunData, device: torch.device) -> Any:
-    """``on_eval(model, step)``: a sample of ``train.sample_tokens`` tokens, or None."""
-    tokenizer = run_data.tokenizer
-    prompt = _prompt_ids(tokenizer, cfg.train.sample_prompt, run_data.data.meta.separator_ids)
-
-    def on_eval(m: torch.nn.Module, step: int) -> str | None:
-        if not cfg.train.sample_tokens:
-            return None
-        gen = torch.Generator(device=device).manual_seed(cfg.seed + step)
-        ids = sample(
-            m,
-            prompt,
-            cfg.train.sample_tokens,
-            temperature=cfg.train.sample_temperature,
-            top_k=cfg.train.sample_top_k,
-            generator=gen,
-            n_valid=tokenizer.n_vocab,
-        )
-        return "sample: " + tokenizer.decode(prompt + ids)
-
-    return on_eval
+    return ids or list(run_data.data.meta.separator_ids) or [0]
 
 
 def make_trainer(
@@ -237,12 +193,10 @@ def make_trainer(
     ctx: D.DistContext,
     out_dir: Path,
     config_toml: str,
-) -> Any:
-    """The Trainer over this run's batches and validation windows."""
-    from glassgpt.data import BatchSampler, iter_eval_batches
-    from glassgpt.train.circuits import probe_every, run_probe
-    from glassgpt.train.trainer import Trainer
-
+    sampler: Sampler | None = None,
+) -> Trainer:
+    """The Trainer over this run's batches and validation windows; ``sampler`` makes its
+    periodic samples."""
     batches = BatchSampler(
         run_data.data,
         "train",
@@ -266,6 +220,7 @@ def make_trainer(
             world_size=ctx.world_size,
         )
 
+    every = inspect_every(cfg)
     return Trainer(
         model,
         cfg.train,
@@ -274,13 +229,13 @@ def make_trainer(
         ctx=ctx,
         out_dir=out_dir,
         checkpoint_files={
-            "config.toml": config_toml.encode(),
+            CONFIG: config_toml.encode(),
             "tokenizer.json": run_data.tokenizer_json,
         },
         bytes_per_token=run_data.bytes_per_token,
-        on_eval=sampler_at_eval(cfg, run_data, ctx.device),
-        probe=run_probe(cfg, run_data, ctx.device) if probe_every(cfg) and ctx.is_main else None,
-        probe_every=probe_every(cfg),
+        on_eval=sampler(cfg, run_data) if sampler is not None else None,
+        inspect=inspector(cfg, run_data, ctx.device) if every and ctx.is_main else None,
+        inspect_every=every,
     )
 
 
@@ -288,8 +243,6 @@ def open_trackers(cfg: RunConfig, out_dir: Path, config_toml: str, ctx: D.DistCo
     """The experiment trackers of ``log.to`` (rank 0; None when there are none)."""
     if not cfg.log.to or not ctx.is_main:
         return None
-    from glassgpt.train.trackers import RunInfo, Trackers
-
     info = RunInfo(
         out_dir=out_dir,
         name=cfg.log.name or out_dir.resolve().name,
@@ -303,14 +256,11 @@ def open_trackers(cfg: RunConfig, out_dir: Path, config_toml: str, ctx: D.DistCo
 
 def report(result: dict[str, Any], trainer: Any, out_dir: Path, ctx: D.DistContext) -> int:
     """The loss plot and the closing line; the exit status (128 + signal when stopped)."""
-    from glassgpt.train.circuits import plot_circuits
-    from glassgpt.train.plots import plot_metrics
-
     if ctx.is_main:
         metrics = out_dir / "metrics.jsonl"
         if metrics.exists():
             plot_metrics(metrics, out_dir / "loss.png")
-            plot_circuits(metrics, out_dir / "circuits.png")
+            plot_inspection(metrics, out_dir / "circuits.png")
         if trainer.tracker is not None:
             for name in ("loss", "circuits"):
                 trainer.tracker.image(f"plots/{name}", out_dir / f"{name}.png", result["step"])
@@ -323,18 +273,17 @@ def report(result: dict[str, Any], trainer: Any, out_dir: Path, ctx: D.DistConte
             f"{out_dir / 'ckpt' / 'best'}, curves in {out_dir / 'loss.png'}"
         )
         if stopped:
-            import shlex
-
             print(f"continue it with: glassgpt train --resume {shlex.quote(str(out_dir))}")
     if result["ended"] == "signal":
         return 128 + int(result["signal"])
     return 0
 
 
-def train(plan: Plan, ctx: D.DistContext, argv: Sequence[str] | None, note: Any) -> int:
-    """Data → config → files → model → trainer → fit → report."""
-    from glassgpt.train.trackers import require
-
+def train(
+    plan: Plan, ctx: D.DistContext, argv: Sequence[str] | None, sampler: Sampler | None = None
+) -> int:
+    """Data → config → files → model → trainer → fit → report; ``sampler`` makes the
+    periodic samples (None: no samples)."""
     say = say_on(ctx)
     require(plan.run.config.log.to)  # a missing package says so before any work
     run_data = prepare_data(plan, ctx)
@@ -343,9 +292,9 @@ def train(plan: Plan, ctx: D.DistContext, argv: Sequence[str] | None, note: Any)
     config_toml = write_run_files(cfg, plan, run_data, ctx, argv)
     model = build_model(cfg, plan, ctx)
     describe_run(cfg, model, run_data, ctx)
-    trainer = make_trainer(cfg, model, run_data, micro, ctx, plan.out_dir, config_toml)
+    trainer = make_trainer(cfg, model, run_data, micro, ctx, plan.out_dir, config_toml, sampler)
     if trainer.checkpoints is not None and trainer.checkpoints.removed:
-        note(f"removed {trainer.checkpoints.removed} leftover(s) of interrupted checkpoint "
+        console.say(f"removed {trainer.checkpoints.removed} leftover(s) of interrupted checkpoint "
              f"writes in {trainer.checkpoints.root}")  # fmt: skip
     if trainer.compiled:
         say("torch.compile: on (the first step compiles the model, about a minute)", flush=True)

@@ -31,14 +31,18 @@ import io
 import json
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from matplotlib.image import imread
+
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.storage import atomic_write
 from glassgpt.train.config import _flatten as flatten  # {"train": {"lr": 1}} → {"train.lr": 1}
+from glassgpt.train.metrics import read_metrics
 
 PACKAGES = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 STATE = "trackers.json"  # the wandb and MLflow run ids, for a resumed run
@@ -111,8 +115,6 @@ class CsvTracker(Tracker):
     keeps."""
 
     def __init__(self, run: RunInfo) -> None:
-        from glassgpt.train.metrics import read_metrics
-
         self.path = run.out_dir / "metrics.csv"
         jsonl = run.out_dir / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = read_metrics(jsonl) if jsonl.exists() else []
@@ -164,8 +166,6 @@ class TensorBoardTracker(Tracker):
         self.writer.flush()
 
     def image(self, name: str, path: Path, step: int) -> None:
-        from matplotlib.image import imread
-
         self.writer.add_image(name, imread(path)[..., :3], step, dataformats="HWC")
         self.writer.flush()
 
@@ -239,8 +239,6 @@ class MlflowTracker(Tracker):
         self.client.log_text(self.run_id, run.config_toml, "config.toml")
 
     def log(self, record: Mapping[str, Any]) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         step, now = int(record["step"]), int(time.time() * 1000)

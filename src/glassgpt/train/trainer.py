@@ -8,7 +8,7 @@ One optimizer step s, on each of W ranks with A micro-batches (x_a, y_a) of the 
 
 under autocast (bf16 on CPU and GPU; fp16 with a GradScaler on GPUs without bf16). Around
 it: evaluation every k steps (val loss, perplexity, bits per byte), JSONL metrics, a
-progress bar, a probe of the model every k steps (head scores and the like, given by the
+progress bar, an inspection of the model every k steps (head scores and the like, given by the
 caller, into the metrics), a tracker told every metrics line, checkpoints (every k steps, at
 the end, on SIGINT/SIGTERM; ``best`` on a new lowest val loss), a stop with a clear message on a NaN or infinite loss, and exact resume.
 The trainer knows nothing about GPT.
@@ -93,8 +93,8 @@ class Trainer:
         checkpoint_files: Mapping[str, bytes] | None = None,
         bytes_per_token: float | None = None,
         on_eval: Callable[[nn.Module, int], str | None] | None = None,
-        probe: Callable[[nn.Module, int], Mapping[str, float]] | None = None,
-        probe_every: int = 0,
+        inspect: Callable[[nn.Module, int], Mapping[str, float]] | None = None,
+        inspect_every: int = 0,
         log: Callable[[str], None] = print,
     ) -> None:
         self.ctx = ctx or DistContext()
@@ -106,8 +106,10 @@ class Trainer:
         self.eval_data = eval_data
         self.bytes_per_token = bytes_per_token
         self.on_eval = on_eval
-        self.probe = probe if probe_every > 0 else None  # named floats every probe_every steps
-        self.probe_every = probe_every
+        self.inspect = (
+            inspect if inspect_every > 0 else None
+        )  # named floats every inspect_every steps
+        self.inspect_every = inspect_every
         self.tracker: Any = None  # .log(record) after each metrics.jsonl line (rank 0)
         self.log = log if self.ctx.is_main else (lambda msg: None)
         self.checkpoint_files = dict(checkpoint_files or {})
@@ -117,7 +119,7 @@ class Trainer:
         if self.sharded:  # before the optimizer: it holds each rank's shards
             parallel.check_parallel(cfg, self.ctx, self.autocast_dtype)
             self.model = parallel.shard(self.model, self.ctx, self.autocast_dtype)
-            self.probe = None  # probes read whole weights on rank 0: not of a sharded model
+            self.inspect = None  # inspections read whole weights on rank 0: not of a sharded model
         self.optimizer = build_optimizer(self.model, cfg)
         self._parameters = list(self.model.parameters())  # the clipping's, listed once
         self.step = 0
@@ -158,7 +160,7 @@ class Trainer:
         cfg, model, opt = self.cfg, self.train_model, self.optimizer
         lr = lr_at(self.step, cfg)
         set_lr(opt, lr)
-        if not model.training:  # (evaluation switches it back; a walk of every module costs 60 µs)
+        if not model.training:  # (evaluation switches it back; a walk of every module costs time)
             model.train()
         loss_sum = torch.zeros((), device=self.ctx.device)
         n_tokens = 0
@@ -375,9 +377,11 @@ class Trainer:
                     stop = any_rank(self._stop is not None, self.ctx)
                     every = cfg.checkpoint_every
                     save = final or stop or bool(every and self.step % every == 0)
-                    # a probe reads the weights: its step is read now, before the next moves them
-                    probed = self.probe is not None and (self.step % self.probe_every == 0 or final)
-                    if do_eval or save or probed or not lag:
+                    # an inspection reads the weights: its step is read now, before the next moves them
+                    inspected = self.inspect is not None and (
+                        self.step % self.inspect_every == 0 or final
+                    )
+                    if do_eval or save or inspected or not lag:
                         record, pending = self._finish(pending, bar, clock, do_eval), None
                     if save:
                         path = self.save_checkpoint()
@@ -404,12 +408,12 @@ class Trainer:
         cfg = self.cfg
         record = self._checked(pending)
         step = record["step"]
-        do_probe = (
-            self.probe is not None
+        do_inspect = (
+            self.inspect is not None
             and self.ctx.is_main
-            and (step % self.probe_every == 0 or step == cfg.max_steps)
+            and (step % self.inspect_every == 0 or step == cfg.max_steps)
         )
-        logged = step % cfg.log_every == 0 or do_eval or do_probe or step == cfg.max_steps
+        logged = step % cfg.log_every == 0 or do_eval or do_inspect or step == cfg.max_steps
         if logged:
             seconds = seconds_between(clock.since, pending.done)  # type: ignore[arg-type]
             tok_s = (record["tokens"] - clock.tokens) / max(seconds, 1e-9)
@@ -421,9 +425,9 @@ class Trainer:
             started = time.perf_counter()
             record.update(self._eval_and_report(bar.write))
             self.eval_seconds += time.perf_counter() - started
-        if do_probe:
+        if do_inspect:
             started = time.perf_counter()
-            record.update(self._probed())
+            record.update(self._inspected())
             self.eval_seconds += time.perf_counter() - started
         if logged and self.metrics is not None:
             self.metrics.write(record)
@@ -434,13 +438,13 @@ class Trainer:
             clock.tokens = record["tokens"]
         return record
 
-    def _probed(self) -> dict[str, float]:
-        """The probe's named floats (no dropout, no draw from the training RNG streams)."""
-        assert self.probe is not None
+    def _inspected(self) -> dict[str, float]:
+        """The inspection's named floats (no dropout, no draw from the training RNG streams)."""
+        assert self.inspect is not None
         self.model.eval()
         try:
             with torch.no_grad():
-                return dict(self.probe(self.model, self.step))
+                return dict(self.inspect(self.model, self.step))
         finally:
             self.model.train()
 

@@ -1,5 +1,5 @@
-"""Circuits over training: the probe of :mod:`glassgpt.model.probes` every ``train.inspect_every``
-steps, and ``circuits.png``, its scores beside the loss curve.
+"""Inspection over training: the probe of :mod:`glassgpt.model.probes` every
+``train.inspect_every`` steps, and ``circuits.png``, its scores beside the loss curve.
 
 At step s the metrics line gains, for every layer l and head h,
 
@@ -9,12 +9,12 @@ At step s the metrics line gains, for every layer l and head h,
 
 The repeated tokens are :func:`glassgpt.inspect.head_scores`'s own defaults (8 sequences of
 n = min(n_ctx // 2, 32) ids, seed 0), so the scores logged at step s equal ``head_scores`` of
-the checkpoint of step s. The val batch is the first ``PROBE_ROWS`` windows of the val split,
-at most ``PROBE_LEN`` tokens long (fixed over the run, so the curves compare like with like).
+the checkpoint of step s. The val batch is the first ``INSPECT_ROWS`` windows of the val split,
+at most ``INSPECT_LEN`` tokens long (fixed over the run, so the curves compare like with like).
 
 Olsson et al. (2022) saw induction heads form in a phase change: the induction score of some
 layer-≥1 head jumps within a few hundred steps, while the loss curve shows a bump. The plot
-marks the probe where the best head's induction score rose most.
+marks the inspection where the best head's induction score rose most.
 """
 
 from __future__ import annotations
@@ -27,13 +27,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import torch
+from matplotlib.figure import Figure
 
+from glassgpt.data import iter_eval_batches
+from glassgpt.model.probes import probe, repeated_random_tokens
 from glassgpt.storage import atomic_write
 from glassgpt.train.metrics import read_metrics
 
-PROBE_ROWS = 8  # val windows for the lens losses and entropies
-PROBE_LEN = 256  # their length, at most
+INSPECT_ROWS = 8  # val windows for the lens losses and entropies
+INSPECT_LEN = 256  # their length, at most
 TAB = [
     "tab:blue",
     "tab:orange",
@@ -49,20 +53,17 @@ HEAD_KEY = re.compile(r"^(previous_token|duplicate_token|induction)/L(\d+)H(\d+)
 LAYER_KEY = re.compile(r"^(lens_loss|attn_entropy)/L(\d+)$")
 
 
-def run_probe(cfg: Any, run_data: Any, device: torch.device) -> Callable[..., Mapping[str, float]]:
-    """``probe(model, step)`` for the trainer: the floats of :func:`glassgpt.model.probes.probe`
+def inspector(cfg: Any, run_data: Any, device: torch.device) -> Callable[..., Mapping[str, float]]:
+    """``inspect(model, step)`` for the trainer: the floats of :func:`glassgpt.model.probes.probe`
     on this run's fixed inputs (moved to ``device`` once)."""
-    from glassgpt.data import iter_eval_batches
-    from glassgpt.model.probes import probe, repeated_random_tokens
-
     n = min(cfg.model.n_ctx // 2, 32)
     repeated = repeated_random_tokens(cfg.model.n_vocab, n, 8, seed=0).to(device)
     x, y = next(
         iter_eval_batches(
             run_data.data,
             "val",
-            batch_size=PROBE_ROWS,
-            seq_len=min(cfg.seq_len, PROBE_LEN),
+            batch_size=INSPECT_ROWS,
+            seq_len=min(cfg.seq_len, INSPECT_LEN),
             max_batches=1,
         )
     )
@@ -74,17 +75,19 @@ def run_probe(cfg: Any, run_data: Any, device: torch.device) -> Callable[..., Ma
     return run
 
 
-def probe_every(cfg: Any) -> int:
-    """Steps between probes for this run (0: none; a context too short for the repeated
+def inspect_every(cfg: Any) -> int:
+    """Steps between inspections of this run (0: none; a context too short for the repeated
     sequences, n_ctx < 4, has none)."""
     return cfg.inspect_every if cfg.model.n_ctx >= 4 else 0
 
 
-def circuit_series(records: list[dict[str, Any]]) -> dict[str, dict[Any, list[tuple[int, float]]]]:
+def inspection_series(
+    records: list[dict[str, Any]],
+) -> dict[str, dict[Any, list[tuple[int, float]]]]:
     """``{score: {(layer, head) or layer: [(step, value), …]}}`` from metrics records.
 
     >>> recs = [{"step": 5, "induction/L1H0": 0.5, "lens_loss/L0": 3.0, "loss": 2.0}]
-    >>> circuit_series(recs)
+    >>> inspection_series(recs)
     {'induction': {(1, 0): [(5, 0.5)]}, 'lens_loss': {0: [(5, 3.0)]}}
     """
     out: dict[str, dict[Any, list[tuple[int, float]]]] = {}
@@ -105,8 +108,8 @@ def circuit_series(records: list[dict[str, Any]]) -> dict[str, dict[Any, list[tu
 
 
 def phase_change(series: Mapping[Any, list[tuple[int, float]]]) -> int | None:
-    """The step at which the best head's score rose most since the probe before (None: it
-    never rose by 0.1 between two probes).
+    """The step at which the best head's score rose most since the inspection before (None: it
+    never rose by 0.1 between two inspections).
 
     >>> phase_change({(1, 0): [(100, 0.05), (200, 0.1), (300, 0.6), (400, 0.7)]})
     300
@@ -130,19 +133,15 @@ TITLES = {
 }
 
 
-def plot_circuits(metrics: str | Path, output: str | Path) -> Path | None:
-    """Draw the loss and every probed score against the step into ``output`` (PNG); None when
-    ``metrics`` has no probe."""
+def plot_inspection(metrics: str | Path, output: str | Path) -> Path | None:
+    """Draw the loss and every inspected score against the step into ``output`` (PNG); None when
+    ``metrics`` has no inspection."""
     records = read_metrics(metrics)
-    series = circuit_series(records)
+    series = inspection_series(records)
     if not series:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
+    fig = Figure(figsize=(15, 8))  # no pyplot: no global figure, no backend chosen
+    axes = fig.subplots(2, 3, sharex=True)
     ax = axes[0, 0]
     train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
     val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
@@ -159,7 +158,7 @@ def plot_circuits(metrics: str | Path, output: str | Path) -> Path | None:
     layers = 1 + max(
         (k[0] if isinstance(k, tuple) else k) for s in series.values() for k in s
     )  # fmt: skip
-    colors = plt.get_cmap("viridis" if layers > 2 else "tab10")
+    colors = matplotlib.colormaps["viridis" if layers > 2 else "tab10"]
     heads = 1 + max((k[1] for s in series.values() for k in s if isinstance(k, tuple)), default=0)
     for ax, name in zip(axes.flat[1:], panels):
         lines = series.get(name, {})
@@ -198,7 +197,6 @@ def plot_circuits(metrics: str | Path, output: str | Path) -> Path | None:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
     output = Path(output)
     atomic_write(output, buf.getvalue())
     return output

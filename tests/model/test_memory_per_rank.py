@@ -1,4 +1,4 @@
-"""The memory model per rank (glassgpt.model.sharding) against the parameters of a real GPT
+"""The memory model per rank (glassgpt.model.memory) against the parameters of a real GPT
 and the whole-model estimate; ``glassgpt describe --world-size``."""
 
 from __future__ import annotations
@@ -10,8 +10,12 @@ import pytest
 from glassgpt.cli import main
 from glassgpt.errors import ConfigError
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.model.memory import estimate_training_memory
-from glassgpt.model.sharding import block_parameters, per_rank_memory, shard_count
+from glassgpt.model.memory import (
+    block_parameters,
+    estimate_training_memory,
+    per_rank_memory,
+    shard_count,
+)
 
 CONFIGS = [
     GPTConfig.preset("cpu-tiny"),

@@ -20,8 +20,8 @@ from glassgpt.cli import main
 from glassgpt.data import iter_eval_batches
 from glassgpt.inspect import head_scores, logit_lens, run_with_cache
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.train.circuits import PROBE_ROWS
 from glassgpt.train.config import load_run_config
+from glassgpt.train.inspection import INSPECT_ROWS
 from glassgpt.train.metrics import read_metrics
 
 if sys.version_info >= (3, 11):
@@ -49,7 +49,7 @@ def test_logged_scores_equal_inspect_on_the_saved_checkpoints(tmp_path: Path) ->
     records = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}
     probed = [s for s, r in records.items() if "induction/L0H0" in r]
     assert probed == [2, 4]  # at every evaluation, by default, for a model this small
-    x, y = next(iter_eval_batches(out / "data", "val", batch_size=PROBE_ROWS, seq_len=16))
+    x, y = next(iter_eval_batches(out / "data", "val", batch_size=INSPECT_ROWS, seq_len=16))
     for step in probed:
         model, logged = model_at(out, step), records[step]
         scores = head_scores(model)  # inspect's defaults: 8 sequences of n = n_ctx // 2, seed 0

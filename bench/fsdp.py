@@ -53,9 +53,8 @@ class RandomTokens:
 
 def worker(args: argparse.Namespace) -> None:
     """One rank of one launch: train ``--steps`` steps; rank 0 writes the result JSON."""
-    from glassgpt.model.memory import per_rank_memory
-
     from glassgpt.model import GPT, GPTConfig
+    from glassgpt.model.memory import per_rank_memory
     from glassgpt.train import distributed as D
     from glassgpt.train.config import TrainConfig
     from glassgpt.train.trainer import Trainer

@@ -1,4 +1,4 @@
-"""The trainer's periodic sample: ``glassgpt.cli.train.periodic_sampler``, which draws through
+"""The trainer's periodic sample: ``glassgpt.sample.training.periodic_sampler``, which draws through
 ``glassgpt.sample.generate`` (deterministic per step, the training RNG untouched, only ids of
 the tokenizer's vocabulary)."""
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from glassgpt.cli.train import periodic_sampler
 from glassgpt.model import GPT, GPTConfig
+from glassgpt.sample.training import periodic_sampler
 from glassgpt.tokenizer import CharTokenizer
 from glassgpt.train.inputs import RunData
 from glassgpt.train.resolve import resolve_run

@@ -19,6 +19,7 @@ from glassgpt.checkpoint import load
 from glassgpt.cli.arguments import add_checkpoint, add_device, add_output, add_overrides, add_seed
 from glassgpt.devices import parse_device
 from glassgpt.inspect.induction import run_induction_study, summary
+from glassgpt.sample.training import periodic_sampler
 from glassgpt.train.run import train_main
 from glassgpt.train.synthetic import train_synthetic
 
@@ -78,6 +79,7 @@ def train_preset(run: Path, preset: str, overrides: list[str]) -> int:
         overrides=overrides,
         resume=resume,
         argv=sys.argv,
+        sampler=periodic_sampler,
     )
 
 

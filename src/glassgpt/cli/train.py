@@ -6,24 +6,18 @@
     torchrun --nproc_per_node=8 -m glassgpt train --preset gpt2 ...
 
 The trainer's periodic samples (``train.sample_tokens`` tokens after each evaluation) are
-drawn by the sampler's :func:`glassgpt.sample.generate`, which this command hands the job
-(:func:`periodic_sampler`).
+drawn by :func:`glassgpt.sample.generate`: this command hands the job the sampler
+(:func:`glassgpt.sample.training.periodic_sampler`), since ``train`` sits below ``sample``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import warnings
-
-from torch import nn
 
 from glassgpt.cli.arguments import add_output, add_run_source
-from glassgpt.sample.generation import ContextWarning, generate
-from glassgpt.train.config import RunConfig
-from glassgpt.train.inputs import RunData
+from glassgpt.sample.training import periodic_sampler
 from glassgpt.train.run import train_main
-from glassgpt.train.session import OnEval, sample_prompt
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -78,35 +72,3 @@ def run(args: argparse.Namespace) -> int:
         init_from=args.init_from,
         sampler=periodic_sampler,
     )
-
-
-def periodic_sampler(cfg: RunConfig, run_data: RunData) -> OnEval:
-    """``on_eval(model, step)``: ``train.sample_tokens`` tokens after the run's sample prompt,
-    drawn by :func:`glassgpt.sample.generate` with seed ``seed + step`` (its own generator:
-    the training RNG never moves), ids below the tokenizer's vocabulary; None when
-    ``train.sample_tokens`` is 0."""
-    tokenizer = run_data.tokenizer
-    prompt = sample_prompt(cfg, run_data)
-    t = cfg.train
-    sharded = t.parallel == "fsdp"
-
-    def on_eval(model: nn.Module, step: int) -> str | None:
-        if not t.sample_tokens:
-            return None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ContextWarning)  # a glimpse: its window may slide
-            ids = generate(
-                model,  # type: ignore[arg-type]
-                prompt,
-                tokenizer=tokenizer,  # ids below its n_vocab (a padded model has more)
-                max_new_tokens=t.sample_tokens,
-                temperature=t.sample_temperature,
-                top_k=t.sample_top_k,
-                seed=cfg.seed + step,
-                overflow="truncate",  # a long prompt keeps its end, as the context allows
-                cuda_graph=False,  # one sample per evaluation: no graph worth its capture
-                replay=not sharded,  # a sharded forward gathers its weights: nothing to replay
-            )
-        return "sample: " + tokenizer.decode(prompt + ids)  # type: ignore[operator]
-
-    return on_eval

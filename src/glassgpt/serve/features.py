@@ -28,8 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 from glassgpt.console import say
 from glassgpt.errors import GlassError
 from glassgpt.features.pages import FILE, load_pages
-from glassgpt.features.sae import sae_folder
-from glassgpt.features.sae import SAE
+from glassgpt.features.sae import SAE, sae_folder
 from glassgpt.features.sites import check_model, read
 from glassgpt.features.steering import feature_hooks
 from glassgpt.inspect.cache import evaluating

@@ -33,8 +33,8 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 import regex
+import tiktoken
 
-from glassgpt.errors import GlassError
 from glassgpt.tokenizer.classes import class_table
 from glassgpt.tokenizer.corpus import fix_surrogates
 from glassgpt.tokenizer.merge import bpe, bpe_heap, rank_table
@@ -89,14 +89,6 @@ def build(tok: Vocabulary) -> Any | None:
     ext = compiled()
     if ext is not None:
         return CompiledEngine(ext, tok)
-    try:
-        import tiktoken  # noqa: F401
-    except ImportError:
-        fall_back(
-            "the compiled encoder glassgpt.tokenizer._fastbpe is not built and tiktoken "
-            "is not installed"
-        )
-        return None
     problem = tiktoken_agrees(tok)
     if problem is not None:
         fall_back(
@@ -177,10 +169,6 @@ def tiktoken_agrees(tok: Vocabulary) -> str | None:
 
 def to_tiktoken_encoding(tok: Vocabulary, name: str = "glassgpt") -> Any:
     """The ``tiktoken.Encoding`` with ``tok``'s tokens, pattern and special tokens."""
-    try:
-        import tiktoken
-    except ImportError:
-        raise GlassError("tiktoken is not installed (pip install tiktoken)") from None
     return tiktoken.Encoding(
         name,
         pat_str=tok.pattern if tok.pattern is not None else _WHOLE_TEXT,
@@ -240,8 +228,6 @@ def tiktoken_class(cls: str, text: str) -> str:
     tiktoken encodes only what its pattern matches, so an encoding whose pattern is ``cls``
     and whose tokens are the 256 single bytes hands back exactly the matching characters.
     """
-    import tiktoken
-
     ranks = {bytes([b]): b for b in range(256)}
     enc = tiktoken.Encoding(f"class {cls}", pat_str=cls, mergeable_ranks=ranks, special_tokens={})
     return enc.decode_bytes(enc.encode_ordinary(text)).decode("utf-8")

@@ -29,7 +29,7 @@ from glassgpt.formats import check_format
 from glassgpt.storage import atomic_write
 
 if TYPE_CHECKING:
-    from typing import Self
+    from typing import Self  # novermin (for the type checker only; 3.11+ there)
 
 FORMAT = "glassgpt-tokenizer"
 VERSION = 1

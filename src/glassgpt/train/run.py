@@ -164,7 +164,7 @@ def train_main(
     sampler: Sampler | None = None,
 ) -> int:
     """The whole job behind ``glassgpt train``; returns the exit status. ``sampler`` makes
-    the periodic samples (``glassgpt.cli.train.periodic_sampler``; None: no samples)."""
+    the periodic samples (``glassgpt.sample.training.periodic_sampler``; None: no samples)."""
     plan = plan_run(
         preset=preset,
         config_file=config_file,

@@ -9,9 +9,11 @@
 
 **Which checkpoint of a run.** ``which="best"`` (the default: what sampling, evaluation,
 inspection and serving want) opens ``ckpt/best``, the lowest validation loss, when it verifies,
-else the newest valid ``step_*``. ``which="latest"`` opens the newest valid ``step_*`` (what
-``train --resume`` continues). ``step=N`` opens ``ckpt/step_N``. A checkpoint that fails its
-checksums is skipped with a warning naming it, and the one before it is used.
+else the newest valid ``step_*``; a checkpoint folder opens exactly itself. ``which="latest"``
+opens the newest valid ``step_*`` that ``ckpt/latest`` or the named step folder leads to, else
+an older one (what ``train --resume`` continues). ``step=N`` opens ``ckpt/step_N``. A
+checkpoint that fails its checksums is skipped with a warning naming it (through ``warn``),
+and the one before it is used.
 
 Every checkpoint is verified against the sha256 sums of its ``state.json``; the config is its
 ``config.toml``; the tokenizer its ``tokenizer.json`` (glassgpt's format or HF's). An HF
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,7 +44,7 @@ from glassgpt.model.precision import cast
 from glassgpt.tokenizer import Tokenizer, load_tokenizer
 
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-CONFIG = "config.toml"
+CONFIG = "config.toml"  # the resolved run config, in the run folder and in each checkpoint
 
 
 @dataclass
@@ -90,11 +93,13 @@ def open_run(
     tokenizer: Any = None,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Run:
     """The run, checkpoint or HF folder at ``path`` (see the module docstring for which
     checkpoint of a run is opened).
 
     ``weights=False`` reads only the config, tokenizer and metadata (``Run.model`` is None).
+    ``warn`` tells of each checkpoint skipped (default: a Python warning).
     ``tokenizer`` (a file, or a tokenizer) replaces the folder's. The model comes back in eval
     mode on ``device`` (default: the CPU); with a ``dtype`` (what ``--dtype`` means: float32,
     bf16, int8, float16) cast by :func:`glassgpt.model.precision.cast` and ready for fast
@@ -108,7 +113,7 @@ def open_run(
     if (folder / "config.json").is_file() and any((folder / w).is_file() for w in HF_WEIGHTS):
         run = _open_hf(folder, weights)
     else:
-        run = _open_checkpoint(folder, _choose(folder, which, step), weights)
+        run = _open_checkpoint(folder, _choose(folder, which, step, warn), weights)
     if tokenizer is not None:
         run.tokenizer = (
             tokenizer_file(Path(tokenizer))
@@ -143,8 +148,13 @@ def load(
     return run.model, run.tokenizer
 
 
-def _choose(folder: Path, which: str, step: int | None) -> ckpt.Checkpoint:
+def _choose(
+    folder: Path, which: str, step: int | None, warn: Callable[[str], None] | None
+) -> ckpt.Checkpoint:
     """The verified checkpoint that ``folder`` names (the rule of the module docstring)."""
+    warn = warn or (lambda m: warnings.warn(m, stacklevel=5))
+    if which == "latest" and step is None:
+        return ckpt.find_resumable(folder, warn=warn)
     if (folder / ckpt.STATE).is_file():
         return ckpt.load_checkpoint(folder)
     root = ckpt.ckpt_root_of(folder)
@@ -164,8 +174,8 @@ def _choose(folder: Path, which: str, step: int | None) -> ckpt.Checkpoint:
         try:
             return ckpt.load_checkpoint(best)
         except ckpt.CheckpointError as e:
-            warnings.warn(f"skipping {e}; using the newest step checkpoint", stacklevel=4)
-    return ckpt.find_resumable(folder, warn=lambda m: warnings.warn(m, stacklevel=5))
+            warn(f"skipping {e}; using the newest step checkpoint")
+    return ckpt.find_resumable(folder, warn=warn)
 
 
 def _open_checkpoint(folder: Path, chosen: ckpt.Checkpoint, weights: bool) -> Run:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from glassgpt import checkpoint as ckpt
-from glassgpt.config import parse_toml
+from glassgpt.checkpoint import open_run
 from glassgpt.console import say
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.train import distributed as D
@@ -35,7 +35,7 @@ from glassgpt.train.lock import LOCK_NAME, RunLock
 from glassgpt.train.metrics import read_metrics
 from glassgpt.train.parallel import check_parallel
 from glassgpt.train.resolve import resolve_run
-from glassgpt.train.session import CONFIG, Plan, Sampler, train
+from glassgpt.train.session import Plan, Sampler, train
 
 __all__ = ["train_main"]
 
@@ -92,7 +92,7 @@ def plan_run(
         )
         if config_file is not None and not run.raw.get("model"):
             say(f"{config_file} sets no [model] table: the model is GPT-2 small's defaults "
-                  f"({run.config.model.n_layers} layers, d_model {run.config.model.d_model})")  # fmt: skip
+                f"({run.config.model.n_layers} layers, d_model {run.config.model.d_model})")  # fmt: skip
         return Plan(run, Path(out) if out else _default_out(preset, config_file))
     checkpoint, saved_raw = _latest(resume)
     try:
@@ -113,8 +113,9 @@ def plan_run(
 def _latest(resume: str) -> tuple[ckpt.Checkpoint, dict[str, Any]]:
     """The newest valid checkpoint under ``resume`` (from a step folder: it, else an older
     one), each one skipped a warning line, and the config it saved."""
-    checkpoint = ckpt.find_resumable(resume, warn=lambda m: say(m, kind="warning"))
-    return checkpoint, parse_toml(checkpoint.text(CONFIG), checkpoint.path / CONFIG)
+    run = open_run(resume, which="latest", weights=False, warn=lambda m: say(m, kind="warning"))
+    assert run.checkpoint is not None
+    return run.checkpoint, run.config
 
 
 def _check_resume(saved: RunConfig, wanted: RunConfig, where: Path) -> None:

@@ -41,7 +41,6 @@ from glassgpt.version import __version__
 OnEval = Callable[[torch.nn.Module, int], "str | None"]  # a sample after an evaluation
 # builds ``on_eval`` once the tokenizer is known (glassgpt.cli.train's, with sample.generate)
 Sampler = Callable[[RunConfig, RunData], OnEval]
-CONFIG = "config.toml"  # the resolved config, in the run folder and in each checkpoint
 
 
 @dataclass
@@ -104,8 +103,8 @@ def write_run_files(
         return config_toml
     if plan.init is not None:
         print(f"fine-tuning {plan.init.path}: its weights, architecture and tokenizer")
-    atomic_write(plan.out_dir / CONFIG, config_toml.encode())
-    print(f"run: {plan.out_dir} (the full config: {plan.out_dir / CONFIG})", flush=True)
+    atomic_write(plan.out_dir / ckpt.CONFIG, config_toml.encode())
+    print(f"run: {plan.out_dir} (the full config: {plan.out_dir / ckpt.CONFIG})", flush=True)
     info = {
         "command": list(argv) if argv is not None else sys.argv,
         "glassgpt_version": __version__,
@@ -229,7 +228,7 @@ def make_trainer(
         ctx=ctx,
         out_dir=out_dir,
         checkpoint_files={
-            CONFIG: config_toml.encode(),
+            ckpt.CONFIG: config_toml.encode(),
             "tokenizer.json": run_data.tokenizer_json,
         },
         bytes_per_token=run_data.bytes_per_token,

@@ -18,7 +18,7 @@ from glassgpt.checkpoint.files import (
     step_of,
     write_checkpoint,
 )
-from glassgpt.checkpoint.runs import CONFIG, HF_WEIGHTS, Run, load, open_run
+from glassgpt.checkpoint.runs import CONFIG, HF_WEIGHTS, Run, load, needs_tokenizer, open_run
 
 __all__ = [
     "CONFIG",
@@ -32,6 +32,7 @@ __all__ = [
     "find_resumable",
     "load",
     "load_checkpoint",
+    "needs_tokenizer",
     "open_run",
     "sha256",
     "sha256_file",

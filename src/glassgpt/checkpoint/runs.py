@@ -78,10 +78,27 @@ class Run:
         return None if self.checkpoint is None else self.checkpoint.path.parent.parent
 
     def needs_tokenizer(self, flag: str = "--tokenizer FILE") -> Any:
-        """The tokenizer; a one-line error when the folder has none."""
-        if self.tokenizer is None:
-            raise GlassError(f"{self.source}: has no tokenizer; pass {flag}")
-        return self.tokenizer
+        """The tokenizer; a one-line error when the folder has none (:func:`needs_tokenizer`)."""
+        return needs_tokenizer(self.tokenizer, self.source, flag=flag)
+
+
+def needs_tokenizer(
+    tokenizer: Any, source: Any, *, flag: str | None = "--tokenizer FILE", text: str = "text"
+) -> Any:
+    """``tokenizer``; where a model came without one, the one error that says so: how to give
+    it (``flag``), or, where the command takes none, what could not be encoded.
+
+    >>> needs_tokenizer(None, "runs/x")
+    Traceback (most recent call last):
+    glassgpt.errors.GlassError: runs/x: has no tokenizer; pass --tokenizer FILE
+    >>> needs_tokenizer(None, "runs/x", flag=None, text="--data text")
+    Traceback (most recent call last):
+    glassgpt.errors.GlassError: runs/x: has no tokenizer, so --data text cannot be encoded
+    """
+    if tokenizer is None:
+        how = f"; pass {flag}" if flag else f", so {text} cannot be encoded"
+        raise GlassError(f"{source}: has no tokenizer{how}")
+    return tokenizer
 
 
 def open_run(

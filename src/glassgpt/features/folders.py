@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from glassgpt.checkpoint import load
+from glassgpt.checkpoint import load, needs_tokenizer
 from glassgpt.data import DataDir, iter_eval_batches
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
@@ -69,8 +69,7 @@ def eval_sae(
         raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
     T = _window(net, seq_len)
     if data and not (len(data) == 1 and is_prepared(data[0])):
-        if tok is None:
-            raise GlassError(f"{model_path}: has no tokenizer, so --data text cannot be encoded")
+        needs_tokenizer(tok, model_path, flag=None, text="--data text")
         stream, source = encode_files(tok, data)[0], ", ".join(data)
     else:
         path = data[0] if data else extra.get("data")
@@ -126,8 +125,7 @@ def write_pages(
 def _corpus(sae_dir: str, data: Sequence[str] | None, split: str, own: Any, tok: Any) -> tuple[Any, str]:  # fmt: skip
     """(token stream, its description): ``data`` text files or prepared folder, else ``own``."""
     if data and not (len(data) == 1 and is_prepared(data[0])):
-        if tok is None:
-            raise GlassError("the model has no tokenizer, so --data text cannot be encoded")
+        needs_tokenizer(tok, "the model", flag=None, text="--data text")
         return encode_files(tok, data)[0], ", ".join(data)
     path = data[0] if data else own
     if not path or not is_prepared(path):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from glassgpt import checkpoint as ckpt
+from glassgpt.checkpoint import needs_tokenizer
 from glassgpt.config import apply_overrides, from_dict
 from glassgpt.console import say
 from glassgpt.data import DataDir, prepare
@@ -163,8 +164,7 @@ def train_command(
         if resume is None:
             _claim(out_dir, overwrite)
             if not job.data:  # text files: encoded once into DIR/data
-                if tok is None:
-                    raise GlassError(f"{model_path}: has no tokenizer, so --data text cannot be encoded")  # fmt: skip
+                needs_tokenizer(tok, model_path, flag=None, text="--data text")
                 prepare(list(data or []), out_dir / "data", tok, progress=progress)
                 job = SAERun(job.model, str((out_dir / "data").resolve()), job.sae, job.train, job.argv)  # fmt: skip
             atomic_write(out_dir / RUN_FILE, job.to_json())

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from glassgpt.checkpoint import load
+from glassgpt.checkpoint import load, needs_tokenizer
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
 from glassgpt.model.precision import cast, parse_dtype
@@ -63,8 +63,7 @@ class GlassLM(TemplateLM):
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 32, seed: int = 0,
                  progress: bool = True, name: str = "glassgpt") -> None:  # fmt: skip
         super().__init__()
-        if tokenizer is None:
-            raise GlassError("the model has no tokenizer, so the tasks' text cannot be encoded")
+        needs_tokenizer(tokenizer, "the model", flag=None, text="the tasks' text")
         if batch_size < 1:
             raise GlassError(f"--batch-size: must be ≥ 1, got {batch_size}")
         self.model, self.tokenizer = model.eval(), tokenizer

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from glassgpt.checkpoint import Run, open_run
+from glassgpt.checkpoint import Run, needs_tokenizer, open_run
 from glassgpt.data import DataDir, iter_eval_batches, resolve_inputs
 from glassgpt.data.prepare import separator
 from glassgpt.data.sampler import eval_windows
@@ -159,8 +159,7 @@ def evaluate_command(
     assert model is not None
     if dtype_ != torch.float32:
         model = cast(model, dtype_)
-    if tok is None:
-        raise GlassError(f"{checkpoint}: has no tokenizer, so text cannot be encoded")
+    needs_tokenizer(tok, checkpoint, flag=None)
     max_batches, autocast = None, None
     if run is not None:
         data = [str(run.data)]

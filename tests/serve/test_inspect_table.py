@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from glassgpt.inspect.lens import logit_lens
-from glassgpt.inspect.report import build_report, encode_prompt, token_texts
+from glassgpt.inspect.report import build_report, encode_prompt
+from glassgpt.tokenizer.display import token_texts
 
 
 @pytest.mark.slow

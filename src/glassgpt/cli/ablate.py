@@ -28,8 +28,9 @@ from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.inspect import ablation, metrics
 from glassgpt.inspect.cache import as_batch, evaluating, run_with_hooks
-from glassgpt.inspect.report import encode_prompt, token_texts
+from glassgpt.inspect.report import encode_prompt
 from glassgpt.storage import atomic_write
+from glassgpt.tokenizer.display import token_texts
 
 
 def register(parser: argparse.ArgumentParser) -> None:

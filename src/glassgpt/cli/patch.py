@@ -24,8 +24,9 @@ from glassgpt.errors import GlassError, InputFileError
 from glassgpt.inspect import metrics, patching
 from glassgpt.inspect.cache import as_batch, evaluating, run_with_cache, run_with_hooks
 from glassgpt.inspect.patch_figures import patching_heatmap, position_labels
-from glassgpt.inspect.report import encode_prompt, token_texts
+from glassgpt.inspect.report import encode_prompt
 from glassgpt.storage import atomic_write
+from glassgpt.tokenizer.display import token_texts
 
 # --what item → (TransformerLens-named function in glassgpt.inspect.patching, cached site,
 #                the result's column axis)

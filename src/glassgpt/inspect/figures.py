@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import math
-import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,28 +22,19 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor
 
+from glassgpt.tokenizer.display import visible
+
 MAX_TICKS = 48  # axes with more labels than this are drawn without them
 HeadPair = tuple[tuple[int, int], tuple[int, int]]  # (previous-token head, induction head)
 
 
 def token_label(text: str, width: int = 10) -> str:
-    """A token's text made visible on an axis: spaces as ␣, controls escaped, long ones cut.
+    """A token's text on an axis: :func:`glassgpt.tokenizer.display.visible`, cut to ``width``.
 
-    >>> token_label(" the"), token_label("a\\nb"), token_label("x" * 20, width=5)
-    ('␣the', 'a\\\\nb', 'xxxx…')
+    >>> token_label(" the"), token_label("x" * 20, width=5)
+    ('␣the', 'xxxx…')
     """
-    out = []
-    for ch in text:
-        if ch == " ":
-            out.append("␣")
-        elif ch in "\n\t\r":
-            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
-        elif unicodedata.category(ch)[0] == "C":
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    label = "".join(out) or "∅"
-    return label if len(label) <= width else label[: width - 1] + "…"
+    return visible(text, width)
 
 
 def to_png(fig: Figure) -> bytes:

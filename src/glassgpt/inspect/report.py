@@ -33,21 +33,7 @@ from glassgpt.inspect.heads import HeadScores, head_scores
 from glassgpt.inspect.lens import direct_logit_attribution, logit_lens
 from glassgpt.model import GPT
 from glassgpt.storage import atomic_write
-
-
-def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """The text of each id on its own (bytes that are not whole characters shown as �; ids of
-    a model vocabulary padded beyond the tokenizer's as ``<pad N>``)."""
-    out = []
-    n_vocab = getattr(tokenizer, "n_vocab", None)
-    for i in ids:
-        if n_vocab is not None and i >= n_vocab:
-            out.append(f"<pad {i}>")
-        elif hasattr(tokenizer, "decode_bytes"):
-            out.append(tokenizer.decode_bytes([i]).decode("utf-8", errors="replace"))
-        else:
-            out.append(tokenizer.decode([i]))
-    return out
+from glassgpt.tokenizer.display import token_texts
 
 
 def encode_prompt(model: GPT, tokenizer: Any, prompt: str) -> list[int]:

@@ -32,11 +32,12 @@ from glassgpt.inspect.cache import evaluating, run_with_cache
 from glassgpt.inspect.circuits import ov_circuit, qk_circuit
 from glassgpt.inspect.heads import head_scores
 from glassgpt.inspect.lens import direct_logit_attribution, unembed
-from glassgpt.inspect.report import encode_prompt, token_texts
+from glassgpt.inspect.report import encode_prompt
 from glassgpt.serve.checkpoints import Checkpoints
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.interventions import Interventions, b64
 from glassgpt.serve.state import ServeState
+from glassgpt.tokenizer.display import token_texts
 
 KEEP = 8  # analyses kept (by prompt)
 BARS = 24  # attribution bars shown; the rest are summed into one

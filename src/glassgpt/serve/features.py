@@ -32,10 +32,11 @@ from glassgpt.features.sae import SAE, sae_folder
 from glassgpt.features.sites import check_model, read
 from glassgpt.features.steering import feature_hooks
 from glassgpt.inspect.cache import evaluating
-from glassgpt.inspect.report import encode_prompt, token_texts
+from glassgpt.inspect.report import encode_prompt
 from glassgpt.sample import generate
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.state import ServeState
+from glassgpt.tokenizer.display import token_texts
 
 TOP = 10  # tokens shown in a steered distribution
 

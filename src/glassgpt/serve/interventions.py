@@ -31,9 +31,10 @@ from glassgpt.inspect.ablation import ablation_hooks
 from glassgpt.inspect.cache import evaluating, patch_hook, run_with_cache, run_with_hooks
 from glassgpt.inspect.metrics import logit_diff, normalised
 from glassgpt.inspect.patching import get_act_patch_attn_head_out_all_pos, get_act_patch_resid_pre
-from glassgpt.inspect.report import encode_prompt, token_texts
+from glassgpt.inspect.report import encode_prompt
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.state import ServeState
+from glassgpt.tokenizer.display import token_texts
 
 KEEP = 4  # prompt pairs kept
 TOP = 8  # tokens shown in a patch's distribution

@@ -17,11 +17,13 @@ from glassgpt.tokenizer import CharTokenizer
 CHARS = sorted(set(string.ascii_letters + string.digits + " ,.:;!?'\n-"))
 
 
-def write_run(out: Path, *, n_layers: int = 2, d_model: int = 16, text_chars: int = 6000) -> Path:
+def write_run(
+    out: Path, *, n_layers: int = 2, d_model: int = 16, text_chars: int = 6000, seed: int = 0
+) -> Path:
     """``out/ckpt/step_000001`` (model, config.toml, tokenizer; :func:`tests.runs.write_run`)
-    and ``out/data`` (shards)."""
+    and ``out/data`` (shards); ``seed`` draws the model's weights."""
     tok = CharTokenizer(CHARS, special_tokens=["<|endoftext|>"])
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = GPTConfig(n_vocab=tok.n_vocab, n_ctx=32, d_model=d_model, n_layers=n_layers, n_heads=2)
     model = GPT(cfg).eval()
     runs.write_run(out, model, tok, keep_last=1)

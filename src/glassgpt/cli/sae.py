@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from glassgpt.cli.arguments import (
@@ -27,6 +28,7 @@ from glassgpt.cli.arguments import (
 )
 from glassgpt.features.folders import eval_sae, export_sae, import_sae, write_pages
 from glassgpt.features.job import train_command
+from glassgpt.features.metrics import EVAL_TOKENS
 from glassgpt.features.sae import ARCHS
 
 SAE_DIR = "the SAE folder (sae train's -o, or its sae/)"
@@ -44,7 +46,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="train an SAE on one hook of a run",
         description="Train an SAE (or transcoder) on the activation --hook of the model in -c, "
         "streamed from the run's data shards through a shuffling buffer (nothing written to "
-        "disk). Checkpoints in -o DIR/ckpt; the SAE in DIR/sae; metrics in DIR/metrics.jsonl.",
+        "disk). Checkpoints in -o DIR/ckpt; the SAE in DIR/sae (with the model's identity, "
+        "which serve --sae and sae features check); metrics in DIR/metrics.jsonl; the closing "
+        "line is sae eval's measurement (DIR/eval.json).",
     )
     add_checkpoint(p, required=False, help="the run (or checkpoint) whose model the SAE reads")
     p.add_argument("--hook", help="the activation, e.g. blocks.1.resid_post (or blocks.1.hook_resid_post); a transcoder: blocks.L.mlp_out")  # fmt: skip
@@ -70,10 +74,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         "clean model and the zeroed activation), and the dead and dense latent fractions.",
     )
     add_checkpoint(e, help=SAE_DIR)
-    e.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on)")
+    e.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on; another, e.g. a fine-tune, is measured with a note)")  # fmt: skip
     e.add_argument("--data", metavar="PATH", nargs="+", action="extend",
                    help="a prepared data folder or text files (default: its data's val split)")  # fmt: skip
-    e.add_argument("--tokens", type=int, default=65_536, help="tokens to measure on (default 65,536)")  # fmt: skip
+    e.add_argument("--tokens", type=int, default=EVAL_TOKENS, help=f"tokens to measure on (default {EVAL_TOKENS:,}, as sae train's closing line)")  # fmt: skip
     e.add_argument("--seq-len", type=int, default=None, help="window length (default: the model's n_ctx, at most 256)")  # fmt: skip
     add_device(e)
     add_json(e)
@@ -88,7 +92,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "W_U), from one pass over a corpus; written to one file the explorer reads.",
     )
     add_checkpoint(f, help=SAE_DIR)
-    f.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on)")
+    f.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on; it must be that model, e.g. moved)")  # fmt: skip
     f.add_argument("--data", metavar="PATH", nargs="+", action="extend",
                    help="a prepared data folder or text files (default: the SAE's data)")  # fmt: skip
     f.add_argument("--split", default="train", help="the split of a prepared folder (default train)")  # fmt: skip
@@ -158,6 +162,8 @@ def run_train(args: argparse.Namespace) -> int:
     if result.get("ended") == "signal":
         return 130
     print(summary(result))
+    out = Path(result["folder"])
+    print(f"wrote {out / 'sae'} (the SAE), {out / 'eval.json'} and {out / 'metrics.jsonl'}")
     return 0
 
 

@@ -21,7 +21,8 @@ from glassgpt.cli.arguments import add_checkpoint, add_device, add_dtype, add_to
 from glassgpt.console import say
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
-from glassgpt.model.precision import parse_dtype
+from glassgpt.features.identity import check_identity, sae_extra
+from glassgpt.model.precision import cast, parse_dtype
 from glassgpt.sample.engine import is_small
 from glassgpt.sample.steering import parse_steer
 from glassgpt.serve.app import create_app
@@ -70,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
     steers = [parse_steer(spec) for spec in args.steer]
     device = parse_device(args.device)
     # cast in place: float32 is the model as loaded, its products registered with the kernels
-    found = open_run(args.checkpoint, tokenizer=args.tokenizer, device=device, dtype=dtype)
+    found = open_run(args.checkpoint, tokenizer=args.tokenizer, device=device,
+                     dtype=None if args.sae else dtype)  # fmt: skip
+    if args.sae:  # the model an SAE was trained on is known by its weights as loaded, uncast
+        check_identity(args.sae, sae_extra(args.sae), found, what="--sae")
+        found.model = cast(found.model, dtype, inplace=True)
     model, tok = found.model, found.needs_tokenizer()
     torch.set_num_threads(args.threads or (1 if is_small(model) else torch.get_num_threads()))
     name = args.name or Path(args.checkpoint).resolve().name

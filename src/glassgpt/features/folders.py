@@ -9,17 +9,19 @@ model's tokenizer), else the SAE's own data folder; windows are read in order fr
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from glassgpt.checkpoint import load, needs_tokenizer
-from glassgpt.data import DataDir, iter_eval_batches
+from glassgpt.checkpoint import load, needs_tokenizer, open_run
+from glassgpt.data import DataDir
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
-from glassgpt.features.metrics import evaluate
+from glassgpt.features.identity import check_identity, sae_extra
+from glassgpt.features.metrics import EVAL_TOKENS, eval_split, eval_window, measure
 from glassgpt.features.pages import FILE, FeaturePages, compute_pages, save_pages, windows
 from glassgpt.features.sae import CONFIG_FILE, SAE, sae_folder
 from glassgpt.features.saelens import from_saelens, save_saelens
@@ -29,26 +31,25 @@ from glassgpt.train.evaluate import encode_files
 from glassgpt.train.inputs import is_prepared
 
 
-def open_sae(sae_dir: str, *, model: str | None = None, device: str = "cpu") -> tuple[SAE, GPT, Any, dict[str, Any]]:  # fmt: skip
+def open_sae(
+    sae_dir: str, *, model: str | None = None, device: str = "cpu", on_purpose: bool = False
+) -> tuple[SAE, GPT, Any, dict[str, Any]]:
     """(SAE, the model it reads (``model``, else the one its sae.json names), tokenizer, its
-    sae.json), on ``device``; one line when the model is not named or does not fit."""
+    sae.json), on ``device``; one line when the model is not named, does not fit, or is not
+    the one the SAE was trained on (:func:`check_identity`; a note instead ``on_purpose``)."""
     where = parse_device(device)
     sae = SAE.load(sae_dir, device=where)
-    extra = json.loads((sae_folder(sae_dir) / CONFIG_FILE).read_text(encoding="utf-8"))
+    extra = sae_extra(sae_dir)
     model_path = model or extra.get("model")
     if not model_path:
         raise GlassError(f"{sae_dir}: names no model; pass --model DIR")
-    net, tok = load(model_path, device=where)
-    check_model(sae, net)
-    return sae, net, tok, extra
-
-
-def _window(net: GPT, seq_len: int | None) -> int:
-    """The window length: ``seq_len``, else the model's n_ctx, at most 256."""
-    T = seq_len or min(net.config.n_ctx, 256)
-    if not 1 <= T <= net.config.n_ctx:
-        raise GlassError(f"--seq-len: must be in [1, n_ctx={net.config.n_ctx}], got {T}")
-    return T
+    run = open_run(model_path, device=where)
+    if run.tokenizer is None:  # as glassgpt.load says it
+        warnings.warn(f"{model_path}: no tokenizer found; working with token ids only", stacklevel=2)  # fmt: skip
+    assert run.model is not None
+    check_model(sae, run.model)
+    check_identity(sae_dir, extra, run, what="-c", on_purpose=on_purpose)
+    return sae, run.model, run.tokenizer, extra
 
 
 def eval_sae(
@@ -56,18 +57,19 @@ def eval_sae(
     *,
     model: str | None = None,
     data: Sequence[str] | None = None,
-    tokens: int = 65_536,
+    tokens: int = EVAL_TOKENS,
     seq_len: int | None = None,
     device: str = "cpu",
 ) -> dict[str, Any]:
     """The metrics of :func:`glassgpt.features.metrics.evaluate` for the SAE in ``sae_dir``, on
     ``data`` (default: its data folder's val split, else train)."""
     where = parse_device(device)
-    sae, net, tok, extra = open_sae(sae_dir, model=model, device=device)
+    # another model than its own, named on purpose (transfer to a fine-tune): measured, noted
+    sae, net, tok, extra = open_sae(sae_dir, model=model, device=device, on_purpose=model is not None)  # fmt: skip
     model_path = model or extra["model"]
     if tokens < 1:
         raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
-    T = _window(net, seq_len)
+    T = eval_window(net.config.n_ctx, seq_len)
     if data and not (len(data) == 1 and is_prepared(data[0])):
         needs_tokenizer(tok, model_path, flag=None, text="--data text")
         stream, source = encode_files(tok, data)[0], ", ".join(data)
@@ -79,14 +81,10 @@ def eval_sae(
                 "folder or text files"
             )
         folder_data = DataDir.open(path)
-        split = "val" if "val" in folder_data.meta.splits and folder_data.split("val").tokens > T else "train"  # fmt: skip
+        split = eval_split(folder_data, T)
         stream, source = folder_data.stream(split), f"{path}, {split} split"
-    batch = 8
-    max_batches = max(1, tokens // (batch * T))
-    batches = ((x.to(where), y.to(where)) for x, y in
-               iter_eval_batches(stream, batch_size=batch, seq_len=T, max_batches=max_batches))  # fmt: skip
     with torch.no_grad():
-        result = evaluate(net, sae, batches)
+        result = measure(net, sae, stream, seq_len=T, tokens=tokens, device=where)
     return {**result, "source": source, "hook": sae.cfg.hook, "arch": sae.cfg.arch}
 
 
@@ -106,11 +104,12 @@ def write_pages(
 ) -> tuple[Path, FeaturePages]:
     """Compute and write the pages of the SAE in ``sae_dir`` (default file:
     ``SAE_DIR/features.safetensors``): (the file, the pages)."""
+    # pages of another model would show its tokens and activations as this SAE's: refused
     sae, net, tok, extra = open_sae(sae_dir, model=model, device=device)
     model_path = model or extra["model"]
     if tokens < 1:
         raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
-    T = _window(net, seq_len)
+    T = eval_window(net.config.n_ctx, seq_len)
     B = batch or max(1, 4096 // T)
     if B < 1:
         raise GlassError(f"--batch: must be ≥ 1, got {B}")

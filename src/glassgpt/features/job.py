@@ -24,6 +24,7 @@ from glassgpt.config import apply_overrides, from_dict
 from glassgpt.console import say
 from glassgpt.data import DataDir, prepare
 from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.features.identity import model_identity
 from glassgpt.features.sae import CONFIG_FILE, SAEConfig
 from glassgpt.features.sites import resolve_site
 from glassgpt.features.training import RUN_FILE, SAERun, SAETrainConfig, Trainer
@@ -172,7 +173,7 @@ def train_command(
         if tok is not None:
             datadir.check_tokenizer(tok)
         trainer = Trainer(job, out_dir, model, datadir, progress=progress, note=say,
-                          run_config=run.config)  # fmt: skip
+                          run_config=run.config, identity=model_identity(run))  # fmt: skip
         if resume is None:
             trainer.init_b_dec()
         else:
@@ -188,5 +189,22 @@ def train_command(
                 trainer.load(found)
                 if trainer.step >= job.train.steps and (out_dir / "sae" / CONFIG_FILE).is_file():
                     say(f"{out_dir} is already finished (step {trainer.step})")
-                    return json.loads((out_dir / "eval.json").read_text())
-        return trainer.fit()
+                    return {**json.loads((out_dir / "eval.json").read_text()), "folder": str(out_dir)}  # fmt: skip
+        print(header(job, out_dir, trainer.step), flush=True)
+        return {**trainer.fit(), "folder": str(out_dir)}
+
+
+def header(job: SAERun, out: Path, step: int = 0) -> str:
+    """``sae train``'s first line: what is trained, on how many tokens, where it goes.
+
+    >>> job = SAERun("runs/a", "runs/a/data", SAEConfig(d_in=8, d_sae=64, arch="topk", k=4,
+    ...              hook="blocks.1.resid_post"), SAETrainConfig(tokens=10_000, batch_size=1024), [])
+    >>> header(job, Path("saes/a"))
+    'sae train: topk × 64 on blocks.1.resid_post of runs/a; 9,216 tokens in 9 steps of 1,024 → saes/a'
+    >>> header(job, Path("saes/a"), 4)
+    'sae train: topk × 64 on blocks.1.resid_post of runs/a; 9,216 tokens in 9 steps of 1,024 → saes/a (resuming at step 4)'
+    """
+    cfg, sae = job.train, job.sae
+    line = (f"sae train: {sae.arch} × {sae.d_sae:,} on {sae.hook} of {job.model}; "
+            f"{cfg.steps * cfg.batch_size:,} tokens in {cfg.steps:,} steps of {cfg.batch_size:,} → {out}")  # fmt: skip
+    return line + (f" (resuming at step {step})" if step else "")

@@ -10,6 +10,11 @@
     density_i          (1/N) Σₙ 1[fₙᵢ ≠ 0];  dead: density 0;  dense: density > ``dense``
 
 1 means the SAE loses nothing the model needs; 0, no better than deleting the activation.
+
+:func:`measure` is the one measurement that ``sae eval`` prints and ``sae train`` closes with:
+the first ``EVAL_TOKENS`` tokens of the val split (else train) in windows of min(n_ctx, 256),
+so the two agree on the same SAE and data. The dead fraction needs that many: over a few
+thousand tokens, a rare latent looks dead.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.data import DataDir, iter_eval_batches
 from glassgpt.errors import GlassError
 from glassgpt.features.sae import SAE
 from glassgpt.features.sites import Site, check_model, read, splice_hooks
 from glassgpt.model import GPT
 
 DENSE = 0.1  # a latent firing on more than this fraction of tokens is dense
+EVAL_TOKENS = 65_536  # sae eval's default, and what sae train's closing line reads
+EVAL_BATCH = 8  # windows per forward pass
 
 
 def l0(acts: Tensor) -> float:
@@ -129,3 +137,41 @@ def evaluate(
         tokens=n,
     )
     return out
+
+
+def eval_window(n_ctx: int, seq_len: int | None = None) -> int:
+    """The window length: ``seq_len``, else n_ctx, at most 256.
+
+    >>> eval_window(1024), eval_window(64), eval_window(64, 16)
+    (256, 64, 16)
+    """
+    T = seq_len or min(n_ctx, 256)
+    if not 1 <= T <= n_ctx:
+        raise GlassError(f"--seq-len: must be in [1, n_ctx={n_ctx}], got {T}")
+    return T
+
+
+def eval_split(data: DataDir, seq_len: int) -> str:
+    """val, when it holds more than one window's tokens; else train."""
+    return "val" if "val" in data.meta.splits and data.split("val").tokens > seq_len else "train"
+
+
+def measure(
+    model: GPT,
+    sae: SAE,
+    stream: Any,
+    *,
+    seq_len: int,
+    tokens: int = EVAL_TOKENS,
+    device: torch.device | str | None = None,
+    dense: float = DENSE,
+) -> dict[str, Any]:
+    """:func:`evaluate` on the first ``tokens`` tokens of ``stream`` (whole windows of
+    ``seq_len``, ``EVAL_BATCH`` to a forward; at least one batch)."""
+    if tokens < 1:
+        raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
+    max_batches = max(1, tokens // (EVAL_BATCH * seq_len))
+    batches = ((x.to(device), y.to(device)) if device is not None else (x, y)
+               for x, y in iter_eval_batches(stream, batch_size=EVAL_BATCH, seq_len=seq_len,
+                                             max_batches=max_batches))  # fmt: skip
+    return evaluate(model, sae, batches, dense=dense)

@@ -18,7 +18,9 @@
 The folder ``-o DIR`` holds ``sae_run.json`` (what was asked: the model, site, SAE and
 trainer configs, data), ``metrics.jsonl``, ``ckpt/step_*`` (SAE, Adam state, counters,
 the buffer's position; written atomically by glassgpt.checkpoint) and, at the end,
-``sae/`` (``SAE.load`` reads it) and ``eval.json``. It is locked while a trainer runs
+``sae/`` (``SAE.load`` reads it; its sae.json records the model's identity,
+glassgpt.features.identity) and ``eval.json`` (``sae eval``'s measurement, on the same
+tokens: glassgpt.features.metrics.measure). It is locked while a trainer runs
 (glassgpt.train.lock). ``--resume DIR`` continues from the newest checkpoint with the very
 same batches (the buffer recomputes its round), so the weights are those of a run never
 stopped.
@@ -42,7 +44,8 @@ from glassgpt.config import check, from_dict, to_dict
 from glassgpt.data import iter_eval_batches
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.features.buffer import ActivationBuffer
-from glassgpt.features.metrics import evaluate
+from glassgpt.features.identity import KEY as IDENTITY
+from glassgpt.features.metrics import eval_split, eval_window, evaluate, measure
 from glassgpt.features.sae import SAE, BatchTopK, SAEConfig
 from glassgpt.features.sites import Site
 from glassgpt.formats import check_format
@@ -216,9 +219,11 @@ class Trainer:
     """The loop of the module docstring, with its checkpoints."""
 
     def __init__(self, job: SAERun, out: Path, model: Any, data: Any, *, progress: bool,
-                 note: Callable[[str], None], run_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+                 note: Callable[[str], None], run_config: Mapping[str, Any] | None = None,
+                 identity: Mapping[str, Any] | None = None) -> None:  # fmt: skip
         cfg = job.train
         self.job, self.out, self.cfg, self.note = job, out, cfg, note
+        self.identity = dict(identity) if identity is not None else None  # the model, for sae.json
         self.device = torch.device(cfg.device)
         self.model = model.to(self.device).eval()
         for p in self.model.parameters():
@@ -389,7 +394,8 @@ class Trainer:
         return record
 
     def evaluate(self) -> dict[str, Any]:
-        split = "val" if "val" in self.data.meta.splits and self.data.split("val").tokens > self.seq_len else "train"  # fmt: skip
+        """The periodic evaluation: ``eval_batches`` model batches of the trainer's windows."""
+        split = eval_split(self.data, self.seq_len)
         batches = (
             (x.to(self.device), y.to(self.device))
             for x, y in iter_eval_batches(
@@ -401,6 +407,14 @@ class Trainer:
             )
         )
         return evaluate(self.model, self.raw_sae(), batches, dense=self.cfg.dense)
+
+    def closing(self) -> dict[str, Any]:
+        """The closing measurement: ``sae eval``'s (glassgpt.features.metrics.measure), on the
+        same windows and tokens, so the two print the same figures for the same SAE."""
+        T = eval_window(self.model.config.n_ctx)
+        stream = self.data.stream(eval_split(self.data, T))
+        return measure(self.model, self.raw_sae(), stream, seq_len=T, device=self.device,
+                       dense=self.cfg.dense)  # fmt: skip
 
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -440,10 +454,12 @@ class Trainer:
             self.save()
             self.note(f"stopped at step {self.step}; continue with: {resume_command(self.out)}")
             return {"ended": "signal", "step": self.step}
-        result = self.evaluate()
+        result = self.closing()
         log.write({"step": self.step, **result})
-        self.raw_sae().save(self.out / "sae", extra={"model": self.job.model, "data": self.job.data,
-                                               "tokens": self.step * cfg.batch_size})  # fmt: skip
+        extra = {"model": self.job.model, "data": self.job.data, "tokens": self.step * cfg.batch_size}  # fmt: skip
+        if self.identity is not None:
+            extra[IDENTITY] = self.identity
+        self.raw_sae().save(self.out / "sae", extra=extra)
         atomic_write(self.out / "eval.json", (json.dumps(result, indent=1) + "\n").encode())
         return {"ended": "done", "step": self.step, **result}
 

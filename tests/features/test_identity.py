@@ -108,6 +108,19 @@ def test_sae_eval_measures_another_model_on_purpose_with_a_note(trained, capsys)
     assert capsys.readouterr().err == ""  # its own model: no note
 
 
+def test_a_run_whose_model_changed_since_is_told(trained, tmp_path: Path, capsys) -> None:
+    _, _, other, _ = trained
+    run = write_run(tmp_path / "run", text_chars=2000)
+    assert sae_train(run, tmp_path / "sae", tokens=512) == 0
+    shutil.rmtree(run / "ckpt")
+    shutil.copytree(other / "ckpt", run / "ckpt")  # trained on since: other weights
+    capsys.readouterr()
+    assert main(["sae", "eval", "-c", str(tmp_path / "sae")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run.resolve()} holds another model now" in err, err
+    assert f"sae eval --model {run.resolve()}" in err
+
+
 def test_an_sae_without_an_identity_still_loads(trained, no_server, tmp_path: Path, capsys) -> None:  # fmt: skip
     run, sae, _, _ = trained
     old = tmp_path / "old"

@@ -48,7 +48,9 @@ def open_sae(
         warnings.warn(f"{model_path}: no tokenizer found; working with token ids only", stacklevel=2)  # fmt: skip
     assert run.model is not None
     check_model(sae, run.model)
-    check_identity(sae_dir, extra, run, what="-c", on_purpose=on_purpose)
+    moved = f"{model_path} holds another model now; train the SAE again, or measure it there with sae eval --model {model_path}"  # fmt: skip
+    check_identity(sae_dir, extra, run, what="-c", on_purpose=on_purpose,
+                   **({} if model else {"hint": moved}))  # fmt: skip
     return sae, run.model, run.tokenizer, extra
 
 

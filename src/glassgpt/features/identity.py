@@ -106,8 +106,9 @@ def same_model(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
 
 
 def check_identity(
-    sae_dir: str | Path, extra: dict[str, Any], run: Run, *, what: str, on_purpose: bool = False
-) -> None:
+    sae_dir: str | Path, extra: dict[str, Any], run: Run, *, what: str, on_purpose: bool = False,
+    hint: str = "use the model it was trained on, or train an SAE on this one",
+) -> None:  # fmt: skip
     """Whether the SAE (its sae.json ``extra``) was trained on ``run``'s model: silent when
     it was; one line (a GlassError) when not, or a note when the user asked for this model
     ``on_purpose``; a note when the SAE records no identity (its shapes are checked apart)."""
@@ -123,4 +124,4 @@ def check_identity(
     if on_purpose:
         say(f"{told}; measuring it on this model, as asked")
         return
-    raise GlassError(f"{told}; use the model it was trained on, or train an SAE on this one")
+    raise GlassError(f"{told}; {hint}")

@@ -10,6 +10,10 @@ latents and e are left as they were, so c = f_i(a) changes nothing (unlike splic
 which would also drop e). For a transcoder, f is read from the MLP's input u and the
 direction is added to the MLP's output: mlp_out ← mlp_out + (c − f_i(u)) W_dec[i] (add: +
 α W_dec[i]). A per-head site (``attn.z``) is read and written flattened to [H · d_head].
+
+The hooks check the SAE's shapes against ``model``; that it was trained on that very model
+is checked where the SAE is opened with its model's folder (``serve --sae`` at start-up,
+glassgpt.features.identity), since a model in memory does not say which run it is.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@
     GET  /api/info         the model's shape and its head scores
     GET  /api/checkpoints  the steps of the run's kept checkpoints (the checkpoint slider)
     GET  /api/vocab        the text of every token id
-    POST /api/patch, /api/patch/effect, /api/ablate   see ``glassgpt.serve.interventions``
+    POST /api/patch, /api/patch/effect, /api/ablate, GET /api/patch/example
+                           see ``glassgpt.serve.interventions``
 
 Patterns travel as bytes (round(255 · p), base64), logits as float32 (base64): a 64-token
 prompt on GPT-2 small is 590k pattern values. A request with ``step`` is answered by the run's
@@ -262,4 +263,5 @@ def make_router(state: ServeState, guard: list[Any]) -> APIRouter:
     iv = Interventions(state, explorer.model_at)
     for path, fn in (("/patch", iv.patch), ("/patch/effect", iv.effect), ("/ablate", iv.ablate)):
         router.add_api_route(path, fn, methods=["POST"], dependencies=guard)
+    router.add_api_route("/patch/example", iv.example, methods=["GET"], dependencies=guard)
     return router

@@ -2,6 +2,8 @@
 
     POST /api/patch         m̂[l, t] of patching resid_pre, m̂[l, h] of patching each head's z
     POST /api/patch/effect  one patch's next-token distribution beside the clean and corrupted ones
+    GET  /api/patch/example the page's built-in pair: the first of EXAMPLES that this tokenizer
+                            reads as two prompts of the same number of tokens
     POST /api/ablate        the logits at one position with heads zero-ablated (z[:, :, h] = 0),
                             of the served model or (with ``step``) the run's checkpoint of that
                             step, so that the page compares them with that step's own logits
@@ -41,6 +43,21 @@ from glassgpt.tokenizer.display import token_texts
 
 KEEP = 4  # prompt pairs kept
 TOP = 8  # tokens shown in a patch's distribution
+# (clean, corrupted) pairs that differ in one name, best known first. "When Mary and John…" has
+# equal lengths on GPT-2 and on characters, not on a small BPE of Python source (" Mary" and
+# " John" split differently: 38 against 37 tokens), where the code ones do.
+EXAMPLES = (
+    ("When Mary and John went to the store, John gave a drink to",
+     "When Mary and John went to the store, Mary gave a drink to"),
+    ("When John and Mary went to the store, Mary gave a drink to",
+     "When John and Mary went to the store, John gave a drink to"),
+    ("When Tom and Ann went to the park, Tom gave a ball to",
+     "When Tom and Ann went to the park, Ann gave a ball to"),
+    ("x = 1\ny = 2\nprint(x", "x = 1\ny = 2\nprint(y"),
+    ("a = b + c\nreturn a", "a = b + c\nreturn b"),
+    ("def f(a, b):\n    return a", "def f(a, b):\n    return b"),
+    ("a b c d a b c", "a b c d a b e"),
+)  # fmt: skip
 
 
 def b64(t: torch.Tensor) -> str:
@@ -151,6 +168,19 @@ class Interventions:
                               pair["corrupted_logits"])  # fmt: skip
         except GlassError as e:
             raise APIError(400, str(e), param="wrong") from None
+
+    def example(self) -> dict[str, Any]:
+        """The first of EXAMPLES whose prompts this tokenizer reads in equal numbers of tokens
+        (within the context), else the first, which the page then explains when run."""
+        for clean, corrupted in EXAMPLES:
+            try:
+                a, b = (encode_prompt(self.model, self.tok, p) for p in (clean, corrupted))
+            except GlassError:  # e.g. a character a char model lacks
+                continue
+            if len(a) == len(b):
+                return {"clean": clean, "corrupted": corrupted, "tokens": len(a)}
+        clean, corrupted = EXAMPLES[0]
+        return {"clean": clean, "corrupted": corrupted, "tokens": None}
 
     def patch(self, ask: Patch) -> dict[str, Any]:
         pair = self._pair(ask)

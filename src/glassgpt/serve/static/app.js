@@ -95,8 +95,12 @@ async function boot() {
     `d_model ${i.d_model} · n_ctx ${i.n_ctx} · ${i.n_vocab} tokens`;
   $("api-key").hidden = !i.auth;
   if (!$("prompt").value) $("prompt").value = "The quick brown fox jumps over the lazy dog. The quick brown fox";
-  if (!$("clean").value) $("clean").value = "When Mary and John went to the store, John gave a drink to";
-  if (!$("corrupted").value) $("corrupted").value = "When Mary and John went to the store, Mary gave a drink to";
+  if (!$("clean").value && !$("corrupted").value) {  // a pair of equal lengths on this tokenizer
+    S.example = api("/api/patch/example").then((x) => {
+      if ($("clean").value || $("corrupted").value) return;  // typed meanwhile
+      $("clean").value = x.clean; $("corrupted").value = x.corrupted;
+    }).catch(() => {});  // e.g. no API key yet: the prompts stay empty, the patch run says so
+  }
   S.steps = (await api("/api/checkpoints")).steps;
   if (S.steps.length > 1) {
     $("ckpt").max = S.steps.length; $("ckpt").value = S.steps.length;  // the last stop: served
@@ -609,7 +613,7 @@ async function patchEffect(site, layer, index) {
 function setView(view) {
   document.body.dataset.view = view;
   for (const b of document.querySelectorAll(".tab")) b.classList.toggle("on", b.dataset.view === view);
-  if (view === "patch" && !P.data && P.seq === 0) runPatch();
+  if (view === "patch" && !P.data && P.seq === 0) Promise.resolve(S.example).then(runPatch);
   if (view === "explore" && S.data) drawBig();  // its size follows the card's width
 }
 

@@ -294,7 +294,7 @@ async function attribution() {
   const d = await api("/api/attribution", { prompt: S.prompt, pos: S.pos, token: S.token, ...at() });
   if (ticket !== dlaTicket) return;  // a newer request has been made
   // Attributing the ablated model would take a forward per part; the panel says it is not.
-  const unablated = S.ablated.size ? " · of the unablated model (the ablation is not applied here)" : "";
+  const unablated = S.ablated.size ? " · of the unablated model" : "";
   $("dla-where").textContent = `of “${show(d.text)}” after #${d.pos}${unablated}`;
   tag("dla-step", d.step);
   const box = $("dla"); box.textContent = "";

@@ -25,6 +25,7 @@ from glassgpt.tokenizer import CharTokenizer
 
 CHARS = sorted(set(string.ascii_letters + string.digits + " ,.:;!?'\n-"))
 KEY = "test-key"
+CHROMIUM = Path("/usr/bin/chromium")
 
 
 def write_checkpoint(out: Path, model: GPT, tok: CharTokenizer) -> Path:
@@ -42,6 +43,33 @@ def tiny_run(folder: Path, positional: str = "learned", n_ctx: int = 64) -> Path
         for p in model.parameters():
             p.normal_(0.0, 0.25)
     return write_checkpoint(folder, model, tok)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Chromium through Playwright; skipped without Playwright for Python or Debian's
+    ``/usr/bin/chromium`` (browser downloads are not possible in CI)."""
+    if not CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def open_page(url: str, browser: Any, problems: list[str], width: int = 1400) -> Any:
+    """The explorer at ``url`` (width × 900), once its first analysis is shown; script errors
+    go to ``problems`` (a 400 the test asked for does not)."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    page.on("console", lambda m: m.type == "error" and "status of 400" not in m.text
+            and problems.append(m.text))  # fmt: skip
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(url + "/")
+    page.wait_for_function(
+        "() => document.querySelector('#status').textContent.includes('analysed')"
+    )
+    return page
 
 
 @dataclass

@@ -239,3 +239,14 @@ def test_disconnect_stops_generation(live: Any) -> None:
         time.sleep(0.01)
     assert sched.dropped == dropped + 1
     assert sched.steps == steps  # no decoding step ran for it
+
+
+@pytest.mark.parametrize("content", ["a" * 70, "Café"])
+def test_a_chat_that_does_not_fit_names_messages(live: Any, content: str) -> None:
+    """A chat has no ``prompt`` field: a too-long one (or one with a character the model does
+    not know) is a 400 naming ``messages``, the field the client sent."""
+    messages = [{"role": "user", "content": content}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client(live).chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    assert e.value.param == "messages" and e.value.status_code == 400
+    assert e.value.code == ("context_length_exceeded" if len(content) > 64 else "invalid_prompt")

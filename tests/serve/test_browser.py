@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from tests.serve.conftest import Server, request
-
-CHROMIUM = Path("/usr/bin/chromium")
+from tests.serve.conftest import CHROMIUM, Server, open_page, request
 
 pytestmark = [
     pytest.mark.skipif(
@@ -24,15 +21,6 @@ pytestmark = [
     ),
     pytest.mark.slow,
 ]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def chip_styles(page: Any) -> list[str]:
@@ -103,23 +91,9 @@ def test_explorer(live: Server, browser: Any, tmp_path: Path) -> None:
     assert problems == []
 
 
-def open_page(live: Server, browser: Any, problems: list[str]) -> Any:
-    """The page at 1400 × 900; script errors go to ``problems`` (a 400 the test asked for
-    does not)."""
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.on("console", lambda m: m.type == "error" and "status of 400" not in m.text
-            and problems.append(m.text))  # fmt: skip
-    page.on("pageerror", lambda e: problems.append(str(e)))
-    page.goto(live.url + "/")
-    page.wait_for_function(
-        "() => document.querySelector('#status').textContent.includes('analysed')"
-    )
-    return page
-
-
 def test_attention_labels_readout_bars_and_stale_panels(live: Server, browser: Any) -> None:
     problems: list[str] = []
-    page = open_page(live, browser, problems)
+    page = open_page(live.url, browser, problems)
     prompt = ("abcdefgh" * 8)[:64]  # n_ctx = 64: every row and column of the big head
     page.fill("#prompt", prompt)
     page.wait_for_function("() => document.querySelectorAll('#big-rows .lab').length === 64")
@@ -156,6 +130,12 @@ def test_attention_labels_readout_bars_and_stale_panels(live: Server, browser: A
         "() => document.querySelector('#dist-where').textContent.includes('ablated')"
     )
     assert "was" in page.inner_text("#dist")
+    # direct logit attribution is of the model without the ablation, and says so
+    page.wait_for_function("() => $('dla-where').textContent.includes('unablated')")
+    page.click('#grid .ablate[data-head="1.2"]')  # restored: no ablation to speak of
+    page.wait_for_function("() => !$('dla-where').textContent.includes('unablated')")
+    assert "was" not in page.inner_text("#dist")
+    page.click('#grid .ablate[data-head="1.2"]')
 
     # a prompt that cannot be analysed leaves the panels marked stale, until a good one
     for bad in ("x" * 65, ""):
@@ -170,7 +150,7 @@ def test_attention_labels_readout_bars_and_stale_panels(live: Server, browser: A
 
 def test_patching_view(live: Server, browser: Any) -> None:
     problems: list[str] = []
-    page = open_page(live, browser, problems)
+    page = open_page(live.url, browser, problems)
     page.click("#tab-patch")
     clean, corrupted = "ab ab ab ab", "ab ab cd ab"
     page.fill("#clean", clean)

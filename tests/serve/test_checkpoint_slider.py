@@ -5,6 +5,7 @@ the same weights), not the served model's."""
 from __future__ import annotations
 
 import base64
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,33 +115,151 @@ def test_a_checkpoint_that_is_not_a_run_has_no_steps(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_moving_the_slider_redraws_the_heads(slider: tuple[Server, dict[int, GPT]]) -> None:
+def test_moving_the_slider_redraws_the_heads(
+    slider: tuple[Server, dict[int, GPT]], browser: Any
+) -> None:
     """In headless Chromium: each stop of the slider shows its step's head (each heatmap is
     drawn once and kept: per prompt, size and checkpoint), and the served model's again at the
     last stop."""
-    chromium = Path("/usr/bin/chromium")
-    if not chromium.exists():
-        pytest.skip("no /usr/bin/chromium (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
     live, _ = slider
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 1200})
-        page.goto(live.url + "/")
-        page.wait_for_function("() => S.steps.length === 3 && !$('ckpt-row').hidden")
-        page.fill("#prompt", "abc abd abc ab")
-        page.wait_for_function("() => S.data && S.prompt === 'abc abd abc ab'")
-        shown = {}
-        for stop, step in ((0, 100), (1, 200), (0, 100), (3, None)):
-            page.eval_on_selector(
-                "#ckpt", f"s => {{ s.value = {stop}; s.dispatchEvent(new Event('input')); }}"
-            )
-            want = "null" if step is None else str(step)
-            page.wait_for_function(f"() => S.data.step === {want}")
-            page.evaluate("selectHead(1, 1)")
-            label = page.text_content("#ckpt-out")
-            assert label == ("served" if step is None else f"step {step}")
-            shown.setdefault(step, []).append(page.eval_on_selector("#big", "c => c.toDataURL()"))
-        browser.close()
+    page = browser.new_page(viewport={"width": 1280, "height": 1200})
+    page.goto(live.url + "/")
+    page.wait_for_function("() => S.steps.length === 3 && !$('ckpt-row').hidden")
+    page.fill("#prompt", "abc abd abc ab")
+    page.wait_for_function("() => S.data && S.prompt === 'abc abd abc ab'")
+    shown = {}
+    for stop, step in ((0, 100), (1, 200), (0, 100), (3, None)):
+        move(page, stop, step)
+        page.evaluate("selectHead(1, 1)")
+        label = page.text_content("#ckpt-out")
+        assert label == ("served" if step is None else f"step {step}")
+        shown.setdefault(step, []).append(page.eval_on_selector("#big", "c => c.toDataURL()"))
+    page.close()
     assert shown[100][0] == shown[100][1]  # the same step: the same picture
     assert len({shown[100][0], shown[200][0], shown[None][0]}) == 3
+
+
+def move(page: Any, stop: int, step: int | None) -> None:
+    """The slider to ``stop``, then wait for that step's analysis."""
+    page.eval_on_selector("#ckpt", f"s => {{ s.value = {stop}; s.dispatchEvent(new Event('input')); }}")  # fmt: skip
+    want = "null" if step is None else str(step)
+    page.wait_for_function(f"() => S.data && S.data.step === {want}")
+
+
+def ablated(model: GPT, ids: list[int], heads: list[list[int]]) -> torch.Tensor:
+    """The last position's logits with ``heads`` zeroed, as a copy of the model with their rows
+    of W_O set to 0 (b_O stays)."""
+    cut = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer, head in heads:
+            cut.blocks[layer].attn.W_O[head] = 0.0
+        return cut(torch.tensor([ids]))[0, -1]
+
+
+def test_ablation_at_a_step_is_that_checkpoints(slider: tuple[Server, dict[int, GPT]]) -> None:
+    live, weights = slider
+    prompt, heads = "abc abd abc ab", [[1, 0], [0, 1]]
+    ids = CharTokenizer(CHARS, special_tokens=["<|endoftext|>"]).encode(prompt)
+    got = {}
+    for step in (100, 200, None):
+        body = {"prompt": prompt, "heads": heads, **({} if step is None else {"step": step})}
+        status, d = request(live.url, "/api/ablate", body)
+        assert status == 200 and d["step"] == step, d
+        got[step] = np.frombuffer(base64.b64decode(d["logits"]), dtype=np.float32)
+        want = ablated(weights[300 if step is None else step], ids, heads)
+        np.testing.assert_allclose(got[step], want[: len(got[step])].numpy(), atol=1e-4)
+    assert np.abs(got[100] - got[None]).max() > 1e-2  # the step matters
+    status, d = request(live.url, "/api/ablate", {"prompt": prompt, "heads": heads, "step": 150})
+    assert status == 400 and d["error"]["param"] == "step"
+    assert d["error"]["message"] == "no checkpoint of step 150; kept: 100, 200, 300"
+
+
+def shown_rows(page: Any) -> list[tuple[int, float, float]]:
+    """The next-token rows on show: (id, p %, was %) of each."""
+    rows = page.eval_on_selector_all(
+        "#dist .track",
+        "ts => ts.map(t => [t.previousElementSibling.textContent, t.nextElementSibling.textContent])",
+    )
+    out = []
+    for label, num in rows:
+        text = label.replace("·", " ").replace("↵", "\n")
+        p, was = num.rstrip("%)").split("% (was ")
+        out.append((CHARS.index(text), float(p), float(was)))
+    return out
+
+
+@pytest.mark.slow
+def test_ablating_at_a_past_step_compares_that_steps_model(
+    slider: tuple[Server, dict[int, GPT]], browser: Any
+) -> None:
+    """With the slider at step 100, ⊘ shows step 100's ablated distribution beside step 100's
+    own (both against a copy of that checkpoint with W_O[h] = 0), and every panel's title
+    names step 100."""
+    live, weights = slider
+    problems: list[str] = []
+    page = browser.new_page(viewport={"width": 1280, "height": 1200})
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(live.url + "/")
+    page.wait_for_function("() => S.steps.length === 3")  # (the default prompt is too long)
+    prompt = "abc abd abc ab"
+    page.fill("#prompt", prompt)
+    page.wait_for_function(f"() => S.data && S.prompt === {prompt!r}")
+    move(page, 0, 100)
+    page.click('#grid .ablate[data-head="1.0"]')
+    page.wait_for_function("() => $('dist-where').textContent.includes('ablated')")
+    ids = CharTokenizer(CHARS, special_tokens=["<|endoftext|>"]).encode(prompt)
+    model = weights[100]
+    with torch.no_grad():
+        was = torch.softmax(model(torch.tensor([ids]))[0, -1], -1)
+    now = torch.softmax(ablated(model, ids, [[1, 0]]), -1)
+    rows = shown_rows(page)
+    assert len(rows) == 12
+    for i, p, before in rows:
+        assert p == pytest.approx(100 * float(now[i]), abs=0.051)
+        assert before == pytest.approx(100 * float(was[i]), abs=0.051)
+    page.wait_for_function("() => $('dla-where').textContent.includes('unablated')")
+    page.wait_for_function("() => $('circuits-step').textContent && $('dla-step').textContent")
+    for tag in ("dist", "dla", "attn", "lens", "scores", "circuits"):
+        assert page.inner_text(f"#{tag}-step") == "step 100", tag
+    served = page.eval_on_selector_all(".step-tag.served", "ts => ts.map(t => !t.hidden)")
+    assert served and all(served)
+    move(page, 3, None)  # the served model: its own ablation, and titles that say so
+    page.wait_for_function("() => $('dist-step').textContent === 'served model'")
+    assert page.inner_text("#attn-step") == "served model"
+    page.close()
+    assert problems == []
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A run that kept one checkpoint."""
+    from glassgpt.checkpoint import load
+    from glassgpt.serve.app import create_app
+
+    run = tmp_path_factory.mktemp("single") / "run"
+    write_run(run, models()[100], CharTokenizer(CHARS, special_tokens=["<|endoftext|>"]),
+              steps=(100,), keep_last=0)  # fmt: skip
+    served, tok = load(run)
+    server, thread, url = start_server(create_app(served, tok, name="run", slots=2, source=run))
+    yield url
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_run_with_one_checkpoint_has_no_slider(single: str, browser: Any) -> None:
+    """Nothing to slide between: the slider and the panels' step titles stay hidden (the
+    ``hidden`` attribute wins over ``.controls{display:flex}``)."""
+    assert request(single, "/api/checkpoints", method="GET") == (200, {"steps": [100]})
+    problems: list[str] = []
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(single + "/")
+    page.wait_for_function("() => S.steps.length === 1")
+    page.fill("#prompt", "abc abd")
+    page.wait_for_function("() => $('status').textContent.includes('analysed')")
+    assert page.eval_on_selector("#ckpt-row", "e => e.hidden && getComputedStyle(e).display") == "none"  # fmt: skip
+    assert not page.is_visible("#ckpt-row") and not page.is_visible("#ckpt")
+    assert page.eval_on_selector_all(".step-tag", "ts => ts.filter(t => t.offsetParent).length") == 0  # fmt: skip
+    page.close()
+    assert problems == []

@@ -251,3 +251,109 @@ def test_feature_page_and_steering_in_the_browser(fserve: Server, tmp_path: Path
         page.screenshot(path=str(tmp_path / "features.png"))
         browser.close()
     assert problems == []
+
+
+def open_features(fserve: Server, browser: Any, problems: list[str]) -> Any:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.on("console", lambda m: m.type == "error" and "status of 400" not in m.text
+            and problems.append(m.text))  # fmt: skip
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(fserve.url + "/")
+    page.wait_for_selector("#tab-features:not([hidden])")
+    page.click("#tab-features")
+    return page
+
+
+@pytest.mark.slow
+def test_a_bad_features_prompt_marks_the_old_results_stale(fserve: Server, browser: Any) -> None:
+    """An empty, too-long or unreadable prompt says why, and the previous prompt's chips, bars,
+    KL and samples stay on show dimmed and marked stale (as on the Explore tab), until a good
+    prompt clears them."""
+    problems: list[str] = []
+    page = open_features(fserve, browser, problems)
+    page.fill("#feat-prompt", "the dog sat")
+    page.wait_for_function("() => $('feat-chips').children.length === 11 && $('feat-kl').textContent")  # fmt: skip
+    kl, sample = page.inner_text("#feat-kl"), page.inner_text("#feat-sample")
+    assert kl.startswith("KL") and not page.eval_on_selector("body", "b => b.className")
+    for bad, says in (
+        ("", "Type a prompt"),
+        ("x" * 65, "longer than"),
+        ("the caf\u00e9", "U+00E9"),
+    ):
+        page.fill("#feat-prompt", bad)
+        page.wait_for_function("s => $('feat-prompt-status').textContent.includes(s)", arg=says)
+        status = page.inner_text("#feat-prompt-status")
+        assert "previous prompt, “the dog sat”" in status, status
+        assert page.eval_on_selector("#feat-prompt-status", "e => e.classList.contains('error')")
+        assert page.eval_on_selector("body", "b => b.classList.contains('stale-features')")
+        for sel in ("#feat-chips", "#feat-token-top", "#feat-dist", "#feat-kl", "#feat-sample"):
+            opacity = page.eval_on_selector(
+                sel, "e => { let o = 1; for (; e; e = e.parentElement) o *= +getComputedStyle(e).opacity; return o; }"
+            )  # fmt: skip
+            assert opacity < 0.5, sel
+        label = page.eval_on_selector("#feat-steer-card", "c => getComputedStyle(c, '::before').content")  # fmt: skip
+        assert "stale" in label
+        # the old results are kept, not cleared
+        assert page.locator("#feat-chips .chip").count() == 11
+        assert page.inner_text("#feat-kl") == kl and page.inner_text("#feat-sample") == sample
+    page.fill("#feat-prompt", "the cat")
+    page.wait_for_function("() => !document.body.classList.contains('stale-features')")
+    page.wait_for_function("() => $('feat-chips').children.length === 7")
+    assert page.inner_text("#feat-prompt-status") == ""
+    assert page.eval_on_selector("#feat-dist", "e => +getComputedStyle(e).opacity") == 1
+    page.close()
+    assert problems == []
+
+
+def _rgb(css: str) -> tuple[list[float], float]:
+    """([r, g, b], alpha) of a computed CSS colour ``rgb(…)`` or ``rgba(…)``."""
+    parts = [float(x) for x in css[css.index("(") + 1 : -1].split(",")]
+    return parts[:3], parts[3] if len(parts) == 4 else 1.0
+
+
+def contrast(fg: str, bg: str) -> float:
+    """WCAG 2's contrast ratio of text ``fg`` on ``bg``, each composited over the white card."""
+
+    def lum(css: str) -> float:
+        rgb, a = _rgb(css)
+        lin = []
+        for c in rgb:
+            v = (255 + (c - 255) * a) / 255
+            lin.append(v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4)
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((lum(fg), lum(bg)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_contrast_oracle() -> None:  # WCAG's own examples
+    assert contrast("rgb(0, 0, 0)", "rgb(255, 255, 255)") == pytest.approx(21.0)
+    assert contrast("rgb(118, 118, 118)", "rgb(255, 255, 255)") == pytest.approx(4.54, abs=0.01)
+    assert contrast("rgb(31, 36, 48)", "rgb(234, 88, 12)") < 4.5  # the old ink on full orange
+
+
+@pytest.mark.slow
+def test_shaded_tokens_are_readable(fserve: Server, browser: Any) -> None:
+    """Every shaded token of the feature page's contexts (the outlined top token, on the
+    darkest orange, included) and of the prompt's chips has text at WCAG AA contrast
+    (4.5:1), computed from Chromium's own colours."""
+    f = features_of(fserve)
+    live = int(f.pages.count.argmax())
+    problems: list[str] = []
+    page = open_features(fserve, browser, problems)
+    page.fill("#feat-id", str(live))
+    page.dispatch_event("#feat-id", "change")
+    page.wait_for_function(f"() => $('feat-title').textContent === '#{live}' && document.querySelector('#feat-contexts .ct.at')")  # fmt: skip
+    page.fill("#feat-prompt", TEXT[:60])
+    page.wait_for_function("() => $('feat-chips').children.length === 60")
+    colours = page.eval_on_selector_all(
+        "#feat-contexts .ct, #feat-chips .chip",
+        "es => es.filter(e => e.style.background).map(e => [getComputedStyle(e).color,"
+        " getComputedStyle(e).backgroundColor, e.classList.contains('at')])",
+    )
+    tops = [c for c in colours if c[2]]
+    assert tops and any(_rgb(bg)[1] == 1.0 for _, bg, _ in tops)  # the darkest shade is there
+    for fg, bg, _ in colours:
+        assert contrast(fg, bg) >= 4.5, (fg, bg)
+    page.close()
+    assert problems == []

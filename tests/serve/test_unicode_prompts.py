@@ -25,14 +25,15 @@ def check(status: int, body: object) -> None:
 
 
 def test_a_character_outside_the_vocabulary_is_a_400(live: Server) -> None:
-    for path, body in (
-        ("/v1/completions", {"model": "tiny", "prompt": "Café", "max_tokens": 2}),
+    for path, body, param in (
+        ("/v1/completions", {"model": "tiny", "prompt": "Café", "max_tokens": 2}, "prompt"),
         ("/v1/chat/completions",
-         {"model": "tiny", "messages": [{"role": "user", "content": "Café"}], "max_tokens": 2}),
+         {"model": "tiny", "messages": [{"role": "user", "content": "Café"}], "max_tokens": 2},
+         "messages"),
     ):  # fmt: skip
         status, out = request(live.url, path, body)
         assert status == 400, out
-        assert out["error"]["param"] == "prompt"
+        assert out["error"]["param"] == param
         assert "character 'é' (U+00E9) at position" in out["error"]["message"]
 
 

@@ -64,7 +64,7 @@ def make_router(state: ServeState) -> APIRouter:
         state.check_model(body.model)
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        prompts, _ = _prompts(state, chat_prompt(body.messages))
+        prompts, _ = _prompts(state, chat_prompt(body.messages), param="messages")
         k = (body.top_logprobs or 0) if body.logprobs else None
         run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, k, CHAT_STOPS))
         meta = _meta("chatcmpl", "chat.completion", state)
@@ -87,8 +87,11 @@ def make_router(state: ServeState) -> APIRouter:
 
 
 # -- requests -----------------------------------------------------------------------------
-def _prompts(state: ServeState, prompt: Any) -> tuple[list[list[int]], list[str]]:
-    """(ids of each prompt, its text); raises a 400 for ids out of range or too many tokens."""
+def _prompts(
+    state: ServeState, prompt: Any, param: str = "prompt"
+) -> tuple[list[list[int]], list[str]]:
+    """(ids of each prompt, its text); raises a 400 for ids out of range or too many tokens,
+    naming ``param``, the request's field that holds the prompt (a chat's is ``messages``)."""
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
@@ -101,7 +104,7 @@ def _prompts(state: ServeState, prompt: Any) -> tuple[list[list[int]], list[str]
             try:  # e.g. a character outside a char model's vocabulary: the client's to fix
                 ids = state.tokenizer.encode(item, allowed_special="all")
             except GlassError as e:
-                raise APIError(400, str(e), param="prompt", code="invalid_prompt") from None
+                raise APIError(400, str(e), param=param, code="invalid_prompt") from None
         else:
             ids = list(item)
             bad = [t for t in ids if not 0 <= t < state.n_valid]
@@ -112,7 +115,7 @@ def _prompts(state: ServeState, prompt: Any) -> tuple[list[list[int]], list[str]
         ids = ids or [state.start_id]
         if len(ids) > state.n_ctx:
             raise APIError(400, f"the prompt is {len(ids)} tokens, longer than the model's "
-                           f"context of {state.n_ctx}", param="prompt",
+                           f"context of {state.n_ctx}", param=param,
                            code="context_length_exceeded")  # fmt: skip
         out.append(ids)
     return out, texts

@@ -7,12 +7,14 @@
     GET  /api/info         the model's shape and its head scores
     GET  /api/checkpoints  the steps of the run's kept checkpoints (the checkpoint slider)
     GET  /api/vocab        the text of every token id
-    POST /api/patch, /api/patch/effect, /api/ablate   see ``glassgpt.serve.interventions``
+    POST /api/patch, /api/patch/effect, /api/ablate, GET /api/patch/example
+                           see ``glassgpt.serve.interventions``
 
 Patterns travel as bytes (round(255 · p), base64), logits as float32 (base64): a 64-token
 prompt on GPT-2 small is 590k pattern values. A request with ``step`` is answered by the run's
-checkpoint of that step (``glassgpt.serve.checkpoints``) instead of the served model; analyze
-then carries that model's head scores. The last prompts' analyses are kept, so moving
+checkpoint of that step (``glassgpt.serve.checkpoints``) instead of the served model, and says
+so (``step`` in every answer, which the page's panels show); analyze then carries that model's
+head scores. The last prompts' analyses are kept, so moving
 between positions, tokens and heads recomputes nothing. Every forward holds the scheduler's
 lock (hooks are attached per model, so two forwards must not overlap).
 """
@@ -85,7 +87,7 @@ class Explorer:
         self.checkpoints = Checkpoints(state.source, device)
         self._step_scores: dict[int, dict[str, Any]] = {}
 
-    def _model(self, step: int | None) -> Any:
+    def model_at(self, step: int | None) -> Any:
         """The served model, or the run's checkpoint of ``step``."""
         if step is None:
             return self.model
@@ -100,7 +102,7 @@ class Explorer:
             if key in self.cache:
                 self.cache.move_to_end(key)
                 return self.cache[key]
-        model = self._model(step)
+        model = self.model_at(step)
         try:
             ids = encode_prompt(model, self.tok, prompt)
         except GlassError as e:
@@ -161,7 +163,7 @@ class Explorer:
         e = entry or self._entry(ask.prompt, ask.step)
         p = self._pos(e, ask.pos)
         z = e["logits"][p, : self.state.n_valid].contiguous()
-        return {"pos": p, "logits": b64(z.to(torch.float32))}
+        return {"pos": p, "logits": b64(z.to(torch.float32)), "step": ask.step}
 
     def attribution(self, ask: Ask) -> dict[str, Any]:
         e = self._entry(ask.prompt, ask.step)
@@ -172,7 +174,7 @@ class Explorer:
         if "dla" not in e:
             try:
                 with self.lock, torch.no_grad():
-                    e["dla"] = direct_logit_attribution(self._model(ask.step), e["ids"])
+                    e["dla"] = direct_logit_attribution(self.model_at(ask.step), e["ids"])
             except GlassError as err:
                 raise APIError(400, str(err)) from None
         dla = e["dla"]
@@ -188,7 +190,7 @@ class Explorer:
             bars.append({"name": f"{len(rest)} other parts", "value": float(parts[rest].sum())})
         return {"pos": p, "token": token, "text": token_texts(self.tok, [token])[0],
                 "bars": bars, "total": float(parts.sum()),
-                "logit": float(e["logits"][p, token])}  # fmt: skip
+                "logit": float(e["logits"][p, token]), "step": ask.step}  # fmt: skip
 
     def circuits(self, ask: Ask) -> dict[str, Any]:
         cfg = self.model.config
@@ -197,8 +199,8 @@ class Explorer:
                            f"{cfg.n_layers} layers × {cfg.n_heads} heads", param="head")  # fmt: skip
         e = self._entry(ask.prompt, ask.step)
         uniq = list(dict.fromkeys(e["ids"]))[:40]
-        out: dict[str, Any] = {"layer": ask.layer, "head": ask.head}
-        model = self._model(ask.step)
+        out: dict[str, Any] = {"layer": ask.layer, "head": ask.head, "step": ask.step}
+        model = self.model_at(ask.step)
         with self.lock, torch.no_grad():
             for name, m in (("qk", qk_circuit(model, ask.layer, ask.head)),
                             ("ov", ov_circuit(model, ask.layer, ask.head))):  # fmt: skip
@@ -219,7 +221,7 @@ class Explorer:
         if step is None:
             return self.info()["head_scores"]
         if step not in self._step_scores:
-            model = self._model(step)
+            model = self.model_at(step)
             with self.lock, torch.no_grad():
                 s = head_scores(model, batch=4)
             self._step_scores[step] = {k: v.tolist() for k, v in s.as_dict().items()}
@@ -258,7 +260,8 @@ def make_router(state: ServeState, guard: list[Any]) -> APIRouter:
     for name in ("analyze", "logits", "attribution", "circuits"):
         fn = _endpoint(getattr(explorer, name))
         router.add_api_route(f"/{name}", fn, methods=["POST"], dependencies=guard)
-    iv = Interventions(state)
+    iv = Interventions(state, explorer.model_at)
     for path, fn in (("/patch", iv.patch), ("/patch/effect", iv.effect), ("/ablate", iv.ablate)):
         router.add_api_route(path, fn, methods=["POST"], dependencies=guard)
+    router.add_api_route("/patch/example", iv.example, methods=["GET"], dependencies=guard)
     return router

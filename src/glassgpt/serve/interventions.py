@@ -2,7 +2,11 @@
 
     POST /api/patch         m̂[l, t] of patching resid_pre, m̂[l, h] of patching each head's z
     POST /api/patch/effect  one patch's next-token distribution beside the clean and corrupted ones
-    POST /api/ablate        the logits at one position with heads zero-ablated (z[:, :, h] = 0)
+    GET  /api/patch/example the page's built-in pair: the first of EXAMPLES that this tokenizer
+                            reads as two prompts of the same number of tokens
+    POST /api/ablate        the logits at one position with heads zero-ablated (z[:, :, h] = 0),
+                            of the served model or (with ``step``) the run's checkpoint of that
+                            step, so that the page compares them with that step's own logits
 
     m = z_T[answer] − z_T[wrong]       m̂ = (m_patched − m_corrupted) / (m_clean − m_corrupted)
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import base64
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import torch
@@ -38,6 +43,21 @@ from glassgpt.tokenizer.display import token_texts
 
 KEEP = 4  # prompt pairs kept
 TOP = 8  # tokens shown in a patch's distribution
+# (clean, corrupted) pairs that differ in one name, best known first. "When Mary and John…" has
+# equal lengths on GPT-2 and on characters, not on a small BPE of Python source (" Mary" and
+# " John" split differently: 38 against 37 tokens), where the code ones do.
+EXAMPLES = (
+    ("When Mary and John went to the store, John gave a drink to",
+     "When Mary and John went to the store, Mary gave a drink to"),
+    ("When John and Mary went to the store, Mary gave a drink to",
+     "When John and Mary went to the store, John gave a drink to"),
+    ("When Tom and Ann went to the park, Tom gave a ball to",
+     "When Tom and Ann went to the park, Ann gave a ball to"),
+    ("x = 1\ny = 2\nprint(x", "x = 1\ny = 2\nprint(y"),
+    ("a = b + c\nreturn a", "a = b + c\nreturn b"),
+    ("def f(a, b):\n    return a", "def f(a, b):\n    return b"),
+    ("a b c d a b c", "a b c d a b e"),
+)  # fmt: skip
 
 
 def b64(t: torch.Tensor) -> str:
@@ -66,6 +86,7 @@ class Ablate(BaseModel):
     prompt: str
     pos: StrictInt | None = None
     heads: list[Annotated[list[StrictInt], Field(min_length=2, max_length=2)]] = []  # [l, h]
+    step: StrictInt | None = None  # a kept checkpoint's step (None: the served model)
 
 
 def _site(site: str, layer: int, index: int) -> tuple[str, Any]:
@@ -76,18 +97,21 @@ def _site(site: str, layer: int, index: int) -> tuple[str, Any]:
 
 
 class Interventions:
-    """Patching sweeps of prompt pairs (each computed once) and ablated logits."""
+    """Patching sweeps of prompt pairs (each computed once) and ablated logits.
 
-    def __init__(self, state: ServeState) -> None:
-        self.state = state
+    ``model_at(step)`` is the model of a step (the served one for None; an APIError naming
+    the kept steps for an unknown one), as the explorer's analyses use."""
+
+    def __init__(self, state: ServeState, model_at: Callable[[int | None], Any]) -> None:
+        self.state, self.model_at = state, model_at
         self.model, self.tok = state.model, state.tokenizer
         self.lock = state.scheduler.lock
         self.pairs: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
         self.pairs_lock = threading.Lock()
 
-    def _ids(self, prompt: str, field: str) -> list[int]:
+    def _ids(self, prompt: str, field: str, model: Any = None) -> list[int]:
         try:
-            return encode_prompt(self.model, self.tok, prompt)
+            return encode_prompt(model or self.model, self.tok, prompt)
         except GlassError as e:
             raise APIError(400, f"{field}: {e}", param=field) from None
 
@@ -145,6 +169,19 @@ class Interventions:
         except GlassError as e:
             raise APIError(400, str(e), param="wrong") from None
 
+    def example(self) -> dict[str, Any]:
+        """The first of EXAMPLES whose prompts this tokenizer reads in equal numbers of tokens
+        (within the context), else the first, which the page then explains when run."""
+        for clean, corrupted in EXAMPLES:
+            try:
+                a, b = (encode_prompt(self.model, self.tok, p) for p in (clean, corrupted))
+            except GlassError:  # e.g. a character a char model lacks
+                continue
+            if len(a) == len(b):
+                return {"clean": clean, "corrupted": corrupted, "tokens": len(a)}
+        clean, corrupted = EXAMPLES[0]
+        return {"clean": clean, "corrupted": corrupted, "tokens": None}
+
     def patch(self, ask: Patch) -> dict[str, Any]:
         pair = self._pair(ask)
         answer, wrong = self._answers(ask, pair)
@@ -196,17 +233,19 @@ class Interventions:
                 "rows": rows}  # fmt: skip
 
     def ablate(self, ask: Ablate) -> dict[str, Any]:
-        cfg = self.model.config
+        model = self.model_at(ask.step)
+        cfg = model.config
         for layer, head in ask.heads:
             if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
                 raise APIError(400, f"no head L{layer}H{head} in a model of {cfg.n_layers} "
                                f"layers × {cfg.n_heads} heads", param="heads")  # fmt: skip
-        ids = self._ids(ask.prompt, "prompt")
+        ids = self._ids(ask.prompt, "prompt", model)
         p = len(ids) - 1 if ask.pos is None else ask.pos
         if not 0 <= p < len(ids):
             raise APIError(400, f"pos {p} is outside the prompt's {len(ids)} tokens", param="pos")
         heads = sorted({(layer, head) for layer, head in ask.heads})
-        with self.lock, evaluating(self.model), torch.no_grad():
-            z = run_with_hooks(self.model, ids, ablation_hooks(self.model, heads=heads))
+        with self.lock, evaluating(model), torch.no_grad():
+            z = run_with_hooks(model, ids, ablation_hooks(model, heads=heads))
         logits = z[0, p, : self.state.n_valid].to(torch.float32)
-        return {"pos": p, "heads": [list(h) for h in heads], "logits": b64(logits)}
+        return {"pos": p, "heads": [list(h) for h in heads], "logits": b64(logits),
+                "step": ask.step}  # fmt: skip

@@ -7,9 +7,17 @@ const S = {
   info: null, vocab: null, data: null, prompt: "", pos: 0, token: null,
   layer: 0, head: 0, hover: null, cell: null, patterns: null, logits: null, seq: 0,
   ablated: new Set(), cut: null,  // heads ablated ("l.h"), and the logits with them ablated
-  steps: [], step: null,  // the run's kept checkpoints, and the one shown (null: the served model)
+  logitsStep: null, cutStep: null,  // the step each of those logits came from
+  steps: [], step: null,  // the run's kept checkpoints, and the one chosen (null: the served model)
 };
-const at = () => (S.step === null ? {} : { step: S.step });  // a request's checkpoint
+// A request about the analysis on show goes to its step (the slider may have moved on: the
+// next analysis redraws everything), so that no panel mixes two models.
+const at = () => (S.data && S.data.step !== null ? { step: S.data.step } : {});
+
+function tag(id, step) {  // a panel's title says which model it shows (when the run has several)
+  $(id).textContent = step === null ? "served model" : `step ${step}`;
+  $(id).hidden = S.steps.length < 2;
+}
 
 // ---- helpers ---------------------------------------------------------------------------
 function headers() {
@@ -69,6 +77,16 @@ function stale(view, on) {  // a failed input leaves the last results on show, d
   document.body.classList.toggle("stale-" + view, on);
 }
 
+// One rule for every tab's input: a failure says why on the tab's status line and, when
+// results of an earlier input are on show (`shown`: which), dims them and marks them stale;
+// a success (error null) clears both.
+function settle(view, statusId, error, shown = null) {
+  const status = $(statusId);
+  status.classList.toggle("error", error !== null);
+  stale(view, error !== null && shown !== null);
+  if (error !== null) status.textContent = error + (shown ? ` — ${shown}` : "");
+}
+
 // ---- loading ---------------------------------------------------------------------------
 async function boot() {
   S.info = await api("/api/info");
@@ -77,14 +95,19 @@ async function boot() {
     `d_model ${i.d_model} · n_ctx ${i.n_ctx} · ${i.n_vocab} tokens`;
   $("api-key").hidden = !i.auth;
   if (!$("prompt").value) $("prompt").value = "The quick brown fox jumps over the lazy dog. The quick brown fox";
-  if (!$("clean").value) $("clean").value = "When Mary and John went to the store, John gave a drink to";
-  if (!$("corrupted").value) $("corrupted").value = "When Mary and John went to the store, Mary gave a drink to";
-  drawScores();
+  if (!$("clean").value && !$("corrupted").value) {  // a pair of equal lengths on this tokenizer
+    S.example = api("/api/patch/example").then((x) => {
+      if ($("clean").value || $("corrupted").value) return;  // typed meanwhile
+      $("clean").value = x.clean; $("corrupted").value = x.corrupted;
+    }).catch(() => {});  // e.g. no API key yet: the prompts stay empty, the patch run says so
+  }
   S.steps = (await api("/api/checkpoints")).steps;
   if (S.steps.length > 1) {
     $("ckpt").max = S.steps.length; $("ckpt").value = S.steps.length;  // the last stop: served
     $("ckpt-row").hidden = false;
+    for (const t of document.querySelectorAll(".step-tag.served")) t.hidden = false;
   }
+  drawScores();
   await analyze();
 }
 
@@ -104,15 +127,12 @@ function schedule() {
 async function analyze() {
   const prompt = $("prompt").value;
   const seq = ++S.seq, t0 = performance.now();
-  const fail = (msg) => {
-    $("status").textContent = msg + (S.data ? ` — the panels below still show the previous prompt, “${S.prompt.slice(0, 40)}”` : "");
-    $("status").classList.add("error");
-    stale("explore", S.data !== null);
-  };
+  const fail = (msg) => settle("explore", "status", msg,
+    S.data ? `the panels below still show the previous prompt, “${S.prompt.slice(0, 40)}”` : null);
   if (!prompt) { fail("Type a prompt to see inside the model."); return; }
   try {
     if (!S.vocab) S.vocab = await api("/api/vocab");
-    const data = await api("/api/analyze", { prompt, ...at() });
+    const data = await api("/api/analyze", { prompt, ...(S.step === null ? {} : { step: S.step }) });
     if (seq !== S.seq) return;  // a newer prompt is on its way
     S.data = data; S.prompt = prompt;
     S.info.head_scores = data.head_scores; drawScores();
@@ -122,8 +142,7 @@ async function analyze() {
     await fetchCut();
     $("status").textContent = `${data.tokens.length} tokens · analysed in ` +
       `${Math.round(performance.now() - t0)} ms`;
-    $("status").classList.remove("error");
-    stale("explore", false);
+    settle("explore", "status", null);
     drawAll();
   } catch (e) {
     if (seq === S.seq) fail(e.message);
@@ -133,7 +152,7 @@ async function analyze() {
 function floats(s) { return new Float32Array(b64bytes(s).buffer); }
 
 function setLogits(d) {
-  S.logits = floats(d.logits);
+  S.logits = floats(d.logits); S.logitsStep = d.step;
   let best = 0;
   for (let i = 1; i < S.logits.length; i++) if (S.logits[i] > S.logits[best]) best = i;
   S.token = best;
@@ -142,8 +161,8 @@ function setLogits(d) {
 async function fetchCut() {  // the logits at S.pos with the ablated heads' z set to 0
   if (!S.ablated.size) { S.cut = null; return; }
   const heads = [...S.ablated].map((k) => k.split(".").map(Number));
-  const d = await api("/api/ablate", { prompt: S.prompt, pos: S.pos, heads });
-  S.cut = floats(d.logits);
+  const d = await api("/api/ablate", { prompt: S.prompt, pos: S.pos, heads, ...at() });
+  S.cut = floats(d.logits); S.cutStep = d.step;
 }
 
 async function selectPos(p) {
@@ -158,7 +177,7 @@ async function toggleAblation(l, h) {
   const key = `${l}.${h}`;
   if (S.ablated.has(key)) S.ablated.delete(key); else S.ablated.add(key);
   try { await fetchCut(); } catch (e) { failed("dist")(e); return; }
-  drawGrid(); drawDist();
+  drawGrid(); drawDist(); drawDLA();  // the DLA's title says whether heads are ablated
 }
 
 function failed(id) {  // a panel whose data could not be fetched says why
@@ -240,7 +259,8 @@ function drawDist() {
   $("top-p-out").textContent = topP.toFixed(2);
   const t = S.data.tokens[S.pos];
   $("dist-where").textContent = `after #${S.pos} “${show(t.text)}”`;
-  const cut = S.cut !== null;
+  tag("dist-step", S.logitsStep);
+  const cut = S.cut !== null && S.cutStep === S.logitsStep;  // never two models' logits
   const { p, base, order } = distribution(cut ? S.cut : S.logits);
   const ghost = cut ? distribution(S.logits).p : base;  // behind: unablated, or T = 1 unfiltered
   if (cut) $("dist-where").textContent += ` · ${S.ablated.size} head${S.ablated.size > 1 ? "s" : ""} ablated`;
@@ -273,7 +293,10 @@ async function attribution() {
   const ticket = ++dlaTicket;
   const d = await api("/api/attribution", { prompt: S.prompt, pos: S.pos, token: S.token, ...at() });
   if (ticket !== dlaTicket) return;  // a newer request has been made
-  $("dla-where").textContent = `of “${show(d.text)}” after #${d.pos}`;
+  // Attributing the ablated model would take a forward per part; the panel says it is not.
+  const unablated = S.ablated.size ? " · of the unablated model" : "";
+  $("dla-where").textContent = `of “${show(d.text)}” after #${d.pos}${unablated}`;
+  tag("dla-step", d.step);
   const box = $("dla"); box.textContent = "";
   const scale = Math.max(...d.bars.map((b) => Math.abs(b.value)), Math.abs(d.total), 1e-9);
   const bar = (name, v, cls = "") => {
@@ -379,6 +402,7 @@ function layoutBig() {
 
 function drawBig() {
   $("head-name").textContent = `L${S.layer}H${S.head}`;
+  tag("attn-step", S.data.step);
   layoutBig();
   const T = S.data.tokens.length, dpr = window.devicePixelRatio || 1;
   const size = Math.round(T * BIG.cell * dpr);
@@ -423,6 +447,7 @@ function selectHead(l, h) {
 // ---- logit lens, head scores, circuits -------------------------------------------------
 function drawLens() {
   const t = $("lens"); t.textContent = "";
+  tag("lens-step", S.data.step);
   const head = el("tr", {}, el("th", { class: "row" }, "layer \\ token"));
   S.data.tokens.forEach((tok, i) => head.append(el("th", { class: "col", title: `#${i}` }, show(tok.text))));
   t.append(head);
@@ -441,6 +466,7 @@ function drawLens() {
 
 function drawScores() {  // one layer × head table per score; a cell selects its head
   const box = $("scores"), i = S.info, s = i.head_scores; box.textContent = "";
+  tag("scores-step", S.data ? S.data.step : null);
   for (const [key, title] of [["previous_token", "previous token"], ["induction", "induction"], ["duplicate_token", "duplicate token"]]) {
     const t = el("table", { class: "scores" }, el("caption", {}, title));
     const hdr = el("tr", {}, el("th"));
@@ -470,6 +496,7 @@ async function circuits() {
   const d = await api("/api/circuits", { prompt: S.prompt, layer: l, head: h, ...at() });
   if (ticket !== circuitTicket) return;
   $("circuit-name").textContent = `of L${l}H${h}`;
+  tag("circuits-step", d.step);
   const table = (id, title, cols, rows) => {
     const t = $(id); t.textContent = "";
     t.append(el("caption", {}, title), el("tr", {}, ...cols.map((c) => el("th", {}, c))));
@@ -501,15 +528,13 @@ async function runPatch() {
     status.textContent = `${d.clean.length} tokens each · m = z[“${show(d.answer.text)}”] − z[“${show(d.wrong.text)}”]: ` +
       `clean ${d.diff.clean.toFixed(3)}, corrupted ${d.diff.corrupted.toFixed(3)} · ` +
       `${Math.round(performance.now() - t0)} ms`;
-    stale("patch", false);
+    settle("patch", "patch-status", null);
     drawPatch();
     const [l, t] = best(d.resid_pre);
     await patchEffect("resid_pre", l, t);
   } catch (e) {
     if (seq !== P.seq) return;
-    status.textContent = e.message + (P.data ? " — the results below are from the previous run" : "");
-    status.classList.add("error");
-    stale("patch", P.data !== null);
+    settle("patch", "patch-status", e.message, P.data ? "the results below are from the previous run" : null);
   } finally {
     $("patch-run").disabled = false;
   }
@@ -588,7 +613,7 @@ async function patchEffect(site, layer, index) {
 function setView(view) {
   document.body.dataset.view = view;
   for (const b of document.querySelectorAll(".tab")) b.classList.toggle("on", b.dataset.view === view);
-  if (view === "patch" && !P.data && P.seq === 0) runPatch();
+  if (view === "patch" && !P.data && P.seq === 0) Promise.resolve(S.example).then(runPatch);
   if (view === "explore" && S.data) drawBig();  // its size follows the card's width
 }
 

@@ -3,7 +3,7 @@
 // helpers ($, api, el, show, heat) it uses. The tab appears only when the server has an SAE.
 "use strict";
 
-const F = { info: null, page: null, id: null, toks: null, pin: null, seq: 0, steerSeq: 0 };
+const F = { info: null, page: null, id: null, toks: null, prompt: "", pin: null, seq: 0 };
 
 async function featuresBoot() {
   try { F.info = await api("/api/features/info"); } catch (e) { return; }  // e.g. no API key yet
@@ -14,7 +14,16 @@ async function featuresBoot() {
     (i.pages ? ` · pages over ${i.tokens.toLocaleString()} tokens` : " · no pages (glassgpt sae features)");
   if (!$("feat-prompt").value) $("feat-prompt").value = $("prompt").value || "To be, or not to be";
   await openFeature(0);
-  await featTokens();
+}
+
+// A token shaded by an activation: orange of opacity α over the white card, its text black or
+// white, whichever contrasts more (one of them always reaches WCAG AA's 4.5:1).
+function shade(span, a, m) {
+  const alpha = Math.min(1, 0.1 + 0.9 * a / m);
+  span.style.background = `rgba(234, 88, 12, ${alpha.toFixed(3)})`;
+  const lin = (c) => { const v = (255 + (c - 255) * alpha) / 255; return v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  const L = 0.2126 * lin(234) + 0.7152 * lin(88) + 0.0722 * lin(12);
+  span.style.color = (L + 0.05) / 0.05 >= 1.05 / (L + 0.05) ? "#000" : "#fff";
 }
 
 function fmt(v) { return Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(2); }
@@ -51,8 +60,7 @@ async function openFeature(id) {
   const v = $("feat-value");
   v.min = -R; v.max = R; v.step = R / 200;
   if ($("feat-mode").value === "clamp") v.min = 0;
-  featTokens();
-  steer();
+  await featRun();
 }
 
 function drawPage() {
@@ -86,28 +94,37 @@ function drawPage() {
     const line = el("div", { class: "ctx" });
     c.tokens.forEach((t, j) => {
       const a = c.acts[j], s = el("span", { class: "ct" + (j === c.at ? " at" : ""), title: `f = ${a.toFixed(4)}` }, show(t));
-      if (a > 0) s.style.background = `rgba(234, 88, 12, ${Math.min(1, 0.1 + 0.9 * a / m).toFixed(3)})`;
+      if (a > 0) shade(s, a, m);
       line.append(s);
     });
     box.append(el("span", { class: "cv" }, fmt(c.value)), line);
   }
 }
 
-// ---- the prompt's activations ----------------------------------------------------------
-async function featTokens() {
+// ---- the prompt: its activations and the steered distribution, fetched together --------
+// A prompt that cannot be read (empty, too long, an unknown character) is settled by app.js's
+// one rule: the message on the prompt's status line, the last prompt's chips, bars, KL and
+// samples dimmed and marked stale.
+async function featRun() {
   const prompt = $("feat-prompt").value, seq = ++F.seq;
-  if (!prompt) return;
+  drawEq();
+  const fail = (msg) => settle("features", "feat-prompt-status", msg,
+    F.toks ? `the chips and the steering below still show the previous prompt, “${F.prompt.slice(0, 40)}”` : null);
+  if (!prompt) { fail("Type a prompt to see its features."); return; }
+  const mode = $("feat-mode").value;
+  const body = { prompt, feature: F.id, mode, value: +$("feat-value").value,
+    max_tokens: +$("feat-max").value || 0, temperature: +$("feat-temp").value, seed: +$("feat-seed").value };
   try {
-    const d = await api("/api/features/tokens", { prompt, top: 8, feature: F.id });
-    if (seq !== F.seq) return;
-    F.toks = d; $("feat-prompt-status").textContent = "";
-    $("feat-prompt-status").classList.remove("error");
+    const [d, s] = await Promise.all([api("/api/features/tokens", { prompt, top: 8, feature: F.id }),
+      api("/api/features/steer", body)]);
+    if (seq !== F.seq) return;  // a newer prompt or setting is on its way
+    F.toks = d; F.prompt = prompt;
+    $("feat-prompt-status").textContent = "";
+    settle("features", "feat-prompt-status", null);
     if (F.pin !== null && F.pin >= d.tokens.length) F.pin = null;
-    drawFeatChips(); drawTokenTop(F.pin);
+    drawFeatChips(); drawTokenTop(F.pin); drawSteer(s);
   } catch (e) {
-    if (seq !== F.seq) return;
-    $("feat-prompt-status").textContent = e.message;
-    $("feat-prompt-status").classList.add("error");
+    if (seq === F.seq) fail(e.message);
   }
 }
 
@@ -120,7 +137,7 @@ function drawFeatChips() {
     const a = acts[i];
     const chip = el("span", { class: "chip" + (i === F.pin ? " selected" : ""), "data-i": i,
       title: `#${i} · f${F.id} = ${a.toFixed(4)}` }, show(t.text));
-    if (a > 0) chip.style.background = `rgba(234, 88, 12, ${Math.min(1, 0.1 + 0.9 * a / m).toFixed(3)})`;
+    if (a > 0) shade(chip, a, m);
     chip.addEventListener("mouseenter", () => drawTokenTop(i));
     chip.addEventListener("mouseleave", () => drawTokenTop(F.pin));
     chip.addEventListener("click", () => { F.pin = F.pin === i ? null : i; drawFeatChips(); drawTokenTop(F.pin); });
@@ -146,33 +163,30 @@ function drawTokenTop(i) {
 
 // ---- steering --------------------------------------------------------------------------
 let steerTimer = null;
-function scheduleSteer() { clearTimeout(steerTimer); steerTimer = setTimeout(steer, 150); }
+function scheduleSteer() { clearTimeout(steerTimer); steerTimer = setTimeout(featRun, 150); }
 
-async function steer() {
-  const mode = $("feat-mode").value, value = +$("feat-value").value, seq = ++F.steerSeq;
+function drawEq() {
+  const mode = $("feat-mode").value, value = +$("feat-value").value;
   $("feat-value-out").textContent = fmt(value);
   $("feat-eq").textContent = mode === "add"
     ? `a ← a + ${fmt(value)} · W_dec[${F.id}]  at every position of ${F.info.out_hook || F.info.hook}`
     : `a ← a + (${fmt(value)} − f${F.id}(a)) · W_dec[${F.id}]  (the SAE's error term kept)`;
-  const body = { prompt: $("feat-prompt").value, feature: F.id, mode, value,
-    max_tokens: +$("feat-max").value || 0, temperature: +$("feat-temp").value, seed: +$("feat-seed").value };
-  try {
-    const d = await api("/api/features/steer", body);
-    if (seq !== F.steerSeq) return;
-    const box = $("feat-dist"); box.textContent = "";
-    for (const r of d.rows) {
-      box.append(
-        el("span", { class: "label" }, show(r.text)),
-        el("span", { class: "track" },
-          el("span", { class: "ghost", style: `width:${(100 * r.clean).toFixed(2)}%` }),
-          el("span", { class: "fill", style: `width:${(100 * r.p).toFixed(2)}%` }),
-          el("span", { class: "tick", style: `left:${(100 * r.clean).toFixed(2)}%` })),
-        el("span", { class: "num" }, `${(100 * r.p).toFixed(1)}% (was ${(100 * r.clean).toFixed(1)}%)`));
-    }
-    $("feat-kl").textContent = `KL(steered ‖ clean) = ${d.kl.toFixed(4)} nats`;
-    $("feat-sample").textContent = d.sample;
-    $("feat-clean-sample").textContent = d.clean_sample;
-  } catch (e) { if (seq === F.steerSeq) failed("feat-dist")(e); }
+}
+
+function drawSteer(d) {
+  const box = $("feat-dist"); box.textContent = "";
+  for (const r of d.rows) {
+    box.append(
+      el("span", { class: "label" }, show(r.text)),
+      el("span", { class: "track" },
+        el("span", { class: "ghost", style: `width:${(100 * r.clean).toFixed(2)}%` }),
+        el("span", { class: "fill", style: `width:${(100 * r.p).toFixed(2)}%` }),
+        el("span", { class: "tick", style: `left:${(100 * r.clean).toFixed(2)}%` })),
+      el("span", { class: "num" }, `${(100 * r.p).toFixed(1)}% (was ${(100 * r.clean).toFixed(1)}%)`));
+  }
+  $("feat-kl").textContent = `KL(steered ‖ clean) = ${d.kl.toFixed(4)} nats`;
+  $("feat-sample").textContent = d.sample;
+  $("feat-clean-sample").textContent = d.clean_sample;
 }
 
 // ---- wiring ----------------------------------------------------------------------------
@@ -180,9 +194,9 @@ $("feat-query").addEventListener("input", () => { clearTimeout(searchTimer); sea
 $("feat-id").addEventListener("change", () => openFeature(Math.max(0, Math.min(F.info.d_sae - 1, +$("feat-id").value || 0))));
 $("feat-prev").addEventListener("click", () => F.id > 0 && openFeature(F.id - 1));
 $("feat-next").addEventListener("click", () => F.id < F.info.d_sae - 1 && openFeature(F.id + 1));
-$("feat-prompt").addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(() => { featTokens(); steer(); }, 250); });
+$("feat-prompt").addEventListener("input", () => { clearTimeout(steerTimer); steerTimer = setTimeout(featRun, 250); });
 $("feat-value").addEventListener("input", scheduleSteer);
 $("feat-mode").addEventListener("change", () => { if ($("feat-mode").value === "clamp" && +$("feat-value").value < 0) $("feat-value").value = 0; openFeature(F.id); });
-for (const id of ["feat-max", "feat-temp", "feat-seed"]) $(id).addEventListener("change", steer);
+for (const id of ["feat-max", "feat-temp", "feat-seed"]) $(id).addEventListener("change", featRun);
 $("api-key").addEventListener("change", () => { if (!F.info) featuresBoot(); });
 featuresBoot();

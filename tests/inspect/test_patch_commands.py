@@ -32,6 +32,13 @@ def loaded(monkeypatch: pytest.MonkeyPatch, tiny: SimpleNamespace) -> SimpleName
     return _load(monkeypatch, tiny)
 
 
+def only_the_gap_note(err: str) -> bool:
+    """stderr is empty, or the one-line note that the clean and corrupted runs differ little
+    (these random models' do)."""
+    lines = err.splitlines()
+    return len(lines) <= 1 and all(x.startswith("glassgpt: note: ") and "m̂" in x for x in lines)
+
+
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     code = main(args)
     out, err = capsys.readouterr()
@@ -71,7 +78,7 @@ def test_patch_writes_the_apis_values_and_a_figure_per_site(
     out = tmp_path / "out"
     args = ["patch", "-c", str(tmp_path), "--clean", CLEAN, "--corrupt", CORRUPT, "--answer", "c"]
     code, stdout, err = run([*args, *(["--wrong", wrong] if wrong else []), "-o", str(out)], capsys)
-    assert (code, err) == (0, "")
+    assert code == 0 and only_the_gap_note(err)
     doc = json.loads((out / "patch.json").read_text(encoding="utf-8"))
     want = expected_patch(loaded, wrong)
     assert list(doc["results"]) == ["resid", "attn", "mlp", "heads"]
@@ -98,7 +105,7 @@ def test_patch_what_selects_sites_in_order(
     code, _, err = run(
         [*args, "--answer", "c", "--what", "heads, resid", "-o", str(tmp_path / "o")], capsys
     )
-    assert (code, err) == (0, "")
+    assert code == 0 and only_the_gap_note(err)
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
         "patch.json",
         "patch_heads.png",
@@ -158,7 +165,7 @@ def test_patch_refuses_mlp_on_an_attention_only_model(
         "glassgpt: error: --what mlp: this model is attention-only (it has no MLPs)\n",
     )
     code, _, err = run(base, capsys)  # the default: every site the model has
-    assert (code, err) == (0, "")
+    assert code == 0 and only_the_gap_note(err)
     doc = json.loads((tmp_path / "o" / "patch.json").read_text(encoding="utf-8"))
     assert list(doc["results"]) == ["resid", "attn", "heads"]
 
@@ -285,7 +292,7 @@ def test_patch_from_a_checkpoint_folder(
         ["patch", "-c", str(folder), *PATCH, "--wrong", "x", "--what", "resid", "-o", str(out)],
         capsys,
     )
-    assert (code, err) == (0, "")
+    assert code == 0 and only_the_gap_note(err)
     values = json.loads((out / "patch.json").read_text(encoding="utf-8"))["results"]["resid"]
     assert len(values["values"]) == cfg.n_layers and len(values["values"][0]) == len(CLEAN)
     assert (out / "patch_resid.png").exists()

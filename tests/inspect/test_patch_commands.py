@@ -296,3 +296,34 @@ def test_patch_from_a_checkpoint_folder(
     values = json.loads((out / "patch.json").read_text(encoding="utf-8"))["results"]["resid"]
     assert len(values["values"]) == cfg.n_layers and len(values["values"][0]) == len(CLEAN)
     assert (out / "patch_resid.png").exists()
+
+
+def test_patch_identical_prompts_name_the_tokens_text(
+    loaded: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["patch", "-c", str(tmp_path), "--clean", CLEAN, "--corrupt", CLEAN, "--answer", "c"]
+    code, _, err = run([*args, "--wrong", " ", "-o", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("glassgpt: error: cannot normalise logit_diff('c', '␣'): it is ")
+    assert "[" not in err  # not the ids, logit_diff([2], [0])
+
+
+def gap_notes(err: str) -> list[str]:
+    return [x for x in err.splitlines() if x.startswith("glassgpt: note: ") and "m̂" in x]
+
+
+def test_patch_notes_once_when_clean_and_corrupted_differ_little(
+    loaded: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """|m_clean − m_corrupted| = 0.087 beside m ≈ 2: m̂ is mostly noise; 2.12 is not."""
+    args = ["patch", "-c", str(tmp_path), "--answer", "c", "--wrong", "x", "--what", "resid"]
+    code, _, err = run([*args, "--clean", CLEAN, "--corrupt", CORRUPT, "-o", str(tmp_path)], capsys)
+    doc = json.loads((tmp_path / "patch.json").read_text(encoding="utf-8"))
+    m_clean, m_corrupted = doc["metric_clean"], doc["metric_corrupted"]
+    assert abs(m_clean - m_corrupted) < 0.1 < 2.0 < m_clean  # the case the note is for
+    assert code == 0 and len(gap_notes(err)) == 1 and err.count("\n") == 1
+    assert f"logit_diff('c', 'x') is {m_clean:.4g} on the clean run and {m_corrupted:.4g}" in err
+    code, _, err = run(
+        [*args, "--clean", CLEAN, "--corrupt", "abc dax", "-o", str(tmp_path)], capsys
+    )
+    assert (code, err) == (0, "")  # 2.036 against −0.088: no note

@@ -46,7 +46,8 @@ def patching_heatmap(
     m = _np(values)
     L, C = m.shape
     width = 3.4 + min(0.42 * C, 14.0)
-    fig = Figure(figsize=(width, 1.9 + min(0.42 * L, 12.0)), layout="constrained")
+    height = 1.9 + min(0.42 * L, 12.0)
+    fig = Figure(figsize=(width, height), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     finite = m[np.isfinite(m)]
     lim = max(1.0, float(np.abs(finite).max()) if finite.size else 1.0)
@@ -75,5 +76,6 @@ def patching_heatmap(
     lines = [textwrap.fill(line, max(24, int((width - 1.3) * 11))) for line in title.split("\n")]
     ax.set_title("\n".join(lines), fontsize=10)
     bar = fig.colorbar(im, ax=ax, fraction=0.05)
-    bar.set_label(colorbar, fontsize=TICK_PT)
+    # the colour bar's label along its height: about 13 characters an inch at 9 pt
+    bar.set_label(textwrap.fill(colorbar, max(16, int((height - 0.9) * 13))), fontsize=TICK_PT)
     return to_png(fig)

@@ -137,7 +137,8 @@ def load_page(path: Path) -> dict[str, Any]:
         check = (
             "JSON.stringify({n: document.images.length, ok: [...document.images]"
             ".filter(i => i.complete && i.naturalWidth > 0).length,"
-            " sections: document.querySelectorAll('section').length})"
+            " sections: document.querySelectorAll('section').length,"
+            " shrunk: [...document.images].filter(i => i.width < i.naturalWidth).length})"
         )
         value = browser.send("Runtime.evaluate", session, expression=check, returnByValue=True)
         counts = json.loads(value["result"]["value"])
@@ -180,3 +181,4 @@ def test_report_loads_without_errors_and_shows_its_figures(
     assert result["errors"] == []
     assert result["n"] == report_html.n_figures and result["ok"] == result["n"]
     assert result["sections"] >= 8
+    assert result["shrunk"] == 0  # at their own size: 9 pt labels stay 11 px on screen

@@ -253,6 +253,7 @@ def test_every_public_tensor_function_is_covered() -> None:
         "ablated_components",  # the plan (lists of indices)
         "ablation_hooks",  # through run_ablated
         "next_token_shift",  # Python floats, computed in float64
+        "small_gap",  # two Python floats in, a bool out
         "get_act_patch_block_every",  # stacks of the sweeps above
         "get_act_patch_attn_head_all_pos_every",
         "get_act_patch_attn_head_by_pos_every",

@@ -204,3 +204,24 @@ def test_an_unknown_tracker_names_the_known_ones() -> None:
         "csv",
         "mlflow",
     )
+
+
+def test_tensorboard_says_once_where_its_logs_go(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tensorboard")
+    from glassgpt.train.trackers import RunInfo, Trackers
+
+    out = tmp_path / "my runs" / "tiny"
+    out.mkdir(parents=True)  # (the trainer makes the run folder first)
+    info = RunInfo(out, "tiny", "glassgpt", None, {}, "[train]\n")
+    trackers = Trackers(["csv", "tensorboard"], info)
+    trackers.log({"step": 1, "loss": 2.0})
+    trackers.log({"step": 2, "loss": 1.5})
+    trackers.close()
+    folder = out / "tensorboard"
+    assert capsys.readouterr().err == (
+        f"glassgpt: note: TensorBoard logs go to {folder}; see them with: "
+        f"tensorboard --logdir '{folder}'\n"
+    )
+    assert any(p.name.startswith("events.out.tfevents") for p in folder.iterdir())

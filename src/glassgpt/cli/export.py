@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     tok = found.needs_tokenizer()
     out = Path(args.output)
     if args.format == "hf":
-        export_hf(found.model, tok, out)
-        print(f"wrote {out}: config.json, model.safetensors, tokenizer.json")
+        written = export_hf(found.model, tok, out)
+        print(f"wrote {out}: {', '.join(p.name for p in written)}")
     else:
         print(f"wrote {export_tiktoken(tok, out)}")
     return 0

@@ -19,6 +19,7 @@ from typing import Any
 
 from glassgpt.checkpoint import open_run
 from glassgpt.cli.arguments import add_checkpoint, add_device, add_output, add_tokenizer
+from glassgpt.console import say
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.inspect import metrics, patching
@@ -26,7 +27,7 @@ from glassgpt.inspect.cache import as_batch, evaluating, run_with_cache, run_wit
 from glassgpt.inspect.patch_figures import patching_heatmap, position_labels
 from glassgpt.inspect.report import encode_prompt
 from glassgpt.storage import atomic_write
-from glassgpt.tokenizer.display import token_texts
+from glassgpt.tokenizer.display import token_texts, visible
 
 # --what item → (TransformerLens-named function in glassgpt.inspect.patching, cached site,
 #                the result's column axis)
@@ -105,7 +106,7 @@ def single_token(model: Any, tokenizer: Any, text: str, flag: str) -> int:
     except TypeError:  # a tokenizer without special tokens
         ids = list(tokenizer.encode(text))
     if len(ids) != 1:
-        pieces = " ".join(repr(t) for t in token_texts(tokenizer, ids)) or "nothing"
+        pieces = " ".join(f"'{visible(t)}'" for t in token_texts(tokenizer, ids)) or "nothing"
         raise GlassError(
             f"{flag} {text!r} is {len(ids)} tokens ({pieces}), not one: give a single token"
         )
@@ -142,18 +143,32 @@ def run(args: argparse.Namespace) -> int:
         )
     answer = single_token(model, tokenizer, args.answer, "--answer")
     wrong = None if args.wrong is None else single_token(model, tokenizer, args.wrong, "--wrong")
-    raw = metrics.logprob(answer) if wrong is None else metrics.logit_diff(answer, wrong)
+    a_text = visible(token_texts(tokenizer, [answer])[0])
+    w_text = "" if wrong is None else visible(token_texts(tokenizer, [wrong])[0])
+    raw = (  # named by the tokens' text, as every message shows them
+        metrics.logprob(answer, name=f"log p('{a_text}')")
+        if wrong is None
+        else metrics.logit_diff(answer, wrong, name=f"logit_diff('{a_text}', '{w_text}')")
+    )
     sites = [WHAT[w][1] for w in whats]
     with evaluating(model):
         clean_logits, clean_cache = run_with_cache(model, clean, sites)
         corrupt_logits = run_with_hooks(model, corrupt, {})
     metric = metrics.normalised(raw, clean_logits, corrupt_logits)
+    m_clean, m_corrupted = float(raw(clean_logits)), float(raw(corrupt_logits))
+    if metrics.small_gap(m_clean, m_corrupted):
+        say(
+            f"{raw.name} is {m_clean:.4g} on the clean run and {m_corrupted:.4g} on the "
+            f"corrupted one: m̂ divides by their small difference ({m_clean - m_corrupted:+.3g}), "
+            "so its values are mostly noise and may pass 1 or 0 (prompts that differ more "
+            "in the answer help)"
+        )
     out = output_folder(args.output)
 
     short = (
-        f"normalised logit difference {args.answer!r} − {args.wrong!r}"
+        f"normalised logit difference '{a_text}' − '{w_text}'"
         if wrong is not None
-        else f"normalised log p({args.answer!r})"
+        else f"normalised log p('{a_text}')"
     )
     labels = position_labels(token_texts(tokenizer, clean), token_texts(tokenizer, corrupt))
     heads = [str(h) for h in range(model.config.n_heads)]
@@ -181,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         }
         best = divmod(int(values.abs().argmax()), values.shape[1])
         where = (
-            f"position {best[1]} {labels[best[1]]!r}" if axis == "position" else f"head {best[1]}"
+            f"position {best[1]} '{labels[best[1]]}'" if axis == "position" else f"head {best[1]}"
         )
         print(
             f"{w:>5}: largest |m̂| {float(values[best]):+.3f} at layer {best[0]}, {where}"
@@ -200,8 +215,8 @@ def run(args: argparse.Namespace) -> int:
             if wrong is not None
             else "normalised log-probability of the answer at the last position"
         ),
-        "metric_clean": float(raw(clean_logits)),
-        "metric_corrupted": float(raw(corrupt_logits)),
+        "metric_clean": m_clean,
+        "metric_corrupted": m_corrupted,
         "normalisation": "0 = corrupted run, 1 = clean run",
         "results": results,
     }

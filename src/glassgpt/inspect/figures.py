@@ -25,6 +25,10 @@ from torch import Tensor
 from glassgpt.tokenizer.display import visible
 
 MAX_TICKS = 48  # axes with more labels than this are drawn without them
+DPI = 90  # the PNGs' resolution; the report shows them at their own size (1 px : 1 px)
+TICK_PT = 9  # tick labels: 9 pt at DPI is 11 px, readable (7 pt was about 5 px of x-height)
+TEXT_PT = 8  # numbers and tokens written inside cells
+TICK_STEP_IN = 0.17  # inches between neighbouring tick labels of TICK_PT (no overlap)
 HeadPair = tuple[tuple[int, int], tuple[int, int]]  # (previous-token head, induction head)
 
 
@@ -41,7 +45,7 @@ def to_png(fig: Figure) -> bytes:
     """Render ``fig`` as PNG bytes."""
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
 
 
@@ -51,24 +55,24 @@ def _np(x: Tensor | np.ndarray) -> np.ndarray:
 
 def _ticks(ax, labels_x: Sequence[str] | None, labels_y: Sequence[str] | None) -> None:  # type: ignore[no-untyped-def]
     if labels_x is not None and len(labels_x) <= MAX_TICKS:
-        ax.set_xticks(range(len(labels_x)), labels_x, rotation=90, fontsize=7)
+        ax.set_xticks(range(len(labels_x)), labels_x, rotation=90, fontsize=TICK_PT)
     if labels_y is not None and len(labels_y) <= MAX_TICKS:
-        ax.set_yticks(range(len(labels_y)), labels_y, fontsize=7)
+        ax.set_yticks(range(len(labels_y)), labels_y, fontsize=TICK_PT)
 
 
 def attention_figure(pattern: Tensor, labels: Sequence[str], title: str) -> bytes:
     """Panels pattern[h] [T_q, T_k] for each head h of ``pattern`` [H, T, T]."""
     p = _np(pattern)
     H, T = p.shape[0], p.shape[-1]
-    cols = min(H, 4)
+    side = 2.2 + TICK_STEP_IN * T
+    cols = max(1, min(H, 4, int(14.0 // side)))  # about the page's width, at most 4 panels
     rows = math.ceil(H / cols)
-    side = 2.2 + 0.12 * T
     fig = Figure(figsize=(side * cols, side * rows + 0.4), layout="constrained")
     fig.suptitle(title)
     for h in range(H):
         ax = fig.add_subplot(rows, cols, h + 1)
         ax.imshow(p[h], cmap="Blues", vmin=0.0, vmax=1.0)
-        ax.set_title(f"head {h}", fontsize=9)
+        ax.set_title(f"head {h}", fontsize=10)
         last_row = h + cols >= H
         _ticks(ax, labels if last_row else None, labels if h % cols == 0 else None)
         if not last_row:
@@ -87,14 +91,16 @@ def logit_lens_figure(
     """prob [n_rows, T] (probability of the actual next token) with top-1 labels per cell."""
     p = _np(prob)
     n, T = p.shape
-    fig = Figure(figsize=(2.5 + 0.75 * T, 1.2 + 0.42 * n), layout="constrained")
+    fig = Figure(figsize=(2.5 + 0.8 * T, 1.4 + 0.45 * n), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(p, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
     if T * n <= 1200:
         for i in range(n):
             for j in range(T):
                 colour = "black" if p[i, j] > 0.6 else "white"
-                ax.text(j, i, top_labels[i][j], ha="center", va="center", fontsize=6, color=colour)
+                ax.text(
+                    j, i, top_labels[i][j], ha="center", va="center", fontsize=TEXT_PT, color=colour
+                )
     _ticks(ax, col_labels, row_names)
     ax.set_xlabel("position (input token)")
     ax.set_title("logit lens: p(actual next token); text = top prediction")
@@ -112,11 +118,11 @@ def attribution_figure(names: Sequence[str], values: Tensor, title: str, top: in
     if len(order) > top:
         labels.append(f"{len(order) - top} others")
         vals.append(float(v[order[top:]].sum()))
-    fig = Figure(figsize=(7.5, 1.0 + 0.28 * len(vals)), layout="constrained")
+    fig = Figure(figsize=(7.5, 1.0 + 0.3 * len(vals)), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     colours = ["tab:blue" if x >= 0 else "tab:red" for x in vals]
     ax.barh(range(len(vals)), vals, color=colours)
-    ax.set_yticks(range(len(vals)), labels, fontsize=7)
+    ax.set_yticks(range(len(vals)), labels, fontsize=TICK_PT)
     ax.invert_yaxis()
     ax.axvline(0.0, color="black", linewidth=0.6)
     ax.set_xlabel("contribution to the logit")
@@ -138,8 +144,9 @@ def heatmap_figure(
     """One matrix as a heat map; ``diverging`` centres a red–blue scale on 0; NaN cells blank."""
     m = _np(matrix)
     r, c = m.shape
+    step = 0.42 if annotate else TICK_STEP_IN + 0.05  # room for "0.00" in a cell
     fig = Figure(
-        figsize=(2.8 + min(0.32 * c, 12.0), 1.6 + min(0.3 * r, 12.0)), layout="constrained"
+        figsize=(2.8 + min(step * c, 14.0), 1.6 + min(step * r, 14.0)), layout="constrained"
     )
     ax = fig.add_subplot(1, 1, 1)
     finite = m[np.isfinite(m)]
@@ -152,7 +159,7 @@ def heatmap_figure(
         for i in range(r):
             for j in range(c):
                 if np.isfinite(m[i, j]):
-                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6)
+                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=TEXT_PT)
     _ticks(ax, col_labels, row_labels)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -206,8 +213,8 @@ def _outlined_matrix(
             )
     for i, j in marks:
         ax.add_patch(_outline(i, j))
-    ax.set_xticks(range(len(cols)), list(cols), fontsize=8)
-    ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
+    ax.set_xticks(range(len(cols)), list(cols), fontsize=TICK_PT)
+    ax.set_yticks(range(len(rows)), list(rows), fontsize=TICK_PT)
     ax.set_title(title, fontsize=10)
     return im
 
@@ -265,7 +272,7 @@ def induction_composition_figure(k_block: Tensor, comp: dict[str, Any], pair: He
     mean = np.array([comp[k]["random_mean"] for k in "qkv"])
     std = np.array([comp[k]["random_std"] for k in "qkv"])
     bars = ax.bar(x - 0.2, pair_v, 0.4, color="tab:red", label=f"L{l1}H{h1} → L{l2}H{h2}")
-    ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.bar_label(bars, fmt="%.2f", fontsize=TEXT_PT)
     ax.bar(x + 0.2, other, 0.4, color="tab:grey", label="other pairs (mean)")
     ax.errorbar(
         x,
@@ -317,12 +324,12 @@ def induction_positions_figure(by_pos: Tensor, pair: HeadPair, seq_len: int) -> 
             label=f"{name} head L{layer}H{head}",
         )
     ax.axvline(seq_len - 0.5, color="black", linewidth=0.8, linestyle="--")
-    ax.text(seq_len - 0.5, ax.get_ylim()[1], " second copy →", va="top", fontsize=8)
+    ax.text(seq_len - 0.5, ax.get_ylim()[1], " second copy →", va="top", fontsize=TEXT_PT)
     ax.axhline(0.0, color="grey", linewidth=0.6)
     ax.set_xlabel("position patched (first copy: 0 … n−1; odd ones corrupted)")
     ax.set_ylabel("metric recovered")
     ax.set_title("activation patching of one position of one head's output", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=TEXT_PT)
     return to_png(fig)
 
 
@@ -342,12 +349,12 @@ def induction_ablation_figure(mean: dict[str, Any], zero: dict[str, Any], pair: 
         ax.bar(x - 0.2, first, 0.4, color="tab:grey", label="first copy")
         bars = ax.bar(x + 0.2, second, 0.4, color="tab:red", label="repeated copy")
         kept = [f"{rows[label]['drop_kept']:.0%}" for label in labels]
-        ax.bar_label(bars, kept, fontsize=8)
-        ax.set_xticks(x, [label.replace(" ", "\n", 1) for label in labels], fontsize=8)
+        ax.bar_label(bars, kept, fontsize=TEXT_PT)
+        ax.set_xticks(x, [label.replace(" ", "\n", 1) for label in labels], fontsize=TICK_PT)
         ax.set_title(f"{how} (label: share of the drop kept)", fontsize=9)
         if not k:
             ax.set_ylabel("loss (nats per token)")
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=TEXT_PT)
     return to_png(fig)
 
 
@@ -369,9 +376,9 @@ def induction_path_figure(p: dict[str, Any], pair: HeadPair) -> bytes:
     fig = Figure(figsize=(2.0 + 0.9 * len(names), 3.6), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     bars = ax.bar(range(len(names)), values, color=colours)
-    ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.bar_label(bars, fmt="%.2f", fontsize=TEXT_PT)
     ax.axhline(0.0, color="black", linewidth=0.6)
-    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_xticks(range(len(names)), names, fontsize=TICK_PT)
     ax.set_xlabel("receiver: the only input recomputed with the sender's clean output")
     ax.set_ylabel("metric recovered")
     ax.set_title(f"path patching from the previous-token head L{l1}H{h1}", fontsize=10)

@@ -86,9 +86,15 @@ def _at(logits: Tensor, ids: Tensor, pos: int, what: str) -> Tensor:
 
 
 def logit_diff(
-    answer: int | Sequence[int] | Tensor, wrong: int | Sequence[int] | Tensor, pos: int = -1
+    answer: int | Sequence[int] | Tensor,
+    wrong: int | Sequence[int] | Tensor,
+    pos: int = -1,
+    *,
+    name: str | None = None,
 ) -> Metric:
-    """z_pos[answer] − z_pos[wrong], averaged over the prompts (ids: one, or one per prompt).
+    """z_pos[answer] − z_pos[wrong], averaged over the prompts (ids: one, or one per prompt);
+    ``name`` names it in messages (default ``logit_diff([ids], [ids])``; a command gives the
+    tokens' text).
 
     >>> z = torch.zeros(1, 2, 4); z[0, -1] = torch.tensor([0.0, 3.0, 1.0, 0.0])
     >>> float(logit_diff(1, 2)(z))
@@ -100,11 +106,14 @@ def logit_diff(
         z = _widened(logits)
         return (_at(z, a, pos, "answer") - _at(z, b, pos, "wrong answer")).mean(-1)
 
-    return Metric(batched, f"logit_diff({a.tolist()}, {b.tolist()})")
+    return Metric(batched, name or f"logit_diff({a.tolist()}, {b.tolist()})")
 
 
-def logprob(answer: int | Sequence[int] | Tensor, pos: int = -1) -> Metric:
-    """log softmax(z_pos)[answer], averaged over the prompts (in at least float32).
+def logprob(
+    answer: int | Sequence[int] | Tensor, pos: int = -1, *, name: str | None = None
+) -> Metric:
+    """log softmax(z_pos)[answer], averaged over the prompts (in at least float32); ``name``
+    as in :func:`logit_diff`.
 
     >>> z = torch.zeros(1, 1, 4)
     >>> round(float(logprob(2)(z)), 4)  # log(1/4)
@@ -115,7 +124,7 @@ def logprob(answer: int | Sequence[int] | Tensor, pos: int = -1) -> Metric:
     def batched(logits: Tensor) -> Tensor:
         return _at(_widened(logits).log_softmax(-1), a, pos, "answer").mean(-1)
 
-    return Metric(batched, f"logprob({a.tolist()})")
+    return Metric(batched, name or f"logprob({a.tolist()})")
 
 
 def loss(tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Metric:
@@ -166,3 +175,22 @@ def normalised(metric: MetricFn, clean_logits: Tensor, corrupted_logits: Tensor)
         return (score_runs(metric, logits) - low.to(logits.device)) / span.to(logits.device)
 
     return Metric(batched, f"normalised({getattr(metric, 'name', 'metric')})")
+
+
+SMALL_GAP = 0.25  # of the metric's scale: below it, m̂'s denominator is mostly noise
+
+
+def small_gap(m_clean: float, m_corrupted: float) -> bool:
+    """Whether the clean and corrupted runs differ too little in the metric for m̂ to mean much.
+
+        small  ⇔  |m_clean − m_corrupted| < SMALL_GAP · max(|m_clean|, |m_corrupted|, 1)
+
+    The scale is the metric's own size, and at least 1 (logit differences and log-probabilities
+    are in nats), so two values near 0 are not "far apart" when they differ by 0.01. m̂ divides
+    by the gap: a small one turns any change of m into an m̂ far outside [0, 1].
+
+    >>> small_gap(2.329, 2.543), small_gap(3.5, -3.5), small_gap(0.01, 0.3), small_gap(-0.1, -0.9)
+    (True, False, False, False)
+    """
+    gap = abs(m_clean - m_corrupted)
+    return gap < SMALL_GAP * max(abs(m_clean), abs(m_corrupted), 1.0)

@@ -19,7 +19,8 @@ td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: left; vertical-al
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code, .tok { font-family: ui-monospace, monospace; white-space: pre; }
 .tok { background: #eef; border-radius: 3px; padding: 0 2px; }
-figure { margin: 0.8em 0; } figure img { max-width: 100%; height: auto; }
+figure { margin: 0.8em 0; overflow-x: auto; }
+figure img { max-width: none; }  /* at its own size: shrunk, 9 pt labels would be unreadable */
 figcaption { font-size: 0.85em; color: #555; }
 p.note { color: #555; font-size: 0.9em; }
 .scroll { overflow-x: auto; }

@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from glassgpt.inspect.figures import MAX_TICKS, _np, to_png, token_label
+from glassgpt.inspect.figures import MAX_TICKS, TEXT_PT, TICK_PT, _np, to_png, token_label
 
 
 def position_labels(clean: Sequence[str], corrupted: Sequence[str], width: int = 8) -> list[str]:
@@ -46,7 +46,8 @@ def patching_heatmap(
     m = _np(values)
     L, C = m.shape
     width = 3.4 + min(0.42 * C, 14.0)
-    fig = Figure(figsize=(width, 1.9 + min(0.42 * L, 12.0)), layout="constrained")
+    height = 1.9 + min(0.42 * L, 12.0)
+    fig = Figure(figsize=(width, height), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     finite = m[np.isfinite(m)]
     lim = max(1.0, float(np.abs(finite).max()) if finite.size else 1.0)
@@ -62,18 +63,19 @@ def patching_heatmap(
                         f"{m[i, j]:.2f}".replace("-0.00", "0.00"),
                         ha="center",
                         va="center",
-                        fontsize=7,
+                        fontsize=TEXT_PT,
                         color=colour,
                     )
     if C <= MAX_TICKS:
         wide = max((len(label) for label in col_labels), default=0) * C > 48
-        ax.set_xticks(range(C), list(col_labels), rotation=90 if wide else 0, fontsize=8)
-    ax.set_yticks(range(L), [str(layer) for layer in range(L)], fontsize=8)
+        ax.set_xticks(range(C), list(col_labels), rotation=90 if wide else 0, fontsize=TICK_PT)
+    ax.set_yticks(range(L), [str(layer) for layer in range(L)], fontsize=TICK_PT)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("layer")
     # each line of the title within the axes: about 11 characters an inch at 10 pt
     lines = [textwrap.fill(line, max(24, int((width - 1.3) * 11))) for line in title.split("\n")]
     ax.set_title("\n".join(lines), fontsize=10)
     bar = fig.colorbar(im, ax=ax, fraction=0.05)
-    bar.set_label(colorbar, fontsize=8)
+    # the colour bar's label along its height: about 13 characters an inch at 9 pt
+    bar.set_label(textwrap.fill(colorbar, max(16, int((height - 0.9) * 13))), fontsize=TICK_PT)
     return to_png(fig)

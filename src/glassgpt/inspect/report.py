@@ -33,7 +33,7 @@ from glassgpt.inspect.heads import HeadScores, head_scores
 from glassgpt.inspect.lens import direct_logit_attribution, logit_lens
 from glassgpt.model import GPT
 from glassgpt.storage import atomic_write
-from glassgpt.tokenizer.display import token_texts
+from glassgpt.tokenizer.display import token_texts, visible
 
 
 def encode_prompt(model: GPT, tokenizer: Any, prompt: str) -> list[int]:
@@ -89,16 +89,16 @@ def build_report(
         pick_head(model, _no_scores(model), layer, head)  # validate before any work
     wanted = resolve_names(model, list(names)) if names else []
     ids = encode_prompt(model, tokenizer, prompt)
-    labels = [fig.token_label(t) for t in token_texts(tokenizer, ids)]
+    texts = token_texts(tokenizer, ids)  # bytes outside whole characters as <0xNN>
     with evaluating(model), torch.no_grad():
         scores = head_scores(model, seq_len=seq_len)
         layer, head = pick_head(model, scores, layer, head)
         body = [
-            _overview(model, prompt, ids, labels),
-            _predictions(model, tokenizer, ids, labels),
-            _lens(model, tokenizer, ids, labels),
-            _attribution(model, tokenizer, ids, labels),
-            _patterns(model, ids, labels),
+            _overview(model, prompt, ids, texts),
+            _predictions(model, tokenizer, ids, texts),
+            _lens(model, tokenizer, ids, texts),
+            _attribution(model, tokenizer, ids),
+            _patterns(model, ids, texts),
             _head_scores(model, scores),
             _composition(model),
             _circuits(model, tokenizer, ids, layer, head),
@@ -113,11 +113,11 @@ def _no_scores(model: GPT) -> HeadScores:
     return HeadScores(z, z, z, torch.zeros(0, 0, dtype=torch.long))
 
 
-def _overview(model: GPT, prompt: str, ids: list[int], labels: list[str]) -> str:
+def _overview(model: GPT, prompt: str, ids: list[int], texts: list[str]) -> str:
     cfg = model.config
     n_params = sum(p.numel() for p in model.parameters())
     rows = [(k, str(v)) for k, v in cfg.to_dict().items()] + [("parameters", f"{n_params:,}")]
-    tokens = " ".join(P.tok(t) for t in labels)
+    tokens = " ".join(P.tok(visible(t)) for t in texts)
     return P.section(
         "Model and prompt",
         P.table(["field", "value"], rows),
@@ -126,7 +126,8 @@ def _overview(model: GPT, prompt: str, ids: list[int], labels: list[str]) -> str
     )
 
 
-def _predictions(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
+def _predictions(model: GPT, tokenizer: Any, ids: list[int], texts: list[str]) -> str:
+    labels = [visible(t) for t in texts]
     logits = model(torch.tensor([ids], device=_device(model)))
     assert isinstance(logits, Tensor)
     logp = torch.log_softmax(logits[0].float(), -1)  # [T, n_vocab]
@@ -135,7 +136,7 @@ def _predictions(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) 
     losses = []
     for t in range(len(ids)):
         guesses = ", ".join(
-            f"{fig.token_label(s)} {p:.2f}"
+            f"{visible(s)} {p:.2f}"
             for s, p in zip(token_texts(tokenizer, top_i[t].tolist()), top_p[t].tolist())
         )
         if t + 1 < len(ids):
@@ -148,11 +149,12 @@ def _predictions(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) 
     if losses:
         mean = sum(losses) / len(losses)
         parts.insert(0, P.note(f"mean loss over {len(losses)} predictions: {mean:.4f} nats"))
-        parts.append(P.figure(fig.loss_figure(torch.tensor(losses), labels[1:]), "per-token loss"))
+        ticks = [fig.token_label(t) for t in texts[1:]]
+        parts.append(P.figure(fig.loss_figure(torch.tensor(losses), ticks), "per-token loss"))
     return P.section("Predictions and per-token loss", *parts, anchor="predictions")
 
 
-def _lens(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
+def _lens(model: GPT, tokenizer: Any, ids: list[int], texts: list[str]) -> str:
     lens = logit_lens(model, ids)
     probs = lens.probs()[:, 0]  # [L + 1, T, n_vocab]
     top_i = probs.argmax(-1)  # [L + 1, T]
@@ -160,13 +162,16 @@ def _lens(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
     p_next = probs.gather(-1, nxt.expand(probs.shape[0], -1)[..., None])[..., 0]
     if len(ids) > 1:
         p_next[:, -1] = float("nan")  # no actual next token at the last position
-    texts = token_texts(tokenizer, sorted(set(top_i.flatten().tolist())))
-    by_id = dict(zip(sorted(set(top_i.flatten().tolist())), texts))
+    uniq = sorted(set(top_i.flatten().tolist()))
+    by_id = dict(zip(uniq, token_texts(tokenizer, uniq)))
     top_labels = [[fig.token_label(by_id[int(i)], 6) for i in row] for row in top_i]
     rows = ["embed"] + [f"after L{layer}" for layer in range(model.config.n_layers)]
-    png = fig.logit_lens_figure(p_next, top_labels, rows, labels)
+    png = fig.logit_lens_figure(p_next, top_labels, rows, [fig.token_label(t) for t in texts])
     p_top = probs.max(-1).values.tolist()  # [L + 1][T]
-    cells = [[(by_id[int(i)], p) for i, p in zip(r, ps)] for r, ps in zip(top_i.tolist(), p_top)]
+    # whitespace made visible, one line per cell, as the chips show it (not a blank tall cell)
+    cells = [
+        [(visible(by_id[int(i)]), p) for i, p in zip(r, ps)] for r, ps in zip(top_i.tolist(), p_top)
+    ]
     return P.section(
         "Logit lens",
         P.note(
@@ -178,12 +183,12 @@ def _lens(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
             "The most likely next token at each layer (row) and position (column), "
             "shaded by its probability:"
         ),
-        P.heat_table(rows, token_texts(tokenizer, ids), cells),
+        P.heat_table(rows, [visible(t) for t in texts], cells),  # as the chips show them
         anchor="lens",
     )
 
 
-def _attribution(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) -> str:
+def _attribution(model: GPT, tokenizer: Any, ids: list[int]) -> str:
     if model.ln_final is None:
         return P.section(
             "Direct logit attribution",
@@ -195,7 +200,7 @@ def _attribution(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) 
     target = int(logits.argmax())
     parts = dla.logits(torch.tensor([[target]] * len(ids), device=logits.device).T)[:, 0, -1]
     text = fig.token_label(token_texts(tokenizer, [target])[0])
-    caption = f"parts of the logit of {text!r} (top prediction) at the last position"
+    caption = f"parts of the logit of '{text}' (top prediction) at the last position"
     order = torch.argsort(parts.abs(), descending=True)[:12].tolist()
     rows = [[dla.names[i], float(parts[i])] for i in order]
     rows.append(["sum of all parts", float(parts.sum())])
@@ -211,8 +216,9 @@ def _attribution(model: GPT, tokenizer: Any, ids: list[int], labels: list[str]) 
     )
 
 
-def _patterns(model: GPT, ids: list[int], labels: list[str]) -> str:
+def _patterns(model: GPT, ids: list[int], texts: list[str]) -> str:
     _, cache = run_with_cache(model, ids, "pattern")
+    labels = [fig.token_label(t) for t in texts]
     figs = [
         P.figure(
             fig.attention_figure(cache["pattern", layer][0], labels, f"layer {layer}"),
@@ -283,7 +289,7 @@ def _circuits(model: GPT, tokenizer: Any, ids: list[int], layer: int, head: int)
         cols = token_texts(tokenizer, [c for _, c, _ in pairs])
         rows = token_texts(tokenizer, [r for r, _, _ in pairs])
         table_rows = [
-            [P.Raw(P.tok(fig.token_label(a))), P.Raw(P.tok(fig.token_label(b))), v]
+            [P.Raw(P.tok(visible(a))), P.Raw(P.tok(visible(b))), v]
             for a, b, (_, _, v) in zip(rows, cols, pairs)
         ]
         head_row = ["query", "key", "score"] if title == "QK" else ["source", "output", "logit"]

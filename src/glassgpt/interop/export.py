@@ -20,11 +20,14 @@ from glassgpt.storage import atomic_write
 from glassgpt.tokenizer.special import END_OF_TEXT as EOT
 
 
-def export_hf(model: Any, tok: Any, out: Path) -> None:
-    """Weights, ``config.json`` and the tokenizer files of an HF GPT-2 folder."""
+def export_hf(model: Any, tok: Any, out: Path) -> list[Path]:
+    """Weights, ``config.json`` and the tokenizer files of an HF GPT-2 folder; the files
+    written, in the order written."""
     char = not hasattr(tok, "merges")  # a character tokenizer: BPE without merges, Fuse decoder
     to_hf(model, out)
+    written = [out / "model.safetensors", out / "config.json"]  # to_hf's
     save_tokenizer_json(tok, out / "tokenizer.json")
+    written.append(out / "tokenizer.json")
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast" if char else "GPT2TokenizerFast",
         "model_max_length": model.config.n_ctx,
@@ -36,6 +39,8 @@ def export_hf(model: Any, tok: Any, out: Path) -> None:
         if not char:
             config.update(unk_token=EOT)
     atomic_write(out / "tokenizer_config.json", (json.dumps(config, indent=2) + "\n").encode())
+    written.append(out / "tokenizer_config.json")
+    return written
 
 
 def export_tiktoken(tok: Any, out: Path) -> Path:

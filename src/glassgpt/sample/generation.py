@@ -28,6 +28,8 @@ An empty prompt starts from ``<|endoftext|>`` when the tokenizer has it, else fr
 from __future__ import annotations
 
 import codecs
+import os
+import sys
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,6 +51,18 @@ from glassgpt.tokenizer.special import start_id
 
 class ContextWarning(UserWarning):
     """The prompt and generation outgrow the model's context; the window slides."""
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside glassgpt/sample/, for ``warnings.warn``
+    called by this function's caller: the warning names the user's line (their ``generate``
+    call, or the loop over ``stream``), not a line inside these generators, whose depth
+    varies."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1  # level 1: the function that calls warnings.warn
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class ContextOverflowError(GlassError, ValueError):
@@ -294,7 +308,7 @@ def _steps(
                 f"{what} exceed the model's context n_ctx={n_ctx}: sliding the window "
                 f"(re-encoding the last {window} tokens)",
                 ContextWarning,
-                stacklevel=4,
+                stacklevel=_callers_level(),
             )
             warned[0] = True
         return [r[-window:] for r in hist]

@@ -31,6 +31,7 @@ import io
 import json
 import math
 import os
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from typing import Any
 
 from matplotlib.image import imread
 
+from glassgpt.console import say
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.storage import atomic_write
 from glassgpt.train.config import _flatten as flatten  # {"train": {"lr": 1}} → {"train.lr": 1}
@@ -154,8 +156,10 @@ class TensorBoardTracker(Tracker):
     def __init__(self, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run.out_dir / "tensorboard"))
+        folder = run.out_dir / "tensorboard"
+        self.writer = SummaryWriter(log_dir=str(folder))
         self.writer.add_text("config", _code_block(run.config_toml), 0)
+        say(f"TensorBoard logs go to {folder}; see them with: tensorboard --logdir {_q(folder)}")
 
     def log(self, record: Mapping[str, Any]) -> None:
         step = int(record["step"])
@@ -295,6 +299,15 @@ class Trackers(Tracker):
     def close(self) -> None:
         for t in self.trackers:
             t.close()
+
+
+def _q(path: Path) -> str:
+    """``path`` as a shell word (quoted only when it must be).
+
+    >>> _q(Path("runs/a")), _q(Path("my runs/a"))
+    ('runs/a', "'my runs/a'")
+    """
+    return shlex.quote(str(path))
 
 
 def _code_block(text: str) -> str:

@@ -136,7 +136,18 @@ def test_patch_refuses_what_it_cannot_patch(live: Server) -> None:
                         "site": "resid_pre", "layer": 0, "index": 11})  # fmt: skip
     assert status == 400 and "11" in d["error"]["message"]
     status, d = request(live.url, "/api/patch", {"clean": CLEAN, "corrupted": CLEAN})
-    assert status == 400 and "on both the clean and the corrupted run" in d["error"]["message"]
+    msg = d["error"]["message"]
+    assert status == 400 and "on both the clean and the corrupted run" in msg
+    assert msg.startswith("cannot normalise logit_diff('")  # named by the tokens' text, not ids
+
+
+def test_patch_says_whether_the_runs_differ_enough(live: Server, oracle: Any) -> None:
+    """``small_gap`` of the metric on the clean and corrupted runs, as ``glassgpt patch`` notes."""
+    from glassgpt.inspect.metrics import small_gap
+
+    status, d = request(live.url, "/api/patch", {"clean": CLEAN, "corrupted": CORRUPTED})
+    assert status == 200, d
+    assert d["small_gap"] is small_gap(d["diff"]["clean"], d["diff"]["corrupted"])
 
 
 def test_ablated_logits_equal_a_model_without_those_heads(live: Server, oracle: Any) -> None:

@@ -420,7 +420,9 @@ class Trainer:
         cfg = self.cfg
         log = MetricsLog(self.out / "metrics.jsonl")
         truncate_after(log.path, self.step)
-        bar = Progress(cfg.steps, self.step, enabled=self.progress, log=print)
+        bar = Progress(
+            cfg.steps, self.step, enabled=self.progress, log=print, tokens_per_step=cfg.batch_size
+        )
         last = {"time": time.perf_counter(), "step": self.step}
         ended = "done"
 
@@ -441,7 +443,7 @@ class Trainer:
                         if cfg.eval_every and self.step % cfg.eval_every == 0 and not final:
                             record.update(self.evaluate())
                         log.write(record)
-                        bar.metrics(record["loss"], record["tok_s"])
+                        bar.metrics(record["loss"])
                         bar.text += f", L0 {record['l0']:.1f}, FVU {record['fvu']:.3f}"
                     if self.stop is not None:
                         ended = "signal"

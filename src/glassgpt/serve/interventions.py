@@ -34,12 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from glassgpt.errors import GlassError
 from glassgpt.inspect.ablation import ablation_hooks
 from glassgpt.inspect.cache import evaluating, patch_hook, run_with_cache, run_with_hooks
-from glassgpt.inspect.metrics import logit_diff, normalised
+from glassgpt.inspect.metrics import logit_diff, normalised, small_gap
 from glassgpt.inspect.patching import get_act_patch_attn_head_out_all_pos, get_act_patch_resid_pre
 from glassgpt.inspect.report import encode_prompt
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.state import ServeState
-from glassgpt.tokenizer.display import token_texts
+from glassgpt.tokenizer.display import token_texts, visible
 
 KEEP = 4  # prompt pairs kept
 TOP = 8  # tokens shown in a patch's distribution
@@ -163,9 +163,10 @@ class Interventions:
         return answer, self._token(ask.wrong, "wrong", default_wrong)
 
     def _metric(self, pair: dict[str, Any], answer: int, wrong: int) -> Any:
+        a, w = (visible(t) for t in token_texts(self.tok, [answer, wrong]))
         try:
-            return normalised(logit_diff(answer, wrong), pair["clean_logits"],
-                              pair["corrupted_logits"])  # fmt: skip
+            return normalised(logit_diff(answer, wrong, name=f"logit_diff('{a}', '{w}')"),
+                              pair["clean_logits"], pair["corrupted_logits"])  # fmt: skip
         except GlassError as e:
             raise APIError(400, str(e), param="wrong") from None
 
@@ -201,6 +202,9 @@ class Interventions:
             "answer": {"id": answer, "text": texts[0]},
             "wrong": {"id": wrong, "text": texts[1]},
             "diff": {k: float(diff(pair[f"{k}_logits"])) for k in ("clean", "corrupted")},
+            "small_gap": small_gap(
+                *(float(diff(pair[f"{k}_logits"])) for k in ("clean", "corrupted"))
+            ),
             "resid_pre": [[round(float(v), 5) for v in row] for row in resid],
             "heads": [[round(float(v), 5) for v in row] for row in heads],
         }

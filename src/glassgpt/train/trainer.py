@@ -420,7 +420,9 @@ class Trainer:
             record.update(tok_per_s=tok_s, elapsed_s=time.perf_counter() - clock.start)
             record["eval_s"] = self.eval_seconds  # of elapsed_s: this step's eval comes after
             record["cpu_s"] = time.process_time() - clock.cpu_start  # all threads
-            bar.metrics(record["loss"], tok_s)
+            # s/step, tok/s and the ETA from the bar's one window of steps
+            bar.tokens_per_step = record["tokens"] // max(step, 1)
+            bar.metrics(record["loss"])
         if do_eval:
             started = time.perf_counter()
             record.update(self._eval_and_report(bar.write))

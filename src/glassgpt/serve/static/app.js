@@ -527,7 +527,8 @@ async function runPatch() {
     P.data = d; P.body = { ...body, answer: d.answer.id, wrong: d.wrong.id }; P.cell = null;
     status.textContent = `${d.clean.length} tokens each · m = z[“${show(d.answer.text)}”] − z[“${show(d.wrong.text)}”]: ` +
       `clean ${d.diff.clean.toFixed(3)}, corrupted ${d.diff.corrupted.toFixed(3)} · ` +
-      `${Math.round(performance.now() - t0)} ms`;
+      `${Math.round(performance.now() - t0)} ms` +
+      (d.small_gap ? " · the two runs differ little in m, so m̂ is mostly noise and may pass 0 or 1" : "");
     settle("patch", "patch-status", null);
     drawPatch();
     const [l, t] = best(d.resid_pre);

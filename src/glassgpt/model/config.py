@@ -274,6 +274,25 @@ class GPTConfig:
             check(self.positional == "rope", "rope_local_base", "needs positional = rope")
 
     # -- the families' resolved fields -----------------------------------------------------
+    def family_fields(self) -> list[str]:
+        """The decoder-only family fields set away from their defaults (the variants a fast
+        path written before them may not cover).
+
+        >>> GPTConfig().family_fields(), GPTConfig(n_kv_heads=4, final_softcap=30.0).family_fields()
+        ([], ['n_kv_heads', 'final_softcap'])
+        """
+        out = []
+        for name in FAMILY_FIELDS:
+            value, default = getattr(self, name), _DEFAULTS[name]
+            if name == "n_kv_heads":
+                value, default = self.kv_heads, self.n_heads
+            if name == "layer_types":  # an explicit list that says what the default says
+                kind = "sliding" if self.sliding_window is not None else "full"
+                value, default = self.layer_kinds, (kind,) * self.n_layers
+            if value != default:
+                out.append(name)
+        return out
+
     @property
     def kv_heads(self) -> int:
         """G, the number of key/value heads (n_kv_heads, default n_heads).
@@ -357,6 +376,13 @@ class GPTConfig:
         """A copy with some fields changed (re-validated)."""
         return dataclasses.replace(self, **changes)
 
+
+FAMILY_FIELDS: tuple[str, ...] = (
+    "n_kv_heads", "qkv_bias", "qk_norm", "rotary_fraction", "rope_scaling", "parallel_residual",
+    "embed_scale", "norm_offset", "sandwich_norm", "attn_softcap", "final_softcap", "attn_scale",
+    "sliding_window", "layer_types", "rope_local_base",
+)  # fmt: skip
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
 
 ACTIVATIONS: tuple[str, ...] = (
     "sigmoid",

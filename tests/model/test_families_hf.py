@@ -176,3 +176,77 @@ def test_neox_with_parallel_residual_and_partial_rotary_equals_transformers() ->
         ours, theirs = model(tokens), hf(tokens).logits
     assert theirs.abs().max() > 0.1
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
+
+
+def test_gemma3_with_qk_norms_sandwiches_and_local_layers_equals_transformers() -> None:
+    D, H, G, dh, L, V, F, T, window = 32, 4, 2, 8, 4, 37, 48, 12, 3
+    kinds = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    rope = {
+        "full_attention": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 8.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+    }
+    hf_config = transformers.Gemma3TextConfig(
+        vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+        num_attention_heads=H, num_key_value_heads=G, head_dim=dh, query_pre_attn_scalar=12,
+        sliding_window=window, layer_types=kinds, rope_parameters=rope,
+        max_position_embeddings=T, rms_norm_eps=1e-6, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForCausalLM(hf_config).double().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    cfg = GPTConfig(
+        n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, n_kv_heads=G, d_head=dh, d_mlp=F,
+        positional="rope", rope_base=1000.0, rope_scaling="linear", rope_factor=8.0,
+        rope_local_base=10.0, sliding_window=window,
+        layer_types=tuple(k.split("_")[0] for k in kinds), qk_norm=True, sandwich_norm=True,
+        norm="rmsnorm", norm_eps=1e-6, norm_offset=1.0, mlp="gated", mlp_gate="gelu_tanh",
+        mlp_value="identity", bias=False, tie_embeddings=True, attn_scale=12**-0.5,
+        embed_scale=float(hf.model.embed_tokens.embed_scale),  # √d rounded to float32, as theirs
+    )  # fmt: skip
+    model = GPT(cfg).double().eval()
+    angles = {"full_attention": model.rotary.frequencies(),
+              "sliding_attention": model.rotary_local.frequencies()}  # fmt: skip
+    for kind, (inv, _) in angles.items():
+        theirs = getattr(hf.model.rotary_emb, f"{kind}_inv_freq")
+        np.testing.assert_allclose(inv.numpy(), theirs.double().numpy(), rtol=1e-6)
+
+    def rotary(x: torch.Tensor, position_ids: torch.Tensor, layer_type: str) -> Any:
+        inv, factor = angles[layer_type]
+        emb = torch.cat([position_ids[..., None].double() * inv] * 2, dim=-1)
+        return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
+
+    hf.model.rotary_emb.forward = rotary
+    for module in hf.modules():  # their (1 + w) RMSNorm, in float64 (theirs rounds to float32)
+        if type(module).__name__ == "Gemma3RMSNorm":
+
+            def forward(x: torch.Tensor, m: Any = module) -> torch.Tensor:
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
+                return y * (1.0 + m.weight)
+
+            module.forward = forward
+    order = rotate_half_order(dh, dh)
+    state: dict[str, torch.Tensor] = {"embed.W_E": hf.model.embed_tokens.weight}
+    for i, layer in enumerate(hf.model.layers):
+        p, a, m = f"blocks.{i}.", layer.self_attn, layer.mlp
+        state |= {
+            p + "ln1.w": layer.input_layernorm.weight,
+            p + "ln1_post.w": layer.post_attention_layernorm.weight,
+            p + "ln2.w": layer.pre_feedforward_layernorm.weight,
+            p + "ln2_post.w": layer.post_feedforward_layernorm.weight,
+            p + "attn.q_norm.w": a.q_norm.weight[order], p + "attn.k_norm.w": a.k_norm.weight[order],
+            p + "attn.W_Q": heads(a.q_proj.weight, H, order),
+            p + "attn.W_K": heads(a.k_proj.weight, G, order),
+            p + "attn.W_V": heads(a.v_proj.weight, G),
+            p + "attn.W_O": a.o_proj.weight.T.reshape(H, dh, D),
+            p + "mlp.W_gate": m.gate_proj.weight.T, p + "mlp.W_in": m.up_proj.weight.T,
+            p + "mlp.W_out": m.down_proj.weight.T,
+        }  # fmt: skip
+    state["ln_final.w"] = hf.model.norm.weight
+    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(tokens), hf(tokens).logits
+    assert theirs.abs().max() > 0.1
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)

@@ -262,3 +262,11 @@ def test_describe_writes_each_fields_equation(field: str) -> None:
         p.numel() for p in GPT(cfg).parameters()
     )
     assert "\\begin{align*}" in describe(cfg, fmt="latex")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_left_padded_batch_decodes_each_prompt_as_alone(case: str) -> None:
+    model = cast(random_model(config(**CASES[case]), seed=3, dtype=torch.float32), "float32")
+    prompts = [[1, 2, 3, 4, 5], [6, 7]]  # the second row padded by 3: its window and groups
+    batch = generate(model, prompts, max_new_tokens=5, temperature=0.0)
+    assert batch == [generate(model, p, max_new_tokens=5, temperature=0.0) for p in prompts]

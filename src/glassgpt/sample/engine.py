@@ -26,7 +26,7 @@ from glassgpt.console import say
 from glassgpt.model.gpt import GPT
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.graphs import GraphedStep, StaticKVCache
-from glassgpt.sample.replay import ReplayedStep, unreplayable_model
+from glassgpt.sample.replay import ReplayedStep, uncovered, unreplayable_model
 
 Kind = Literal["eager", "replayed", "graphed"]
 SMALL_MODEL = 8_000_000  # parameters; below this a decoding step is too short to split
@@ -82,7 +82,7 @@ def choose(
         return Choice("eager", "the batch is left-padded")
     why = unreplayable_model(model)
     if why is not None:
-        return _uncovered(why) if model.config.family_fields() else Choice("eager", why)
+        return _uncovered(why) if why == uncovered(model) else Choice("eager", why)
     return Choice("replayed", "a CPU: each step the first one's compiled calls")
 
 

@@ -53,14 +53,21 @@ def unreplayable_model(model: GPT) -> str | None:
     W_E = model.embed.W_E
     if W_E.device.type != "cpu" or W_E.dtype != torch.float32 or not W_E.is_contiguous():
         return "the model is not float32 on a CPU"
-    fields = model.config.family_fields()
-    if fields:  # the recorded step knows none of them (x₀, say, is W_E[t] + P[n] there)
-        return f"the replayed step does not cover {', '.join(fields)}"
+    why = uncovered(model)
+    if why is not None:
+        return why
     if model.rotary is not None:
         return "RoPE rotates q and k with PyTorch operations"
     if model._hook_fns:
         return "hooks are attached"
     return None
+
+
+def uncovered(model: GPT) -> str | None:
+    """The decoder-only family fields of ``model`` that a replayed step does not cover, in
+    words (None: none). The recorded step knows none of them (x₀, say, is W_E[t] + P[n])."""
+    fields = model.config.family_fields()
+    return f"the replayed step does not cover {', '.join(fields)}" if fields else None
 
 
 class ReplayedStep:

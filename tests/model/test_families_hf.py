@@ -61,6 +61,19 @@ def float64_rms_norms(model: Any) -> None:
             module.forward = forward
 
 
+def float64_gemma_norms(model: Any) -> None:
+    """Make each of transformers' Gemma RMSNorms x/√(mean(x²) + ε) ⊙ (1 + w) in the input's
+    dtype (its own forward rounds x to float32 first)."""
+    for module in model.modules():
+        if type(module).__name__ in ("Gemma2RMSNorm", "Gemma3RMSNorm"):
+
+            def forward(x: torch.Tensor, m: Any = module) -> torch.Tensor:
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
+                return y * (1.0 + m.weight)
+
+            module.forward = forward
+
+
 def heads(W: torch.Tensor, n: int, order: torch.Tensor | None = None) -> torch.Tensor:
     """An HF projection weight [n·d_head, d_model] → glassgpt's [n, d_model, d_head]."""
     out = W.reshape(n, -1, W.shape[1]).transpose(1, 2)
@@ -117,6 +130,88 @@ def test_llama_with_groups_and_llama3_scaling_equals_transformers() -> None:
     with torch.no_grad():
         ours, theirs = model(tokens), hf(tokens).logits
     assert theirs.abs().max() > 0.1
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
+
+
+def test_yarn_and_linear_frequencies_equal_transformers() -> None:
+    for rope, ours in (
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+          "beta_fast": 32.0, "beta_slow": 1.0},
+         {"rope_scaling": "yarn", "rope_factor": 4.0, "rope_original_ctx": 64}),
+        ({"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096,
+          "beta_fast": 16.0, "beta_slow": 2.0},
+         {"rope_scaling": "yarn", "rope_factor": 16.0, "rope_original_ctx": 4096,
+          "rope_beta_fast": 16.0, "rope_beta_slow": 2.0}),
+        ({"rope_type": "linear", "factor": 3.0}, {"rope_scaling": "linear", "rope_factor": 3.0}),
+    ):  # fmt: skip
+        hf_config = transformers.LlamaConfig(
+            hidden_size=256, num_attention_heads=2, max_position_embeddings=256,
+            rope_parameters={**rope, "rope_theta": 10000.0},
+        )  # fmt: skip
+        theirs, their_factor = rope_utils.ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_config)
+        cfg = GPTConfig(n_ctx=256, d_model=256, n_heads=2, positional="rope", **ours)
+        inv, factor = GPT(cfg).rotary.frequencies()
+        np.testing.assert_allclose(inv.numpy(), theirs.double().numpy(), rtol=1e-6)
+        assert factor == pytest.approx(their_factor, rel=1e-12)
+        assert not np.allclose(inv.numpy(), rope_frequencies(128, 10000.0)[0].numpy())
+
+
+def test_gemma2_with_soft_caps_and_alternating_windows_equals_transformers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    D, H, G, dh, L, V, F, T, window = 32, 4, 2, 8, 2, 37, 48, 12, 3
+    kinds = ["sliding_attention", "full_attention"]
+    hf_config = transformers.Gemma2Config(
+        vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+        num_attention_heads=H, num_key_value_heads=G, head_dim=dh, query_pre_attn_scalar=12,
+        sliding_window=window, layer_types=kinds, max_position_embeddings=T,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0}, rms_norm_eps=1e-6,
+        final_logit_softcapping=2.5, attn_logit_softcapping=1.5, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = transformers.Gemma2ForCausalLM(hf_config).double().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    cfg = GPTConfig(
+        n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, n_kv_heads=G, d_head=dh, d_mlp=F,
+        positional="rope", rope_base=100.0, sliding_window=window, layer_types=("sliding", "full"),
+        sandwich_norm=True, norm="rmsnorm", norm_eps=1e-6, norm_offset=1.0, mlp="gated",
+        mlp_gate="gelu_tanh", mlp_value="identity", bias=False, attn_scale=12**-0.5,
+        attn_softcap=1.5, final_softcap=2.5,
+        embed_scale=float(hf.model.embed_tokens.embed_scale),  # √d rounded to float32, as theirs
+    )  # fmt: skip
+    model = GPT(cfg).double().eval()
+    float64_rotary(hf.model.rotary_emb, *model.rotary.frequencies())
+    float64_gemma_norms(hf)
+    softmax = torch.nn.functional.softmax
+
+    def float64_softmax(x: torch.Tensor, dim: int, dtype: Any = None) -> torch.Tensor:
+        return softmax(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)  # theirs: float32
+    order = rotate_half_order(dh, dh)
+    state: dict[str, torch.Tensor] = {"embed.W_E": hf.model.embed_tokens.weight}
+    for i, layer in enumerate(hf.model.layers):
+        p, a, m = f"blocks.{i}.", layer.self_attn, layer.mlp
+        state |= {
+            p + "ln1.w": layer.input_layernorm.weight,
+            p + "ln1_post.w": layer.post_attention_layernorm.weight,
+            p + "ln2.w": layer.pre_feedforward_layernorm.weight,
+            p + "ln2_post.w": layer.post_feedforward_layernorm.weight,
+            p + "attn.W_Q": heads(a.q_proj.weight, H, order),
+            p + "attn.W_K": heads(a.k_proj.weight, G, order),
+            p + "attn.W_V": heads(a.v_proj.weight, G),
+            p + "attn.W_O": a.o_proj.weight.T.reshape(H, dh, D),
+            p + "mlp.W_gate": m.gate_proj.weight.T, p + "mlp.W_in": m.up_proj.weight.T,
+            p + "mlp.W_out": m.down_proj.weight.T,
+        }  # fmt: skip
+    state["ln_final.w"] = hf.model.norm.weight
+    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(tokens), hf(tokens).logits
+    assert 1.0 < theirs.abs().max() < 2.5  # the cap bites
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
 
 
@@ -218,14 +313,7 @@ def test_gemma3_with_qk_norms_sandwiches_and_local_layers_equals_transformers() 
         return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
 
     hf.model.rotary_emb.forward = rotary
-    for module in hf.modules():  # their (1 + w) RMSNorm, in float64 (theirs rounds to float32)
-        if type(module).__name__ == "Gemma3RMSNorm":
-
-            def forward(x: torch.Tensor, m: Any = module) -> torch.Tensor:
-                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
-                return y * (1.0 + m.weight)
-
-            module.forward = forward
+    float64_gemma_norms(hf)
     order = rotate_half_order(dh, dh)
     state: dict[str, torch.Tensor] = {"embed.W_E": hf.model.embed_tokens.weight}
     for i, layer in enumerate(hf.model.layers):

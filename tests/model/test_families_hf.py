@@ -48,10 +48,10 @@ def float64_rotary(rotary: Any, inv_freq: torch.Tensor, factor: float) -> None:
 
 
 def float64_rms_norms(model: Any) -> None:
-    """Make each of transformers' Llama RMSNorms w ⊙ x/√(mean(x²) + ε) in the input's dtype
+    """Make each of transformers' Llama and Qwen RMSNorms w ⊙ x/√(mean(x²) + ε) in the input's dtype
     (its own forward rounds x to float32 first)."""
     for module in model.modules():
-        if type(module).__name__ == "LlamaRMSNorm":
+        if type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"):
 
             def forward(x: torch.Tensor, m: Any = module) -> torch.Tensor:
                 return m.weight * (
@@ -125,6 +125,62 @@ def test_llama_with_groups_and_llama3_scaling_equals_transformers() -> None:
             p + "mlp.W_out": m.down_proj.weight.T,
         }
     state |= {"ln_final.w": hf.model.norm.weight, "unembed.W_U": hf.lm_head.weight.T}
+    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(tokens), hf(tokens).logits
+    assert theirs.abs().max() > 0.1
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_qwen_with_qkv_biases_or_qk_norms_equals_transformers(family: str) -> None:
+    D, H, G, dh, L, V, F, T = 32, 4, 1, 8, 2, 29, 48, 12
+    kind = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
+    hf_config = kind(
+        vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+        num_attention_heads=H, num_key_value_heads=G, head_dim=dh, max_position_embeddings=T,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        tie_word_embeddings=True, attn_implementation="sdpa",
+    )  # fmt: skip
+    causal_lm = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}
+    torch.manual_seed(0)
+    hf = causal_lm[family](hf_config).double().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
+    cfg = GPTConfig(
+        n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, n_kv_heads=G, d_head=dh, d_mlp=F,
+        positional="rope", rope_base=100.0, norm="rmsnorm", norm_eps=1e-6, mlp="swiglu",
+        bias=False, qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
+    )  # fmt: skip
+    model = GPT(cfg).double().eval()
+    float64_rotary(hf.model.rotary_emb, *model.rotary.frequencies())
+    float64_rms_norms(hf)
+    order = rotate_half_order(dh, dh)
+    state: dict[str, torch.Tensor] = {"embed.W_E": hf.model.embed_tokens.weight}
+    for i, layer in enumerate(hf.model.layers):
+        p, a, m = f"blocks.{i}.", layer.self_attn, layer.mlp
+        state |= {
+            p + "ln1.w": layer.input_layernorm.weight,
+            p + "ln2.w": layer.post_attention_layernorm.weight,
+            p + "attn.W_Q": heads(a.q_proj.weight, H, order),
+            p + "attn.W_K": heads(a.k_proj.weight, G, order),
+            p + "attn.W_V": heads(a.v_proj.weight, G),
+            p + "attn.W_O": a.o_proj.weight.T.reshape(H, dh, D),
+            p + "mlp.W_gate": m.gate_proj.weight.T, p + "mlp.W_in": m.up_proj.weight.T,
+            p + "mlp.W_out": m.down_proj.weight.T,
+        }  # fmt: skip
+        if family == "qwen2":
+            state |= {
+                p + "attn.b_Q": a.q_proj.bias.reshape(H, dh)[:, order],
+                p + "attn.b_K": a.k_proj.bias.reshape(G, dh)[:, order],
+                p + "attn.b_V": a.v_proj.bias.reshape(G, dh),
+            }
+        else:
+            state |= {p + "attn.q_norm.w": a.q_norm.weight[order],
+                      p + "attn.k_norm.w": a.k_norm.weight[order]}  # fmt: skip
+    state["ln_final.w"] = hf.model.norm.weight
     model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
     tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -167,10 +167,13 @@ class Attention(nn.Module):
 
     def qkv_bias(self, m: str) -> Tensor | None:
         """b_m [n_heads or n_kv_heads, d_head]: a view of b_QKV (None without biases)."""
-        if self.b_QKV is None:
+        b = self.b_QKV
+        if b is None:
             return None
+        if b.ndim == 3:  # [3, H, d_head]: indexed, not viewed (an FSDP shard splits dim 0)
+            return b[QKV.index(m)]
         first, n = self._span(m)
-        return self.b_QKV.view(-1, self.d_head)[first : first + n]
+        return b[first : first + n]
 
     @property
     def W_Q(self) -> Tensor:
@@ -324,9 +327,13 @@ def _split_qkv(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any
         state[prefix + f"W_{m}"] = W[:, first : first + n].transpose(0, 1)
     state[prefix + "W_O"] = mine["W_O"]
     if "b_QKV" in mine:
-        b = mine["b_QKV"].view(-1, dh)
-        for m, (first, n) in zip(QKV, spans, strict=True):
-            state[prefix + f"b_{m}"] = b[first : first + n]
+        b = mine["b_QKV"]
+        if b.ndim == 3:  # [3, H, d_head]: indexed, not viewed (an FSDP shard splits dim 0)
+            for i, m in enumerate(QKV):
+                state[prefix + f"b_{m}"] = b[i]
+        else:
+            for m, (first, n) in zip(QKV, spans, strict=True):
+                state[prefix + f"b_{m}"] = b[first : first + n]
     if "b_O" in mine:
         state[prefix + "b_O"] = mine["b_O"]
 

@@ -80,6 +80,68 @@ def heads(W: torch.Tensor, n: int, order: torch.Tensor | None = None) -> torch.T
     return out if order is None else out[..., order]
 
 
+def randomise(hf: Any, centre: float) -> Any:
+    """transformers' model in float64, eval mode, every weight random: N(0, 0.3²), the 1-D ones
+    (norm gains) around ``centre``."""
+    hf = hf.double().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (centre if p.ndim == 1 else 0.0))
+    return hf
+
+
+_NORMS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
+_SANDWICH = {
+    "ln1": "input_layernorm", "ln1_post": "post_attention_layernorm",
+    "ln2": "pre_feedforward_layernorm", "ln2_post": "post_feedforward_layernorm",
+}  # fmt: skip
+
+
+def llama_shaped_state(hf: Any, H: int, G: int, dh: int) -> dict[str, torch.Tensor]:
+    """glassgpt's state dict from a Llama-shaped transformers model (Llama, Qwen, Gemma):
+    q, k (and their biases and q/k-norm weights) permuted into glassgpt's rotary pairs."""
+    order = rotate_half_order(dh, dh)
+    D = hf.config.hidden_size
+    state = {"embed.W_E": hf.model.embed_tokens.weight, "ln_final.w": hf.model.norm.weight}
+    if not hf.config.tie_word_embeddings:
+        state["unembed.W_U"] = hf.lm_head.weight.T
+    for i, layer in enumerate(hf.model.layers):
+        p, a, m = f"blocks.{i}.", layer.self_attn, layer.mlp
+        norms = _SANDWICH if hasattr(layer, "pre_feedforward_layernorm") else _NORMS
+        state |= {p + f"{ours}.w": getattr(layer, theirs).weight for ours, theirs in norms.items()}
+        state |= {
+            p + "attn.W_Q": heads(a.q_proj.weight, H, order),
+            p + "attn.W_K": heads(a.k_proj.weight, G, order),
+            p + "attn.W_V": heads(a.v_proj.weight, G),
+            p + "attn.W_O": a.o_proj.weight.T.reshape(H, dh, D),
+            p + "mlp.W_gate": m.gate_proj.weight.T, p + "mlp.W_in": m.up_proj.weight.T,
+            p + "mlp.W_out": m.down_proj.weight.T,
+        }  # fmt: skip
+        if a.q_proj.bias is not None:
+            state |= {
+                p + "attn.b_Q": a.q_proj.bias.reshape(H, dh)[:, order],
+                p + "attn.b_K": a.k_proj.bias.reshape(G, dh)[:, order],
+                p + "attn.b_V": a.v_proj.bias.reshape(G, dh),
+            }
+        if hasattr(a, "q_norm"):
+            state |= {p + "attn.q_norm.w": a.q_norm.weight[order],
+                      p + "attn.k_norm.w": a.k_norm.weight[order]}  # fmt: skip
+    return state
+
+
+def assert_same_logits(model: GPT, hf: Any, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Load ``state`` into ``model``; both models' logits on a random batch agree to 1e-10."""
+    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    cfg = model.config
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.n_vocab, (2, cfg.n_ctx), generator=gen)
+    with torch.no_grad():
+        ours, theirs = model(tokens), hf(tokens).logits
+    assert theirs.abs().max() > 0.1
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
+    return theirs
+
+
 def test_llama_with_groups_and_llama3_scaling_equals_transformers() -> None:
     D, H, G, dh, L, V, F, T = 32, 4, 2, 8, 2, 29, 48, 12
     rope = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -91,10 +153,7 @@ def test_llama_with_groups_and_llama3_scaling_equals_transformers() -> None:
         attn_implementation="sdpa",
     )  # fmt: skip
     torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(hf_config).double().eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
+    hf = randomise(transformers.LlamaForCausalLM(hf_config), 1.0)
     cfg = GPTConfig(
         n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, n_kv_heads=G, d_head=dh,
         d_mlp=F, positional="rope", rope_base=500.0, rope_scaling="llama3", rope_factor=8.0,
@@ -109,28 +168,7 @@ def test_llama_with_groups_and_llama3_scaling_equals_transformers() -> None:
     assert not np.allclose(inv.numpy(), rope_frequencies(dh, 500.0)[0].numpy())  # scaled
     float64_rotary(hf.model.rotary_emb, inv, factor)
     float64_rms_norms(hf)
-    order = rotate_half_order(dh, dh)
-    state: dict[str, torch.Tensor] = {"embed.W_E": hf.model.embed_tokens.weight}
-    for i, layer in enumerate(hf.model.layers):
-        p, a, m = f"blocks.{i}.", layer.self_attn, layer.mlp
-        state |= {
-            p + "ln1.w": layer.input_layernorm.weight,
-            p + "ln2.w": layer.post_attention_layernorm.weight,
-            p + "attn.W_Q": heads(a.q_proj.weight, H, order),
-            p + "attn.W_K": heads(a.k_proj.weight, G, order),
-            p + "attn.W_V": heads(a.v_proj.weight, G),
-            p + "attn.W_O": a.o_proj.weight.T.reshape(H, dh, D),
-            p + "mlp.W_gate": m.gate_proj.weight.T,
-            p + "mlp.W_in": m.up_proj.weight.T,
-            p + "mlp.W_out": m.down_proj.weight.T,
-        }
-    state |= {"ln_final.w": hf.model.norm.weight, "unembed.W_U": hf.lm_head.weight.T}
-    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
-    tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ours, theirs = model(tokens), hf(tokens).logits
-    assert theirs.abs().max() > 0.1
-    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
+    assert_same_logits(model, hf, llama_shaped_state(hf, H, G, dh))
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
@@ -145,10 +183,7 @@ def test_qwen_with_qkv_biases_or_qk_norms_equals_transformers(family: str) -> No
     )  # fmt: skip
     causal_lm = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}
     torch.manual_seed(0)
-    hf = causal_lm[family](hf_config).double().eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
+    hf = randomise(causal_lm[family](hf_config), 1.0)
     cfg = GPTConfig(
         n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, n_kv_heads=G, d_head=dh, d_mlp=F,
         positional="rope", rope_base=100.0, norm="rmsnorm", norm_eps=1e-6, mlp="swiglu",
@@ -157,36 +192,7 @@ def test_qwen_with_qkv_biases_or_qk_norms_equals_transformers(family: str) -> No
     model = GPT(cfg).double().eval()
     float64_rotary(hf.model.rotary_emb, *model.rotary.frequencies())
     float64_rms_norms(hf)
-    order = rotate_half_order(dh, dh)
-    state: dict[str, torch.Tensor] = {"embed.W_E": hf.model.embed_tokens.weight}
-    for i, layer in enumerate(hf.model.layers):
-        p, a, m = f"blocks.{i}.", layer.self_attn, layer.mlp
-        state |= {
-            p + "ln1.w": layer.input_layernorm.weight,
-            p + "ln2.w": layer.post_attention_layernorm.weight,
-            p + "attn.W_Q": heads(a.q_proj.weight, H, order),
-            p + "attn.W_K": heads(a.k_proj.weight, G, order),
-            p + "attn.W_V": heads(a.v_proj.weight, G),
-            p + "attn.W_O": a.o_proj.weight.T.reshape(H, dh, D),
-            p + "mlp.W_gate": m.gate_proj.weight.T, p + "mlp.W_in": m.up_proj.weight.T,
-            p + "mlp.W_out": m.down_proj.weight.T,
-        }  # fmt: skip
-        if family == "qwen2":
-            state |= {
-                p + "attn.b_Q": a.q_proj.bias.reshape(H, dh)[:, order],
-                p + "attn.b_K": a.k_proj.bias.reshape(G, dh)[:, order],
-                p + "attn.b_V": a.v_proj.bias.reshape(G, dh),
-            }
-        else:
-            state |= {p + "attn.q_norm.w": a.q_norm.weight[order],
-                      p + "attn.k_norm.w": a.k_norm.weight[order]}  # fmt: skip
-    state["ln_final.w"] = hf.model.norm.weight
-    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
-    tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ours, theirs = model(tokens), hf(tokens).logits
-    assert theirs.abs().max() > 0.1
-    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
+    assert_same_logits(model, hf, llama_shaped_state(hf, H, G, dh))
 
 
 def test_yarn_and_linear_frequencies_equal_transformers() -> None:
@@ -225,10 +231,7 @@ def test_gemma2_with_soft_caps_and_alternating_windows_equals_transformers(
         final_logit_softcapping=2.5, attn_logit_softcapping=1.5, attn_implementation="eager",
     )  # fmt: skip
     torch.manual_seed(0)
-    hf = transformers.Gemma2ForCausalLM(hf_config).double().eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn_like(p) * 0.3)
+    hf = randomise(transformers.Gemma2ForCausalLM(hf_config), 0.0)
     cfg = GPTConfig(
         n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, n_kv_heads=G, d_head=dh, d_mlp=F,
         positional="rope", rope_base=100.0, sliding_window=window, layer_types=("sliding", "full"),
@@ -246,29 +249,8 @@ def test_gemma2_with_soft_caps_and_alternating_windows_equals_transformers(
         return softmax(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)
 
     monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)  # theirs: float32
-    order = rotate_half_order(dh, dh)
-    state: dict[str, torch.Tensor] = {"embed.W_E": hf.model.embed_tokens.weight}
-    for i, layer in enumerate(hf.model.layers):
-        p, a, m = f"blocks.{i}.", layer.self_attn, layer.mlp
-        state |= {
-            p + "ln1.w": layer.input_layernorm.weight,
-            p + "ln1_post.w": layer.post_attention_layernorm.weight,
-            p + "ln2.w": layer.pre_feedforward_layernorm.weight,
-            p + "ln2_post.w": layer.post_feedforward_layernorm.weight,
-            p + "attn.W_Q": heads(a.q_proj.weight, H, order),
-            p + "attn.W_K": heads(a.k_proj.weight, G, order),
-            p + "attn.W_V": heads(a.v_proj.weight, G),
-            p + "attn.W_O": a.o_proj.weight.T.reshape(H, dh, D),
-            p + "mlp.W_gate": m.gate_proj.weight.T, p + "mlp.W_in": m.up_proj.weight.T,
-            p + "mlp.W_out": m.down_proj.weight.T,
-        }  # fmt: skip
-    state["ln_final.w"] = hf.model.norm.weight
-    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
-    tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ours, theirs = model(tokens), hf(tokens).logits
-    assert 1.0 < theirs.abs().max() < 2.5  # the cap bites
-    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
+    theirs = assert_same_logits(model, hf, llama_shaped_state(hf, H, G, dh))
+    assert theirs.abs().max() < 2.5  # the final cap bites
 
 
 def test_neox_with_parallel_residual_and_partial_rotary_equals_transformers() -> None:
@@ -282,10 +264,7 @@ def test_neox_with_parallel_residual_and_partial_rotary_equals_transformers() ->
         attn_implementation="sdpa",
     )  # fmt: skip
     torch.manual_seed(0)
-    hf = transformers.GPTNeoXForCausalLM(hf_config).double().eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
+    hf = randomise(transformers.GPTNeoXForCausalLM(hf_config), 1.0)
     cfg = GPTConfig(
         n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, positional="rope",
         rope_base=30.0, rotary_fraction=frac, parallel_residual=True, mlp="gelu",
@@ -321,12 +300,7 @@ def test_neox_with_parallel_residual_and_partial_rotary_equals_transformers() ->
         "ln_final.b": hf.gpt_neox.final_layer_norm.bias,
         "unembed.W_U": hf.lm_head.weight.T,
     }
-    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
-    tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ours, theirs = model(tokens), hf(tokens).logits
-    assert theirs.abs().max() > 0.1
-    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
+    assert_same_logits(model, hf, state)
 
 
 def test_gemma3_with_qk_norms_sandwiches_and_local_layers_equals_transformers() -> None:
@@ -343,10 +317,7 @@ def test_gemma3_with_qk_norms_sandwiches_and_local_layers_equals_transformers() 
         max_position_embeddings=T, rms_norm_eps=1e-6, attn_implementation="sdpa",
     )  # fmt: skip
     torch.manual_seed(0)
-    hf = transformers.Gemma3ForCausalLM(hf_config).double().eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn_like(p) * 0.3)
+    hf = randomise(transformers.Gemma3ForCausalLM(hf_config), 0.0)
     cfg = GPTConfig(
         n_vocab=V, n_ctx=T, d_model=D, n_layers=L, n_heads=H, n_kv_heads=G, d_head=dh, d_mlp=F,
         positional="rope", rope_base=1000.0, rope_scaling="linear", rope_factor=8.0,
@@ -370,27 +341,4 @@ def test_gemma3_with_qk_norms_sandwiches_and_local_layers_equals_transformers() 
 
     hf.model.rotary_emb.forward = rotary
     float64_gemma_norms(hf)
-    order = rotate_half_order(dh, dh)
-    state: dict[str, torch.Tensor] = {"embed.W_E": hf.model.embed_tokens.weight}
-    for i, layer in enumerate(hf.model.layers):
-        p, a, m = f"blocks.{i}.", layer.self_attn, layer.mlp
-        state |= {
-            p + "ln1.w": layer.input_layernorm.weight,
-            p + "ln1_post.w": layer.post_attention_layernorm.weight,
-            p + "ln2.w": layer.pre_feedforward_layernorm.weight,
-            p + "ln2_post.w": layer.post_feedforward_layernorm.weight,
-            p + "attn.q_norm.w": a.q_norm.weight[order], p + "attn.k_norm.w": a.k_norm.weight[order],
-            p + "attn.W_Q": heads(a.q_proj.weight, H, order),
-            p + "attn.W_K": heads(a.k_proj.weight, G, order),
-            p + "attn.W_V": heads(a.v_proj.weight, G),
-            p + "attn.W_O": a.o_proj.weight.T.reshape(H, dh, D),
-            p + "mlp.W_gate": m.gate_proj.weight.T, p + "mlp.W_in": m.up_proj.weight.T,
-            p + "mlp.W_out": m.down_proj.weight.T,
-        }  # fmt: skip
-    state["ln_final.w"] = hf.model.norm.weight
-    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
-    tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ours, theirs = model(tokens), hf(tokens).logits
-    assert theirs.abs().max() > 0.1
-    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-10)
+    assert_same_logits(model, hf, llama_shaped_state(hf, H, G, dh))

@@ -1,12 +1,15 @@
 """Accounting: parameters N and FLOPs per token C of the GPT function.
 
 Parameters: N = Σ over the state_dict of the product of each shape, e.g. for one block
-4·d·H·d_head + 2·d·d_mlp (+ d·d_mlp gated) + biases + norm weights.
+2·d·H·d_head + 2·d·G·d_head (W_Q, W_O; W_K, W_V of the G = n_kv_heads groups)
++ 2·d·d_mlp (+ d·d_mlp gated) + biases + norm weights (+ 2·d_head with qk_norm, + 2·d with
+sandwich norms).
 
 FLOPs (matmuls only, 2 per multiply-add, per token, forward, at context length T):
 
-    C_fwd = L · [2·d·3·H·d_head   (x W_Q, x W_K, x W_V)
-               + 2·H·d_head·T     (q kᵀ, every key counted: the dense convention)
+    C_fwd = L · [2·d·(H+2G)·d_head (x W_Q, x W_K, x W_V)
+               + 2·H·d_head·T     (q kᵀ, every key counted: the dense convention;
+                                   T_l = min(T, sliding_window) on a sliding layer)
                + 2·H·d_head·T     (pattern v)
                + 2·H·d_head·d     (z W_O)
                + 2·k·d·d_mlp]     (k = 2, or 3 for gated MLPs)
@@ -49,8 +52,10 @@ def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     ((2, 8, 4), (32, 8), False)
     """
     c = config
-    d, H, dh, dm, V = c.d_model, c.n_heads, _int(c.d_head), _int(c.d_mlp), c.n_vocab
+    d, H, dh, _dm, V = c.d_model, c.n_heads, _int(c.d_head), _int(c.d_mlp), c.n_vocab
+    G = c.kv_heads
     norm_b = c.norm == "layernorm" and c.bias
+    heads = {"Q": H, "K": G, "V": G}
     shapes: dict[str, tuple[int, ...]] = {"embed.W_E": (V, d)}
     if c.positional == "learned":
         shapes["pos_embed.W_P"] = (c.n_ctx, d)
@@ -59,27 +64,23 @@ def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "ln1.w"] = (d,)
         if norm_b:
             shapes[p + "ln1.b"] = (d,)
+        if c.qk_norm:
+            shapes[p + "attn.q_norm.w"] = shapes[p + "attn.k_norm.w"] = (dh,)
         for m in "QKV":
-            shapes[p + f"attn.W_{m}"] = (H, d, dh)
-        if c.bias:
+            shapes[p + f"attn.W_{m}"] = (heads[m], d, dh)
+        if c.bias or c.qkv_bias:
             for m in "QKV":
-                shapes[p + f"attn.b_{m}"] = (H, dh)
+                shapes[p + f"attn.b_{m}"] = (heads[m], dh)
         shapes[p + "attn.W_O"] = (H, dh, d)
         if c.bias:
             shapes[p + "attn.b_O"] = (d,)
-        if c.attn_only:
-            continue
-        shapes[p + "ln2.w"] = (d,)
-        if norm_b:
-            shapes[p + "ln2.b"] = (d,)
-        arms = ("in", "gate") if c.gated else ("in",)
-        for arm in arms:
-            shapes[p + f"mlp.W_{arm}"] = (d, dm)
-            if c.bias:
-                shapes[p + f"mlp.b_{arm}"] = (dm,)
-        shapes[p + "mlp.W_out"] = (dm, d)
-        if c.bias:
-            shapes[p + "mlp.b_out"] = (d,)
+        if not c.attn_only:
+            _mlp_shapes(c, shapes, p)
+        if c.sandwich_norm:
+            for n in ("ln1_post", "ln2_post")[: 1 if c.attn_only else 2]:
+                shapes[p + f"{n}.w"] = (d,)
+                if norm_b:
+                    shapes[p + f"{n}.b"] = (d,)
     if c.final_norm:
         shapes["ln_final.w"] = (d,)
         if norm_b:
@@ -89,6 +90,21 @@ def parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     if c.bias and c.unembed_bias:
         shapes["unembed.b_U"] = (V,)
     return shapes
+
+
+def _mlp_shapes(c: GPTConfig, shapes: dict[str, tuple[int, ...]], p: str) -> None:
+    """N₂ and the MLP of block prefix ``p``, into ``shapes``."""
+    d, dm = c.d_model, _int(c.d_mlp)
+    shapes[p + "ln2.w"] = (d,)
+    if c.norm == "layernorm" and c.bias:
+        shapes[p + "ln2.b"] = (d,)
+    for arm in ("in", "gate") if c.gated else ("in",):
+        shapes[p + f"mlp.W_{arm}"] = (d, dm)
+        if c.bias:
+            shapes[p + f"mlp.b_{arm}"] = (dm,)
+    shapes[p + "mlp.W_out"] = (dm, d)
+    if c.bias:
+        shapes[p + "mlp.b_out"] = (d,)
 
 
 def _is_embedding(name: str) -> bool:
@@ -152,9 +168,9 @@ class FlopCount:
     """Matmul FLOPs per token of the forward pass at context length ``seq_len``, by term."""
 
     seq_len: int
-    attn_qkv: int  # L · 2·d·3·H·d_head
-    attn_scores: int  # L · 2·H·d_head·T   (q kᵀ)
-    attn_mix: int  # L · 2·H·d_head·T     (pattern v)
+    attn_qkv: int  # L · 2·d·(H+2G)·d_head
+    attn_scores: int  # Σ_l 2·H·d_head·T_l   (q kᵀ)
+    attn_mix: int  # Σ_l 2·H·d_head·T_l     (pattern v)
     attn_out: int  # L · 2·H·d_head·d     (z W_O)
     mlp: int  # L · 2·k·d·d_mlp
     unembed: int  # 2·d·n_vocab
@@ -195,12 +211,14 @@ def flops_per_token(config: GPTConfig, seq_len: int | None = None) -> FlopCount:
     if not (isinstance(T, int) and T >= 1):
         raise ConfigError("seq_len", f"must be a positive integer, got {T!r}")
     d, H, dh, dm, L = c.d_model, c.n_heads, _int(c.d_head), _int(c.d_mlp), c.n_layers
+    G, w = c.kv_heads, c.sliding_window
+    keys = sum(min(T, w) if kind == "sliding" and w else T for kind in c.layer_kinds)  # Σ_l T_l
     arms = 3 if c.gated else 2
     return FlopCount(
         seq_len=T,
-        attn_qkv=L * 2 * d * 3 * H * dh,
-        attn_scores=L * 2 * H * dh * T,
-        attn_mix=L * 2 * H * dh * T,
+        attn_qkv=L * 2 * d * (H + 2 * G) * dh,
+        attn_scores=2 * H * dh * keys,
+        attn_mix=2 * H * dh * keys,
         attn_out=L * 2 * H * dh * d,
         mlp=0 if c.attn_only else L * 2 * arms * d * dm,
         unembed=2 * d * c.n_vocab,

@@ -19,11 +19,40 @@ Variants, each one field on one code path:
   b_U present when ``bias`` is (default false: GPT-2 has no b_U, so every model exports).
 - ``attn_only``: blocks without the MLP sublayer (x_out = x_mid; no ln2, no mlp weights), the
   attention-only models of the circuits literature.
+
+The decoder-only families (Llama, Qwen, Mistral, Gemma, GPT-NeoX) differ by these fields:
+
+- ``n_kv_heads`` = G (default n_heads): grouped-query attention. W_K, W_V [G, d_model, d_head]
+  (b_K, b_V [G, d_head]); query head h reads the keys and values of group h // (n_heads / G).
+- ``qkv_bias``: b_Q, b_K, b_V without the other biases (``bias`` false; Qwen 2).
+- ``qk_norm``: q_h ← RMSNorm(q_h) ⊙ w_q, k_h ← RMSNorm(k_h) ⊙ w_k over d_head, weights
+  [d_head] shared by the heads, before the rotation (Qwen 3, Gemma 3).
+- ``rotary_fraction``: RoPE on the first r = rotary_fraction · d_head dimensions of each
+  head (r even), the others unrotated (GPT-NeoX's ``rotary_pct``).
+- ``rope_scaling`` (``none``, ``linear``, ``llama3``, ``yarn``) with ``rope_factor``,
+  ``rope_low_freq_factor``, ``rope_high_freq_factor``, ``rope_original_ctx`` (default
+  n_ctx), ``rope_beta_fast``, ``rope_beta_slow``: the inverse frequencies of transformers'
+  ``modeling_rope_utils`` (YaRN's attention factor included; see ``layers.rope_frequencies``).
+- ``parallel_residual``: x_out = x + Attn(N₁(x)) + MLP(N₂(x)) (GPT-NeoX).
+- ``embed_scale`` = s: x₀ = s · X W_E (+ P) (Gemma: √d_model).
+- ``norm_offset`` = o: every norm (q/k-norms too) is N(x) ⊙ (o + w) (Gemma: 1 + w).
+- ``sandwich_norm``: a norm after each sublayer too, x + N'(f(N(x))) (Gemma 2, 3).
+- ``attn_softcap``, ``final_softcap`` = c: c·tanh(z/c) on the attention scores (before the
+  mask) and on the logits (Gemma 2).
+- ``attn_scale``: the scores are q kᵀ · attn_scale instead of q kᵀ/√d_head (Gemma's
+  query_pre_attn_scalar^−½).
+- ``sliding_window`` = w, ``layer_types`` (each ``full`` or ``sliding``; default all
+  ``sliding`` when w is set, else all ``full``), ``rope_local_base``: on sliding layers query
+  i sees key j iff i − w < j ≤ i (transformers' ``sliding_window_overlay``), and rotates by
+  plain RoPE at ``rope_local_base`` when it is set (Gemma 3's local layers; no scaling).
+
+Every default is the function without the variant, bit for bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,11 +65,14 @@ Norm = Literal["layernorm", "rmsnorm"]
 Placement = Literal["pre", "post"]
 MLPKind = Literal["relu", "relu2", "gelu", "gelu_tanh", "gated", "swiglu", "geglu"]
 Activation = Literal["sigmoid", "relu", "relu2", "gelu", "gelu_tanh", "silu", "tanh", "identity"]
+RopeScaling = Literal["none", "linear", "llama3", "yarn"]
 
 POSITIONALS: tuple[str, ...] = ("learned", "sinusoidal", "rope", "none")
 NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
 PLACEMENTS: tuple[str, ...] = ("pre", "post")
 MLPS: tuple[str, ...] = ("relu", "relu2", "gelu", "gelu_tanh", "gated", "swiglu", "geglu")
+ROPE_SCALINGS: tuple[str, ...] = ("none", "linear", "llama3", "yarn")
+LAYER_TYPES: tuple[str, ...] = ("full", "sliding")
 
 
 @dataclass(frozen=True)
@@ -77,6 +109,30 @@ class GPTConfig:
     attn_only: bool = False  # no MLP sublayer in any block
     dropout: float = 0.0
     init_std: float = 0.02
+    # -- the decoder-only families (see the module docstring) --
+    n_kv_heads: int | None = None  # G; default n_heads (read ``kv_heads``)
+    qkv_bias: bool = False  # b_Q, b_K, b_V where ``bias`` is false (Qwen 2)
+    qk_norm: bool = False  # RMSNorm of each head's q and k over d_head
+    rotary_fraction: float = 1.0  # RoPE on the first rotary_fraction · d_head dimensions
+    rope_scaling: RopeScaling = "none"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_original_ctx: int | None = None  # llama3, yarn; default n_ctx
+    rope_beta_fast: float = 32.0  # yarn
+    rope_beta_slow: float = 1.0  # yarn
+    parallel_residual: bool = False  # x + Attn(N₁(x)) + MLP(N₂(x))
+    embed_scale: float = 1.0  # x₀ = s · X W_E
+    norm_offset: float = 0.0  # N(x) ⊙ (offset + w)
+    sandwich_norm: bool = False  # x + N'(f(N(x)))
+    attn_softcap: float | None = None  # c·tanh(scores/c)
+    final_softcap: float | None = None  # c·tanh(logits/c)
+    attn_scale: float | None = None  # default 1/√d_head
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = (
+        None  # "full" | "sliding" per layer (read ``layer_kinds``)
+    )
+    rope_local_base: float | None = None  # the RoPE base of sliding layers
 
     def __post_init__(self) -> None:
         for name in ("n_vocab", "n_ctx", "d_model", "n_layers", "n_heads"):
@@ -128,6 +184,143 @@ class GPTConfig:
         check(self.norm_eps > 0.0, "norm_eps", f"must be > 0, got {self.norm_eps}")
         check(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
         check(self.init_std > 0.0, "init_std", f"must be > 0, got {self.init_std}")
+        self._check_families()
+
+    def _check_families(self) -> None:
+        """The fields of the decoder-only families (each error names its field)."""
+        H, G, dh = self.n_heads, self.n_kv_heads, self.d_head
+        if G is not None:
+            check(
+                isinstance(G, int) and not isinstance(G, bool) and G >= 1 and H % G == 0,
+                "n_kv_heads",
+                f"must be a positive integer dividing n_heads={H}, got {G!r}",
+            )
+        check(
+            not (self.qkv_bias and self.bias),
+            "qkv_bias",
+            "biases on q, k, v only are for bias = false (bias = true already has them)",
+        )
+        r = self.rotary_fraction
+        check(0.0 < r <= 1.0, "rotary_fraction", f"must be in (0, 1], got {r}")
+        if self.positional == "rope":
+            check(
+                abs(r * dh - self.rotary_dims) < 1e-9  # type: ignore[operator]
+                and self.rotary_dims % 2 == 0
+                and self.rotary_dims >= 2,
+                "rotary_fraction",
+                f"rotary_fraction · d_head = {r * dh:g} must be an even integer ≥ 2",  # type: ignore[operator]
+            )
+        _check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        check(self.rope_factor > 0.0, "rope_factor", f"must be > 0, got {self.rope_factor}")
+        if self.rope_scaling in ("linear", "llama3", "yarn"):
+            check(self.positional == "rope", "rope_scaling", "needs positional = rope")
+        check(
+            self.rope_high_freq_factor > self.rope_low_freq_factor > 0.0,
+            "rope_high_freq_factor",
+            f"must exceed rope_low_freq_factor > 0, got {self.rope_high_freq_factor} and "
+            f"{self.rope_low_freq_factor}",
+        )
+        ctx = self.rope_original_ctx
+        check(
+            ctx is None or (isinstance(ctx, int) and not isinstance(ctx, bool) and ctx >= 1),
+            "rope_original_ctx",
+            f"must be a positive integer, got {ctx!r}",
+        )
+        check(
+            self.rope_beta_fast > 0.0 and self.rope_beta_slow > 0.0,
+            "rope_beta_fast",
+            f"rope_beta_fast and rope_beta_slow must be > 0, got {self.rope_beta_fast} and "
+            f"{self.rope_beta_slow}",
+        )
+        check(
+            not self.parallel_residual or self.norm_placement == "pre",
+            "parallel_residual",
+            "needs norm_placement = pre",
+        )
+        check(
+            not self.sandwich_norm or self.norm_placement == "pre",
+            "sandwich_norm",
+            "needs norm_placement = pre",
+        )
+        check(self.embed_scale > 0.0, "embed_scale", f"must be > 0, got {self.embed_scale}")
+        check(math.isfinite(self.norm_offset), "norm_offset", "must be finite")
+        for name in ("attn_softcap", "final_softcap", "attn_scale"):
+            value = getattr(self, name)
+            check(value is None or value > 0.0, name, f"must be > 0 or unset, got {value}")
+        w = self.sliding_window
+        check(
+            w is None or (isinstance(w, int) and not isinstance(w, bool) and w >= 1),
+            "sliding_window",
+            f"must be a positive integer, got {w!r}",
+        )
+        if self.layer_types is not None:
+            kinds = tuple(self.layer_types)
+            object.__setattr__(self, "layer_types", kinds)
+            check(
+                len(kinds) == self.n_layers,
+                "layer_types",
+                f"needs one entry per layer ({self.n_layers}), got {len(kinds)}",
+            )
+            for kind in kinds:
+                _check_choice("layer_types", kind, LAYER_TYPES)
+            check(
+                w is not None or "sliding" not in kinds,
+                "layer_types",
+                "a sliding layer needs sliding_window",
+            )
+        base = self.rope_local_base
+        if base is not None:
+            check(base > 1.0, "rope_local_base", f"must be > 1, got {base}")
+            check(self.positional == "rope", "rope_local_base", "needs positional = rope")
+
+    # -- the families' resolved fields -----------------------------------------------------
+    def family_fields(self) -> list[str]:
+        """The decoder-only family fields set away from their defaults (the variants a fast
+        path written before them may not cover).
+
+        >>> GPTConfig().family_fields(), GPTConfig(n_kv_heads=4, final_softcap=30.0).family_fields()
+        ([], ['n_kv_heads', 'final_softcap'])
+        """
+        out = []
+        for name in FAMILY_FIELDS:
+            value, default = getattr(self, name), _DEFAULTS[name]
+            if name == "n_kv_heads":
+                value, default = self.kv_heads, self.n_heads
+            if name == "layer_types":  # an explicit list that says what the default says
+                kind = "sliding" if self.sliding_window is not None else "full"
+                value, default = self.layer_kinds, (kind,) * self.n_layers
+            if value != default:
+                out.append(name)
+        return out
+
+    @property
+    def kv_heads(self) -> int:
+        """G, the number of key/value heads (n_kv_heads, default n_heads).
+
+        >>> GPTConfig(n_heads=12, n_kv_heads=4).kv_heads, GPTConfig(n_heads=12).kv_heads
+        (4, 12)
+        """
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        """r = rotary_fraction · d_head, the rotated dimensions of each head.
+
+        >>> GPTConfig(d_model=64, n_heads=2, rotary_fraction=0.25).rotary_dims
+        8
+        """
+        return round(self.rotary_fraction * self.d_head)  # type: ignore[operator]
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """Each layer's ``full`` or ``sliding`` (layer_types, or its default).
+
+        >>> GPTConfig(n_layers=2, sliding_window=4).layer_kinds
+        ('sliding', 'sliding')
+        """
+        if self.layer_types is not None:
+            return self.layer_types
+        return ("sliding" if self.sliding_window is not None else "full",) * self.n_layers
 
     # -- the resolved variant -------------------------------------------------------------
     @property
@@ -183,6 +376,13 @@ class GPTConfig:
         """A copy with some fields changed (re-validated)."""
         return dataclasses.replace(self, **changes)
 
+
+FAMILY_FIELDS: tuple[str, ...] = (
+    "n_kv_heads", "qkv_bias", "qk_norm", "rotary_fraction", "rope_scaling", "parallel_residual",
+    "embed_scale", "norm_offset", "sandwich_norm", "attn_softcap", "final_softcap", "attn_scale",
+    "sliding_window", "layer_types", "rope_local_base",
+)  # fmt: skip
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
 
 ACTIVATIONS: tuple[str, ...] = (
     "sigmoid",

@@ -15,6 +15,7 @@ from typing import Literal
 
 from glassgpt.errors import ConfigError
 from glassgpt.model.accounting import count_parameters, flops_per_token, parameter_table
+from glassgpt.model.attention_equations import attention_equations
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.document import Cell, Math, Section, latex, markdown
 from glassgpt.model.memory import (
@@ -148,9 +149,42 @@ def _stream_equations(c: GPTConfig) -> list[Math]:
             r"x_0 &= X W_E \quad \text{(positions enter only through the mask } M\text{)}",
         ),
     }
-    eqs.append(pos[c.positional])
+    x0 = pos[c.positional]
+    if c.embed_scale != 1.0:
+        k = f"{c.embed_scale:g}"
+        x0 = Math(x0.text.replace("X W_E", "s · X W_E", 1) + f",   s = embed_scale = {k}",
+                  x0.tex.replace("X W_E", r"s\, X W_E", 1) + rf", \quad s = {k}")  # fmt: skip
+    eqs.append(x0)
     L = c.n_layers
-    if c.norm_placement == "pre":
+    if c.parallel_residual:
+        a_u, a_t = (
+            (
+                "N1'_ℓ(Attn_ℓ(N1_ℓ(x_{ℓ−1})))",
+                r"N'_{1,\ell}(\mathrm{Attn}_\ell(N_{1,\ell}(x_{\ell-1})))",
+            )
+            if c.sandwich_norm
+            else ("Attn_ℓ(N1_ℓ(x_{ℓ−1}))", r"\mathrm{Attn}_\ell(N_{1,\ell}(x_{\ell-1}))")
+        )
+        m_u, m_t = (
+            (
+                "N2'_ℓ(MLP_ℓ(N2_ℓ(x_{ℓ−1})))",
+                r"N'_{2,\ell}(\mathrm{MLP}_\ell(N_{2,\ell}(x_{\ell-1})))",
+            )
+            if c.sandwich_norm
+            else ("MLP_ℓ(N2_ℓ(x_{ℓ−1}))", r"\mathrm{MLP}_\ell(N_{2,\ell}(x_{\ell-1}))")
+        )
+        eqs.append(Math(
+            f"x_ℓ = x_{{ℓ−1}} + {a_u} + {m_u},   ℓ = 1, …, {L}   (parallel residual)",
+            rf"x_\ell &= x_{{\ell-1}} + {a_t} + {m_t}, \quad \ell = 1, \ldots, {L}",
+        ))  # fmt: skip
+    elif c.sandwich_norm:
+        eqs += [
+            Math("x_mid = x_{ℓ−1} + N1'_ℓ(Attn_ℓ(N1_ℓ(x_{ℓ−1})))   (a norm after each sublayer too)",
+                 r"x_{mid} &= x_{\ell-1} + N'_{1,\ell}(\mathrm{Attn}_\ell(N_{1,\ell}(x_{\ell-1})))"),
+            Math(f"x_ℓ = x_mid + N2'_ℓ(MLP_ℓ(N2_ℓ(x_mid))),   ℓ = 1, …, {L}",
+                 rf"x_\ell &= x_{{mid}} + N'_{{2,\ell}}(\mathrm{{MLP}}_\ell(N_{{2,\ell}}(x_{{mid}}))), \quad \ell = 1, \ldots, {L}"),
+        ]  # fmt: skip
+    elif c.norm_placement == "pre":
         mid = Math(
             "x_mid = x_{ℓ−1} + Attn_ℓ(N1_ℓ(x_{ℓ−1}))",
             r"x_{mid} &= x_{\ell-1} + \mathrm{Attn}_\ell(N_{1,\ell}(x_{\ell-1}))",
@@ -168,7 +202,8 @@ def _stream_equations(c: GPTConfig) -> list[Math]:
             f"x_ℓ = N2_ℓ(x_mid + MLP_ℓ(x_mid)),   ℓ = 1, …, {L}",
             rf"x_\ell &= N_{{2,\ell}}(x_{{mid}} + \mathrm{{MLP}}_\ell(x_{{mid}})), \quad \ell = 1, \ldots, {L}",
         )
-    eqs += [mid, out]  # fmt: skip
+    if not (c.parallel_residual or c.sandwich_norm):
+        eqs += [mid, out]  # fmt: skip
     wu_u, wu_t = ("W_Eᵀ", r"W_E^{\top}") if c.tie_embeddings else ("W_U", "W_U")
     bu = " + b_U" if b and c.unembed_bias else ""
     nf_u, nf_t = ("N_f(x_L)", "N_f(x_L)") if c.final_norm else ("x_L", "x_L")
@@ -178,6 +213,12 @@ def _stream_equations(c: GPTConfig) -> list[Math]:
             rf"\mathrm{{logits}} &= {nf_t}\, {wu_t}{bu}, \quad p = \operatorname{{softmax}}(\mathrm{{logits}})",
         )
     )
+    if c.final_softcap is not None:
+        k = f"{c.final_softcap:g}"
+        eqs[-1] = Math(
+            f"logits = c·tanh(({nf_u} {wu_u}{bu}) / c),   c = final_softcap = {k},   p = softmax(logits) row-wise",
+            rf"\mathrm{{logits}} &= c \tanh\big({nf_t}\, {wu_t}{bu} / c\big), \quad c = {k}",
+        )  # fmt: skip
     return eqs
 
 
@@ -200,36 +241,11 @@ def _norm_equation(c: GPTConfig) -> Math:
                 rf"N(x) &= \frac{{x}}{{\sqrt{{\overline{{x^2}} + \epsilon}}}} \odot w, \quad \epsilon = {_tex_num(c.norm_eps)}",
             )
         )
+    if c.norm_offset:
+        o = f"{c.norm_offset:g}"
+        eqs[0] = Math(eqs[0].text.replace("⊙ w", f"⊙ ({o} + w)") + "   (norm_offset: every norm)",
+                      eqs[0].tex.replace(r"\odot w", rf"\odot ({o} + w)"))  # fmt: skip
     return eqs[0]
-
-
-def _attention_equations(c: GPTConfig) -> list[Math]:
-    """q, k, v per head (RoPE), scores, pattern, z and Attn(x)."""
-    eqs: list[Math] = []
-    b = c.bias
-    for m in "qkv":
-        bm = f" + b_{m.upper()}[h]" if b else ""
-        eqs.append(Math(f"{m}_h = x W_{m.upper()}[h]{bm}", rf"{m}_h &= x W_{m.upper()}[h]{bm}"))
-    if c.positional == "rope":
-        eqs.append(
-            Math(
-                f"(q_h[p,2i], q_h[p,2i+1]) ← rotation by p θ_i, θ_i = {c.rope_base:g}^{{−2i/d_head}}  (the same for k_h)",
-                rf"(q_{{p,2i}}, q_{{p,2i+1}}) &\leftarrow R(p\,\theta_i)\,(q_{{p,2i}}, q_{{p,2i+1}}), \quad \theta_i = {c.rope_base:g}^{{-2i/d_{{head}}}} \quad \text{{(and }}k\text{{)}}",
-            )
-        )
-    bo = " + b_O" if b else ""
-    eqs += [
-        Math(
-            "scores_h = q_h k_hᵀ / √d_head + M,   M[i, j] = 0 if j ≤ i else −∞",
-            r"\mathrm{scores}_h &= \frac{q_h k_h^{\top}}{\sqrt{d_{head}}} + M, \quad M_{ij} = 0 \text{ if } j \leq i \text{, else } -\infty",
-        ),
-        Math(
-            "pattern_h = softmax(scores_h) row-wise,   z_h = pattern_h v_h",
-            r"\mathrm{pattern}_h &= \operatorname{softmax}(\mathrm{scores}_h), \quad z_h = \mathrm{pattern}_h\, v_h",
-        ),
-        Math(f"Attn(x) = Σ_h z_h W_O[h]{bo}", rf"\mathrm{{Attn}}(x) &= \sum_h z_h W_O[h]{bo}"),
-    ]
-    return eqs
 
 
 def _mlp_equations(c: GPTConfig) -> list[Math]:
@@ -266,7 +282,7 @@ def _mlp_equations(c: GPTConfig) -> list[Math]:
 
 
 def _equations(c: GPTConfig) -> Section:
-    eqs = [*_stream_equations(c), _norm_equation(c), *_attention_equations(c)]
+    eqs = [*_stream_equations(c), _norm_equation(c), *attention_equations(c)]
     eqs += _mlp_equations(c)
     b = c.bias
     prose: list[Cell] = [
@@ -300,9 +316,15 @@ def _parameters(c: GPTConfig) -> Section:
 def _flops(c: GPTConfig, seq_len: int) -> Section:
     f = flops_per_token(c, seq_len)
     formulas = {
-        "attn_qkv": Math("L·2·d·3·H·d_head", r"L \cdot 2 d \cdot 3 H d_{head}"),
-        "attn_scores": Math("L·2·H·d_head·T", r"L \cdot 2 H d_{head} T"),
-        "attn_mix": Math("L·2·H·d_head·T", r"L \cdot 2 H d_{head} T"),
+        "attn_qkv": Math("L·2·d·(H+2G)·d_head", r"L \cdot 2 d (H + 2G) d_{head}")
+        if c.kv_heads != c.n_heads
+        else Math("L·2·d·3·H·d_head", r"L \cdot 2 d \cdot 3 H d_{head}"),
+        "attn_scores": Math("Σ_ℓ 2·H·d_head·T_ℓ", r"\sum_\ell 2 H d_{head} T_\ell")
+        if c.sliding_window
+        else Math("L·2·H·d_head·T", r"L \cdot 2 H d_{head} T"),
+        "attn_mix": Math("Σ_ℓ 2·H·d_head·T_ℓ", r"\sum_\ell 2 H d_{head} T_\ell")
+        if c.sliding_window
+        else Math("L·2·H·d_head·T", r"L \cdot 2 H d_{head} T"),
         "attn_out": Math("L·2·H·d_head·d", r"L \cdot 2 H d_{head} d"),
         "mlp": Math(
             f"L·2·{3 if c.gated else 2}·d·d_mlp",
@@ -378,7 +400,8 @@ def build(
     c = config
     legend = (
         f"d = d_model = {c.d_model}, L = n_layers = {c.n_layers}, H = n_heads = {c.n_heads}, "
-        f"d_head = {c.d_head}, d_mlp = {c.d_mlp}, n_vocab = {c.n_vocab}, n_ctx = {c.n_ctx}."
+        + (f"G = n_kv_heads = {c.kv_heads}, " if c.kv_heads != c.n_heads else "")
+        + f"d_head = {c.d_head}, d_mlp = {c.d_mlp}, n_vocab = {c.n_vocab}, n_ctx = {c.n_ctx}."
     )
     head = Section(
         f"GPT function{': ' + name if name else ''}",

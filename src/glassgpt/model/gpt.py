@@ -1,9 +1,13 @@
 """The GPT function f_θ : V^n → ℝ^{n × n_vocab}, n ≤ n_ctx (decoder-only).
 
-    x₀ = X W_E + P[:n]                     X the one-hot tokens, P = W_P, PE, or 0 (RoPE/none)
+    x₀ = s · X W_E + P[:n]                 X the one-hot tokens, P = W_P, PE, or 0 (RoPE/none),
+                                           s = embed_scale (1; Gemma √d_model)
     pre-norm block:   x_mid = x + Attn(N₁(x)),        x_out = x_mid + MLP(N₂(x_mid))
+      sandwich_norm:  x_mid = x + N₁'(Attn(N₁(x))),   x_out = x_mid + N₂'(MLP(N₂(x_mid)))
+      parallel_residual:  x_out = x + Attn(N₁(x)) + MLP(N₂(x))     (no x_mid)
     post-norm block:  x_mid = N₁(x + Attn(x)),        x_out = N₂(x_mid + MLP(x_mid))
-    logits = N_f(x_L) W_U + b_U            (N_f only for pre-norm; W_U = W_Eᵀ when tied)
+    logits = cap(N_f(x_L) W_U + b_U)       (N_f only for pre-norm; W_U = W_Eᵀ when tied;
+                                           cap(z) = c·tanh(z/c) for final_softcap c, else z)
     loss   = mean over t with target_t ≠ −1 of −log softmax(logits_t)[target_t]
 
 Beyond the equations: dropout (train mode only) on x₀, the attention pattern and each
@@ -39,7 +43,9 @@ from glassgpt.model.layers import (
     SinusoidalPE,
     Unembed,
     init_normal_,
+    norm_init,
     residual_std,
+    softcap,
 )
 
 
@@ -48,18 +54,26 @@ class TokenError(GlassError, ValueError):
 
 
 class Block(nn.Module):
-    """One residual block: attention then MLP, each wrapped by a norm (pre or post); the
-    subclasses hold the two equations. An attention-only block has MLP ≡ 0 and N₂ = id."""
+    """One residual block: attention then MLP, each wrapped by a norm (pre or post; with
+    ``sandwich_norm`` also N' after each sublayer); the subclasses hold the equations. An
+    attention-only block has MLP ≡ 0 and N₂ = id. ``kind``: ``full`` or ``sliding`` attention."""
 
     def __init__(self, config: GPTConfig, hooks: Hooks, layer: int) -> None:
         super().__init__()
         p = f"blocks.{layer}."
+        self.kind = config.layer_kinds[layer]
         self.ln1 = Norm(config, hooks, p + "ln1")
-        self.attn = Attention(config, hooks, p + "attn")
+        self.attn = Attention(config, hooks, p + "attn", sliding=self.kind == "sliding")
         self.ln2: Norm | nn.Identity = nn.Identity()
         self.mlp: MLP | None = None
         if not config.attn_only:
             self.ln2, self.mlp = Norm(config, hooks, p + "ln2"), MLP(config, hooks, p + "mlp")
+        self.ln1_post: Norm | None = None
+        self.ln2_post: Norm | None = None
+        if config.sandwich_norm:
+            self.ln1_post = Norm(config, hooks, p + "ln1_post")
+            if not config.attn_only:
+                self.ln2_post = Norm(config, hooks, p + "ln2_post")
         self.dropout = config.dropout
         point = lambda site: HookPoint(hooks, p + site)  # noqa: E731
         self.hook_resid_pre, self.hook_attn_out = point("resid_pre"), point("attn_out")
@@ -67,15 +81,23 @@ class Block(nn.Module):
         self.hook_resid_post = point("resid_post")
 
     def attn_out(self, u: Tensor, rope: tuple[Tensor, Tensor] | None, kv: LayerKV | None) -> Tensor:
-        """Attn(u) [B, T, d_model], hooked, then dropped out (train mode)."""
-        return self._drop(self.hook_attn_out(self.attn(u, rope, kv=kv)))
+        """Attn(u) [B, T, d_model] (N₁'(Attn(u)) with sandwich norms), hooked, then dropped
+        out (train mode)."""
+        out = self.attn(u, rope, kv=kv)
+        if self.ln1_post is not None:
+            out = self.ln1_post(out)
+        return self._drop(self.hook_attn_out(out))
 
     def mlp_out(self, u: Tensor) -> Tensor:
-        """MLP(u) [B, T, d_model], hooked, then dropped out (train mode); 0 without an MLP."""
+        """MLP(u) [B, T, d_model] (N₂'(MLP(u)) with sandwich norms), hooked, then dropped out
+        (train mode); 0 without an MLP."""
         mlp = self.mlp  # (a submodule: each read is a Module.__getattr__ call)
         if mlp is None:
             return torch.zeros_like(u)
-        return self._drop(self.hook_mlp_out(mlp(u)))
+        out = mlp(u)
+        if self.ln2_post is not None:
+            out = self.ln2_post(out)
+        return self._drop(self.hook_mlp_out(out))
 
     def _drop(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.dropout, training=True) if self.dropout and self.training else x
@@ -91,6 +113,19 @@ class PreNormBlock(Block):
         resid_pre = self.hook_resid_pre(resid_pre)  # [B, T, d_model]
         resid_mid = self.hook_resid_mid(resid_pre + self.attn_out(self.ln1(resid_pre), rope, kv))
         resid_post = resid_mid + self.mlp_out(self.ln2(resid_mid))
+        return self.hook_resid_post(resid_post)
+
+
+class ParallelBlock(Block):
+    """resid_post = resid_pre + Attn(N₁(resid_pre)) + MLP(N₂(resid_pre)) (GPT-NeoX; no resid_mid)."""
+
+    def forward(
+        self, resid_pre: Tensor, rope: tuple[Tensor, Tensor] | None = None,
+        kv: LayerKV | None = None,
+    ) -> Tensor:  # fmt: skip
+        resid_pre = self.hook_resid_pre(resid_pre)  # [B, T, d_model]
+        attn = self.attn_out(self.ln1(resid_pre), rope, kv)
+        resid_post = resid_pre + attn + self.mlp_out(self.ln2(resid_pre))
         return self.hook_resid_post(resid_post)
 
 
@@ -136,13 +171,18 @@ class GPT(nn.Module):
         self.embed = Embed(config)  # W_E [n_vocab, d_model]
         self.pos_embed: LearnedPE | SinusoidalPE | None = None
         self.rotary: Rotary | None = None
+        self.rotary_local: Rotary | None = None  # the sliding layers' own (rope_local_base)
         if config.positional == "learned":
             self.pos_embed = LearnedPE(config)  # W_P [n_ctx, d_model]
         elif config.positional == "sinusoidal":
             self.pos_embed = SinusoidalPE(config)
         elif config.positional == "rope":
             self.rotary = Rotary(config)
-        block = PreNormBlock if config.norm_placement == "pre" else PostNormBlock
+            if config.rope_local_base is not None and "sliding" in config.layer_kinds:
+                self.rotary_local = Rotary(config, local=True)
+        block: type[Block] = PreNormBlock if config.norm_placement == "pre" else PostNormBlock
+        if config.parallel_residual:
+            block = ParallelBlock
         self.blocks = nn.ModuleList(block(config, hooks, layer) for layer in range(config.n_layers))
         self.ln_final = Norm(config, hooks, "ln_final") if config.final_norm else None
         self.hook_embed, self.hook_pos_embed = (
@@ -173,7 +213,7 @@ class GPT(nn.Module):
                 init_normal_(p, std_resid if leaf in ("W_O", "W_out") else std)
             else:
                 with torch.no_grad():
-                    p.fill_(1.0 if leaf == "w" else 0.0)
+                    p.fill_(norm_init(self.config) if leaf == "w" else 0.0)
 
     @property
     def W_U(self) -> Tensor:
@@ -220,7 +260,10 @@ class GPT(nn.Module):
         """
         B, T = self._check_tokens(tokens, "tokens", low=0)
         offset = 0 if cache is None else cache.begin(B, T)  # first position, or per row [B, T]
-        x = self.hook_embed(self.embed(tokens))  # [B, T, d_model] = X W_E
+        x = self.embed(tokens)  # [B, T, d_model] = X W_E
+        if self.config.embed_scale != 1.0:
+            x = x * self.config.embed_scale  # s · X W_E
+        x = self.hook_embed(x)
         if self.pos_embed is not None:  # W_P[offset:offset+T] or PE[…], [T, d_model]
             pos = self.pos_embed(T, offset, dtype=x.dtype, device=x.device)
             if self.hook_pos_embed.active:  # its hook sees [B, T, d_model]; the sum broadcasts
@@ -228,12 +271,14 @@ class GPT(nn.Module):
             x = x + pos
         if self.config.dropout and self.training:
             x = F.dropout(x, self.config.dropout, training=True)
-        rope = None
+        rope = local = None
         if self.rotary is not None:
-            rope = self.rotary(T, offset, dtype=x.dtype, device=x.device)
+            rope = local = self.rotary(T, offset, dtype=x.dtype, device=x.device)
+        if self.rotary_local is not None:
+            local = self.rotary_local(T, offset, dtype=x.dtype, device=x.device)
         layers = [None] * len(self.blocks) if cache is None else cache.layers
         for block, kv in zip(self.blocks, layers, strict=True):
-            x = block(x, rope, kv)
+            x = block(x, local if cast(Block, block).kind == "sliding" else rope, kv)
         if cache is not None:
             cache.end(T)
             if cache.last_only and T > 1:
@@ -241,6 +286,7 @@ class GPT(nn.Module):
         if self.ln_final is not None:
             x = self.hook_final(self.ln_final(x))
         logits = self.unembed(x, self.embed.W_E)  # [B, T, n_vocab]
+        logits = softcap(logits, self.config.final_softcap)  # c·tanh(logits/c)
         if targets is None:
             return logits
         return logits, self._loss(logits, tokens, targets)

@@ -15,11 +15,16 @@ Shapes (B batch, T positions, H heads):
 
     embed, pos_embed, blocks.{l}.resid_pre / attn_out / resid_mid / mlp_out / resid_post,
     ln_final.out                                    [B, T, d_model]
-    blocks.{l}.ln1.scale / ln2.scale, ln_final.scale [B, T, 1]
-    blocks.{l}.attn.q / k / v / z                   [B, T, H, d_head]  (q, k after RoPE)
+    blocks.{l}.ln1.scale / ln2.scale, ln_final.scale [B, T, 1]   (also ln1_post / ln2_post
+                                                    with sandwich norms)
+    blocks.{l}.attn.q / z                           [B, T, H, d_head]  (q after qk-norm, RoPE)
+    blocks.{l}.attn.k / v                           [B, T, G, d_head]  (G = n_kv_heads)
     blocks.{l}.attn.attn_scores / pattern           [B, H, T_q, T_k]   (scores masked with −∞)
     blocks.{l}.attn.result                          [B, T, H, d_model] (z_h W_O[h])
     blocks.{l}.mlp.pre / pre_gate / post            [B, T, d_mlp]
+
+A parallel-residual block (GPT-NeoX) has no resid_mid. With sandwich norms attn_out and
+mlp_out are the sublayers' outputs after their second norm (what the residual adds).
 """
 
 from __future__ import annotations
@@ -72,6 +77,12 @@ def hook_names(config: GPTConfig) -> list[str]:
     sites = [s for s in BLOCK_SITES if config.gated or s != "mlp.pre_gate"]
     if config.attn_only:
         sites = [s for s in sites if s not in MLP_SITES]
+    if config.parallel_residual:  # x + Attn(N₁(x)) + MLP(N₂(x)): no x_mid
+        sites.remove("resid_mid")
+    if config.sandwich_norm:  # N' between each sublayer and its output
+        sites.insert(sites.index("attn_out"), "ln1_post.scale")
+        if "mlp_out" in sites:
+            sites.insert(sites.index("mlp_out"), "ln2_post.scale")
     if config.norm_placement == "post":  # N₁ follows the attention residual, N₂ the MLP's
         for norm, after in (("ln1.scale", "attn_out"), ("ln2.scale", "mlp_out")):
             if norm not in sites:

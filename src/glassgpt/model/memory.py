@@ -148,7 +148,8 @@ def activation_bytes(
     weights = 0
     if autocast:  # a low-precision copy of each matmul weight, kept for the backward
         mlp_w = 0 if c.attn_only else (3 if c.gated else 2) * d * dm
-        weights = s * (c.n_layers * (4 * H * dh * d + mlp_w) + d * V)
+        qkvo = (2 * H + 2 * c.kv_heads) * dh * d  # W_QKV and W_O
+        weights = s * (c.n_layers * (qkvo + mlp_w) + d * V)
     return batch_size * seq_len * per_token + weights
 
 

@@ -22,10 +22,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from glassgpt.console import say
 from glassgpt.model.gpt import GPT
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.graphs import GraphedStep, StaticKVCache
-from glassgpt.sample.replay import ReplayedStep, unreplayable_model
+from glassgpt.sample.replay import ReplayedStep, uncovered, unreplayable_model
 
 Kind = Literal["eager", "replayed", "graphed"]
 SMALL_MODEL = 8_000_000  # parameters; below this a decoding step is too short to split
@@ -70,6 +71,8 @@ def choose(
             return Choice("eager", "CUDA graphs are off")
         if slots:
             return Choice("eager", "a server's slots are not graphed")
+        if model.config.sliding_window is not None:  # its mask would be the recorded step's
+            return _uncovered("a sliding window's mask moves with the position; not graphed")
         return Choice("graphed", "a CUDA GPU: each step one graph launch")
     if device.type != "cpu":
         return Choice("eager", f"no graphed or replayed steps on {device.type}")
@@ -79,8 +82,20 @@ def choose(
         return Choice("eager", "the batch is left-padded")
     why = unreplayable_model(model)
     if why is not None:
-        return Choice("eager", why)
+        return _uncovered(why) if why == uncovered(model) else Choice("eager", why)
     return Choice("replayed", "a CPU: each step the first one's compiled calls")
+
+
+_SAID: set[str] = set()
+
+
+def _uncovered(why: str) -> Choice:
+    """The eager engine for a model with a field the fast engine does not cover, said once
+    per process on stderr (never silently slower)."""
+    if why not in _SAID:
+        _SAID.add(why)
+        say(f"decoding eagerly: {why}")
+    return Choice("eager", why)
 
 
 class Decoder:

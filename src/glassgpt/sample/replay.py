@@ -16,7 +16,8 @@ buffers in the same order, so its logits equal the eager step's bit for bit.
 
 It records only what it can replay: a plain :class:`~glassgpt.sample.cache.KVCache` without
 padding or a server's slots (``glassgpt.serve.slots.SlotCache``, whose rows each have their
-own length n_b: its compiled calls read the lengths when they run), no hooks, no RoPE (its rotation is PyTorch operations), float32 activations, and
+own length n_b: its compiled calls read the lengths when they run), no hooks, no RoPE (its rotation is PyTorch operations), none of the
+decoder-only families' fields (``GPTConfig.family_fields``), float32 activations, and
 every operation of the blocks a compiled kernel, a view, an allocation or a float32
 residual sum (anything else, say a ReLU MLP, leaves decoding eager; :attr:`why_not` names
 it). Prompts (several tokens) always run eagerly.
@@ -52,11 +53,21 @@ def unreplayable_model(model: GPT) -> str | None:
     W_E = model.embed.W_E
     if W_E.device.type != "cpu" or W_E.dtype != torch.float32 or not W_E.is_contiguous():
         return "the model is not float32 on a CPU"
+    why = uncovered(model)
+    if why is not None:
+        return why
     if model.rotary is not None:
         return "RoPE rotates q and k with PyTorch operations"
     if model._hook_fns:
         return "hooks are attached"
     return None
+
+
+def uncovered(model: GPT) -> str | None:
+    """The decoder-only family fields of ``model`` that a replayed step does not cover, in
+    words (None: none). The recorded step knows none of them (x₀, say, is W_E[t] + P[n])."""
+    fields = model.config.family_fields()
+    return f"the replayed step does not cover {', '.join(fields)}" if fields else None
 
 
 class ReplayedStep:

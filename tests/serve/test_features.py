@@ -187,69 +187,61 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 @pytest.mark.slow
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)")
-def test_feature_page_and_steering_in_the_browser(fserve: Server, tmp_path: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
+def test_feature_page_and_steering_in_the_browser(
+    fserve: Server, browser: Any, tmp_path: Path
+) -> None:
+    """(On the session's browser: a second Playwright in the same worker cannot start.)"""
     f = features_of(fserve)
     live = int(f.pages.count.argmax())
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        problems: list[str] = []
-        page.on("console", lambda m: m.type == "error" and problems.append(m.text))
-        page.on("pageerror", lambda e: problems.append(str(e)))
-        page.goto(fserve.url + "/")
-        page.wait_for_selector("#tab-features:not([hidden])")
-        page.click("#tab-features")
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(fserve.url + "/")
+    page.wait_for_selector("#tab-features:not([hidden])")
+    page.click("#tab-features")
 
-        # search by id opens the page: its contexts, histogram and logit effect as the JSON says
-        page.fill("#feat-query", f"#{live}")
-        page.wait_for_selector(f'#feat-results .result[data-id="{live}"]')
-        page.click(f'#feat-results .result[data-id="{live}"]')
-        page.wait_for_function(
-            f"() => document.querySelector('#feat-title').textContent === '#{live}'"
-        )
-        want = f.pages.page(live, f.texts())
-        page.wait_for_function("n => document.querySelectorAll('#feat-contexts .ctx').length === n",
-                               arg=len(want["contexts"]))  # fmt: skip
-        first = page.locator("#feat-contexts .ctx").first
-        assert first.inner_text().replace("·", " ").replace("↵", "\n") == "".join(want["contexts"][0]["tokens"])  # fmt: skip
-        assert page.locator("#feat-contexts .ctx").first.locator(".ct.at").count() == 1
-        assert page.locator("#feat-hist .hbar").count() == len(want["histogram"])
-        assert page.locator("#feat-logits tr").count() == 2 * len(want["logit_top"])
+    # search by id opens the page: its contexts, histogram and logit effect as the JSON says
+    page.fill("#feat-query", f"#{live}")
+    page.wait_for_selector(f'#feat-results .result[data-id="{live}"]')
+    page.click(f'#feat-results .result[data-id="{live}"]')
+    page.wait_for_function(f"() => document.querySelector('#feat-title').textContent === '#{live}'")
+    want = f.pages.page(live, f.texts())
+    page.wait_for_function("n => document.querySelectorAll('#feat-contexts .ctx').length === n",
+                           arg=len(want["contexts"]))  # fmt: skip
+    first = page.locator("#feat-contexts .ctx").first
+    assert first.inner_text().replace("·", " ").replace("↵", "\n") == "".join(want["contexts"][0]["tokens"])  # fmt: skip
+    assert page.locator("#feat-contexts .ctx").first.locator(".ct.at").count() == 1
+    assert page.locator("#feat-hist .hbar").count() == len(want["histogram"])
+    assert page.locator("#feat-logits tr").count() == 2 * len(want["logit_top"])
 
-        # the prompt's chips carry this feature's activation at each token
-        page.fill("#feat-prompt", "the dog sat")
-        page.wait_for_function("() => document.querySelectorAll('#feat-chips .chip').length === 11")
-        titles = page.eval_on_selector_all("#feat-chips .chip", "cs => cs.map(c => c.title)")
-        _, d = request(
-            fserve.url, "/api/features/tokens", {"prompt": "the dog sat", "feature": live}
-        )
-        assert [float(t.rsplit("= ", 1)[1]) for t in titles] == pytest.approx(
-            d["feature"]["acts"], abs=1e-4
-        )
-        page.locator("#feat-chips .chip").nth(4).click()
-        page.wait_for_selector("#feat-token-top .label")
-        assert "#4" in page.inner_text("#feat-token-where")
+    # the prompt's chips carry this feature's activation at each token
+    page.fill("#feat-prompt", "the dog sat")
+    page.wait_for_function("() => document.querySelectorAll('#feat-chips .chip').length === 11")
+    titles = page.eval_on_selector_all("#feat-chips .chip", "cs => cs.map(c => c.title)")
+    _, d = request(fserve.url, "/api/features/tokens", {"prompt": "the dog sat", "feature": live})
+    assert [float(t.rsplit("= ", 1)[1]) for t in titles] == pytest.approx(
+        d["feature"]["acts"], abs=1e-4
+    )
+    page.locator("#feat-chips .chip").nth(4).click()
+    page.wait_for_selector("#feat-token-top .label")
+    assert "#4" in page.inner_text("#feat-token-where")
 
-        # steering: moving the slider redraws the distribution and the sample from the server
-        before = page.inner_text("#feat-dist")
-        page.eval_on_selector("#feat-value", "e => { e.value = e.max; e.dispatchEvent(new Event('input')); }")  # fmt: skip
-        page.wait_for_function(
-            "b => document.querySelector('#feat-dist').innerText !== b", arg=before
-        )
-        value = float(page.eval_on_selector("#feat-value", "e => e.value"))
-        body = {"prompt": "the dog sat", "feature": live, "mode": "add", "value": value,
-                "max_tokens": 48, "temperature": 0.8, "seed": 0}  # fmt: skip
-        page.wait_for_function(
-            "() => document.querySelector('#feat-sample').textContent.length > 0"
-        )
-        _, s = request(fserve.url, "/api/features/steer", body)
-        page.wait_for_function(
-            "t => document.querySelector('#feat-sample').textContent === t", arg=s["sample"]
-        )
-        assert page.locator("#feat-dist .label").first.inner_text() == s["rows"][0]["text"].replace(" ", "·")  # fmt: skip
-        page.screenshot(path=str(tmp_path / "features.png"))
-        browser.close()
+    # steering: moving the slider redraws the distribution and the sample from the server
+    before = page.inner_text("#feat-dist")
+    page.eval_on_selector("#feat-value", "e => { e.value = e.max; e.dispatchEvent(new Event('input')); }")  # fmt: skip
+    page.wait_for_function("b => document.querySelector('#feat-dist').innerText !== b", arg=before)
+    value = float(page.eval_on_selector("#feat-value", "e => e.value"))
+    body = {"prompt": "the dog sat", "feature": live, "mode": "add", "value": value,
+            "max_tokens": 48, "temperature": 0.8, "seed": 0}  # fmt: skip
+    page.wait_for_function("() => document.querySelector('#feat-sample').textContent.length > 0")
+    _, s = request(fserve.url, "/api/features/steer", body)
+    page.wait_for_function(
+        "t => document.querySelector('#feat-sample').textContent === t", arg=s["sample"]
+    )
+    assert page.locator("#feat-dist .label").first.inner_text() == s["rows"][0]["text"].replace(" ", "·")  # fmt: skip
+    page.screenshot(path=str(tmp_path / "features.png"))
+    page.close()
     assert problems == []
 
 

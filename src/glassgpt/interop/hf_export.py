@@ -68,6 +68,10 @@ def family_for(c: GPTConfig) -> str:
             raise ConfigError(
                 "embed_scale", f"a Gemma needs √d_model = {c.d_model**0.5:g}, got {c.embed_scale:g}"
             )
+        scalar = _query_pre_attn_scalar(c)
+        if not math.isclose(scalar, round(scalar), rel_tol=1e-9):
+            raise ConfigError("attn_scale", f"a Gemma scales by an integer query_pre_attn_scalar^-½, "
+                              f"got attn_scale={c.attn_scale} (= {scalar:g}^-½)")  # fmt: skip
         if not c.qk_norm:
             _refuse(c, "Gemma 2 (a Gemma 3 has q/k-norms)", rope_local_base=None)
         else:  # transformers' Gemma 3 attention does not apply its attn_logit_softcapping
@@ -137,10 +141,8 @@ def config_to_hf(c: GPTConfig) -> dict[str, Any]:
     }  # fmt: skip
     types = [f"{kind}_attention" for kind in c.layer_kinds]
     if family in ("gemma2", "gemma3_text"):
-        attn_scale = c.attn_scale if c.attn_scale is not None else (c.d_head or 1) ** -0.5
-        scalar = attn_scale**-2.0
         out |= {
-            "hidden_activation": gate, "query_pre_attn_scalar": round(scalar) if math.isclose(scalar, round(scalar)) else scalar,
+            "hidden_activation": gate, "query_pre_attn_scalar": round(_query_pre_attn_scalar(c)),
             "attn_logit_softcapping": c.attn_softcap, "final_logit_softcapping": c.final_softcap,
             "sliding_window": c.sliding_window, "layer_types": types,
         }  # fmt: skip
@@ -159,3 +161,8 @@ def config_to_hf(c: GPTConfig) -> dict[str, Any]:
         out |= {"use_sliding_window": sliding, "sliding_window": c.sliding_window,
                 "max_window_layers": c.n_layers, "layer_types": types}  # fmt: skip
     return out
+
+
+def _query_pre_attn_scalar(c: GPTConfig) -> float:
+    """q with attn_scale = q^−½ (Gemma's ``query_pre_attn_scalar``; d_head by default)."""
+    return (c.attn_scale if c.attn_scale is not None else (c.d_head or 1) ** -0.5) ** -2.0

@@ -12,6 +12,7 @@ saved by ``save_pretrained`` and opened by ``glassgpt.load``:
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,24 @@ def test_a_transformers_model_object_and_its_state_dict_load_too() -> None:
             assert float((model(x) - expected).abs().max()) <= 1e-5
         headless = from_hf(hf.model.state_dict(), config=hf.config)  # Gemma2Model: tied, no prefix
         assert float((headless(x) - expected).abs().max()) <= 1e-5
+
+
+def test_a_fine_tuning_step_from_the_import_gives_transformers_loss(saved: Any) -> None:
+    """The loss, then one SGD step on each (the same gradients, in each one's layout), then
+    the loss again: equal to 1e-5 in float32."""
+    _, hf, folder = saved
+    hf = copy.deepcopy(hf).train()
+    model = from_hf(folder).train()
+    x = tokens(n=4, seed=5)
+    losses = []
+    for m, loss_of in ((model, lambda: model(x[:, :-1], targets=x[:, 1:])[1]),
+                       (hf, lambda: hf(x, labels=x).loss)):  # fmt: skip
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.5)
+        first = loss_of()
+        first.backward()
+        optimizer.step()
+        with torch.no_grad():
+            losses.append((float(first), float(loss_of())))
+    (ours, ours_after), (theirs, theirs_after) = losses
+    assert abs(ours - theirs) <= 1e-5 and abs(ours_after - theirs_after) <= 1e-5
+    assert theirs - theirs_after > 1e-3  # the step moved the weights

@@ -4,7 +4,8 @@
 RoPE with LayerNorm is GPT-NeoX; RoPE with RMSNorm is Llama-shaped, and among those the
 Gemma fields (gains 1 + w, sandwich norms, s = √d_model) make Gemma 2 (Gemma 3 with
 q/k-norms), q/k-norms alone Qwen 3, b_Q, b_K, b_V alone Qwen 2, a sliding window on every
-layer Mistral, and the rest Llama. A field that family cannot hold is refused in one line
+layer Mistral, and the rest Llama (biases on every projection too: Llama's
+``attention_bias`` and ``mlp_bias``). A field that family cannot hold is refused in one line
 naming it (a ConfigError), before anything is written.
 """
 
@@ -58,10 +59,13 @@ def family_for(c: GPTConfig) -> str:
                 "d_head", f"a GPT-NeoX needs n_heads·d_head = d_model, got {c.d_head}"
             )
         return "gpt_neox"
-    _refuse(c, "Llama-shaped model", parallel_residual=False, bias=False, rotary_fraction=1.0)
+    _refuse(c, "Llama-shaped model", parallel_residual=False, rotary_fraction=1.0)
     if not c.gated or c.mlp_activations[1] != "identity":
         raise ConfigError("mlp", f"a Llama-shaped model needs a gated MLP (σ(x W_gate) ⊙ x W_in), got {c.mlp!r}"
                           + (f" with mlp_value={c.mlp_value!r}" if c.mlp == "gated" else ""))  # fmt: skip
+    if c.bias:  # Llama's attention_bias and mlp_bias: every projection biased
+        _refuse(c, "Llama with biases", norm_offset=0.0, sandwich_norm=False, embed_scale=1.0,
+                qk_norm=False, sliding_window=None)  # fmt: skip
     if c.norm_offset != 0.0 or c.sandwich_norm or c.embed_scale != 1.0:
         _refuse(c, "Gemma", norm_offset=1.0, sandwich_norm=True, qkv_bias=False)
         if not math.isclose(c.embed_scale, c.d_model**0.5, rel_tol=1e-6):
@@ -137,7 +141,7 @@ def config_to_hf(c: GPTConfig) -> dict[str, Any]:
     gate = HF_NAMES[c.mlp_activations[0]]
     out |= {
         "num_key_value_heads": c.kv_heads, "head_dim": c.d_head, "rms_norm_eps": c.norm_eps,
-        "hidden_act": gate, "attention_bias": False, "mlp_bias": False,
+        "hidden_act": gate, "attention_bias": c.bias, "mlp_bias": c.bias,
     }  # fmt: skip
     types = [f"{kind}_attention" for kind in c.layer_kinds]
     if family in ("gemma2", "gemma3_text"):

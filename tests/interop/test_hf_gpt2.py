@@ -236,7 +236,7 @@ def test_bad_folders_are_one_line_input_errors(tmp_path, setup, message) -> None
 @pytest.mark.parametrize(
     "change, field",
     [
-        ({"positional": "rope"}, "positional"),
+        ({"positional": "sinusoidal"}, "positional"),  # (rope with these: a GPT-NeoX)
         ({"norm": "rmsnorm"}, "norm"),
         ({"norm_placement": "post"}, "norm_placement"),
         ({"mlp": "swiglu"}, "mlp"),

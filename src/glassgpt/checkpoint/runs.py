@@ -4,8 +4,10 @@
 
 - a run folder (``OUT``, holding ``OUT/ckpt``) or its ``ckpt`` folder;
 - one checkpoint folder (``ckpt/step_000500``, ``ckpt/best``): exactly that one;
-- a Hugging Face GPT-2 folder (``config.json`` + weights, as ``to_hf`` or ``save_pretrained``
-  writes it).
+- a Hugging Face model folder (``config.json`` + weights, as ``to_hf`` or ``save_pretrained``
+  writes it) of any family ``glassgpt.interop.from_hf`` reads (GPT-2, Llama, Mistral, Qwen 2,
+  Qwen 3, Gemma 2, Gemma 3, GPT-NeoX); another family is one line naming its ``model_type``
+  and the families known.
 
 **Which checkpoint of a run.** ``which="best"`` (the default: what sampling, evaluation,
 inspection and serving want) opens ``ckpt/best``, the lowest validation loss, when it verifies,
@@ -37,10 +39,10 @@ from glassgpt.checkpoint import files as ckpt
 from glassgpt.config import parse_toml
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError, InputFileError
-from glassgpt.interop.hf_gpt2 import config_from_hf, from_hf
+from glassgpt.interop.hf import config_from_hf, from_hf
 from glassgpt.interop.hf_tokenizers import load_tokenizer_json
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.model.precision import cast
+from glassgpt.model.precision import cast, parse_dtype
 from glassgpt.tokenizer import Tokenizer, load_tokenizer
 
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -128,7 +130,7 @@ def open_run(
     if not folder.is_dir():
         raise InputFileError(f"{folder}: not a folder (expected a checkpoint or HF model folder)")
     if (folder / "config.json").is_file() and any((folder / w).is_file() for w in HF_WEIGHTS):
-        run = _open_hf(folder, weights)
+        run = _open_hf(folder, weights, dtype)
     else:
         run = _open_checkpoint(folder, _choose(folder, which, step, warn), weights)
     if tokenizer is not None:
@@ -215,12 +217,15 @@ def _open_checkpoint(folder: Path, chosen: ckpt.Checkpoint, weights: bool) -> Ru
     return Run(folder, "checkpoint", config, model, tok, chosen, meta)
 
 
-def _open_hf(folder: Path, weights: bool) -> Run:
+def _open_hf(folder: Path, weights: bool, dtype: str | torch.dtype | None) -> Run:
     try:
         meta = json.loads((folder / "config.json").read_text("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputFileError(f"{folder / 'config.json'}: not valid JSON ({e})") from None
-    model = from_hf(folder) if weights else None
+    # read straight into a float dtype asked for (no float32 copy to cast); int8 from float32
+    wanted = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    load_dtype = wanted if wanted is not None and wanted.is_floating_point else torch.float32
+    model = from_hf(folder, dtype=load_dtype) if weights else None
     config = (model.config if model is not None else config_from_hf(meta)).to_dict()
     return Run(folder, "hf", {"model": config}, model, hf_tokenizer(folder), None, meta)
 

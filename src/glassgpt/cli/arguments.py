@@ -32,7 +32,8 @@ def add_checkpoint(p: Any, *, required: bool = True, help: str | None = None) ->
         "--checkpoint",
         metavar="DIR",
         required=required,
-        help=help or "run folder, checkpoint folder, or HF GPT-2 folder with tokenizer files",
+        help=help
+        or "run folder, checkpoint folder, or HF model folder (GPT-2, Llama, Mistral, Qwen, Gemma, GPT-NeoX)",
     )
 
 

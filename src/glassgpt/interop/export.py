@@ -1,8 +1,9 @@
-"""A model and its tokenizer written for other tools: an HF GPT-2 folder, a ``.tiktoken`` file.
+"""A model and its tokenizer written for other tools: an HF model folder, a ``.tiktoken`` file.
 
 ``export_hf`` writes ``config.json``, ``model.safetensors``, ``tokenizer.json`` and
 ``tokenizer_config.json``: ``transformers``' ``AutoModelForCausalLM`` and ``AutoTokenizer``
-load the folder without glassgpt (a byte-level BPE or a character tokenizer).
+load the folder without glassgpt (the model as the family that computes its config, see
+:func:`glassgpt.interop.hf.to_hf`; a byte-level BPE or a character tokenizer).
 ``export_tiktoken`` writes a byte-level BPE tokenizer's ranks.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from glassgpt.errors import GlassError
-from glassgpt.interop.hf_gpt2 import to_hf
+from glassgpt.interop.hf import to_hf
 from glassgpt.interop.hf_tokenizers import save_tokenizer_json
 from glassgpt.interop.tiktoken_format import save_tiktoken
 from glassgpt.storage import atomic_write
@@ -21,7 +22,7 @@ from glassgpt.tokenizer.special import END_OF_TEXT as EOT
 
 
 def export_hf(model: Any, tok: Any, out: Path) -> list[Path]:
-    """Weights, ``config.json`` and the tokenizer files of an HF GPT-2 folder; the files
+    """Weights, ``config.json`` and the tokenizer files of an HF model folder; the files
     written, in the order written."""
     char = not hasattr(tok, "merges")  # a character tokenizer: BPE without merges, Fuse decoder
     to_hf(model, out)

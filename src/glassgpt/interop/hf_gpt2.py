@@ -19,21 +19,17 @@ safetensors, or ``torch.load(weights_only=True)`` for ``pytorch_model.bin``.
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
 from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.interop.hf_files import Tensors, build, owned, read_config, write_folder
 from glassgpt.model import GPT, GPTConfig
-from glassgpt.storage import atomic_write, inside
 
 # transformers' activation names → our MLP kinds (the tanh forms differ only in rounding)
 HF_ACTIVATIONS = {
@@ -281,53 +277,6 @@ def state_dict_to_hf(model: GPT) -> dict[str, Tensor]:
 # -- files and public API --------------------------------------------------------------
 
 
-def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """config.json and the weights of a ``save_pretrained`` folder (safetensors, sharded
-    safetensors, or pytorch_model.bin read with weights_only=True)."""
-    if not folder.is_dir():
-        raise InputFileError(f"not a folder: {folder}")
-    config_path = folder / "config.json"
-    try:
-        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputFileError(f"{config_path}: not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputFileError(f"{config_path}: unreadable config: {e}") from None
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    try:
-        if single.is_file():
-            return hf_config, load_file(single)
-        if index.is_file():
-            shards = sorted(
-                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-            )
-            state: dict[str, Tensor] = {}
-            for shard in shards:
-                state.update(load_file(inside(folder, shard, index)))
-            return hf_config, state
-        bin_path = folder / "pytorch_model.bin"
-        if bin_path.is_file():
-            try:
-                return hf_config, torch.load(bin_path, map_location="cpu", weights_only=True)
-            except pickle.UnpicklingError:  # torch's explanation runs to many lines
-                raise InputFileError(
-                    f"{bin_path}: holds Python objects beyond plain tensors, which glassgpt "
-                    "never unpickles; convert it to model.safetensors"
-                ) from None
-    except (
-        OSError,
-        SafetensorError,
-        KeyError,
-        ValueError,
-        RuntimeError,
-        pickle.UnpicklingError,
-    ) as e:
-        raise InputFileError(f"{folder}: unreadable weights: {e}") from None
-    raise InputFileError(
-        f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin"
-    )
-
-
 def from_hf(
     source: Source, *, config: Mapping[str, Any] | Any = None, dropout: float | None = None
 ) -> GPT:
@@ -335,7 +284,7 @@ def from_hf(
     a ``GPT2LMHeadModel``/``GPT2Model``, or a state dict (then ``config`` — a ``GPT2Config``
     or its dict — is required). The model comes back in eval mode, in float32."""
     if isinstance(source, (str, os.PathLike)):
-        hf_config, state = _read_folder(Path(source))
+        hf_config, state = read_config(Path(source)), Tensors.of_folder(Path(source))
     elif isinstance(source, nn.Module):
         if not hasattr(source, "config"):
             raise GlassError(f"{type(source).__name__} has no .config; expected a GPT-2 model")
@@ -349,10 +298,8 @@ def from_hf(
             f"from_hf: expected a folder, a model or a state dict, got {type(source).__name__}"
         )
     ours = config_from_hf(config if config is not None else hf_config, dropout=dropout)
-    weights = state_dict_from_hf(state, ours)
-    model = GPT(ours)
-    model.load_state_dict({k: v.to(torch.float32) for k, v in weights.items()})
-    return model.eval()
+    weights = state_dict_from_hf(dict(state.items()), ours)
+    return build(ours, {k: owned(weights.pop(k), torch.float32) for k in list(weights)})
 
 
 def to_hf(model: GPT, folder: str | os.PathLike) -> Path:
@@ -360,18 +307,4 @@ def to_hf(model: GPT, folder: str | os.PathLike) -> Path:
     ``transformers.GPT2LMHeadModel.from_pretrained(folder)`` loads as the same function."""
     if not isinstance(model, GPT):
         raise GlassError(f"to_hf: expected a glassgpt GPT, got {type(model).__name__}")
-    hf_config = config_to_hf(model.config)
-    tensors = state_dict_to_hf(model)
-    dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    out = Path(folder)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        weights = save(tensors, metadata={"format": "pt"})
-        atomic_write(out / "model.safetensors", weights)  # weights first: config.json marks done
-        atomic_write(
-            out / "config.json",
-            (json.dumps({**hf_config, "dtype": dtype}, indent=2) + "\n").encode(),
-        )
-    except OSError as e:
-        raise InputFileError(f"cannot write {out}: {e.strerror or e}") from None
-    return out
+    return write_folder(Path(folder), config_to_hf(model.config), state_dict_to_hf(model))

@@ -7,7 +7,10 @@
 - a Hugging Face model folder (``config.json`` + weights, as ``to_hf`` or ``save_pretrained``
   writes it) of any family ``glassgpt.interop.from_hf`` reads (GPT-2, Llama, Mistral, Qwen 2,
   Qwen 3, Gemma 2, Gemma 3, GPT-NeoX); another family is one line naming its ``model_type``
-  and the families known.
+  and the families known;
+- a hub id, ``hf:ORG/NAME`` or ``hf:ORG/NAME@REVISION`` (a branch, tag or commit): the
+  snapshot folder of huggingface_hub's cache, downloaded first only where the machine can
+  (:mod:`.hub`), opened as the HF folder it is.
 
 **Which checkpoint of a run.** ``which="best"`` (the default: what sampling, evaluation,
 inspection and serving want) opens ``ckpt/best``, the lowest validation loss, when it verifies,
@@ -36,6 +39,7 @@ from typing import Any, Literal
 import torch
 
 from glassgpt.checkpoint import files as ckpt
+from glassgpt.checkpoint.hub import is_hub_id, resolve_hub_id
 from glassgpt.config import parse_toml
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError, InputFileError
@@ -114,8 +118,8 @@ def open_run(
     dtype: str | torch.dtype | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> Run:
-    """The run, checkpoint or HF folder at ``path`` (see the module docstring for which
-    checkpoint of a run is opened).
+    """The run, checkpoint or HF folder at ``path``, or the hub id ``path`` names (see the
+    module docstring for which checkpoint of a run is opened).
 
     ``weights=False`` reads only the config, tokenizer and metadata (``Run.model`` is None).
     ``warn`` tells of each checkpoint skipped (default: a Python warning).
@@ -125,6 +129,8 @@ def open_run(
     inference, else as stored.
     """
     folder = Path(path)
+    if is_hub_id(path) and not folder.exists():  # a local folder of that name stays a folder
+        folder = resolve_hub_id(os.fspath(path))
     if not folder.exists():
         raise InputFileError(f"{folder}: no such checkpoint or model folder")
     if not folder.is_dir():

@@ -46,7 +46,7 @@ COMMANDS = (
     Command("sae", "sae", "sparse autoencoders and transcoders on a model's activations"),
     Command("sweep", "sweep", "train a grid of runs (sizes × token budgets × any config field × seeds)"),
     Command("scaling", "scaling", "fit L(N, D) to a sweep and predict loss"),
-    Command("export", "export", "write a checkpoint as an HF GPT-2 folder or a .tiktoken file"),
+    Command("export", "export", "write a checkpoint as an HF model folder or a .tiktoken file"),
     Command("serve", "serve", "serve a checkpoint: OpenAI-compatible API and an explorer page"),
 )  # fmt: skip
 BY_NAME = {c.name: c for c in COMMANDS}

@@ -33,7 +33,8 @@ def add_checkpoint(p: Any, *, required: bool = True, help: str | None = None) ->
         metavar="DIR",
         required=required,
         help=help
-        or "run folder, checkpoint folder, or HF model folder (GPT-2, Llama, Mistral, Qwen, Gemma, GPT-NeoX)",
+        or "run folder, checkpoint folder, HF model folder (GPT-2, Llama, Mistral, Qwen, Gemma, "
+        "GPT-NeoX), or hf:ORG/NAME[@REVISION] from the HF cache",
     )
 
 

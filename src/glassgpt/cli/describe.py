@@ -6,7 +6,7 @@
 The config is a preset (``--preset gpt2``: the same list as ``glassgpt train``), a TOML file
 (``--config FILE``: its ``[model]`` table if it has one, else the whole file; a
 ``preset = "NAME"`` key in that table starts from that preset's model), or a trained model
-(``-c/--checkpoint DIR``: a run folder, a checkpoint, or an HF GPT-2 folder); then
+(``-c/--checkpoint DIR``: a run folder, a checkpoint, or an HF model folder); then
 ``--set key=value`` overrides (``--set n_layers=2``; ``model.`` may be left out), resolved as
 ``train`` resolves them (:func:`glassgpt.train.model_config.resolve_config`).
 """

@@ -34,7 +34,7 @@ TASK_FLAGS = ("--output", "--limit", "--num-fewshot", "--include-path")
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Evaluate a checkpoint (or HF GPT-2 folder) on text files, or on a split of a "
+        "Evaluate a checkpoint (or HF model folder) on text files, or on a split of a "
         "prepared data folder: mean next-token loss, perplexity, and bits per byte (which "
         "compares models across tokenizers). Without --data, a run is evaluated on its own "
         "validation split as its trainer did (the same windows, train.eval_batches of them, "

@@ -42,7 +42,7 @@ from glassgpt.sample.stops import unescape
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Sample text from a trained glassgpt checkpoint (a run folder, its ckpt/ folder or one "
-        "checkpoint folder) or an exported HF GPT-2 folder."
+        "checkpoint folder) or an HF model folder."
     )
     p = parser
     add_checkpoint(p)

@@ -45,7 +45,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--init-from",
         metavar="DIR",
-        help="fine-tune: start from a glassgpt run or an HF GPT-2 folder (its weights, "
+        help="fine-tune: start from a glassgpt run or an HF model folder (its weights, "
         "architecture and tokenizer); --set may change only shape-free model fields",
     )
     parser.add_argument(

@@ -19,7 +19,6 @@ import) is checked by shape only, with a note.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import torch
 from glassgpt.checkpoint import Run
 from glassgpt.console import say
 from glassgpt.errors import GlassError, InputFileError
-from glassgpt.features.sae import CONFIG_FILE, sae_folder
+from glassgpt.features.sae import read_sae_json
 
 KEY = "model_identity"  # its key in sae.json
 
@@ -65,13 +64,7 @@ def weights_sha256(model: torch.nn.Module) -> str:
 
 def sae_extra(sae_dir: str | Path) -> dict[str, Any]:
     """The SAE folder's sae.json (where its identity is), as :meth:`SAE.load` finds it."""
-    path = sae_folder(sae_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise InputFileError(f"{sae_dir}: not an SAE folder (no {CONFIG_FILE})")
-    try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:
-        raise InputFileError(f"{path}: unreadable ({e})") from None
+    path, doc = read_sae_json(sae_dir)
     if not isinstance(doc, dict):
         raise InputFileError(f"{path}: not a glassgpt SAE file")
     return doc

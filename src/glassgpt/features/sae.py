@@ -161,6 +161,18 @@ def sae_folder(sae_dir: str | Path) -> Path:
     return d / "sae" if not (d / CONFIG_FILE).is_file() and (d / "sae" / CONFIG_FILE).is_file() else d  # fmt: skip
 
 
+def read_sae_json(folder: str | Path) -> tuple[Path, Any]:
+    """(path, parsed JSON) of the SAE folder's ``sae.json``; one line when it is missing or
+    unreadable."""
+    path = sae_folder(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise InputFileError(f"{folder}: not an SAE folder (no {CONFIG_FILE})")
+    try:
+        return path, json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise InputFileError(f"{path}: unreadable ({e})") from None
+
+
 # -- the shared equations -------------------------------------------------------------------
 
 
@@ -355,13 +367,7 @@ class SAE(nn.Module):
     def load(cls, folder: str | Path, *, device: str | torch.device | None = None) -> SAE:
         """The SAE saved in ``folder`` (by :meth:`save` or ``glassgpt sae train``)."""
         folder = sae_folder(folder)
-        path = folder / CONFIG_FILE
-        if not path.is_file():
-            raise InputFileError(f"{folder}: not an SAE folder (no {CONFIG_FILE})")
-        try:
-            doc = json.loads(path.read_bytes())
-        except (OSError, ValueError) as e:
-            raise InputFileError(f"{path}: unreadable ({e})") from None
+        path, doc = read_sae_json(folder)
         doc = check_format(doc, path, FORMAT, VERSION, what="SAE format", not_ours="not a glassgpt SAE file")  # fmt: skip
         try:
             cfg = SAEConfig.from_dict(doc["config"], prefix="config.")

@@ -154,7 +154,7 @@ def test_processed_gpt2_activations(side: dict) -> None:
     biases, ln2.hook_normalized), loaded for glassgpt's model of the same HF GPT-2, give the same
     codes from glassgpt's own activations."""
     from glassgpt.features.sites import read, resolve_site
-    from glassgpt.interop.hf_gpt2 import from_hf
+    from glassgpt.interop import from_hf
 
     work, tokens = side["work"], side["tokens"]
     acts = load_file(str(work / "tl_acts.safetensors"))

@@ -18,11 +18,10 @@ from glassgpt.checkpoint.files import (
     step_of,
     write_checkpoint,
 )
-from glassgpt.checkpoint.runs import CONFIG, HF_WEIGHTS, Run, load, needs_tokenizer, open_run
+from glassgpt.checkpoint.runs import CONFIG, Run, load, needs_tokenizer, open_run
 
 __all__ = [
     "CONFIG",
-    "HF_WEIGHTS",
     "STATE",
     "Checkpoint",
     "CheckpointError",

@@ -28,7 +28,6 @@ folder's tokenizer is its ``tokenizer.json``, ``vocab.json`` + ``merges.txt``, o
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Callable
@@ -43,13 +42,13 @@ from glassgpt.checkpoint.hub import is_hub_id, resolve_hub_id
 from glassgpt.config import parse_toml
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.interop import hf_files
 from glassgpt.interop.hf import config_from_hf, from_hf
 from glassgpt.interop.hf_tokenizers import load_tokenizer_json
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import cast, parse_dtype
 from glassgpt.tokenizer import Tokenizer, load_tokenizer
 
-HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 CONFIG = "config.toml"  # the resolved run config, in the run folder and in each checkpoint
 
 
@@ -135,7 +134,9 @@ def open_run(
         raise InputFileError(f"{folder}: no such checkpoint or model folder")
     if not folder.is_dir():
         raise InputFileError(f"{folder}: not a folder (expected a checkpoint or HF model folder)")
-    if (folder / "config.json").is_file() and any((folder / w).is_file() for w in HF_WEIGHTS):
+    if (folder / hf_files.CONFIG).is_file() and any(
+        (folder / w).is_file() for w in hf_files.WEIGHT_FILES
+    ):
         run = _open_hf(folder, weights, dtype)
     else:
         run = _open_checkpoint(folder, _choose(folder, which, step, warn), weights)
@@ -224,10 +225,7 @@ def _open_checkpoint(folder: Path, chosen: ckpt.Checkpoint, weights: bool) -> Ru
 
 
 def _open_hf(folder: Path, weights: bool, dtype: str | torch.dtype | None) -> Run:
-    try:
-        meta = json.loads((folder / "config.json").read_text("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputFileError(f"{folder / 'config.json'}: not valid JSON ({e})") from None
+    meta = hf_files.read_config(folder)
     # read straight into a float dtype asked for (no float32 copy to cast); int8 from float32
     wanted = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     load_dtype = wanted if wanted is not None and wanted.is_floating_point else torch.float32

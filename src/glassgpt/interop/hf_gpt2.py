@@ -13,8 +13,9 @@ has rows indexed (h, i). So, with the (h, i) index split out,
 GPT-2 is our pre-norm, learned-position, LayerNorm, biased model with the tanh GELU
 ("gelu_new"); a GPTConfig outside that family cannot be exported, and an HF config with
 a feature GPTConfig lacks (cross-attention, attention scaled by 1/(layer+1), unscaled
-attention, other activations) is refused naming the field. Files are read without pickle:
-safetensors, or ``torch.load(weights_only=True)`` for ``pytorch_model.bin``.
+attention, other activations) is refused naming the field. Folders, models and state dicts
+are read by :func:`glassgpt.interop.hf.from_hf`, which maps GPT-2's weights through
+:func:`state_dict_from_hf`.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from glassgpt.errors import ConfigError, GlassError, InputFileError
-from glassgpt.interop.hf_files import Tensors, build, owned, read_config, write_folder
+from glassgpt.interop.hf_files import write_folder
 from glassgpt.model import GPT, GPTConfig
 
 # transformers' activation names → our MLP kinds (the tanh forms differ only in rounding)
@@ -44,8 +45,6 @@ HF_ACTIVATIONS = {
 }
 EXPORT_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers of old checkpoints
-
-Source = str | os.PathLike | nn.Module | Mapping[str, Tensor]
 
 
 # -- configs ---------------------------------------------------------------------------
@@ -275,31 +274,6 @@ def state_dict_to_hf(model: GPT) -> dict[str, Tensor]:
 
 
 # -- files and public API --------------------------------------------------------------
-
-
-def from_hf(
-    source: Source, *, config: Mapping[str, Any] | Any = None, dropout: float | None = None
-) -> GPT:
-    """A GPT equal (as a function) to a HF GPT-2: ``source`` is a ``save_pretrained`` folder,
-    a ``GPT2LMHeadModel``/``GPT2Model``, or a state dict (then ``config`` — a ``GPT2Config``
-    or its dict — is required). The model comes back in eval mode, in float32."""
-    if isinstance(source, (str, os.PathLike)):
-        hf_config, state = read_config(Path(source)), Tensors.of_folder(Path(source))
-    elif isinstance(source, nn.Module):
-        if not hasattr(source, "config"):
-            raise GlassError(f"{type(source).__name__} has no .config; expected a GPT-2 model")
-        hf_config, state = source.config, source.state_dict()
-    elif isinstance(source, Mapping):
-        if config is None:
-            raise ConfigError("config", "a GPT-2 state dict needs config= (GPT2Config or dict)")
-        hf_config, state = config, source
-    else:
-        raise GlassError(
-            f"from_hf: expected a folder, a model or a state dict, got {type(source).__name__}"
-        )
-    ours = config_from_hf(config if config is not None else hf_config, dropout=dropout)
-    weights = state_dict_from_hf(dict(state.items()), ours)
-    return build(ours, {k: owned(weights.pop(k), torch.float32) for k in list(weights)})
 
 
 def to_hf(model: GPT, folder: str | os.PathLike) -> Path:

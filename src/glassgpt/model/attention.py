@@ -19,7 +19,7 @@ holds the three views under their own names. The biases b_Q, b_K, b_V (``bias``,
 ``qkv_bias`` alone) are views of b_QKV ([3, n_heads, d_head] without grouping, else
 [n_heads + 2·n_kv_heads, d_head]). The hooks ``k`` and ``v`` see the G heads
 [B, T, n_kv_heads, d_head]; ``attn_scores``, ``pattern`` and ``z`` every query head. A KV
-cache stores the G heads (a cache that allocated n_heads heads gets each group's repeated).
+cache stores the G heads.
 
 A soft-capped or rescaled score (``attn_softcap``, ``attn_scale``) takes the explicit path
 below, as no fused kernel computes it; a sliding window is a mask handed to the kernel. z comes from the kernel seam (``glassgpt.kernels.attention``, which
@@ -224,7 +224,7 @@ class Attention(nn.Module):
         mask = None
         if kv is not None:
             offset, mask = kv.offset, kv.mask
-            k, v = kv.update(*_as_cached(kv, k, v, H))  # [B, G, offset + T, d_head]
+            k, v = kv.update(k, v)  # [B, G, offset + T, d_head]
         if k.shape[1] != H:  # query head h reads group h // (H/G)
             k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)
         if self.window is not None:
@@ -372,16 +372,6 @@ def fuse_qkv(parts: list[Tensor]) -> Tensor:
     if parts[0].shape == parts[1].shape:
         return torch.stack(parts)
     return torch.cat(parts)
-
-
-def _as_cached(kv: LayerKV, k: Tensor, v: Tensor, n_heads: int) -> tuple[Tensor, Tensor]:
-    """k, v [B, G, T, d_head] as ``kv`` stores them: its groups, or each group repeated to
-    the n_heads query heads where the cache allocated those (a cache written before GQA)."""
-    cached = getattr(kv, "k", None)
-    if isinstance(cached, Tensor) and cached.shape[1] == n_heads != k.shape[1]:
-        G = k.shape[1]
-        return k.repeat_interleave(n_heads // G, 1), v.repeat_interleave(n_heads // G, 1)
-    return k, v
 
 
 def fuse_legacy_names(names: list[str]) -> list[str]:

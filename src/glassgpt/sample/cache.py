@@ -3,7 +3,7 @@
 Attention at position t needs q_t and the keys and values of positions 0..t. These depend
 only on tokens ≤ their own position (causality), so once computed they never change:
 
-    K_l[:, :, :n] , V_l[:, :, :n]       cached, [B, H, n, d_head] per layer l
+    K_l[:, :, :n] , V_l[:, :, :n]       cached, [B, G, n, d_head] per layer l
     step with T new tokens:  K_l[:, :, n:n+T] = x_new W_K (+ b_K, RoPE at positions n..n+T−1)
                              z = softmax(q_new K_l[:, :, :n+T]ᵀ / √d_head + M) V_l[:, :, :n+T]
 
@@ -11,7 +11,8 @@ so feeding the tokens one step at a time gives the same logits as recomputing th
 sequence, at the cost of one position per step instead of n. Learned and sinusoidal
 positions are read at n..n+T−1, RoPE rotates by those positions, ``none`` needs nothing.
 
-The tensors are allocated once, [B, H, capacity, d_head] per layer, and written in place.
+The tensors are allocated once, [B, G, capacity, d_head] per layer (G = n_kv_heads key/value
+heads), and written in place.
 A left-padded batch (prompts of different lengths) gives each row ``pad[b]`` leading pad
 slots: row b's token at column c has position c − pad[b], and no query attends to a pad key
 (a pad query attends only to itself, which keeps its softmax finite; its output is unused).
@@ -47,7 +48,7 @@ class _LayerKV:
     __slots__ = ("cache", "k", "v")
 
     def __init__(self, cache: KVCache, k: Tensor, v: Tensor) -> None:
-        self.cache, self.k, self.v = cache, k, v  # k, v [B, H, capacity, d_head]
+        self.cache, self.k, self.v = cache, k, v  # k, v [B, G, capacity, d_head]
 
     @property
     def offset(self) -> int:
@@ -58,7 +59,7 @@ class _LayerKV:
         return self.cache.mask
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the step's k, v [B, H, T, d_head] at n..n+T−1; return all of them [B, H, n+T, d_head]."""
+        """Write the step's k, v [B, G, T, d_head] at n..n+T−1; return all of them [B, G, n+T, d_head]."""
         n, T = self.cache.length, k.shape[2]
         write_kv(self.k, self.v, k, v, n)  # self.k[:, :, n : n + T] = k, the same for v
         return self.k.narrow(2, 0, n + T), self.v.narrow(2, 0, n + T)
@@ -96,13 +97,13 @@ class KVCache:
             )
         if batch_size < 1:
             raise CacheError(f"cache batch_size must be ≥ 1, got {batch_size}")
-        H, dh = config.n_heads, config.d_head
+        G, dh = config.kv_heads, config.d_head  # key/value heads (n_kv_heads)
         assert dh is not None
         self.config, self.batch_size, self.capacity = config, batch_size, capacity
         self.last_only = last_only  # GPT.forward then unembeds only the last position
         self.length = 0  # positions cached so far
         self.mask: Tensor | None = None  # this step's [B, 1, T, n+T] (padded batches only)
-        shape = (batch_size, H, capacity, dh)
+        shape = (batch_size, G, capacity, dh)
         self.layers = [
             _LayerKV(self, torch.zeros(shape, dtype=dtype, device=device),
                      torch.zeros(shape, dtype=dtype, device=device))

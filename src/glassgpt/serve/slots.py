@@ -21,7 +21,7 @@ the last one), so a step reads views, never gathers. A new sequence is prefilled
 (``glassgpt.sample.cache.KVCache``, exactly as ``generate`` prefills) and its keys and
 values are copied into a free slot by :meth:`SlotCache.load`.
 
-The memory, [slots, n_heads, n_ctx, d_head] per layer for k and for v, is allocated and
+The memory, [slots, n_kv_heads, n_ctx, d_head] per layer for k and for v, is allocated and
 touched once, so serving does not grow the process after start-up.
 """
 
@@ -41,7 +41,7 @@ class _SlotLayer:
     __slots__ = ("cache", "k", "v")
 
     def __init__(self, cache: SlotCache, k: Tensor, v: Tensor) -> None:
-        self.cache, self.k, self.v = cache, k, v  # [slots, H, n_ctx, d_head]
+        self.cache, self.k, self.v = cache, k, v  # [slots, G, n_ctx, d_head]
 
     @property
     def offset(self) -> Tensor:
@@ -52,7 +52,7 @@ class _SlotLayer:
         return None
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write row b's k, v [B, H, 1, d_head] at column n_b; return [B, H, n_ctx, d_head]
+        """Write row b's k, v [B, G, 1, d_head] at column n_b; return [B, G, n_ctx, d_head]
         views (attention reads row b's first n_b + 1 columns)."""
         c = self.cache
         B = k.shape[0]
@@ -92,8 +92,8 @@ class SlotCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        H, dh = config.n_heads, config.d_head
-        shape = (slots, H, config.n_ctx, dh)
+        G, dh = config.kv_heads, config.d_head  # key/value heads (n_kv_heads)
+        shape = (slots, G, config.n_ctx, dh)
         self.config, self.slots, self.capacity = config, slots, config.n_ctx
         self.layers = []
         for _ in range(config.n_layers):

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from glassgpt.console import say
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.formats import check_format
 from glassgpt.storage import atomic_write, fsync_dir, fsync_file, inside, write_failed
@@ -240,7 +240,7 @@ def find_resumable(path: str | Path, warn: Callable[[str], None] | None = None) 
     Starts from ``latest`` (or the named step folder), then tries older ``step_*`` folders,
     reporting each failure through ``warn``; raises :class:`CheckpointError` if none is valid.
     """
-    warn = warn or (lambda msg: print(f"glassgpt: warning: {msg}", file=sys.stderr))
+    warn = warn or (lambda msg: say(msg, kind="warning"))
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such run or checkpoint folder")

@@ -39,7 +39,7 @@ from glassgpt.train.trainer import Trainer
 from glassgpt.version import __version__
 
 OnEval = Callable[[torch.nn.Module, int], "str | None"]  # a sample after an evaluation
-# builds ``on_eval`` once the tokenizer is known (glassgpt.cli.train's, with sample.generate)
+# builds ``on_eval`` once the tokenizer is known (glassgpt.sample.training's, with generate)
 Sampler = Callable[[RunConfig, RunData], OnEval]
 
 

@@ -162,10 +162,11 @@ function setLogits(d) {
 }
 
 async function fetchCut() {  // the logits at S.pos with the ablated heads' z set to 0
+  const seq = S.cutSeq = (S.cutSeq || 0) + 1;  // only the latest call's answer is kept
   if (!S.ablated.size) { S.cut = null; return; }
   const heads = [...S.ablated].map((k) => k.split(".").map(Number));
   const d = await api("/api/ablate", { prompt: S.prompt, pos: S.pos, heads, ...at() });
-  S.cut = floats(d.logits); S.cutStep = d.step;
+  if (seq === S.cutSeq) { S.cut = floats(d.logits); S.cutStep = d.step; }
 }
 
 async function selectPos(p) {

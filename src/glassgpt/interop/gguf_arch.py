@@ -133,7 +133,7 @@ def rope_freq_factors(c: GPTConfig) -> Tensor:
         r, c.rope_base, "llama3", factor=c.rope_factor, low_freq_factor=c.rope_low_freq_factor,
         high_freq_factor=c.rope_high_freq_factor, original_ctx=c.rope_original_ctx or c.n_ctx,
     )[0]  # fmt: skip
-    return (plain / scaled).float()
+    return (plain / scaled).to(torch.float32)
 
 
 # -- tensors -------------------------------------------------------------------------------
@@ -146,7 +146,11 @@ def interleave(rows: Tensor, n: int) -> Tensor:
     >>> interleave(torch.arange(8), 2).tolist()
     [0, 2, 1, 3, 4, 6, 5, 7]
     """
-    return rows.reshape(n, 2, rows.shape[0] // n // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+    return (
+        rows.reshape(n, 2, rows.shape[0] // n // 2, *rows.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(rows.shape)
+    )
 
 
 _LLAMA = {

@@ -83,6 +83,7 @@ def pre_tokenizer(tok: Any) -> str:
 
 def tokenizer_fields(tok: Tokenizer, n_vocab: int) -> dict[str, Any]:
     """The ``tokenizer.ggml.*`` keys (without the prefix) of ``tok`` for a model of ``n_vocab``."""
+    pre = pre_tokenizer(tok)  # first: refuses what is not a byte-level BPE
     if tok.n_vocab > n_vocab:
         raise ConfigError("n_vocab", f"the model has {n_vocab} ids, its tokenizer {tok.n_vocab}")
     tokens = [f"[PAD{i}]" for i in range(n_vocab)]
@@ -93,7 +94,7 @@ def tokenizer_fields(tok: Tokenizer, n_vocab: int) -> dict[str, Any]:
         tokens[i], types[i] = s, 3
     text = [token_to_str(t) for t in tok.vocab]
     out: dict[str, Any] = {
-        "model": "gpt2", "pre": pre_tokenizer(tok), "tokens": tokens, "token_type": types,
+        "model": "gpt2", "pre": pre, "tokens": tokens, "token_type": types,
         "merges": [f"{text[a]} {text[b]}" for a, b in tok.merges],
         "add_bos_token": False, "add_eos_token": False,
     }  # fmt: skip
@@ -105,7 +106,12 @@ def tokenizer_fields(tok: Tokenizer, n_vocab: int) -> dict[str, Any]:
 def _encode(gguf: Any, name: str, t: np.ndarray, dtype: str) -> tuple[np.ndarray, Any]:
     """(the data, its GGMLQuantizationType) of a float32 tensor in the file type ``dtype``."""
     Q = gguf.GGMLQuantizationType
-    if dtype == "f32" or t.ndim <= 1 or name.endswith("_norm.weight") or name.startswith("position_embd"):
+    if (
+        dtype == "f32"
+        or t.ndim <= 1
+        or name.endswith("_norm.weight")
+        or name.startswith("position_embd")
+    ):
         return t, Q.F32
     if dtype == "q8_0":
         with contextlib.suppress(gguf.QuantError):  # rows not in blocks of 32: F16

@@ -366,3 +366,81 @@ def test_without_the_gguf_package_the_error_names_the_extra(
     with pytest.raises(GlassError, match=r"pip install 'glassgpt\[gguf\]'"):
         export_gguf(gpt2_style(VOCAB), tok, tmp_path / "m.gguf")
     assert list(tmp_path.iterdir()) == []
+
+
+# -- llama.cpp itself (llama-cpp-python), when it imports ----------------------------------
+
+
+def llama_shaped(n_vocab: int, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(n_vocab=n_vocab, n_ctx=16, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                       d_mlp=96, positional="rope", norm="rmsnorm", mlp="swiglu", bias=False,
+                       tie_embeddings=False)  # fmt: skip
+    model = GPT(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def _llama_cpp() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as err:  # the optional peer: built from source where the CPU allows
+        pytest.skip(f"llama_cpp (llama-cpp-python) does not import: {err}")
+    return llama_cpp
+
+
+def run_in_llama_cpp(path: Path, ids: list[int], n_new: int) -> tuple[np.ndarray, list[int]]:
+    """(llama.cpp's logits at each prompt position [T, V], its greedy continuation)."""
+    llm = _llama_cpp().Llama(model_path=str(path), n_ctx=len(ids) + n_new, n_threads=1,
+                             logits_all=True, verbose=False)  # fmt: skip
+    llm.eval(ids)
+    logits = np.array(llm.scores[: len(ids)], dtype=np.float64)
+    out: list[int] = []
+    for _ in range(n_new):
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([out[-1]])
+    return logits, out
+
+
+def ours(model: GPT, ids: list[int], n_new: int) -> tuple[np.ndarray, list[int]]:
+    """(glassgpt's logits at each prompt position, its greedy continuation)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0].double().numpy()
+        seq = list(ids)
+        for _ in range(n_new):
+            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+    return logits, seq[len(ids) :]
+
+
+def agree(model: GPT, path: Path, ids: list[int], n_new: int) -> None:
+    theirs_logits, theirs_ids = run_in_llama_cpp(path, ids, n_new)
+    our_logits, our_ids = ours(model, ids, n_new)
+    scale = np.abs(our_logits).max()
+    np.testing.assert_allclose(theirs_logits, our_logits, rtol=0, atol=2e-3 * scale)
+    assert theirs_ids == our_ids
+
+
+@pytest.mark.parametrize("make_model", [gpt2_style, llama_shaped], ids=["gpt2", "llama"])
+def test_llama_cpp_runs_an_exported_run_as_glassgpt_does(
+    make_model: Any, tmp_path: Path, tok: Tokenizer
+) -> None:
+    _llama_cpp()
+    model = make_model(VOCAB)
+    path = export_gguf(model, tok, tmp_path / "m.gguf")
+    agree(model, path, tok.encode("the cat sat on"), 6)
+    llm = _llama_cpp().Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in (TEXT, "héllo wörld 🙂 it's 12345"):  # the same split and merges
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok.encode(text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_llama_cpp_runs_each_family_as_glassgpt_does(
+    name: str, tmp_path: Path, tok: Tokenizer
+) -> None:
+    _llama_cpp()
+    model = from_hf(hf_model(name))
+    path = export_gguf(model, tok, tmp_path / "m.gguf")
+    agree(model, path, [5, 17, 200, 33, 8], 4)

@@ -23,6 +23,7 @@ from tests.runs import write_run
 from glassgpt.cli import main
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.interop import export_gguf, from_hf
+from glassgpt.interop.gguf_export import LLAMA3_PATTERN, QWEN2_PATTERN
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.tokenizer import CharTokenizer, Tokenizer
 
@@ -432,9 +433,24 @@ def test_llama_cpp_runs_an_exported_run_as_glassgpt_does(
     model = make_model(VOCAB)
     path = export_gguf(model, tok, tmp_path / "m.gguf")
     agree(model, path, tok.encode("the cat sat on"), 6)
-    llm = _llama_cpp().Llama(model_path=str(path), vocab_only=True, verbose=False)
-    for text in (TEXT, "héllo wörld 🙂 it's 12345"):  # the same split and merges
-        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok.encode(text)
+
+
+SPLITS = {"gpt2": "gpt2", "gpt4": "gpt4", "llama3": LLAMA3_PATTERN, "qwen2": QWEN2_PATTERN}
+SAMPLES = [TEXT, "héllo wörld 🙂 it's 12345", "I'VE we'LL 3.14159 ÉCOLE über 日本語\r\n\n  x",
+           "  leading\tand\r\n trailing", "Hello world's  1234!!\n\n"]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:tokenizer with a custom pattern")
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_llama_cpp_tokenizes_as_glassgpt_does(split: str, tmp_path: Path) -> None:
+    llama_cpp = _llama_cpp()
+    tok = Tokenizer.train(
+        [TEXT * 4, *SAMPLES], 256 + 60, pattern=SPLITS[split], special_tokens=[END]
+    )
+    path = export_gguf(gpt2_style(400), tok, tmp_path / "m.gguf")
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in SAMPLES:  # the same split and merges
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok.encode(text), text
 
 
 @pytest.mark.slow

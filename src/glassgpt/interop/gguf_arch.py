@@ -68,7 +68,7 @@ def arch_for(c: GPTConfig) -> str:
                 "form (they differ by at most 5e-4 per activation)")  # fmt: skip
     elif act != ("gelu_tanh" if arch in GEMMA else "silu"):
         gate = "GELU-tanh" if arch in GEMMA else "SiLU"
-        raise _no("mlp", arch, f"gates its MLP with {gate}, got {act!r}")
+        raise _no("mlp", arch, f"gates its MLP with {gate}, got mlp={c.mlp!r} (gate {act})")
     sliding = "sliding" in c.layer_kinds and (c.sliding_window or 0) < c.n_ctx
     if sliding and arch not in GEMMA:
         raise _no("sliding_window", arch, f"has no sliding window (got {c.sliding_window} "

@@ -36,6 +36,7 @@ from glassgpt.interop.gguf_arch import arch_for, gguf_tensors, metadata
 from glassgpt.model import GPT
 from glassgpt.storage import fsync_dir, write_failed
 from glassgpt.tokenizer.bpe import Tokenizer
+from glassgpt.tokenizer.char import CharTokenizer
 from glassgpt.tokenizer.files import token_to_str
 from glassgpt.tokenizer.pretokenize import GPT2_PATTERN, GPT4_PATTERN
 from glassgpt.tokenizer.special import END_OF_TEXT
@@ -61,15 +62,20 @@ def require_gguf() -> Any:
 def pre_tokenizer(tok: Any) -> str:
     """``tokenizer.ggml.pre`` for ``tok``'s split pattern, or a GlassError saying why none.
 
-    >>> from glassgpt.tokenizer.bpe import Tokenizer
-    >>> pre_tokenizer(Tokenizer([bytes([b]) for b in range(256)], {}, pattern="gpt4"))
-    'dbrx'
+        >>> from glassgpt.tokenizer.bpe import Tokenizer
+    from glassgpt.tokenizer.char import CharTokenizer
+        >>> pre_tokenizer(Tokenizer([bytes([b]) for b in range(256)], {}, pattern="gpt4"))
+        'dbrx'
     """
-    if not isinstance(tok, Tokenizer):
-        kind = "a character tokenizer" if not hasattr(tok, "merges") else type(tok).__name__
+    if isinstance(tok, CharTokenizer):
         raise GlassError(
-            f"--format gguf: {kind} has no llama.cpp equivalent (llama.cpp reads byte-level "
-            "BPE or SentencePiece vocabularies); train with --set data.tokenizer=bpe"
+            "--format gguf: a character tokenizer has no llama.cpp equivalent (llama.cpp reads "
+            "byte-level BPE or SentencePiece vocabularies); train with --set data.tokenizer=bpe"
+        )
+    if not isinstance(tok, Tokenizer):
+        raise GlassError(
+            f"--format gguf writes glassgpt's byte-level BPE tokenizer; this model's is a "
+            f"{type(tok).__name__}, which is not mapped to GGUF yet"
         )
     pre = PRE.get(tok.pattern or "")
     if pre is None:

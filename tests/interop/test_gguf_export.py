@@ -453,7 +453,6 @@ def test_llama_cpp_tokenizes_as_glassgpt_does(split: str, tmp_path: Path) -> Non
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok.encode(text), text
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_llama_cpp_runs_each_family_as_glassgpt_does(
     name: str, tmp_path: Path, tok: Tokenizer

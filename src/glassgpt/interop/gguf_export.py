@@ -175,7 +175,7 @@ def export_gguf(model: GPT, tok: Any, out: str | os.PathLike, *, dtype: str = "f
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise write_failed(path, e, 0) from None
+        raise write_failed(path, e, 4 * sum(p.numel() for p in model.parameters())) from None
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)

@@ -62,10 +62,8 @@ def require_gguf() -> Any:
 def pre_tokenizer(tok: Any) -> str:
     """``tokenizer.ggml.pre`` for ``tok``'s split pattern, or a GlassError saying why none.
 
-        >>> from glassgpt.tokenizer.bpe import Tokenizer
-    from glassgpt.tokenizer.char import CharTokenizer
-        >>> pre_tokenizer(Tokenizer([bytes([b]) for b in range(256)], {}, pattern="gpt4"))
-        'dbrx'
+    >>> pre_tokenizer(Tokenizer([bytes([b]) for b in range(256)], {}, pattern="gpt4"))
+    'dbrx'
     """
     if isinstance(tok, CharTokenizer):
         raise GlassError(

@@ -461,3 +461,28 @@ def test_llama_cpp_runs_each_family_as_glassgpt_does(
     model = from_hf(hf_model(name))
     path = export_gguf(model, tok, tmp_path / "m.gguf")
     agree(model, path, [5, 17, 200, 33, 8], 4)
+
+
+def test_a_gemma2_without_sliding_layers_gets_a_window_of_its_whole_context(
+    tmp_path: Path, tok: Tokenizer
+) -> None:
+    windowed = from_hf(hf_model("gemma2-softcaps-window3"))
+    c = dataclasses.replace(windowed.config, sliding_window=None, layer_types=None)
+    model = GPT(c)
+    model.load_state_dict(windowed.state_dict())
+    model.eval()
+    meta, _ = read(export_gguf(model, tok, tmp_path / "m.gguf"))
+    # llama.cpp's gemma2 asserts a sliding layer; a window of n_ctx masks nothing in n_ctx
+    assert meta["gemma2.attention.sliding_window"] == c.n_ctx
+    assert list(meta["gemma2.attention.sliding_window_pattern"]) == [True] * c.n_layers
+    ids = [5, 17, 200, 33, 8, 9, 10, 11]  # longer than the window of 3 it no longer has
+    with torch.no_grad():
+        assert not torch.allclose(model(torch.tensor([ids])), windowed(torch.tensor([ids])))
+    _llama_cpp()
+    agree(model, tmp_path / "m.gguf", ids, 4)
+
+
+def test_a_tokenizer_without_merges_is_refused(tmp_path: Path) -> None:
+    bytes_only = Tokenizer([bytes([b]) for b in range(256)], {}, special_tokens=[END])
+    with pytest.raises(GlassError, match="no merges"):
+        export_gguf(gpt2_style(VOCAB), bytes_only, tmp_path / "m.gguf")

@@ -118,9 +118,11 @@ def metadata(c: GPTConfig, arch: str) -> dict[str, Any]:
             out["attn_logit_softcapping"] = float(c.attn_softcap)
         if c.final_softcap is not None:
             out["final_logit_softcapping"] = float(c.final_softcap)
-        if c.sliding_window is not None:
-            out |= {"attention.sliding_window": c.sliding_window,
-                    "attention.sliding_window_pattern": [k == "sliding" for k in c.layer_kinds],
+        window, kinds = c.sliding_window, [k == "sliding" for k in c.layer_kinds]
+        if arch == "gemma2" and not any(kinds):  # it needs a sliding layer: n_ctx is no window
+            window, kinds = c.n_ctx, [True] * c.n_layers
+        if window is not None:
+            out |= {"attention.sliding_window": window, "attention.sliding_window_pattern": kinds,
                     "rope.freq_base_swa": float(c.rope_local_base or c.rope_base)}  # fmt: skip
     return out
 

@@ -88,6 +88,8 @@ def pre_tokenizer(tok: Any) -> str:
 def tokenizer_fields(tok: Tokenizer, n_vocab: int) -> dict[str, Any]:
     """The ``tokenizer.ggml.*`` keys (without the prefix) of ``tok`` for a model of ``n_vocab``."""
     pre = pre_tokenizer(tok)  # first: refuses what is not a byte-level BPE
+    if not tok.merges:  # gguf writes no empty array, and llama.cpp needs the key
+        raise GlassError("--format gguf: the tokenizer has no merges; llama.cpp's BPE needs one")
     if tok.n_vocab > n_vocab:
         raise ConfigError("n_vocab", f"the model has {n_vocab} ids, its tokenizer {tok.n_vocab}")
     tokens = [f"[PAD{i}]" for i in range(n_vocab)]

@@ -24,6 +24,7 @@ from glassgpt.cli import main
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.interop import export_gguf, from_hf
 from glassgpt.interop.gguf_export import LLAMA3_PATTERN, QWEN2_PATTERN
+from glassgpt.interop.hf_tokenizers import save_tokenizer_json
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.tokenizer import CharTokenizer, Tokenizer
 
@@ -486,3 +487,18 @@ def test_a_tokenizer_without_merges_is_refused(tmp_path: Path) -> None:
     bytes_only = Tokenizer([bytes([b]) for b in range(256)], {}, special_tokens=[END])
     with pytest.raises(GlassError, match="no merges"):
         export_gguf(gpt2_style(VOCAB), bytes_only, tmp_path / "m.gguf")
+
+
+def test_an_hf_folder_with_its_tokenizer_json_goes_to_llama_cpp_through_the_command(
+    tmp_path: Path, tok: Tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hf = hf_model("qwen3-gqa2-untied")
+    hf.save_pretrained(tmp_path / "hf")
+    save_tokenizer_json(tok, tmp_path / "hf" / "tokenizer.json")  # a ByteLevel BPE file
+    out = tmp_path / "qwen3.gguf"
+    assert main(["export", "-c", str(tmp_path / "hf"), "--format", "gguf", "-o", str(out)]) == 0
+    meta, _ = read(out)
+    assert meta["general.architecture"] == "qwen3" and meta["tokenizer.ggml.pre"] == "gpt-2"
+    assert meta["tokenizer.ggml.tokens"][tok.special_tokens[END]] == END
+    _llama_cpp()
+    agree(from_hf(hf), out, tok.encode("the cat sat"), 4)

@@ -84,7 +84,8 @@ def arch_for(c: GPTConfig) -> str:
         if arch == "gemma2" and (c.attn_softcap is None or c.final_softcap is None):
             field = "attn_softcap" if c.attn_softcap is None else "final_softcap"
             raise _no(field, arch, "always soft-caps (its defaults 50 and 30 when unset)")
-        if c.rope_scaling != "none" and c.rope_local_base is None and sliding:
+        local = "sliding" in c.layer_kinds and c.rope_local_base is None
+        if arch == "gemma3" and c.rope_scaling != "none" and local:  # glassgpt scales them
             raise _no("rope_local_base", arch, "leaves its local layers' rope unscaled")
     return arch
 

@@ -10,7 +10,6 @@ merges, and, where ``llama_cpp`` imports, llama.cpp itself (greedy ids and logit
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -359,15 +358,6 @@ def test_a_tokenizer_without_a_llama_cpp_split_is_refused(tmp_path: Path) -> Non
     plain = Tokenizer.train(TEXT, 256 + 5, pattern=None, special_tokens=[END])
     with pytest.raises(GlassError, match="no split pattern"):
         export_gguf(gpt2_style(VOCAB), plain, tmp_path / "m.gguf")
-
-
-def test_without_the_gguf_package_the_error_names_the_extra(
-    tmp_path: Path, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed: import fails
-    with pytest.raises(GlassError, match=r"pip install 'glassgpt\[gguf\]'"):
-        export_gguf(gpt2_style(VOCAB), tok, tmp_path / "m.gguf")
-    assert list(tmp_path.iterdir()) == []
 
 
 # -- llama.cpp itself (llama-cpp-python), when it imports ----------------------------------

@@ -144,12 +144,12 @@ def _add(writer: Any, key: str, value: Any) -> None:
 def export_gguf(model: GPT, tok: Any, out: str | os.PathLike, *, dtype: str = "f32") -> Path:
     """Write ``model`` and ``tok`` as the GGUF file ``out`` (weights in ``dtype``: f32, f16,
     bf16 or q8_0); a config or tokenizer llama.cpp cannot run is refused first, in one line."""
-    gguf = require_gguf()
     if dtype not in DTYPES:
         raise ConfigError("dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}")
     c = model.config
-    arch = arch_for(c)
+    arch = arch_for(c)  # what llama.cpp cannot run is refused before the package is asked for
     fields = tokenizer_fields(tok, c.n_vocab)
+    gguf = require_gguf()
     path = Path(out)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     F = gguf.LlamaFileType

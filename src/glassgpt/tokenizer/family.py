@@ -137,7 +137,9 @@ class FamilyTokenizer:
         ``bos_token``/``eos_token`` it takes); a file ``tokenizers`` cannot read is one line."""
         try:
             backend = tokenizers.Tokenizer.from_file(os.fspath(path))
-        except Exception as err:  # the library raises plain Exceptions from Rust
+        except BaseException as err:  # Rust's errors, and its panics (a BaseException)
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                raise
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise GlassError(
                 f"{path}: not a tokenizer.json the tokenizers library reads ({first})"

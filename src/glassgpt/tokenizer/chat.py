@@ -158,14 +158,23 @@ def read_chat_template(folder: str | os.PathLike[str]) -> ChatTemplate | None:
     return ChatTemplate(source, variables, origin).check()
 
 
-def template_file(spec: str) -> ChatTemplate | PlainTemplate:
-    """What ``--chat-template`` names: ``plain`` or a Jinja file."""
+def template_file(spec: str, tokenizer: Any = None) -> ChatTemplate | PlainTemplate:
+    """What ``--chat-template`` names: ``plain`` or a Jinja file (whose ``bos_token`` and
+    ``eos_token`` are the tokenizer's, where it names them)."""
     if spec == "plain":
         return PLAIN
     path = Path(spec)
     if not path.is_file():
         raise InputFileError(f"--chat-template {spec}: no such file (a Jinja file, or 'plain')")
-    return ChatTemplate(path.read_text(encoding="utf-8"), origin=str(path)).check()
+    names = {k: getattr(tokenizer, k, None) for k in ("bos_token", "eos_token")}
+    variables = {k: v for k, v in names.items() if isinstance(v, str)}
+    return ChatTemplate(path.read_text(encoding="utf-8"), variables, str(path)).check()
+
+
+def chosen_template(spec: str | None, model_template: Any, tokenizer: Any) -> Any:
+    """The template a command uses: ``--chat-template`` where given, else the model's (a
+    :class:`ChatTemplate`, or None)."""
+    return template_file(spec, tokenizer) if spec else model_template
 
 
 def read_config(folder: Path) -> dict[str, Any]:

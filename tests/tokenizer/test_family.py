@@ -18,6 +18,7 @@ from tests.tokenizer.strategies import ASCII_WORD, FRAGMENTS
 
 from glassgpt.checkpoint import open_run
 from glassgpt.checkpoint.runs import tokenizer_file
+from glassgpt.cli import main
 from glassgpt.errors import GlassError
 from glassgpt.interop.hf_tokenizers import load_tokenizer_json, save_tokenizer_json
 from glassgpt.tokenizer import FamilyTokenizer, SpecialTokenError, Tokenizer
@@ -161,3 +162,28 @@ def test_an_hf_folder_opens_with_its_family_tokenizer(folders: dict, tmp_path: P
     assert run.tokenizer.encode_prompt("Hello") == tok.encode_prompt("Hello")
     assert stop_ids(run.tokenizer) == (end, eot)
     assert run.chat_template is not None and "start_header_id" in run.chat_template.source
+
+
+def test_stats_and_describe_print_the_map(folders: dict, tmp_path: Path, capsys: Any) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("Hello world — naïve 🙂\n", encoding="utf-8")
+    assert main(["tokenizer", "stats", "--tokenizer", str(folders["fallback"]), str(text)]) == 0
+    out = capsys.readouterr().out
+    assert "Prepend('▁') → Replace(' ' → '▁')" in out and "byte_fallback" in out
+    tok = tokenizer_file(folders["fallback"] / "tokenizer.json")
+    n = len(tok.encode(text.read_text(encoding="utf-8")))
+    assert f"{len(text.read_bytes()) / n:.3f}" in out  # the family's own ids are counted
+    hf = tmp_path / "hf"
+    base = CASES["qwen3-gqa2-untied"]
+    qwen = tokenizer_file(folders["qwen"] / "tokenizer.json")
+    make(
+        Case(base.config, base.model, {**base.kwargs, "vocab_size": qwen.n_vocab})
+    ).save_pretrained(hf)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (hf / name).write_bytes((folders["qwen"] / name).read_bytes())
+    assert main(["describe", "-c", str(hf)]) == 0
+    out = capsys.readouterr().out
+    assert "## Tokenizer: Text → V*" in out and "| normalizer | NFC |" in out
+    assert "\\|\\s+(?!\\S)\\|" in out  # the Split pattern, its | escaped in the table
+    assert "| added to prompts | nothing |" in out
+    assert "| end of generation | <\\|im_end\\|> |" in out and "| decoder | ByteLevel |" in out

@@ -7,8 +7,10 @@
     glassgpt tokenizer stats  --tokenizer tok.json PATH...
 
 Ids are written and read as whitespace-separated integers. ``--tokenizer`` takes a saved
-tokenizer (either kind) or a folder holding GPT-2's ``encoder.json`` and ``vocab.bpe``;
-glassgpt looks nowhere else for them.
+tokenizer (either kind), an HF ``tokenizer.json`` (a model family's own: Llama 3, Qwen, Gemma
+…) or the HF folder holding it, or a folder holding GPT-2's ``encoder.json`` and
+``vocab.bpe``; glassgpt looks nowhere else for them. ``stats`` first prints the map
+Text → V* the tokenizer computes (:mod:`glassgpt.tokenizer.pipeline`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from glassgpt.checkpoint.runs import hf_tokenizer, tokenizer_file
 from glassgpt.cli.arguments import add_output
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.tokenizer import CharTokenizer, Tokenizer, open_tokenizer
 from glassgpt.tokenizer.files import read_text
+from glassgpt.tokenizer.pipeline import pipeline
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -75,8 +79,19 @@ def _tokenizer_arg(parser: argparse.ArgumentParser) -> None:
         "--tokenizer",
         required=True,
         metavar="PATH",
-        help="tokenizer JSON, or a folder with GPT-2's encoder.json and vocab.bpe",
+        help="tokenizer JSON (glassgpt's or HF's), an HF folder with tokenizer.json, or a "
+        "folder with GPT-2's encoder.json and vocab.bpe",
     )
+
+
+def _open(spec: str) -> Any:
+    """The tokenizer ``--tokenizer`` names (see the module docstring)."""
+    path = Path(spec)
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        return hf_tokenizer(path)
+    if path.is_file():
+        return tokenizer_file(path)
+    return open_tokenizer(spec)
 
 
 def _read_stdin() -> str:
@@ -109,7 +124,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_encode(args: argparse.Namespace) -> int:
-    tok = open_tokenizer(args.tokenizer)
+    tok = _open(args.tokenizer)
     policy = {"error": {}, "allow": {"allowed_special": "all"}, "text": {"disallowed_special": ()}}
     ids = tok.encode(_read_stdin(), **policy[args.specials])
     sys.stdout.write(" ".join(map(str, ids)) + "\n")
@@ -117,7 +132,7 @@ def run_encode(args: argparse.Namespace) -> int:
 
 
 def run_decode(args: argparse.Namespace) -> int:
-    tok = open_tokenizer(args.tokenizer)
+    tok = _open(args.tokenizer)
     words = _read_stdin().split()
     try:
         ids = [int(w) for w in words]
@@ -132,7 +147,7 @@ def run_decode(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    tok = open_tokenizer(args.tokenizer)
+    tok = _open(args.tokenizer)
     rows, used_all, totals = [], set(), [0, 0, 0]
     for p in args.paths:
         text = read_text(p)
@@ -146,6 +161,10 @@ def run_stats(args: argparse.Namespace) -> int:
     if len(rows) > 1:
         rows.append(("total", *totals, len(used_all)))
     width = max(len(r[0]) for r in rows)
+    print(f"Text → V*, |V| = {tok.n_vocab:,}")
+    for stage, what in pipeline(tok):
+        print(f"  {stage:<17} {what}")
+    print()
     print(
         f"{'file':<{width}}  {'bytes':>12}  {'chars':>12}  {'tokens':>12}  {'bytes/token':>11}  vocab used"
     )

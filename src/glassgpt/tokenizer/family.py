@@ -256,7 +256,7 @@ class FamilyTokenizer:
             ("model", describe_model(model)),
             ("special tokens", f"{len(added)}: " + _some(t["content"] for t in added)),
             ("added to prompts", shown),
-            ("decoder", describe_steps(spec.get("decoder"))),
+            ("decoder", describe_steps(spec.get("decoder"), options=False)),
             ("end of generation", _some(self._added.get(i, str(i)) for i in self.eos_ids)),
         ]
         return rows
@@ -268,8 +268,9 @@ def _some(names: Iterable[str], k: int = 8) -> str:
     return (", ".join(names[:k]) + more) or "none"
 
 
-def describe_steps(spec: Any) -> str:
-    """One line for a normalizer, pre-tokenizer or decoder: its steps, with their patterns.
+def describe_steps(spec: Any, options: bool = True) -> str:
+    """One line for a normalizer, pre-tokenizer or decoder: its steps, with their patterns
+    (and ByteLevel's options, unless ``options`` is False: a decoder's do not change bytes).
 
     >>> describe_steps({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
     ...     {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]})
@@ -290,7 +291,7 @@ def describe_steps(spec: Any) -> str:
         elif kind == "Prepend":
             out.append(f"Prepend({s.get('prepend')!r})")
         elif kind == "ByteLevel":
-            opts = [k for k in ("add_prefix_space", "use_regex") if s.get(k)]
+            opts = [k for k in ("add_prefix_space", "use_regex") if s.get(k) and options]
             out.append("ByteLevel" + (f"({', '.join(opts)})" if opts else ""))
         elif kind == "Metaspace":
             out.append(f"Metaspace({s.get('replacement')!r}, {s.get('prepend_scheme')})")

@@ -187,3 +187,13 @@ def test_stats_and_describe_print_the_map(folders: dict, tmp_path: Path, capsys:
     assert "\\|\\s+(?!\\S)\\|" in out  # the Split pattern, its | escaped in the table
     assert "| added to prompts | nothing |" in out
     assert "| end of generation | <\\|im_end\\|> |" in out and "| decoder | ByteLevel |" in out
+
+
+def test_saved_and_exported_it_reads_back_the_same(pairs: dict, tmp_path: Path) -> None:
+    ours = pairs["fallback"][0]
+    ours.save(tmp_path / "tokenizer.json")
+    back = tokenizer_file(tmp_path / "tokenizer.json")
+    save_tokenizer_json(ours, tmp_path / "exported.json")
+    again = load_tokenizer_json(tmp_path / "exported.json")
+    text = "naïve 🙂 <s> x"
+    assert back.encode_prompt(text) == again.encode_prompt(text) == ours.encode_prompt(text)

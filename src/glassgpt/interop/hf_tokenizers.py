@@ -190,8 +190,11 @@ def char_tokenizer_json(tok: CharTokenizer) -> dict[str, Any]:
     }
 
 
-def to_tokenizer_json(tok: Tokenizer | CharTokenizer) -> dict[str, Any]:
-    """The ``tokenizer.json`` document for ``tok`` (see the module docstring)."""
+def to_tokenizer_json(tok: Tokenizer | CharTokenizer | FamilyTokenizer) -> dict[str, Any]:
+    """The ``tokenizer.json`` document for ``tok`` (see the module docstring; a family's
+    tokenizer: the file it runs)."""
+    if isinstance(tok, FamilyTokenizer):
+        return json.loads(tok.backend.to_str())
     if isinstance(tok, CharTokenizer):
         return char_tokenizer_json(tok)
     added = _added_tokens(tok.special_tokens)
@@ -212,7 +215,9 @@ def to_tokenizer_json(tok: Tokenizer | CharTokenizer) -> dict[str, Any]:
     }
 
 
-def save_tokenizer_json(tok: Tokenizer | CharTokenizer, path: str | os.PathLike[str]) -> None:
+def save_tokenizer_json(
+    tok: Tokenizer | CharTokenizer | FamilyTokenizer, path: str | os.PathLike[str]
+) -> None:
     """Write ``tok`` as an HF ``tokenizer.json`` (``tokenizers.Tokenizer.from_file`` reads it)."""
     write_json(path, to_tokenizer_json(tok))
 

@@ -37,6 +37,7 @@ from typing import Any
 import tokenizers
 
 from glassgpt.errors import GlassError
+from glassgpt.storage import atomic_write
 from glassgpt.tokenizer.files import str_to_token
 from glassgpt.tokenizer.special import (
     SpecialSet,
@@ -239,6 +240,11 @@ class FamilyTokenizer:
     def token_bytes(self, i: int) -> bytes:
         """The bytes of one token."""
         return self.decode_bytes([i])
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the ``tokenizer.json`` it runs (HF's format: :func:`glassgpt.checkpoint.open_run`
+        and ``AutoTokenizer`` read it back)."""
+        atomic_write(Path(path), self.backend.to_str().encode("utf-8"))
 
     # ---- the map Text → V*, for a reader -----------------------------------------------------
 

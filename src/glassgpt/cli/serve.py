@@ -98,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(0.0005)
     for s in steers:
         say(f"steering {s.hook} by {s.alpha:g} × v (|v| = {float(s.vector.norm()):.4g})", kind=None)
+    if chat is None:
+        say("the model has no chat template: /v1/chat/completions answers 400 (give one with "
+            "--chat-template FILE, or --chat-template plain)", kind="note")  # fmt: skip
     say(f"serving {name!r} at http://{args.host}:{args.port}/", kind=None)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

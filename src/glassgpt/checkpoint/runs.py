@@ -54,7 +54,8 @@ from glassgpt.interop.hf_tokenizers import load_tokenizer_json
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import cast, parse_dtype
 from glassgpt.tokenizer import Tokenizer, load_tokenizer
-from glassgpt.tokenizer.chat import ChatTemplate, read_chat_template, read_config
+from glassgpt.tokenizer.chat import ChatTemplate, read_chat_template
+from glassgpt.tokenizer.family import generation_eos_ids, read_config
 
 CONFIG = "config.toml"  # the resolved run config, in the run folder and in each checkpoint
 
@@ -254,7 +255,7 @@ def tokenizer_file(path: Path) -> Any:
     except GlassError as first:
         try:
             folder = path.parent
-            return load_tokenizer_json(path, read_config(folder), eos_ids(folder))
+            return load_tokenizer_json(path, read_config(folder), generation_eos_ids(folder))
         except GlassError as second:  # the error of the format the file claims
             raise (second if _is_hf(path) else first) from None
 
@@ -266,19 +267,6 @@ def _is_hf(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return isinstance(data, dict) and "model" in data
-
-
-def eos_ids(folder: Path) -> list[int]:
-    """``generation_config.json``'s ``eos_token_id`` (an int or a list), or []."""
-    path = folder / "generation_config.json"
-    if not path.is_file():
-        return []
-    try:
-        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-    except (UnicodeDecodeError, ValueError, AttributeError) as e:
-        raise GlassError(f"{path}: not a JSON object ({e})") from None
-    eos = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
-    return [int(i) for i in eos if isinstance(i, int)]
 
 
 def hf_tokenizer(folder: Path) -> Any:

@@ -8,8 +8,9 @@
 
 Ids are written and read as whitespace-separated integers. ``--tokenizer`` takes a saved
 tokenizer (either kind), an HF ``tokenizer.json`` (a model family's own: Llama 3, Qwen, Gemma
-…) or the HF folder holding it, or a folder holding GPT-2's ``encoder.json`` and
-``vocab.bpe``; glassgpt looks nowhere else for them. ``stats`` first prints the map
+…, run by the ``tokenizers`` library as the file says) or the HF folder holding it, or a
+folder holding GPT-2's ``encoder.json`` and ``vocab.bpe``; glassgpt looks nowhere else for
+them. ``stats`` first prints the map
 Text → V* the tokenizer computes (:mod:`glassgpt.tokenizer.pipeline`).
 """
 
@@ -21,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from glassgpt.checkpoint.runs import hf_tokenizer, tokenizer_file
 from glassgpt.cli.arguments import add_output
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.tokenizer import CharTokenizer, Tokenizer, open_tokenizer
@@ -84,16 +84,6 @@ def _tokenizer_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _open(spec: str) -> Any:
-    """The tokenizer ``--tokenizer`` names (see the module docstring)."""
-    path = Path(spec)
-    if path.is_dir() and (path / "tokenizer.json").is_file():
-        return hf_tokenizer(path)
-    if path.is_file():
-        return tokenizer_file(path)
-    return open_tokenizer(spec)
-
-
 def _read_stdin() -> str:
     data = sys.stdin.buffer.read()
     try:
@@ -124,7 +114,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_encode(args: argparse.Namespace) -> int:
-    tok = _open(args.tokenizer)
+    tok = open_tokenizer(args.tokenizer)
     policy = {"error": {}, "allow": {"allowed_special": "all"}, "text": {"disallowed_special": ()}}
     ids = tok.encode(_read_stdin(), **policy[args.specials])
     sys.stdout.write(" ".join(map(str, ids)) + "\n")
@@ -132,7 +122,7 @@ def run_encode(args: argparse.Namespace) -> int:
 
 
 def run_decode(args: argparse.Namespace) -> int:
-    tok = _open(args.tokenizer)
+    tok = open_tokenizer(args.tokenizer)
     words = _read_stdin().split()
     try:
         ids = [int(w) for w in words]
@@ -147,7 +137,7 @@ def run_decode(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    tok = _open(args.tokenizer)
+    tok = open_tokenizer(args.tokenizer)
     rows, used_all, totals = [], set(), [0, 0, 0]
     for p in args.paths:
         text = read_text(p)

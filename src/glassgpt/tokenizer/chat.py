@@ -33,7 +33,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from glassgpt.errors import GlassError, InputFileError
-from glassgpt.tokenizer.family import token_text
+from glassgpt.tokenizer.family import read_config, token_text
 
 CONFIG = "tokenizer_config.json"
 JINJA = "chat_template.jinja"
@@ -175,17 +175,3 @@ def chosen_template(spec: str | None, model_template: Any, tokenizer: Any) -> An
     """The template a command uses: ``--chat-template`` where given, else the model's (a
     :class:`ChatTemplate`, or None)."""
     return template_file(spec, tokenizer) if spec else model_template
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    """``tokenizer_config.json`` of ``folder`` as a dict ({} where there is none)."""
-    path = folder / CONFIG
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GlassError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise GlassError(f"{path}: the top level is not an object")
-    return data

@@ -322,6 +322,40 @@ def describe_model(model: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def read_config(folder: Path, name: str = "tokenizer_config.json") -> dict[str, Any]:
+    """A JSON object of ``folder`` (``tokenizer_config.json``) as a dict ({} where there is none)."""
+    path = folder / name
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GlassError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise GlassError(f"{path}: the top level is not an object")
+    return data
+
+
+def generation_eos_ids(folder: Path) -> list[int]:
+    """``generation_config.json``'s ``eos_token_id`` (an int or a list), or [].
+
+    >>> generation_eos_ids(Path("/nonexistent"))
+    []
+    """
+    eos = read_config(folder, "generation_config.json").get("eos_token_id")
+    eos = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+    return [int(i) for i in eos if isinstance(i, int)]
+
+
+def read_family(path: str | os.PathLike[str]) -> FamilyTokenizer:
+    """The :class:`FamilyTokenizer` of an HF folder (or of its ``tokenizer.json``), with the
+    ``tokenizer_config.json`` and ``generation_config.json`` beside it."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    file = folder / "tokenizer.json" if path.is_dir() else path
+    return FamilyTokenizer.from_file(file, read_config(folder), eos_ids=generation_eos_ids(folder))
+
+
 def token_text(value: Any) -> str | None:
     """A special token as ``tokenizer_config.json`` writes it: a string or ``{"content": …}``.
 

@@ -1,4 +1,5 @@
-"""Read a saved tokenizer of either kind, as its ``"kind"`` field says; or GPT-2's files.
+"""Read a saved tokenizer of either kind, as its ``"kind"`` field says; or GPT-2's files; or
+an HF ``tokenizer.json`` (:mod:`.family`).
 
 :mod:`.bpe` and :mod:`.char` know nothing of each other; this module reads both.
 """
@@ -12,6 +13,7 @@ from glassgpt.errors import GlassError, InputFileError
 from glassgpt.tokenizer import files
 from glassgpt.tokenizer.bpe import Tokenizer
 from glassgpt.tokenizer.char import CharTokenizer
+from glassgpt.tokenizer.family import FamilyTokenizer, read_family
 
 KINDS: dict[str, type[Tokenizer] | type[CharTokenizer]] = {
     Tokenizer.kind: Tokenizer,
@@ -28,9 +30,11 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer | CharTokenizer:
     return KINDS[kind].from_dict(data, str(Path(path)))
 
 
-def open_tokenizer(spec: str) -> Tokenizer | CharTokenizer:
-    """The tokenizer a ``--tokenizer`` value names: a saved tokenizer (either kind) or a folder
-    holding GPT-2's ``encoder.json`` and ``vocab.bpe`` (glassgpt looks nowhere else for them)."""
+def open_tokenizer(spec: str) -> Tokenizer | CharTokenizer | FamilyTokenizer:
+    """The tokenizer a ``--tokenizer`` value names: a saved tokenizer (either kind), a folder
+    holding GPT-2's ``encoder.json`` and ``vocab.bpe`` (glassgpt looks nowhere else for them),
+    or an HF ``tokenizer.json`` or the folder holding one (run by the ``tokenizers`` library
+    as the file says: :func:`~glassgpt.tokenizer.family.read_family`)."""
     path = Path(spec)
     if spec == "gpt2" and not path.exists():
         raise InputFileError(
@@ -38,7 +42,13 @@ def open_tokenizer(spec: str) -> Tokenizer | CharTokenizer:
             "(e.g. --tokenizer ../shared/data/gpt2)"
         )
     if path.is_dir():
+        if (path / "tokenizer.json").is_file():
+            return read_family(path)
         if (path / "encoder.json").is_file() and (path / "vocab.bpe").is_file():
             return Tokenizer.from_gpt2(path / "encoder.json", path / "vocab.bpe")
-        raise InputFileError(f"{path}: a folder without GPT-2's encoder.json and vocab.bpe")
+        raise InputFileError(
+            f"{path}: a folder without tokenizer.json or GPT-2's encoder.json and vocab.bpe"
+        )
+    if path.is_file() and "model" in files.read_json(path):  # HF's layout, not glassgpt's
+        return read_family(path)
     return load_tokenizer(path)

@@ -13,11 +13,13 @@ import pytest
 import torch
 from tests.interop.hf_cases import CASES, Case, make
 from tests.serve.conftest import start_server
+from tests.test_hub import add_snapshot
 from tests.tokenizer.family_files import write_family
 
 from glassgpt.checkpoint import open_run
 from glassgpt.cli import main
 from glassgpt.serve.app import create_app
+from glassgpt.tokenizer import FamilyTokenizer
 
 openai = pytest.importorskip("openai")
 transformers = pytest.importorskip("transformers")
@@ -117,3 +119,17 @@ def test_sample_chat_on_the_command_line(folder: Any, capsys: Any, tmp_path: Pat
     argv = ["sample", "-c", str(bare), "--chat", "--chat-template", str(tmp_path / "t.jinja"),
             "-p", "Hi", "-m", "2", "-t", "0"]  # fmt: skip
     assert main(argv) == 0
+
+
+def test_a_hub_id_brings_its_tokenizer_and_template(
+    folder: Any, tmp_path: Path, monkeypatch
+) -> None:
+    out, prompt, _ = folder
+    add_snapshot(tmp_path / "home" / "hub", "org/chat", "c" * 40, out, ["main"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    run = open_run("hf:org/chat", weights=False)
+    assert isinstance(run.tokenizer, FamilyTokenizer) and run.chat_template is not None
+    text = run.chat_template.render(MESSAGES)
+    assert run.tokenizer.encode(text, allowed_special="all") == prompt

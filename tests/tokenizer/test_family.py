@@ -21,7 +21,7 @@ from glassgpt.checkpoint.runs import tokenizer_file
 from glassgpt.cli import main
 from glassgpt.errors import GlassError
 from glassgpt.interop.hf_tokenizers import load_tokenizer_json, save_tokenizer_json
-from glassgpt.tokenizer import FamilyTokenizer, SpecialTokenError, Tokenizer
+from glassgpt.tokenizer import FamilyTokenizer, SpecialTokenError, Tokenizer, load_tokenizer
 from glassgpt.tokenizer.display import show_bytes, token_texts
 from glassgpt.tokenizer.special import stop_ids
 
@@ -197,3 +197,8 @@ def test_saved_and_exported_it_reads_back_the_same(pairs: dict, tmp_path: Path) 
     again = load_tokenizer_json(tmp_path / "exported.json")
     text = "naïve 🙂 <s> x"
     assert back.encode_prompt(text) == again.encode_prompt(text) == ours.encode_prompt(text)
+    # what the data and training stages read back (a fine-tune from an HF family folder)
+    loaded = load_tokenizer(tmp_path / "tokenizer.json")
+    assert isinstance(loaded, FamilyTokenizer) and loaded.encode(text, allowed_special="all") == (
+        ours.encode(text, allowed_special="all")
+    )

@@ -250,18 +250,27 @@ def tokenizer_file(path: Path) -> Any:
     ``tokenizer_config.json`` and ``generation_config.json`` beside it)."""
     if not path.is_file():
         raise InputFileError(f"{path}: no such tokenizer file")
-    try:
-        return load_tokenizer(path)
-    except GlassError as first:
+    if not _claims_glassgpt(path):
         try:
             folder = path.parent
             return load_tokenizer_json(path, read_config(folder), generation_eos_ids(folder))
-        except GlassError as second:  # the error of the format the file claims
-            raise (second if _is_hf(path) else first) from None
+        except GlassError:
+            if _is_hf(path):  # HF's error is the one to show; else glassgpt's, below
+                raise
+    return load_tokenizer(path)
+
+
+def _claims_glassgpt(path: Path) -> bool:
+    """Whether the file opens as glassgpt's tokenizer format does (``"format"`` first)."""
+    try:
+        with path.open("rb") as f:
+            return b'"glassgpt-tokenizer"' in f.read(256)
+    except OSError:
+        return False
 
 
 def _is_hf(path: Path) -> bool:
-    """Whether ``path`` is JSON with HF's ``model`` table (HF's error is then the one to show)."""
+    """Whether ``path`` is JSON with HF's ``model`` table."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):

@@ -21,9 +21,15 @@ KINDS: dict[str, type[Tokenizer] | type[CharTokenizer]] = {
 }
 
 
-def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer | CharTokenizer:
-    """Read a saved tokenizer of either kind: a ``Tokenizer`` or a ``CharTokenizer``."""
-    data = files.read_tokenizer_json(path)
+def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer | CharTokenizer | FamilyTokenizer:
+    """Read a saved tokenizer of either kind: a ``Tokenizer`` or a ``CharTokenizer``; or an HF
+    ``tokenizer.json`` (what a :class:`FamilyTokenizer` saves), run as the file says."""
+    try:
+        data = files.read_tokenizer_json(path)
+    except GlassError:
+        if _is_hf(path):  # a model family's tokenizer.json, saved as it came (FamilyTokenizer.save)
+            return read_family(path)
+        raise
     kind = data.get("kind")
     if kind not in KINDS:
         raise GlassError(f"{path}: unknown tokenizer kind {kind!r} (expected 'bpe' or 'char')")
@@ -49,6 +55,13 @@ def open_tokenizer(spec: str) -> Tokenizer | CharTokenizer | FamilyTokenizer:
         raise InputFileError(
             f"{path}: a folder without tokenizer.json or GPT-2's encoder.json and vocab.bpe"
         )
-    if path.is_file() and "model" in files.read_json(path):  # HF's layout, not glassgpt's
-        return read_family(path)
     return load_tokenizer(path)
+
+
+def _is_hf(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is JSON in HF's layout (a ``model`` table; glassgpt's has ``format``)."""
+    try:
+        data = files.read_json(path)
+    except GlassError:
+        return False
+    return isinstance(data, dict) and "model" in data and "format" not in data

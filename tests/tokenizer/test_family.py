@@ -95,6 +95,11 @@ def test_the_special_policy_and_the_prompt_specials(pairs: dict) -> None:
     bos = ours.special_tokens["<|begin_of_text|>"]
     assert ours.encode_prompt("hi")[0] == bos and ours.encode("hi")[0] != bos
     assert pairs["qwen"][0].encode_prompt("hi") == pairs["qwen"][0].encode("hi")  # no BOS
+    # a lone surrogate (a JSON prompt may hold one; the library refuses it) is U+FFFD
+    assert ours.encode("a\ud800b") == pairs["llama3"][1].encode(
+        "a\ufffdb", add_special_tokens=False
+    )
+    assert ours.encode_prompt("\udfff") == pairs["llama3"][1].encode("\ufffd")
     # the ids that end a generation: tokenizer_config.json's eos_token
     assert stop_ids(ours) == (eot,)
     assert stop_ids(pairs["qwen"][0]) == (

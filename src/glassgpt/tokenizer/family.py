@@ -38,6 +38,7 @@ import tokenizers
 
 from glassgpt.errors import GlassError
 from glassgpt.storage import atomic_write
+from glassgpt.tokenizer.corpus import fix_surrogates
 from glassgpt.tokenizer.files import str_to_token
 from glassgpt.tokenizer.special import (
     SpecialSet,
@@ -165,7 +166,7 @@ class FamilyTokenizer:
 
     def encode_ordinary(self, text: str) -> list[int]:
         """The ids of ``text``, special tokens' strings read as ordinary text."""
-        return self._plain.encode(text, add_special_tokens=False).ids
+        return _ids(self._plain, text, add_special_tokens=False)
 
     def encode(
         self,
@@ -180,7 +181,7 @@ class FamilyTokenizer:
         if disallowed:
             check_disallowed(text, disallowed)
         if allowed == self._names:  # the library reads them all, as AutoTokenizer does
-            return self.backend.encode(text, add_special_tokens=False).ids
+            return _ids(self.backend, text, add_special_tokens=False)
         if not allowed:
             return self.encode_ordinary(text)
         return encode_with_specials(text, allowed, self.special_tokens, self.encode_ordinary)
@@ -188,7 +189,7 @@ class FamilyTokenizer:
     def encode_prompt(self, text: str) -> list[int]:
         """A prompt's ids as the model was trained on them: ``AutoTokenizer``'s default
         ``encode(text)`` (special strings as their ids, the post-processor's BOS added)."""
-        return self.backend.encode(text, add_special_tokens=True).ids
+        return _ids(self.backend, text, add_special_tokens=True)
 
     def encode_batch(
         self, texts: Sequence[str], *, num_workers: int | None = None, **kw: Any
@@ -198,7 +199,8 @@ class FamilyTokenizer:
             self._names, kw.get("allowed_special", frozenset()), kw.get("disallowed_special", "all")
         )
         if not allowed and not disallowed:
-            return [e.ids for e in self._plain.encode_batch(list(texts), add_special_tokens=False)]
+            texts = [fix_surrogates(t) for t in texts]
+            return [e.ids for e in self._plain.encode_batch(texts, add_special_tokens=False)]
         return [self.encode(t, **kw) for t in texts]
 
     # ---- decoding -------------------------------------------------------------------------
@@ -266,6 +268,15 @@ class FamilyTokenizer:
             ("end of generation", _some(self._added.get(i, str(i)) for i in self.eos_ids)),
         ]
         return rows
+
+
+def _ids(backend: tokenizers.Tokenizer, text: str, *, add_special_tokens: bool) -> list[int]:
+    """``backend``'s ids of ``text``; lone surrogates (which the library refuses) become
+    U+FFFD first, as glassgpt's own tokenizer and tiktoken have them."""
+    try:
+        return backend.encode(text, add_special_tokens=add_special_tokens).ids
+    except TypeError:
+        return backend.encode(fix_surrogates(text), add_special_tokens=add_special_tokens).ids
 
 
 def _some(names: Iterable[str], k: int = 8) -> str:

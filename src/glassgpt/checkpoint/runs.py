@@ -22,12 +22,18 @@ and the one before it is used.
 
 Every checkpoint is verified against the sha256 sums of its ``state.json``; the config is its
 ``config.toml``; the tokenizer its ``tokenizer.json`` (glassgpt's format or HF's). An HF
-folder's tokenizer is its ``tokenizer.json``, ``vocab.json`` + ``merges.txt``, or
-``encoder.json`` + ``vocab.bpe``.
+folder's tokenizer is its ``tokenizer.json`` (glassgpt's own ``Tokenizer`` where that
+expresses the file exactly, else the family's own, a ``FamilyTokenizer``: see
+:mod:`glassgpt.interop.hf_tokenizers`), ``vocab.json`` + ``merges.txt``, or ``encoder.json`` +
+``vocab.bpe``. Its chat template (``Run.chat_template``) is ``tokenizer_config.json``'s or
+``chat_template.jinja`` (:mod:`glassgpt.tokenizer.chat`), a checkpoint's likewise where it
+holds one; the ids that end a generation are ``generation_config.json``'s ``eos_token_id``
+and ``tokenizer_config.json``'s ``eos_token``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Callable
@@ -48,6 +54,8 @@ from glassgpt.interop.hf_tokenizers import load_tokenizer_json
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import cast, parse_dtype
 from glassgpt.tokenizer import Tokenizer, load_tokenizer
+from glassgpt.tokenizer.chat import ChatTemplate, read_chat_template
+from glassgpt.tokenizer.family import generation_eos_ids, read_config
 
 CONFIG = "config.toml"  # the resolved run config, in the run folder and in each checkpoint
 
@@ -68,6 +76,7 @@ class Run:
     tokenizer: Any
     checkpoint: ckpt.Checkpoint | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    chat_template: ChatTemplate | None = None
 
     @property
     def model_config(self) -> GPTConfig:
@@ -221,7 +230,8 @@ def _open_checkpoint(folder: Path, chosen: ckpt.Checkpoint, weights: bool) -> Ru
     if "tokenizer.json" in chosen.files:
         tok = tokenizer_file(chosen.path / "tokenizer.json")
     meta = {k: v for k, v in chosen.state.items() if k != "files"}
-    return Run(folder, "checkpoint", config, model, tok, chosen, meta)
+    template = read_chat_template(chosen.path)
+    return Run(folder, "checkpoint", config, model, tok, chosen, meta, template)
 
 
 def _open_hf(folder: Path, weights: bool, dtype: str | torch.dtype | None) -> Run:
@@ -231,20 +241,41 @@ def _open_hf(folder: Path, weights: bool, dtype: str | torch.dtype | None) -> Ru
     load_dtype = wanted if wanted is not None and wanted.is_floating_point else torch.float32
     model = from_hf(folder, dtype=load_dtype) if weights else None
     config = (model.config if model is not None else config_from_hf(meta)).to_dict()
-    return Run(folder, "hf", {"model": config}, model, hf_tokenizer(folder), None, meta)
+    tok, template = hf_tokenizer(folder), read_chat_template(folder)
+    return Run(folder, "hf", {"model": config}, model, tok, None, meta, template)
 
 
 def tokenizer_file(path: Path) -> Any:
-    """A glassgpt tokenizer file, or an HF ``tokenizer.json``."""
+    """A glassgpt tokenizer file, or an HF ``tokenizer.json`` (with the
+    ``tokenizer_config.json`` and ``generation_config.json`` beside it)."""
     if not path.is_file():
         raise InputFileError(f"{path}: no such tokenizer file")
-    try:
-        return load_tokenizer(path)
-    except GlassError as first:
+    if not _claims_glassgpt(path):
         try:
-            return load_tokenizer_json(path)
+            folder = path.parent
+            return load_tokenizer_json(path, read_config(folder), generation_eos_ids(folder))
         except GlassError:
-            raise first from None
+            if _is_hf(path):  # HF's error is the one to show; else glassgpt's, below
+                raise
+    return load_tokenizer(path)
+
+
+def _claims_glassgpt(path: Path) -> bool:
+    """Whether the file opens as glassgpt's tokenizer format does (``"format"`` first)."""
+    try:
+        with path.open("rb") as f:
+            return b'"glassgpt-tokenizer"' in f.read(256)
+    except OSError:
+        return False
+
+
+def _is_hf(path: Path) -> bool:
+    """Whether ``path`` is JSON with HF's ``model`` table."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and "model" in data
 
 
 def hf_tokenizer(folder: Path) -> Any:

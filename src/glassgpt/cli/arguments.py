@@ -8,7 +8,9 @@
   (repeatable, several values each): a run config resolved by
   :func:`glassgpt.train.resolve.resolve_run`.
 - ``--device``, ``--dtype``, ``--tokenizer FILE``, ``--prompt TEXT`` | ``--prompt-file FILE``
-  (read by :func:`read_prompt`), ``--json``, ``--no-progress``, ``--seed``.
+  (read by :func:`read_prompt`; the stages encode it with the tokenizer's ``encode_prompt``,
+  which puts a model family's BOS first), ``--chat-template``, ``--json``, ``--no-progress``,
+  ``--seed``.
 
 Light at import (argparse only): ``glassgpt --help`` builds no command's parser.
 """
@@ -146,6 +148,17 @@ def read_prompt(args: argparse.Namespace) -> str | None:
         raise InputFileError(f"{path}: not UTF-8 (byte {e.start})") from None
     except OSError as e:
         raise InputFileError(f"{path}: cannot read the prompt ({e.strerror or e})") from None
+
+
+def add_chat_template(p: Any) -> None:
+    """``--chat-template FILE|plain`` (into ``args.chat_template``): for a model without one."""
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE|plain",
+        default=None,
+        help="a Jinja chat template, instead of the model's (tokenizer_config.json); plain: "
+        "glassgpt's 'role: content' lines, for a model trained without one",
+    )
 
 
 def add_json(p: Any, *, help: str = "print one JSON object") -> None:

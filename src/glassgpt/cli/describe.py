@@ -6,7 +6,8 @@
 The config is a preset (``--preset gpt2``: the same list as ``glassgpt train``), a TOML file
 (``--config FILE``: its ``[model]`` table if it has one, else the whole file; a
 ``preset = "NAME"`` key in that table starts from that preset's model), or a trained model
-(``-c/--checkpoint DIR``: a run folder, a checkpoint, or an HF model folder); then
+(``-c/--checkpoint DIR``: a run folder, a checkpoint, or an HF model folder, whose tokenizer's
+map Text → V* is printed after the function: :mod:`glassgpt.tokenizer.pipeline`); then
 ``--set key=value`` overrides (``--set n_layers=2``; ``model.`` may be left out), resolved as
 ``train`` resolves them (:func:`glassgpt.train.model_config.resolve_config`).
 """
@@ -17,9 +18,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from glassgpt.checkpoint import open_run
 from glassgpt.cli.arguments import add_checkpoint, add_output, add_run_source
 from glassgpt.model.describe import describe
 from glassgpt.storage import atomic_write
+from glassgpt.tokenizer.pipeline import pipeline_markdown
 from glassgpt.train.model_config import resolve_config
 
 
@@ -64,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         name=title,
         world_size=args.world_size,
     )
+    if checkpoint is not None and args.format == "markdown":
+        tok = open_run(checkpoint, weights=False).tokenizer
+        if tok is not None:
+            text = text.rstrip("\n") + "\n\n" + pipeline_markdown(tok)
     if args.output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return 0

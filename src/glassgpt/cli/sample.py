@@ -4,8 +4,14 @@
 
 The prompt comes from ``--prompt``, ``--prompt-file`` or, with ``--interactive``, one line at
 a time from stdin; with none of them generation starts from ``<|endoftext|>`` (or the first
-symbol of a character vocabulary). Each sample prints the prompt, then the new text as it is
-sampled.
+symbol of a character vocabulary). The prompt is encoded as the model was trained to see one
+(``encode_prompt``: a Llama's or Gemma's BOS first). Each sample prints the prompt, then the
+new text as it is sampled; generation ends at ``<|endoftext|>`` or the model's end-of-turn id.
+
+With ``--chat`` the prompt is the user's message (after ``--system TEXT``), rendered by the
+model's chat template (``tokenizer_config.json``; ``--chat-template FILE|plain`` for a model
+without one) as ``serve``'s ``/v1/chat/completions`` renders it, and only the reply is
+printed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 
 from glassgpt.checkpoint import open_run
 from glassgpt.cli.arguments import (
+    add_chat_template,
     add_checkpoint,
     add_device,
     add_dtype,
@@ -37,6 +44,8 @@ from glassgpt.sample.engine import is_small
 from glassgpt.sample.generation import ContextWarning, GenerationConfig, decode_stream, stream
 from glassgpt.sample.steering import parse_steer, steered
 from glassgpt.sample.stops import unescape
+from glassgpt.tokenizer.chat import PLAIN, chosen_template
+from glassgpt.tokenizer.special import stop_ids
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +74,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_dtype(p)
     add_device(p)
     add_tokenizer(p)
+    p.add_argument("--chat", action="store_true",
+                   help="the prompt is a user message, rendered by the model's chat template; "
+                   "print the reply")  # fmt: skip
+    p.add_argument("--system", metavar="TEXT", default=None,
+                   help="with --chat: the system message first")  # fmt: skip
+    add_chat_template(p)
     p.add_argument("--overflow", choices=("slide", "truncate", "error"), default="slide",
                    help="context full: slide the window (default); truncate: also keep the end "
                    "of a prompt longer than the context; error: stop")  # fmt: skip
@@ -85,16 +100,22 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     steers = [parse_steer(spec) for spec in args.steer]  # files read before the model loads
     prompt = read_prompt(args)
+    if (args.system is not None or args.chat_template) and not args.chat:
+        flag = "--system" if args.system is not None else "--chat-template"
+        raise GlassError(f"{flag}: only with --chat")
     threads = torch.get_num_threads()  # restored at the end: main() may run in-process
     with warnings.catch_warnings():
         warnings.showwarning = _show
         warnings.simplefilter("default")
         warnings.simplefilter("ignore", ContextWarning)  # said once, before the text (Printer)
         try:
-            model, tok = _open(args)
-            if not args.no_stop_eos and "<|endoftext|>" in getattr(tok, "special_tokens", {}):
-                opts["stop_ids"] = (tok.special_tokens["<|endoftext|>"],)
+            model, tok, chat = _open(args)
+            if not args.no_stop_eos:  # <|endoftext|>, a family's end-of-turn ids
+                opts["stop_ids"] = stop_ids(tok)
+            if chat is PLAIN:
+                opts["stop"] = (*opts["stop"], *PLAIN.stops)
             printer = Printer(model, tok, opts, args.num_samples, args.seed, args.stats)
+            printer.chat, printer.system = chat, args.system
             with steered(model, steers):  # (no steers: no hooks, the fast decoding paths)
                 if not args.interactive:
                     printer.samples(prompt or "")
@@ -136,8 +157,9 @@ def _show(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
     say(str(message), kind="warning")
 
 
-def _open(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The model (cast to ``--dtype``) and its tokenizer; the CPU threads set."""
+def _open(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The model (cast to ``--dtype``), its tokenizer and, with ``--chat``, the chat template;
+    the CPU threads set."""
     dtype = parse_dtype(args.dtype)
     if args.threads is not None:
         if args.threads < 1:
@@ -147,7 +169,15 @@ def _open(args: argparse.Namespace) -> tuple[Any, Any]:
     found = open_run(args.checkpoint, tokenizer=args.tokenizer, device=device, dtype=dtype)
     if args.threads is None and is_small(found.model):
         torch.set_num_threads(1)
-    return found.model, found.needs_tokenizer()
+    tok = found.needs_tokenizer()
+    chat = chosen_template(args.chat_template, found.chat_template, tok) if args.chat else None
+    if args.chat and chat is None:
+        raise GlassError(
+            f"{args.checkpoint}: has no chat template (no chat_template in its "
+            "tokenizer_config.json, no chat_template.jinja); pass --chat-template FILE, or "
+            "--chat-template plain for 'role: content' lines"
+        )
+    return found.model, tok, chat
 
 
 def _lines() -> Iterator[str]:
@@ -170,16 +200,29 @@ class Printer:
         self.model, self.tok, self.opts = model, tok, opts
         self.num_samples, self.seed, self.stats = num_samples, seed, stats
         self.warned = False  # the sliding window is said once per command
+        self.chat: Any = None  # --chat: the template that renders the prompt as a user turn
+        self.system: str | None = None
+
+    def encode(self, prompt: str) -> tuple[list[int], str]:
+        """The prompt's ids and the text to print before the sample (with ``--chat``, none:
+        the template's text is the model's business, the reply the user's)."""
+        if self.chat is None:
+            return list(self.tok.encode_prompt(prompt)), prompt
+        system = [] if self.system is None else [{"role": "system", "content": self.system}]
+        text = self.chat.render([*system, {"role": "user", "content": prompt}])
+        if self.chat is PLAIN:
+            return list(self.tok.encode_prompt(text)), ""
+        return list(self.tok.encode(text, allowed_special="all")), ""  # the template has BOS
 
     def samples(self, prompt: str) -> None:
-        ids = self.tok.encode(prompt, allowed_special="all")
+        ids, echo = self.encode(prompt)
         out = sys.stdout
         self.warn_overflow(self.model.config.n_ctx, len(ids))
         for i in range(self.num_samples):
             if i:
                 out.write("\n" + "-" * 40 + "\n")
             seed = None if self.seed is None else self.seed + i
-            out.write(prompt)
+            out.write(echo)
             out.flush()
             start, count = time.perf_counter(), [0]
             tokens = stream(self.model, ids, tokenizer=self.tok, seed=seed, **self.opts)

@@ -4,7 +4,8 @@
 
 Binds to 127.0.0.1 unless ``--host`` says otherwise. The API is ``/v1/completions``,
 ``/v1/chat/completions`` and ``/v1/models``; the explorer is the page at ``/``
-(:func:`glassgpt.serve.app.create_app`).
+(:func:`glassgpt.serve.app.create_app`). A chat is rendered by the model's own chat template
+(``tokenizer_config.json``), or ``--chat-template FILE|plain``; without either it is a 400.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ import torch
 import uvicorn
 
 from glassgpt.checkpoint import open_run
-from glassgpt.cli.arguments import add_checkpoint, add_device, add_dtype, add_tokenizer
+from glassgpt.cli.arguments import (
+    add_chat_template,
+    add_checkpoint,
+    add_device,
+    add_dtype,
+    add_tokenizer,
+)
 from glassgpt.console import say
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
@@ -27,12 +34,13 @@ from glassgpt.sample.engine import is_small
 from glassgpt.sample.steering import parse_steer
 from glassgpt.serve.app import create_app
 from glassgpt.serve.features import load_sae
+from glassgpt.tokenizer.chat import chosen_template
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Serve a glassgpt checkpoint (run folder, ckpt/ folder or one checkpoint) or an HF "
-        "GPT-2 folder over an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
+        "model folder over an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
         "/v1/models), with an interactive explorer at /."
     )
     p = parser
@@ -47,6 +55,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                    help="require Authorization: Bearer KEY on /v1 and /api")  # fmt: skip
     p.add_argument("--name", default=None, help="the model's name in the API (default: folder)")
     add_tokenizer(p)
+    add_chat_template(p)
     p.add_argument("--max-batch", type=int, default=16,
                    help="sequences decoded together (KV slots; default 16)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None,
@@ -77,16 +86,21 @@ def run(args: argparse.Namespace) -> int:
         check_identity(args.sae, sae_extra(args.sae), found, what="--sae")
         found.model = cast(found.model, dtype, inplace=True)
     model, tok = found.model, found.needs_tokenizer()
+    chat = chosen_template(args.chat_template, found.chat_template, tok)
     torch.set_num_threads(args.threads or (1 if is_small(model) else torch.get_num_threads()))
     name = args.name or Path(args.checkpoint).resolve().name
     sae, pages = load_sae(args.sae, model) if args.sae else (None, None)
     app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch,
-                     steer=steers, source=Path(args.checkpoint), sae=sae, pages=pages)  # fmt: skip
+                     steer=steers, source=Path(args.checkpoint), sae=sae, pages=pages,
+                     chat=chat)  # fmt: skip
     # The scheduler thread and the event loop share the GIL: hand it over every 0.5 ms, not
     # every 5 ms, so that a finished token reaches its client without waiting for a step.
     sys.setswitchinterval(0.0005)
     for s in steers:
         say(f"steering {s.hook} by {s.alpha:g} × v (|v| = {float(s.vector.norm()):.4g})", kind=None)
+    if chat is None:
+        say("the model has no chat template: /v1/chat/completions answers 400 (give one with "
+            "--chat-template FILE, or --chat-template plain)", kind="note")  # fmt: skip
     say(f"serving {name!r} at http://{args.host}:{args.port}/", kind=None)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

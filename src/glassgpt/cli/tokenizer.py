@@ -7,8 +7,11 @@
     glassgpt tokenizer stats  --tokenizer tok.json PATH...
 
 Ids are written and read as whitespace-separated integers. ``--tokenizer`` takes a saved
-tokenizer (either kind) or a folder holding GPT-2's ``encoder.json`` and ``vocab.bpe``;
-glassgpt looks nowhere else for them.
+tokenizer (either kind), an HF ``tokenizer.json`` (a model family's own: Llama 3, Qwen, Gemma
+…, run by the ``tokenizers`` library as the file says) or the HF folder holding it, or a
+folder holding GPT-2's ``encoder.json`` and ``vocab.bpe``; glassgpt looks nowhere else for
+them. ``stats`` first prints the map
+Text → V* the tokenizer computes (:mod:`glassgpt.tokenizer.pipeline`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from glassgpt.cli.arguments import add_output
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.tokenizer import CharTokenizer, Tokenizer, open_tokenizer
 from glassgpt.tokenizer.files import read_text
+from glassgpt.tokenizer.pipeline import pipeline
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +79,8 @@ def _tokenizer_arg(parser: argparse.ArgumentParser) -> None:
         "--tokenizer",
         required=True,
         metavar="PATH",
-        help="tokenizer JSON, or a folder with GPT-2's encoder.json and vocab.bpe",
+        help="tokenizer JSON (glassgpt's or HF's), an HF folder with tokenizer.json, or a "
+        "folder with GPT-2's encoder.json and vocab.bpe",
     )
 
 
@@ -146,6 +151,10 @@ def run_stats(args: argparse.Namespace) -> int:
     if len(rows) > 1:
         rows.append(("total", *totals, len(used_all)))
     width = max(len(r[0]) for r in rows)
+    print(f"Text → V*, |V| = {tok.n_vocab:,}")
+    for stage, what in pipeline(tok):
+        print(f"  {stage:<17} {what}")
+    print()
     print(
         f"{'file':<{width}}  {'bytes':>12}  {'chars':>12}  {'tokens':>12}  {'bytes/token':>11}  vocab used"
     )

@@ -14,8 +14,12 @@ The pre-tokenizer we write: GPT-2's pattern is ByteLevel's own (``use_regex=true
 other pattern is a ``Split`` (behavior "Isolated") followed by ByteLevel without a regex;
 no pattern is ByteLevel alone. ``add_prefix_space`` is false: text is not changed. HF's
 ``BPE`` model applies the merges lowest rank first, pair by pair, as we do, so the ids are
-the same. On import, only this family is accepted (BPE model, no normalizer, ByteLevel
-pre-tokenizer, optionally after one regex Split); anything else is a :class:`GlassError`.
+the same. On import, this family (BPE model, no normalizer, ByteLevel pre-tokenizer,
+optionally after a Split by a pattern glassgpt names, no post-processor, every added token
+special) becomes glassgpt's own :class:`~glassgpt.tokenizer.Tokenizer`; any other file the
+``tokenizers`` library reads (Llama 3's and Qwen's regex Splits, ``ignore_merges``, NFC,
+Gemma's and Llama 2's byte fallback, a post-processor that adds BOS) is a model family's
+tokenizer, :class:`~glassgpt.tokenizer.family.FamilyTokenizer`, which runs the file itself.
 
 A character tokenizer (:class:`~glassgpt.tokenizer.CharTokenizer`) is written as a BPE model
 with no merges whose vocabulary is its characters, no pre-tokenizer and the ``Fuse`` decoder:
@@ -31,13 +35,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from glassgpt.errors import GlassError
 from glassgpt.tokenizer.bpe import Tokenizer
 from glassgpt.tokenizer.char import CharTokenizer
+from glassgpt.tokenizer.family import FamilyTokenizer
 from glassgpt.tokenizer.files import read_json, str_to_token, token_to_str, write_json
 from glassgpt.tokenizer.pretokenize import PATTERNS
 
@@ -185,8 +190,11 @@ def char_tokenizer_json(tok: CharTokenizer) -> dict[str, Any]:
     }
 
 
-def to_tokenizer_json(tok: Tokenizer | CharTokenizer) -> dict[str, Any]:
-    """The ``tokenizer.json`` document for ``tok`` (see the module docstring)."""
+def to_tokenizer_json(tok: Tokenizer | CharTokenizer | FamilyTokenizer) -> dict[str, Any]:
+    """The ``tokenizer.json`` document for ``tok`` (see the module docstring; a family's
+    tokenizer: the file it runs)."""
+    if isinstance(tok, FamilyTokenizer):
+        return json.loads(tok.backend.to_str())
     if isinstance(tok, CharTokenizer):
         return char_tokenizer_json(tok)
     added = _added_tokens(tok.special_tokens)
@@ -207,7 +215,9 @@ def to_tokenizer_json(tok: Tokenizer | CharTokenizer) -> dict[str, Any]:
     }
 
 
-def save_tokenizer_json(tok: Tokenizer | CharTokenizer, path: str | os.PathLike[str]) -> None:
+def save_tokenizer_json(
+    tok: Tokenizer | CharTokenizer | FamilyTokenizer, path: str | os.PathLike[str]
+) -> None:
     """Write ``tok`` as an HF ``tokenizer.json`` (``tokenizers.Tokenizer.from_file`` reads it)."""
     write_json(path, to_tokenizer_json(tok))
 
@@ -215,8 +225,12 @@ def save_tokenizer_json(tok: Tokenizer | CharTokenizer, path: str | os.PathLike[
 # ---- import ----------------------------------------------------------------------------------
 
 
+class Unsupported(GlassError):
+    """A valid ``tokenizer.json`` that glassgpt's own Tokenizer does not express exactly."""
+
+
 def _unsupported(what: str) -> GlassError:
-    return GlassError(f"only ByteLevel BPE tokenizers can be imported; this one has {what}")
+    return Unsupported(f"only ByteLevel BPE tokenizers can be imported; this one has {what}")
 
 
 def _byte_level_regex(step: Mapping[str, Any]) -> bool:
@@ -247,7 +261,10 @@ def _pattern(pre: Any) -> str | None:
             and byte_level.get("type") == "ByteLevel"
             and not _byte_level_regex(byte_level)
         ):
-            return _named(regex)
+            named = _named(regex)
+            if named == regex:  # Oniguruma's syntax and semantics: the library runs it
+                raise _unsupported(f"the Split pattern {regex[:60]!r}")
+            return named
     raise _unsupported(f"pre_tokenizer {json.dumps(pre)[:120]}")
 
 
@@ -264,7 +281,8 @@ def _check_supported(data: Mapping[str, Any]) -> Mapping[str, Any]:
     if not isinstance(model, Mapping) or model.get("type", "BPE") != "BPE" or "vocab" not in model:
         kind = model.get("type") if isinstance(model, Mapping) else model
         raise _unsupported(f"model type {kind!r}")
-    for field in ("continuing_subword_prefix", "end_of_word_suffix"):
+    for field in ("continuing_subword_prefix", "end_of_word_suffix", "byte_fallback",
+                  "ignore_merges", "dropout"):  # fmt: skip
         if model.get(field):
             raise _unsupported(f"{field}={model[field]!r}")
     if data.get("normalizer") is not None:
@@ -274,6 +292,14 @@ def _check_supported(data: Mapping[str, Any]) -> Mapping[str, Any]:
         not isinstance(decoder, Mapping) or decoder.get("type") != "ByteLevel"
     ):
         raise _unsupported(f"decoder {decoder!r:.80}")
+    post = data.get("post_processor")
+    if post is not None and (not isinstance(post, Mapping) or post.get("type") != "ByteLevel"):
+        raise _unsupported(
+            f"post_processor {post.get('type') if isinstance(post, Mapping) else post!r}"
+        )
+    plain = [t.get("content") for t in data.get("added_tokens") or [] if not t.get("special")]
+    if plain:
+        raise _unsupported(f"added tokens that are not special ({plain[0]!r})")
     return model
 
 
@@ -301,9 +327,15 @@ def _char_tokenizer(data: Mapping[str, Any]) -> CharTokenizer:
     return CharTokenizer(by_id, special_tokens=[s for _, s in specials])
 
 
-def load_tokenizer_json(path: str | os.PathLike[str]) -> Tokenizer | CharTokenizer:
+def load_tokenizer_json(
+    path: str | os.PathLike[str],
+    config: Mapping[str, Any] | None = None,
+    eos_ids: Sequence[int] = (),
+) -> Tokenizer | CharTokenizer | FamilyTokenizer:
     """A :class:`~glassgpt.tokenizer.Tokenizer` from an HF ByteLevel BPE ``tokenizer.json``
-    (or a ``CharTokenizer`` from the shape :func:`char_tokenizer_json` writes).
+    (or a ``CharTokenizer`` from the shape :func:`char_tokenizer_json` writes); any other
+    valid file a :class:`~glassgpt.tokenizer.family.FamilyTokenizer` (see the module
+    docstring), with ``config`` (``tokenizer_config.json``) and ``eos_ids``.
 
     Ids are kept: ordinary tokens must have ids 0..n-1 and added (special) tokens ids ≥ n.
     """
@@ -327,6 +359,8 @@ def load_tokenizer_json(path: str | os.PathLike[str]) -> Tokenizer | CharTokeniz
                 raise GlassError(f"merge {rank} {x!r} + {y!r}: a token is not in the vocab")
             merges[(ordinary[x], ordinary[y])] = ordinary[x + y]
         return Tokenizer(vocab, merges, pattern=pattern, special_tokens=specials)
+    except Unsupported:
+        return FamilyTokenizer.from_file(name, config, eos_ids=eos_ids)
     except GlassError as err:
         raise GlassError(f"{name}: {err}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as err:

@@ -4,7 +4,15 @@ Responses have the shapes of the OpenAI API reference, so the official ``openai`
 works with ``base_url``. ``stream: true`` sends server-sent events, one JSON chunk per
 ``data:`` line, ending with ``data: [DONE]``. ``usage`` counts the prompt's tokens and the
 tokens each choice returned. ``finish_reason`` is ``stop`` (a stop string, the chat
-template's next turn or ``<|endoftext|>``) or ``length`` (``max_tokens``, or the context full).
+template's next turn, ``<|endoftext|>`` or the model's end-of-turn id, never sent) or
+``length`` (``max_tokens``, or the context full).
+
+A completion's prompt is encoded as the model was trained to see one (``encode_prompt``: BOS
+first for Llama and Gemma). A chat's messages are rendered by the server's chat template
+(:mod:`glassgpt.tokenizer.chat`): the model's own, whose text is encoded without adding
+specials (the template writes BOS itself), as ``apply_chat_template(tokenize=True)`` does;
+or glassgpt's plain ``role: content`` lines (``--chat-template plain``), encoded as a prompt
+and stopped at the next turn; a server without one answers 400.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from glassgpt.serve.schemas import (
     chat_prompt,
 )
 from glassgpt.serve.state import ServeState
+from glassgpt.tokenizer.chat import PLAIN
 
 
 def make_router(state: ServeState) -> APIRouter:
@@ -64,9 +73,9 @@ def make_router(state: ServeState) -> APIRouter:
         state.check_model(body.model)
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        prompts, _ = _prompts(state, chat_prompt(body.messages), param="messages")
+        prompts, stops = _chat_prompts(state, body)
         k = (body.top_logprobs or 0) if body.logprobs else None
-        run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, k, CHAT_STOPS))
+        run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, k, stops))
         meta = _meta("chatcmpl", "chat.completion", state)
         if body.stream:
             return _sse(_chat_chunks(state, run, meta, body.include_usage), run)
@@ -87,11 +96,29 @@ def make_router(state: ServeState) -> APIRouter:
 
 
 # -- requests -----------------------------------------------------------------------------
+def _chat_prompts(state: ServeState, body: ChatRequest) -> tuple[list[list[int]], tuple[str, ...]]:
+    """The chat's prompt ids by the server's template, and the stop strings it adds."""
+    if state.chat is None:
+        raise APIError(400, "this model has no chat template (no chat_template in its "
+                       "tokenizer_config.json, no chat_template.jinja); start the server with "
+                       "--chat-template FILE, or --chat-template plain for 'role: content' "
+                       "lines", param="messages", code="no_chat_template")  # fmt: skip
+    if state.chat is PLAIN:
+        return _prompts(state, chat_prompt(body.messages), param="messages")[0], CHAT_STOPS
+    try:
+        text = state.chat.render([m.model_dump() for m in body.messages])
+    except GlassError as e:  # the template's raise_exception: e.g. roles that do not alternate
+        raise APIError(400, str(e), param="messages", code="invalid_messages") from None
+    return _prompts(state, text, param="messages", add_specials=False)[0], ()
+
+
 def _prompts(
-    state: ServeState, prompt: Any, param: str = "prompt"
+    state: ServeState, prompt: Any, param: str = "prompt", add_specials: bool = True
 ) -> tuple[list[list[int]], list[str]]:
     """(ids of each prompt, its text); raises a 400 for ids out of range or too many tokens,
-    naming ``param``, the request's field that holds the prompt (a chat's is ``messages``)."""
+    naming ``param``, the request's field that holds the prompt (a chat's is ``messages``).
+    A text is encoded by ``encode_prompt`` (the BOS a family's tokenizer adds), or, with
+    ``add_specials=False``, as it is (special strings as their ids)."""
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
@@ -102,7 +129,11 @@ def _prompts(
     for item in items:
         if isinstance(item, str):
             try:  # e.g. a character outside a char model's vocabulary: the client's to fix
-                ids = state.tokenizer.encode(item, allowed_special="all")
+                ids = (
+                    state.tokenizer.encode_prompt(item)
+                    if add_specials
+                    else state.tokenizer.encode(item, allowed_special="all")
+                )
             except GlassError as e:
                 raise APIError(400, str(e), param=param, code="invalid_prompt") from None
         else:

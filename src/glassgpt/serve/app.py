@@ -26,6 +26,7 @@ from glassgpt.serve import api, errors, explore, features
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.scheduler import Scheduler
 from glassgpt.serve.state import ServeState
+from glassgpt.tokenizer.chat import PLAIN
 
 STATIC = resources.files("glassgpt.serve") / "static"
 
@@ -41,17 +42,20 @@ def create_app(
     source: Path | None = None,
     sae: Any = None,
     pages: Any = None,
+    chat: Any = PLAIN,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (in eval mode) with ``tokenizer``; ``steer``
     (``glassgpt.sample.steering.Steer``s) steers every request's generation; ``source`` (the
     checkpoint or run folder served) gives the explorer's checkpoint slider its steps; ``sae``
-    (and its ``pages``) adds the feature endpoints of ``glassgpt.serve.features``."""
+    (and its ``pages``) adds the feature endpoints of ``glassgpt.serve.features``; ``chat``
+    renders ``/v1/chat/completions``' messages (:mod:`glassgpt.tokenizer.chat`: a model's
+    ``ChatTemplate``, ``PLAIN``, or None for a 400 naming the missing template)."""
     if tokenizer is None:
         raise APIError(500, "serving needs a tokenizer")
     model.eval()
     hooks = steering_hooks(model, steer)  # (a bad vector or name raises here, not per request)
     scheduler = Scheduler(model, tokenizer, slots=slots, steering=hooks)
-    state = ServeState(model, tokenizer, name, scheduler, api_key, source=source)
+    state = ServeState(model, tokenizer, name, scheduler, api_key, source=source, chat=chat)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from glassgpt.sample.filters import SamplingConfig
 from glassgpt.serve.scheduler import Job, Scheduler
+from glassgpt.tokenizer.special import stop_ids
 
 
 class _Mailbox:
@@ -106,7 +107,7 @@ class Run:
         self.queue: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
         self.mailbox = _mailbox(asyncio.get_running_loop())
         base = s.seed if s.seed is not None else random.randrange(2**62)
-        eos = (getattr(tokenizer, "special_tokens", None) or {}).get("<|endoftext|>")
+        ends = frozenset(stop_ids(tokenizer))  # <|endoftext|>, a family's end-of-turn ids
         n_ctx = scheduler.config.n_ctx
         self.choices: list[Choice] = []
         self.jobs: list[Job] = []
@@ -122,7 +123,7 @@ class Run:
                         seed=base + index,
                         emit=partial(self._emit, index),
                         stop=s.stop,
-                        stop_ids=frozenset() if eos is None else frozenset([eos]),
+                        stop_ids=ends,
                         logprobs=s.logprobs,
                         flush=self.mailbox.wake,
                     )

@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from glassgpt.tokenizer.chat import PLAIN
+
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
 Temperature = Annotated[float, Field(ge=0.0, le=100.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
@@ -73,9 +75,6 @@ class ChatRequest(RequestBase):
     max_completion_tokens: PositiveInt | None = None
 
 
-ROLES = ("system", "user", "assistant")
-
-
 def chat_prompt(messages: list[Message]) -> str:
     """The plain-text chat template: one ``role: content`` line per turn, then ``assistant:``.
 
@@ -84,7 +83,7 @@ def chat_prompt(messages: list[Message]) -> str:
 
     Generation stops where the model starts a new turn (see :data:`CHAT_STOPS`).
     """
-    return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
+    return PLAIN.render([m.model_dump() for m in messages])
 
 
-CHAT_STOPS = tuple(f"\n{role}:" for role in ROLES)
+CHAT_STOPS = PLAIN.stops

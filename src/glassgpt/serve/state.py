@@ -20,6 +20,7 @@ class ServeState:
     scheduler: Scheduler
     api_key: str | None = None
     source: Path | None = None  # the checkpoint or run folder served (its other checkpoints)
+    chat: Any = None  # the chat template (tokenizer.chat): the model's, a file's, PLAIN, or None
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

@@ -258,6 +258,14 @@ class Tokenizer(files.SavedAsJson):
             return self.encode_ordinary(text)
         return encode_with_specials(text, allowed, self.special_tokens, self.encode_ordinary)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's ids: special strings read as their ids (this tokenizer adds no BOS).
+
+        The prompt sites call it, so that a model family's tokenizer
+        (:class:`~glassgpt.tokenizer.family.FamilyTokenizer`) can put its BOS first.
+        """
+        return self.encode(text, allowed_special="all")
+
     def encode_batch(
         self,
         texts: Sequence[str],

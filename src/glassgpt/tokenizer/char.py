@@ -107,6 +107,10 @@ class CharTokenizer(files.SavedAsJson):
         check_disallowed(text, disallowed)
         return encode_with_specials(text, allowed, self.special_tokens, self.encode_ordinary)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's ids: special strings read as their ids (no BOS), as in ``Tokenizer``."""
+        return self.encode(text, allowed_special="all")
+
     def encode_batch(self, texts: Sequence[str], **kw: Any) -> list[list[int]]:
         """``[encode(t) for t in texts]`` (one process: character lookup is already fast)."""
         kw.pop("num_workers", None)

@@ -30,6 +30,20 @@ def start_id(tokenizer: Any) -> int:
     return int(specials.get(END_OF_TEXT, 0))
 
 
+def stop_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a generation: ``<|endoftext|>`` if the tokenizer has it, and a model
+    family's end-of-turn ids (a :class:`~glassgpt.tokenizer.family.FamilyTokenizer`'s
+    ``eos_ids``: Llama 3's ``<|eot_id|>``, Qwen's ``<|im_end|>``).
+
+    >>> from glassgpt.tokenizer import Tokenizer
+    >>> stop_ids(Tokenizer.bytes_only(special_tokens=["<|endoftext|>"])), stop_ids(None)
+    ((256,), ())
+    """
+    specials = getattr(tokenizer, "special_tokens", None) or {}
+    ids = [specials[END_OF_TEXT]] if END_OF_TEXT in specials else []
+    return tuple(dict.fromkeys([*ids, *getattr(tokenizer, "eos_ids", ())]))
+
+
 class SpecialTokenError(GlassError, ValueError):
     """The text holds a special token's string that the caller did not allow."""
 

@@ -41,16 +41,18 @@ def create_app(
     source: Path | None = None,
     sae: Any = None,
     pages: Any = None,
+    max_context: int | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (in eval mode) with ``tokenizer``; ``steer``
     (``glassgpt.sample.steering.Steer``s) steers every request's generation; ``source`` (the
     checkpoint or run folder served) gives the explorer's checkpoint slider its steps; ``sae``
-    (and its ``pages``) adds the feature endpoints of ``glassgpt.serve.features``."""
+    (and its ``pages``) adds the feature endpoints of ``glassgpt.serve.features``;
+    ``max_context`` is the server's context (``glassgpt.serve.slots.served_context``)."""
     if tokenizer is None:
         raise APIError(500, "serving needs a tokenizer")
     model.eval()
     hooks = steering_hooks(model, steer)  # (a bad vector or name raises here, not per request)
-    scheduler = Scheduler(model, tokenizer, slots=slots, steering=hooks)
+    scheduler = Scheduler(model, tokenizer, slots=slots, steering=hooks, max_context=max_context)
     state = ServeState(model, tokenizer, name, scheduler, api_key, source=source)
 
     @asynccontextmanager

@@ -107,7 +107,7 @@ class Run:
         self.mailbox = _mailbox(asyncio.get_running_loop())
         base = s.seed if s.seed is not None else random.randrange(2**62)
         eos = (getattr(tokenizer, "special_tokens", None) or {}).get("<|endoftext|>")
-        n_ctx = scheduler.config.n_ctx
+        n_ctx = scheduler.n_ctx  # the server's context
         self.choices: list[Choice] = []
         self.jobs: list[Job] = []
         for p, ids in enumerate(prompts):

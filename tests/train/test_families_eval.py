@@ -100,3 +100,20 @@ def test_eval_tasks_equals_lm_evals_hf_backend(tmp_path: Path, offline, capsys) 
     for metric in ("acc,none", "acc_norm,none"):
         assert printed[metric] == pytest.approx(theirs["results"]["fam_mc"][metric], abs=1e-12)
     assert 0 < printed["acc,none"] < 1 and printed["acc,none"] != printed["acc_norm,none"]
+
+
+@torch.no_grad()
+def test_a_long_context_model_is_measured_on_windows_that_fit(tmp_path: Path, capsys) -> None:
+    """n_ctx 131072 (Llama 3.2's): without --seq-len the windows are at most 4096 tokens (here
+    the whole text, one window), said on stderr, not one window of 131072 that no text fills."""
+    folder = family_folder(tmp_path / "long", "llama", n_ctx=131072)
+    body = text(200) + "\n"
+    (tmp_path / "t.txt").write_text(body)
+    capsys.readouterr()
+    assert main(["eval", "-c", str(folder), "--data", str(tmp_path / "t.txt"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    ids = torch.tensor(tokenizer().encode(body))
+    assert f"windows of {len(ids) - 1} tokens of the model's n_ctx=131072" in err
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    logits = hf(ids[None, :-1]).logits[0]
+    assert math.isclose(json.loads(out)["loss"], float(F.cross_entropy(logits, ids[1:])), rel_tol=1e-5)  # fmt: skip

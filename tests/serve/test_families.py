@@ -2,7 +2,8 @@
 client against the app the command builds, on a live server: greedy completions equal
 transformers' greedy continuation of the folder. A config of n_ctx 131072 (Llama 3.2's) is
 served with KV slots of the server's context (``--max-context``, default 4096), not n_ctx: a
-longer prompt is a 400 naming that limit."""
+longer prompt is a 400 naming that limit. `serve --sae` with a transcoder on NeoX's MLP serves its
+activations."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ openai = pytest.importorskip("openai", reason="the openai client is a dev depend
 
 import uvicorn  # noqa: E402
 from tests.families import FAMILIES, family_folder, tokenizer  # noqa: E402
-from tests.serve.conftest import start_server  # noqa: E402
+from tests.features.test_training import FAST  # noqa: E402
+from tests.serve.conftest import request, start_server  # noqa: E402
 
 from glassgpt.cli import main  # noqa: E402
+from glassgpt.features.sae import SAE  # noqa: E402
+from glassgpt.features.sites import read, resolve_site  # noqa: E402
 
 PROMPT = "the cat in the hat"
 
@@ -98,3 +102,27 @@ def test_a_bad_max_context_is_one_line(tmp_path: Path, flag, message, capsys) ->
     assert main(["serve", "-c", str(folder), "--max-context", flag]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_serve_sae_on_a_parallel_block_transcoder(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``serve --sae`` with a transcoder on NeoX's MLP (it reads N₂(resid_pre): the block has
+    no resid_mid): per-token activations are the transcoder's on that input."""
+
+    folder = family_folder(tmp_path / "neox", "neox")
+    (tmp_path / "t.txt").write_text(("the cat in the hat then the thin tan cat " * 80).strip())
+    assert main(["sae", "train", "-c", str(folder), "--hook", "blocks.1.mlp_out", "--width", "32",
+                 "--arch", "transcoder", "-k", "4", "-o", str(tmp_path / "tc"), "--tokens", "2560",
+                 "--data", str(tmp_path / "t.txt"), "--no-progress", "--set", *FAST]) == 0  # fmt: skip
+    assert main(["sae", "features", "-c", str(tmp_path / "tc"), "--tokens", "300", "--seq-len", "16"]) == 0  # fmt: skip
+    with serving(monkeypatch, "-c", str(folder), "--sae", str(tmp_path / "tc"), "--max-batch", "2") as (app, c):  # fmt: skip
+        url = str(c.base_url).removesuffix("/v1/")
+        status, info = request(url, "/api/features/info", method="GET")
+        assert status == 200 and info["pages"] and info["hook"] == "blocks.1.mlp.in"
+        prompt = "the cat in the hat"
+        status, d = request(url, "/api/features/tokens", {"prompt": prompt, "top": 4, "feature": 3})
+        assert status == 200
+        model, tok = app.state.glassgpt.model, app.state.glassgpt.tokenizer
+        ids = tok.encode(prompt)
+        u, _ = read(model, torch.tensor([ids]), resolve_site(model, "blocks.1.mlp_out", transcoder=True))  # fmt: skip
+        acts = SAE.load(tmp_path / "tc" / "sae").encode(u)[0].detach()
+        assert d["feature"]["acts"] == pytest.approx(acts[:, 3].tolist(), abs=1e-4)

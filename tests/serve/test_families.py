@@ -2,8 +2,8 @@
 client against the app the command builds, on a live server: greedy completions equal
 transformers' greedy continuation of the folder. A config of n_ctx 131072 (Llama 3.2's) is
 served with KV slots of the server's context (``--max-context``, default 4096), not n_ctx: a
-longer prompt is a 400 naming that limit. `serve --sae` with a transcoder on NeoX's MLP serves its
-activations."""
+longer prompt is a 400 naming that limit. ``serve --sae`` with a transcoder on NeoX's MLP
+serves its activations."""
 
 from __future__ import annotations
 

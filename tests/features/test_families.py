@@ -133,3 +133,24 @@ def test_a_parallel_block_has_no_resid_mid(folders, tmp_path, capsys) -> None:
     assert "a block has resid_pre, " in err and "a parallel-residual block has no resid_mid" in err
     assert "resid_mid," not in err
     assert not (tmp_path / "s").exists()
+
+
+@torch.no_grad()
+def test_feature_pages_logit_effect_reads_gemmas_norm_gain(folders) -> None:
+    """A feature's logit effect is its direction through the final norm's gain and W_U:
+    d ⊙ (1 + w) · W_Uᵀ with Gemma's norm weight w and lm_head (not d ⊙ w)."""
+    from glassgpt.features.pages import logit_effect
+
+    model, _ = glassgpt.load(folders["gemma3"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folders["gemma3"]).double().eval()
+    d = model.config.d_model
+    sae = SAE(SAEConfig(d_in=d, d_sae=4, arch="topk", k=2, hook=f"blocks.{LAYER}.resid_post"),
+              seed=0)  # fmt: skip
+    V = model.config.n_vocab
+    top_ids, top_v, _, _ = logit_effect(model.double(), sae.double(), n=V)
+    gain = 1.0 + hf.model.norm.weight  # Gemma's RMSNorm: x / rms(x) · (1 + w)
+    for i in range(4):
+        expected = (sae.W_dec[i].detach().double() * gain) @ hf.lm_head.weight.T  # [V]
+        ours = torch.empty(V, dtype=torch.float64)
+        ours[top_ids[i]] = top_v[i].double()
+        assert torch.allclose(ours, expected, rtol=1e-5, atol=1e-6)

@@ -29,7 +29,6 @@ would ask for gigabytes per slot.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -51,14 +50,19 @@ def slot_bytes(config: Any, dtype: torch.dtype = torch.float32) -> int:
 
 
 def available_memory(device: torch.device | str | None = None) -> int | None:
-    """Bytes free for the slots on ``device`` now (None: not known)."""
+    """Bytes free for the slots on ``device`` now (None: not known); on a CPU, Linux's
+    MemAvailable (free memory and the page cache it can reclaim)."""
     device = torch.device(device or "cpu")
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def served_context(

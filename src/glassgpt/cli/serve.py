@@ -58,6 +58,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_chat_template(p)
     p.add_argument("--max-batch", type=int, default=16,
                    help="sequences decoded together (KV slots; default 16)")  # fmt: skip
+    p.add_argument("--max-context", type=int, default=None, metavar="N",
+                   help="positions each KV slot holds, the longest prompt (default: the model's "
+                   "n_ctx up to 4096, less if the memory does not hold that)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: 1 for models under 8M parameters, else all)")  # fmt: skip
     p.add_argument("--steer", metavar="FILE:HOOK:ALPHA", action="append", default=[],
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     sae, pages = load_sae(args.sae, model) if args.sae else (None, None)
     app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch,
                      steer=steers, source=Path(args.checkpoint), sae=sae, pages=pages,
-                     chat=chat)  # fmt: skip
+                     chat=chat, max_context=args.max_context)  # fmt: skip
     # The scheduler thread and the event loop share the GIL: hand it over every 0.5 ms, not
     # every 5 ms, so that a finished token reaches its client without waiting for a step.
     sys.setswitchinterval(0.0005)

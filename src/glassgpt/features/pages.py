@@ -309,7 +309,7 @@ def logit_effect(model: GPT, sae: SAE, n: int = 10, chunk: int = 256) -> tuple[T
         if ln is not None:
             if ln.kind == "layernorm":
                 dd = dd - dd.mean(-1, keepdim=True)
-            dd = dd * ln.w.detach().double().cpu()
+            dd = dd * ln.gain.detach().double().cpu()  # o + w (Gemma: 1 + w)
         z = dd @ W_U  # [chunk, n_vocab]
         for j, largest in ((0, True), (2, False)):
             v, i = z.topk(n, dim=1, largest=largest)

@@ -128,7 +128,7 @@ def _ln2(model: Any, layer: int) -> tuple[Tensor, Tensor] | None:
     if model.config.norm_placement == "post":
         return None
     ln = model.blocks[layer].ln2
-    gamma = ln.w.detach().double().cpu()
+    gamma = ln.gain.detach().double().cpu()  # o + w (Gemma: 1 + w)
     beta = ln.b.detach().double().cpu() if ln.b is not None else torch.zeros_like(gamma)
     return gamma, beta
 

@@ -2,7 +2,8 @@
 
     read      x = a_hook(tokens)  [B, T, d_in]  (a per-head site [B, T, H, d] read as [B, T, H·d])
     splice    a_hook ← x̂ = SAE(a_hook)                             (the rest of f computed from x̂)
-    transcoder  u = N₂(resid_mid) (pre-norm; post-norm: u = resid_mid), the MLP's input;
+    transcoder  u = N₂(resid_mid) (pre-norm; post-norm: u = resid_mid; parallel residual:
+              u = N₂(resid_pre), as the block has no resid_mid), the MLP's input;
               mlp_out ← ŷ = Transcoder(u)
 
 Names are the model's own (``blocks.1.resid_post``) or TransformerLens's
@@ -58,6 +59,15 @@ def _layers(model: GPT) -> str:
     return f"{n} layer{'s' if n != 1 else ''} (blocks.0 … blocks.{n - 1}) of d_model={model.config.d_model}"  # fmt: skip
 
 
+def _has(model: GPT) -> str:
+    """The sites of a block that an SAE can read, as the block really has them (a
+    parallel-residual block has no resid_mid)."""
+    names = [n.split(".", 2)[-1] for n in model.hook_names() if n.startswith("blocks.0.")]
+    readable = [n for n in names if n not in POSITIONLESS and not n.endswith("scale")]
+    why = "; a parallel-residual block has no resid_mid" if model.config.parallel_residual else ""
+    return f"a block has {', '.join(readable)}{why}"
+
+
 def resolve_site(model: GPT, hook: str, *, transcoder: bool = False) -> Site:
     """The site ``hook`` names in ``model``; one line naming it when there is none.
 
@@ -70,7 +80,7 @@ def resolve_site(model: GPT, hook: str, *, transcoder: bool = False) -> Site:
     >>> resolve_site(model, "blocks.2.resid_post")
     Traceback (most recent call last):
     ...
-    glassgpt.errors.GlassError: --hook blocks.2.resid_post: no such activation in this model (2 layers (blocks.0 … blocks.1) of d_model=8; e.g. blocks.1.resid_post, blocks.1.mlp_out)
+    glassgpt.errors.GlassError: --hook blocks.2.resid_post: no such activation in this model (2 layers (blocks.0 … blocks.1) of d_model=8; a block has resid_pre, attn.q, attn.k, attn.v, attn.z, attn.result, attn_out, resid_mid, mlp.pre, mlp.post, mlp_out, resid_post)
     """
     name = hook.strip()
     if transcoder:
@@ -89,11 +99,7 @@ def resolve_site(model: GPT, hook: str, *, transcoder: bool = False) -> Site:
         return Site(f"blocks.{layer}.mlp.in", d, f"blocks.{layer}.mlp_out", d)
     name = canonical_hook(name)
     if name not in model.hook_names():
-        last = model.config.n_layers - 1
-        raise GlassError(
-            f"--hook {hook}: no such activation in this model ({_layers(model)}; e.g. "
-            f"blocks.{last}.resid_post, blocks.{last}.mlp_out)"
-        )
+        raise GlassError(f"--hook {hook}: no such activation in this model ({_layers(model)}; {_has(model)})")  # fmt: skip
     site = name.split(".", 2)[-1] if name.startswith("blocks.") else name
     if site in POSITIONLESS or site.endswith("scale"):
         raise GlassError(f"--hook {hook}: has no vector per token to encode (a pattern or a norm's scale)")  # fmt: skip
@@ -124,11 +130,18 @@ def check_model(sae: SAE, model: GPT) -> Site:
     return site
 
 
-def mlp_input(model: GPT, layer: int, resid_mid: Tensor) -> Tensor:
-    """u, the MLP's input at ``layer``: N₂(resid_mid) (pre-norm) or resid_mid (post-norm)."""
+def mlp_source(model: GPT, layer: int) -> str:
+    """The residual the MLP of ``layer`` reads: ``resid_mid``, or ``resid_pre`` in a
+    parallel-residual block (x + Attn(N₁x) + MLP(N₂x): there is no resid_mid)."""
+    return f"blocks.{layer}." + ("resid_pre" if model.config.parallel_residual else "resid_mid")
+
+
+def mlp_input(model: GPT, layer: int, resid: Tensor) -> Tensor:
+    """u, the MLP's input at ``layer`` from its :func:`mlp_source` residual: N₂(resid)
+    (pre-norm) or resid (post-norm)."""
     if model.config.norm_placement == "post":
-        return resid_mid
-    return model.blocks[layer].ln2(resid_mid)
+        return resid
+    return model.blocks[layer].ln2(resid)
 
 
 class _Enough(Exception):
@@ -149,7 +162,7 @@ def read(model: GPT, tokens: Tensor, site: Site) -> tuple[Tensor, Tensor | None]
     hooks: dict[str, HookFn] = {}
     if site.out_hook is not None:
         assert layer is not None
-        hooks[f"blocks.{layer}.resid_mid"] = keep
+        hooks[mlp_source(model, layer)] = keep
         hooks[site.out_hook] = keep
     else:
         hooks[site.hook] = keep
@@ -161,7 +174,7 @@ def read(model: GPT, tokens: Tensor, site: Site) -> tuple[Tensor, Tensor | None]
     B, T = tokens.shape
     if site.out_hook is not None:
         assert layer is not None
-        u = mlp_input(model, layer, got[f"blocks.{layer}.resid_mid"])
+        u = mlp_input(model, layer, got[mlp_source(model, layer)])
         return u.reshape(B, T, -1), got[site.out_hook].reshape(B, T, -1)
     return got[site.hook].reshape(B, T, -1), None
 
@@ -188,7 +201,7 @@ def splice_hooks(model: GPT, sae: SAE) -> dict[str, HookFn]:
         y_hat, _ = sae(seen.pop("u"))
         return y_hat.reshape(t.shape).to(t.dtype)
 
-    return {f"blocks.{layer}.resid_mid": keep, site.out_hook: predict}
+    return {mlp_source(model, layer): keep, site.out_hook: predict}
 
 
 @contextmanager

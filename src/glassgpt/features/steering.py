@@ -25,7 +25,7 @@ from torch import Tensor
 
 from glassgpt.errors import GlassError
 from glassgpt.features.sae import SAE
-from glassgpt.features.sites import check_model, mlp_input
+from glassgpt.features.sites import check_model, mlp_input, mlp_source
 from glassgpt.model import GPT
 from glassgpt.model.hooks import HookFn
 from glassgpt.sample.steering import Steer, steering_hooks
@@ -61,8 +61,8 @@ def feature_hooks(model: GPT, sae: SAE, feature: int, mode: Mode, value: float) 
     assert layer is not None
     seen: dict[str, Tensor] = {}
 
-    def keep(resid_mid: Tensor, _name: str) -> None:
-        seen["u"] = mlp_input(model, layer, resid_mid)
+    def keep(resid: Tensor, _name: str) -> None:
+        seen["u"] = mlp_input(model, layer, resid)
 
-    return {f"blocks.{layer}.resid_mid": keep,
+    return {mlp_source(model, layer): keep,
             site.out_hook: lambda y, _name: shift(y, seen.pop("u"))}  # fmt: skip

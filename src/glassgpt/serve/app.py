@@ -43,18 +43,20 @@ def create_app(
     sae: Any = None,
     pages: Any = None,
     chat: Any = PLAIN,
+    max_context: int | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (in eval mode) with ``tokenizer``; ``steer``
     (``glassgpt.sample.steering.Steer``s) steers every request's generation; ``source`` (the
     checkpoint or run folder served) gives the explorer's checkpoint slider its steps; ``sae``
     (and its ``pages``) adds the feature endpoints of ``glassgpt.serve.features``; ``chat``
     renders ``/v1/chat/completions``' messages (:mod:`glassgpt.tokenizer.chat`: a model's
-    ``ChatTemplate``, ``PLAIN``, or None for a 400 naming the missing template)."""
+    ``ChatTemplate``, ``PLAIN``, or None for a 400 naming the missing template);
+    ``max_context`` is the server's context (``glassgpt.serve.slots.served_context``)."""
     if tokenizer is None:
         raise APIError(500, "serving needs a tokenizer")
     model.eval()
     hooks = steering_hooks(model, steer)  # (a bad vector or name raises here, not per request)
-    scheduler = Scheduler(model, tokenizer, slots=slots, steering=hooks)
+    scheduler = Scheduler(model, tokenizer, slots=slots, steering=hooks, max_context=max_context)
     state = ServeState(model, tokenizer, name, scheduler, api_key, source=source, chat=chat)
 
     @asynccontextmanager

@@ -239,7 +239,7 @@ class Explorer:
             self._scores = {k: v.tolist() for k, v in s.as_dict().items()}
         cfg = self.model.config
         return {"model": self.state.name, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-                "n_ctx": cfg.n_ctx, "n_vocab": self.state.n_valid, "d_model": cfg.d_model,
+                "n_kv_heads": cfg.kv_heads, "n_ctx": cfg.n_ctx, "context": self.state.n_ctx, "n_vocab": self.state.n_valid, "d_model": cfg.d_model,
                 "auth": self.state.api_key is not None, "head_scores": self._scores}  # fmt: skip
 
 

@@ -108,7 +108,7 @@ class Run:
         self.mailbox = _mailbox(asyncio.get_running_loop())
         base = s.seed if s.seed is not None else random.randrange(2**62)
         ends = frozenset(stop_ids(tokenizer))  # <|endoftext|>, a family's end-of-turn ids
-        n_ctx = scheduler.config.n_ctx
+        n_ctx = scheduler.n_ctx  # the server's context
         self.choices: list[Choice] = []
         self.jobs: list[Job] = []
         for p, ids in enumerate(prompts):

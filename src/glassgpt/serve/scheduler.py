@@ -4,7 +4,8 @@
                    copy its keys and values into a free slot
            step    feed every active sequence its last token in one batch [B, 1]
                    (``SlotCache``: each row at its own position), sample one token per row
-           slide   a sequence whose context is full re-encodes its last ⌊3·n_ctx/4⌋ tokens
+           slide   a sequence whose context is full re-encodes its last ⌊3·C/4⌋ tokens (C: the
+                   server's context, at most n_ctx; ``serve.slots.served_context``)
                    alone (as ``generate`` slides its window) and samples from them
            retire  sequences that stopped, ran out of tokens or were cancelled free their slot
 
@@ -38,11 +39,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.kernels import cache_dtype
 from glassgpt.sample import engine
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token_rows
 from glassgpt.sample.stops import StopMatcher
-from glassgpt.serve.slots import SlotCache
+from glassgpt.serve.slots import SlotCache, available_memory, served_context
 
 Emit = Callable[[str, Any], None]  # ("token", (id, info)) | ("done", reason) | ("error", text)
 NO_FINITE = "the model produced no finite logits (NaN or inf weights?)"
@@ -99,13 +101,19 @@ class Scheduler:
         slots: int = 16,
         replay: bool = True,
         steering: Mapping[str, Callable[..., Any]] | None = None,
+        max_context: int | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.steering = dict(steering or {})  # hooks attached around every forward
         self.config = model.config
-        self.device = next(model.parameters()).device
+        p = next(model.parameters())
+        self.device = p.device
         self.n_valid = min(self.config.n_vocab, getattr(tokenizer, "n_vocab", 10**12))
-        self.cache = SlotCache.for_model(model, slots)
+        dtype = cache_dtype(p.dtype, p.device)
+        # the server's context C ≤ n_ctx: what each slot holds, the longest prompt, the window
+        self.n_ctx = served_context(self.config, slots, max_context, dtype=dtype,
+                                    available=None if max_context else available_memory(p.device))  # fmt: skip
+        self.cache = SlotCache.for_model(model, slots, self.n_ctx)
         self.lock = threading.Lock()
         self.inbox: queue.Queue[Job | None] = queue.Queue()
         self.active: list[_Seq] = []  # active[b] lives in slot b
@@ -164,7 +172,7 @@ class Scheduler:
                 self._guarded(waiting.pop(0), self._admit)
             lengths = self.cache.lengths[: len(self.active)].tolist()
             for b in reversed(range(len(lengths))):  # _free(b) moves a later one into b
-                if lengths[b] >= self.config.n_ctx:  # no room for the next feed
+                if lengths[b] >= self.n_ctx:  # no room for the next feed
                     self._guarded(self.active[b].job, lambda _, b=b: self._slide(b))
             if self.active:
                 self._guarded(None, lambda _: self._step())
@@ -193,7 +201,7 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         seq = _Seq(job, self.tokenizer, self.config.n_vocab, self.device)
-        T, n_ctx = len(job.prompt), self.config.n_ctx
+        T, n_ctx = len(job.prompt), self.n_ctx
         capacity = max(min(n_ctx, T + job.max_tokens - 1), T)  # as generate sizes its cache
         self.admitting = job
         try:
@@ -234,10 +242,10 @@ class Scheduler:
 
     def _slide(self, b: int) -> None:
         """The context is full: re-encode the last ``window`` tokens of slot b's sequence
-        (as ``generate`` slides, window = ⌊3·n_ctx/4⌋) and sample from their logits."""
+        (as ``generate`` slides, window = ⌊3·C/4⌋) and sample from their logits."""
         seq = self.active[b]
-        window = seq.history[-max(1, 3 * self.config.n_ctx // 4) :]
-        logits, prefill = self._prefill(window, self.config.n_ctx)
+        window = seq.history[-max(1, 3 * self.n_ctx // 4) :]
+        logits, prefill = self._prefill(window, self.n_ctx)
         self.cache.load(b, prefill)
         if self._sample([seq], logits[None])[0]:
             self._free(b)

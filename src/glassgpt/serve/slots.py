@@ -21,8 +21,10 @@ the last one), so a step reads views, never gathers. A new sequence is prefilled
 (``glassgpt.sample.cache.KVCache``, exactly as ``generate`` prefills) and its keys and
 values are copied into a free slot by :meth:`SlotCache.load`.
 
-The memory, [slots, n_kv_heads, n_ctx, d_head] per layer for k and for v, is allocated and
-touched once, so serving does not grow the process after start-up.
+The memory, [slots, n_kv_heads, C, d_head] per layer for k and for v, is allocated and
+touched once, so serving does not grow the process after start-up. C is the server's context
+(:func:`served_context`), at most the model's n_ctx: a Llama 3.2 config's n_ctx of 131072
+would ask for gigabytes per slot.
 """
 
 from __future__ import annotations
@@ -32,7 +34,78 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt.console import say
+from glassgpt.errors import GlassError
 from glassgpt.kernels import advance, cache_dtype, write_kv_rows
+
+DEFAULT_CONTEXT = 4096  # the served context when none is asked for (if n_ctx is longer)
+MEMORY_SHARE = 0.5  # of the memory available at start-up, the most the slots may take
+
+
+def slot_bytes(config: Any, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of one slot's keys and values per position: 2 · n_layers · n_kv_heads · d_head ·
+    the element size."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.n_layers * config.kv_heads * config.d_head * itemsize
+
+
+def available_memory(device: torch.device | str | None = None) -> int | None:
+    """Bytes free for the slots on ``device`` now (None: not known); on a CPU, Linux's
+    MemAvailable (free memory and the page cache it can reclaim)."""
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def served_context(
+    config: Any,
+    slots: int,
+    requested: int | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    available: int | None = None,
+) -> int:
+    """C, the positions each of ``slots`` slots holds: ``requested`` (at most n_ctx), else
+    min(n_ctx, DEFAULT_CONTEXT) shrunk to what MEMORY_SHARE of ``available`` bytes holds.
+
+    >>> from glassgpt.model import GPTConfig
+    >>> llama = GPTConfig(n_vocab=10, n_ctx=131072, d_model=64, n_layers=2, n_heads=4)
+    >>> served_context(llama, 16), served_context(llama, 16, 512)
+    (4096, 512)
+    >>> served_context(llama, 16, available=16 * slot_bytes(llama) * 2000)  # holds 1000
+    1000
+    >>> served_context(llama.replace(n_ctx=64), 16)
+    64
+    >>> served_context(llama.replace(n_ctx=64), 16, 65)
+    Traceback (most recent call last):
+    ...
+    glassgpt.errors.GlassError: --max-context 65: longer than the model's n_ctx=64
+    """
+    if requested is not None:
+        if requested < 1:
+            raise GlassError(f"--max-context: must be ≥ 1, got {requested}")
+        if requested > config.n_ctx:
+            raise GlassError(f"--max-context {requested}: longer than the model's n_ctx={config.n_ctx}")  # fmt: skip
+        return requested
+    context = min(config.n_ctx, DEFAULT_CONTEXT)
+    if available is not None:
+        fits = int(MEMORY_SHARE * available) // (slots * slot_bytes(config, dtype))
+        if fits < 1:
+            raise GlassError(f"{slots} KV slots of one position do not fit in the memory available; serve with fewer --max-batch")  # fmt: skip
+        context = min(context, fits)
+    if context < config.n_ctx:
+        gib = slots * context * slot_bytes(config, dtype) / 2**30
+        say(f"serving a context of {context} positions of the model's n_ctx={config.n_ctx} "
+            f"({slots} KV slots, {gib:.2g} GiB; --max-context N to change)")  # fmt: skip
+    return context
 
 
 class _SlotLayer:
@@ -64,7 +137,8 @@ class _SlotLayer:
 
 
 class SlotCache:
-    """``slots`` sequences of up to n_ctx positions; ``lengths[b]`` positions cached in slot b.
+    """``slots`` sequences of up to ``capacity`` positions (default n_ctx); ``lengths[b]``
+    positions cached in slot b.
 
     >>> from glassgpt.model import GPT, GPTConfig
     >>> from glassgpt.sample.cache import KVCache
@@ -91,10 +165,12 @@ class SlotCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        capacity: int | None = None,
     ) -> None:
         G, dh = config.kv_heads, config.d_head  # key/value heads (n_kv_heads)
-        shape = (slots, G, config.n_ctx, dh)
-        self.config, self.slots, self.capacity = config, slots, config.n_ctx
+        capacity = config.n_ctx if capacity is None else capacity  # C ≤ n_ctx positions
+        shape = (slots, G, capacity, dh)
+        self.config, self.slots, self.capacity = config, slots, capacity
         self.layers = []
         for _ in range(config.n_layers):
             k = torch.empty(shape, dtype=dtype, device=device).zero_()  # touched now
@@ -105,9 +181,10 @@ class SlotCache:
         self.step_lengths = self.lengths[:0]
 
     @classmethod
-    def for_model(cls, model: Any, slots: int) -> SlotCache:
+    def for_model(cls, model: Any, slots: int, capacity: int | None = None) -> SlotCache:
         p = next(model.parameters())
-        return cls(model.config, slots, dtype=cache_dtype(p.dtype, p.device), device=p.device)
+        return cls(model.config, slots, dtype=cache_dtype(p.dtype, p.device), device=p.device,
+                   capacity=capacity)  # fmt: skip
 
     def load(self, slot: int, prefill: Any) -> None:
         """Copy a one-row cache (``KVCache`` after its prefill) into ``slot``."""

@@ -25,7 +25,8 @@ class ServeState:
 
     @property
     def n_ctx(self) -> int:
-        return int(self.model.config.n_ctx)
+        """The server's context: the longest prompt, at most the model's n_ctx."""
+        return int(self.scheduler.n_ctx)
 
     @property
     def n_valid(self) -> int:

@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from glassgpt.checkpoint import Run, needs_tokenizer, open_run
+from glassgpt.console import say
 from glassgpt.data import DataDir, iter_eval_batches, resolve_inputs
 from glassgpt.data.prepare import separator
 from glassgpt.data.sampler import eval_windows
@@ -41,6 +42,8 @@ from glassgpt.tokenizer.files import read_text
 from glassgpt.train.config import build_run_config
 from glassgpt.train.device import resolve_precision
 from glassgpt.train.inputs import is_prepared
+
+LONGEST_DEFAULT_WINDOW = 4096  # without --seq-len: n_ctx up to this (Llama 3.2's is 131072)
 
 
 class ArrayStream(TokenStream):
@@ -178,6 +181,9 @@ def evaluate_command(
         stream, n_bytes = encode_files(tok, data)
         source = ", ".join(data)
     n_ctx = model.config.n_ctx
+    if seq_len is None and n_ctx > LONGEST_DEFAULT_WINDOW:  # a window's attention is T × T
+        seq_len = min(LONGEST_DEFAULT_WINDOW, max(1, len(stream) - 1))
+        say(f"windows of {seq_len} tokens of the model's n_ctx={n_ctx} (--seq-len N to change)")
     seq_len = seq_len or n_ctx
     if not 1 <= seq_len <= n_ctx:
         raise GlassError(f"--seq-len: must be in [1, n_ctx={n_ctx}], got {seq_len}")

@@ -94,8 +94,10 @@ function settle(view, statusId, error, shown = null) {
 async function boot() {
   S.info = await api("/api/info");
   const i = S.info;
-  $("model-info").textContent = `${i.model} · ${i.n_layers} layers × ${i.n_heads} heads · ` +
-    `d_model ${i.d_model} · n_ctx ${i.n_ctx} · ${i.n_vocab} tokens`;
+  const kv = i.n_kv_heads < i.n_heads ? ` (${i.n_kv_heads} K/V)` : "";  // grouped-query
+  const served = i.context < i.n_ctx ? ` (serving ${i.context})` : "";
+  $("model-info").textContent = `${i.model} · ${i.n_layers} layers × ${i.n_heads} heads${kv} · ` +
+    `d_model ${i.d_model} · n_ctx ${i.n_ctx}${served} · ${i.n_vocab} tokens`;
   $("api-key").hidden = !i.auth;
   if (!$("prompt").value) $("prompt").value = "The quick brown fox jumps over the lazy dog. The quick brown fox";
   if (!$("clean").value && !$("corrupted").value) {  // a pair of equal lengths on this tokenizer

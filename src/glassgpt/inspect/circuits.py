@@ -71,11 +71,12 @@ def block(model: GPT, layer: int) -> Block:
 
 
 def inputs(model: GPT, kind: Inputs = "token") -> Tensor:
-    """The rows a circuit is indexed by: W_E [n_vocab, d_model] or the positions [n_ctx, d_model]
-    (in the model's dtype)."""
+    """The rows a circuit is indexed by: s · W_E [n_vocab, d_model] (s the embedding scale) or
+    the positions [n_ctx, d_model] (in the model's dtype)."""
     W_E = model.embed.W_E.detach()
     if kind == "token":
-        return W_E
+        s = model.config.embed_scale  # what the residual holds: s · W_E (Gemma's √d_model)
+        return W_E if s == 1.0 else W_E * s
     if kind == "position":
         if model.pos_embed is None:
             raise GlassError(

@@ -37,6 +37,7 @@ from glassgpt.inspect.cache import ActivationCache, as_batch, evaluating, run_wi
 from glassgpt.inspect.metrics import MetricFn, score_runs
 from glassgpt.model import GPT
 from glassgpt.model.gpt import Block
+from glassgpt.model.layers import softcap
 from glassgpt.train.inputs import available_memory
 
 # site → (name inside a block, axis of the position in the activation without its batch axis)
@@ -283,10 +284,12 @@ def _run_rows(
     """One batch of patched runs from position ``start`` on (rows sorted by layer) → [rows]."""
     B, T = run.tokens.shape
     t = T - start
-    rope = None
+    rope = local = None
+    ref = run.resid[0]
     if model.rotary is not None:
-        ref = run.resid[0]
-        rope = model.rotary(t, start, dtype=ref.dtype, device=ref.device)
+        rope = local = model.rotary(t, start, dtype=ref.dtype, device=ref.device)
+    if model.rotary_local is not None:  # the sliding layers' own base (Gemma)
+        local = model.rotary_local(t, start, dtype=ref.dtype, device=ref.device)
     x: Tensor | None = None
     for layer in range(rows[0].layer, model.config.n_layers):
         new = [c for c in rows if c.layer == layer]
@@ -299,12 +302,13 @@ def _run_rows(
         source = clean[layer].narrow(pos_axis + 1, start, t)  # [B, ..., t, ...]
         hook = _patcher(new, n - len(new), B, start, pos_axis, source)
         point = f"blocks.{layer}.{name}"
+        block = cast(Block, model.blocks[layer])
         with model.hooks({point: hook}) if new else nullcontext():
-            x = cast(Block, model.blocks[layer])(x, rope, kv)
+            x = block(x, local if block.kind == "sliding" else rope, kv)
     assert x is not None
     if model.ln_final is not None:
         x = model.ln_final(x)
-    part = model.unembed(x, model.embed.W_E)  # [n·B, t, n_vocab]
+    part = softcap(model.unembed(x, model.embed.W_E), model.config.final_softcap)  # [n·B, t, V]
     n = len(rows)
     before = run.logits[None, :, :start].expand(n, -1, -1, -1)  # [n, B, start, n_vocab]
     logits = torch.cat([before, part.view(n, B, t, -1)], 2)  # [n, B, T, n_vocab]

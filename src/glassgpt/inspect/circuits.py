@@ -167,6 +167,12 @@ def qk_circuit(
     return FactoredMatrix(q * a, k.transpose(-1, -2))
 
 
+def shown_distance(model: GPT) -> int | None:
+    """The query–key distance a page shows a QK circuit at: 1 (a key just before its query)
+    for a RoPE model, whose scores depend on it; None for the others, whose do not."""
+    return None if model.rotary is None else 1
+
+
 def _rotate(model: GPT, layer: int, q: Tensor, distance: int) -> Tensor:
     """Rotate each row of q [..., n, d_head] by the RoPE angle of ``distance`` (the layer's
     own rotary: a sliding layer's local base where the model has one)."""

@@ -44,11 +44,9 @@ variant is not implemented here):
 all m runs and the clean run form one batch, one forward and one backward. For the
 ``embed`` node, Σ_v score^IG(embed → v) → m(clean) − m(corrupted) as m → ∞ (completeness).
 
-(q/k-norms, partial or per-layer rotary are inside the autograd step.) Sandwich norms (Gemma)
-join the heads through a norm before the residual, so edge level refuses them.
-
 Direction (as TransformerLens): the base run is the corrupted one, clean values are patched
-in. Post-norm models are refused at edge level (their residual is not a sum of outputs).
+in. Edge level refuses post-norm models and sandwich norms (Gemma): their residual is not a
+sum of the outputs. (q/k-norms, partial or per-layer rotary are in the autograd step.)
 Scores are in the model's dtype (a bfloat16 or float16 model's in float32: its gradients and
 differences are multiplied and summed in float32).
 """
@@ -221,8 +219,7 @@ def edge_names(model: GPT) -> tuple[list[str], list[str], Tensor]:
 
 
 def _head_inputs(H: int, G: int) -> list[str]:
-    """The attention's receiving nodes: h{h}.q, h{h}.k, h{h}.v per head, or with grouped
-    keys and values (G < H) h{h}.q per query head then kv{g}.k, kv{g}.v per group.
+    """An attention's receiving nodes: h{h}.q|k|v per head; if G < H, h{h}.q, then kv{g}.k|v.
 
     >>> _head_inputs(2, 2), _head_inputs(2, 1)
     (['h0.q', 'h0.k', 'h0.v', 'h1.q', 'h1.k', 'h1.v'], ['h0.q', 'h1.q', 'kv0.k', 'kv0.v'])
@@ -360,8 +357,7 @@ def _head_input_grads(
     H, G = attn.n_heads, attn.n_kv_heads
     N, T, D = x.shape
     W = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).detach()  # [H + 2G, d_model, d_head]
-    biases = (attn.b_Q, attn.b_K, attn.b_V)
-    b = None if biases[0] is None else torch.cat([t.detach() for t in biases])  # type: ignore[union-attr]
+    b = None if attn.b_QKV is None else attn.b_QKV.detach().reshape(-1, attn.d_head)  # [H+2G, ·]
     with torch.enable_grad():
         X = x[:, :, None, :].expand(N, T, H + 2 * G, D).clone().requires_grad_(True)
         u = block.ln1(X)  # [N, T, H + 2G, d_model]
@@ -378,7 +374,7 @@ def _head_input_grads(
     gq, gk, gv = gX.split([H, G, G], dim=2)
     if G == H:  # h0.q, h0.k, h0.v, h1.q, …
         return torch.stack([gq, gk, gv], dim=3).flatten(2, 3)
-    return torch.cat([gq, torch.stack([gk, gv], dim=3).flatten(2, 3)], dim=2)
+    return torch.cat([gq, torch.stack([gk, gv], dim=3).flatten(2, 3)], dim=2)  # qs, then kv
 
 
 def _mlp_input_grad(block: Block, x: Tensor, gpre: Tensor, ggate: Tensor | None) -> Tensor:

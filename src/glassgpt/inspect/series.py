@@ -210,13 +210,15 @@ def series_figure(records: Sequence[dict[str, Any]], title: str) -> bytes:
     axes = fig.subplots(1, len(SCORES), sharex=True)
     steps = sorted({r["step"] for r in records})
     bump = phase_change(series_of(records, "induction"))
-    heads = 1 + max((h for r in records for k in r if (h := _head(k)) is not None), default=0)
-    for ax, name in zip(axes, ("induction", "previous_token", "duplicate_token"), strict=True):
+    panels = ("induction", "previous_token", "duplicate_token")
+    tops = {name: _top(series_of(records, name)) for name in panels}
+    named = list(dict.fromkeys(k for name in panels for k in tops[name]))
+    colors = {k: TAB[i % len(TAB)] for i, k in enumerate(named)}  # a head's colour everywhere
+    for ax, name in zip(axes, panels, strict=True):
         lines = series_of(records, name)
-        top4 = sorted(lines, key=lambda k: lines[k][-1][1], reverse=True)[:4]
-        for k in sorted(lines, key=lambda k: k in top4):  # the named heads drawn last, on top
-            top = k in top4
-            color = TAB[(k[0] * heads + k[1]) % len(TAB)] if top else "0.6"
+        for k in sorted(lines, key=lambda k: k in tops[name]):  # the named heads last, on top
+            top = k in tops[name]
+            color = colors[k] if top else "0.6"
             ax.plot(*zip(*lines[k]), "o-" if top else "-", ms=3, lw=1.6 if top else 0.6,
                     alpha=1.0 if top else 0.35, color=color,
                     label=f"L{k[0]}H{k[1]}" if top else None)  # fmt: skip
@@ -241,9 +243,9 @@ def series_figure(records: Sequence[dict[str, Any]], title: str) -> bytes:
     return buf.getvalue()
 
 
-def _head(key: str) -> int | None:
-    m = re.match(r"^\w+/L\d+H(\d+)$", key)
-    return int(m[1]) if m else None
+def _top(lines: dict[tuple[int, int], list], n: int = 4) -> list[tuple[int, int]]:
+    """The n heads with the highest score at the last checkpoint."""
+    return sorted(lines, key=lambda k: lines[k][-1][1], reverse=True)[:n]
 
 
 def write_series(

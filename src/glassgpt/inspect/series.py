@@ -99,7 +99,7 @@ def expand_series(spec: str) -> list[Point]:
 
     >>> [(p.source, p.step) for p in expand_series("hf:org/m@step{0..2000..1000}")]
     [('hf:org/m@step0', 0), ('hf:org/m@step1000', 1000), ('hf:org/m@step2000', 2000)]
-    >>> [p.step for p in expand_series("hf:org/m@main,v2,step5")]
+    >>> [p.step for p in expand_series("hf:org/m@main,dev,step5")]
     [0, 1, 5]
     """
     if not is_hub_id(spec):

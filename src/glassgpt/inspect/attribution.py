@@ -99,7 +99,7 @@ def attribution_patch(
 
     Summed over the prompts (the metric averages them) and over the feature axis:
     ``resid_pre``/``resid_mid``/``resid_post``/``attn_out``/``mlp_out``/``ln*.scale`` →
-    [n_layers, T]; ``attn.q|k|v|z|result`` → [n_layers, T, n_heads] (all positions:
+    [n_layers, T]; ``attn.q|k|v|z|result`` → [n_layers, T, n_heads] (k, v: n_kv_heads; all positions:
     ``.sum(1)`` → [n_layers, n_heads]); ``mlp.pre|post`` → [n_layers, T, d_mlp] (neurons);
     ``attn.pattern`` → [n_layers, n_heads, T_q, T_k]; sites outside the blocks (``embed``,
     ``ln_final.out``) → [T]. A site named with its layer (``blocks.1.attn.z``) is computed

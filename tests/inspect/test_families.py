@@ -384,3 +384,23 @@ def test_edge_attribution_sums_to_each_heads_node_attribution(pair: Pair) -> Non
             close(edges.scores[u].sum(), node[layer, :, h].sum(), atol=1e-9)
     if cfg.kv_heads < cfg.n_heads:
         assert "blocks.0.attn.kv0.k" in edges.downstream
+
+
+def test_path_patching_into_a_heads_keys_patches_its_group(pair: Pair) -> None:
+    cfg = pair.ours.config
+    if cfg.kv_heads == cfg.n_heads:
+        pytest.skip("no key/value groups")
+    x = tokens(B=1)
+    y = corrupt(x, pos=2)
+    metric = lambda logits: logits[0, -1, 0] - logits[0, -1, 1]  # noqa: E731
+    _, clean = gi.run_with_cache(pair.ours, x, ["attn.z"])
+    sender = patch_hook(clean["z", 0], (slice(None), slice(None), 1))  # head (0, 1) clean
+    _, run1 = gi.run_with_cache(
+        pair.ours, y, ["blocks.1.attn.k"], hooks={"blocks.0.attn.z": sender}
+    )
+    per = cfg.n_heads // cfg.kv_heads
+    for h in range(cfg.n_heads):  # run 2: only the group of head h gets run 1's keys
+        group = patch_hook(run1["k", 1], (slice(None), slice(None), h // per))
+        want = metric(gi.run_with_hooks(pair.ours, y, {"blocks.1.attn.k": group}))
+        got = gi.path_patch(pair.ours, x, y, metric, gi.Head(0, 1), [gi.Receiver(1, h, "k")])
+        assert float(abs(got - want)) < ATOL

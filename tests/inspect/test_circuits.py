@@ -200,7 +200,7 @@ def test_bad_indices_and_inputs_raise_glass_errors(tiny: SimpleNamespace) -> Non
     with pytest.raises(GlassError, match=r"head 3 is out of range: each layer has 3 heads"):
         ov_circuit(model, 0, 3)
     with pytest.raises(GlassError, match="position circuits need learned or sinusoidal"):
-        qk_circuit(model, 0, 0, query="position")
+        qk_circuit(model, 0, 0, query="position", distance=0)
     with pytest.raises(GlassError, match="distance 8 is out of range"):
         qk_circuit(model, 0, 0, distance=8)
     with pytest.raises(GlassError, match="composition kind"):

@@ -18,7 +18,8 @@ u → v (v alone reads u's clean output) changes the metric by, to first order,
 
 Upstream nodes u: ``embed`` (x₀ = token + position embeddings), each head
 ``blocks.l.attn.h{h}`` (out = z_h W_O[h]), each MLP ``blocks.l.mlp`` (out = mlp_out).
-Downstream nodes v: each head's query, key and value input ``blocks.l.attn.h{h}.q|k|v``,
+Downstream nodes v: each head's query, key and value input ``blocks.l.attn.h{h}.q|k|v``
+(grouped-query: ``h{h}.q`` per query head, ``kv{g}.k|v`` per key/value head g),
 each MLP's input ``blocks.l.mlp.in``, and ``logits`` (the final residual, read by N_f W_U).
 The model has no per-head input hooks, so g_v is computed exactly from the gradients at
 the hooks that exist and the norm's vector-Jacobian product, by autograd:
@@ -26,6 +27,7 @@ the hooks that exist and the norm's vector-Jacobian product, by autograd:
     g_{l,h,q} = ∂/∂x Σ ⟨∂m/∂q_h, RoPE(N₁(x) W_Q[h] + b_Q[h])⟩ |_{x = resid_pre_l}
               = J_{N₁}(x)ᵀ (R⁻¹ ∂m/∂q_h) W_Q[h]ᵀ                    (likewise k, v)
     g_{l,mlp} = J_{N₂}(x)ᵀ (∂m/∂pre W_inᵀ + ∂m/∂pre_gate W_gateᵀ)    at x = resid_mid_l
+                                              (resid_pre_l in a parallel block, GPT-NeoX)
     g_logits  = ∂m/∂resid_post_{L−1}
 
 (∂m/∂q_h, ∂m/∂pre … from the model's hooks attn.q/k/v, mlp.pre/pre_gate). Summed over
@@ -43,7 +45,8 @@ all m runs and the clean run form one batch, one forward and one backward. For t
 ``embed`` node, Σ_v score^IG(embed → v) → m(clean) − m(corrupted) as m → ∞ (completeness).
 
 Direction (as TransformerLens): the base run is the corrupted one, clean values are patched
-in. Post-norm models are refused at edge level (their residual is not a sum of outputs).
+in. Edge level refuses post-norm models and sandwich norms (Gemma): their residual is not a
+sum of the outputs. (q/k-norms, partial or per-layer rotary are in the autograd step.)
 Scores are in the model's dtype (a bfloat16 or float16 model's in float32: its gradients and
 differences are multiplied and summed in float32).
 """
@@ -96,7 +99,7 @@ def attribution_patch(
 
     Summed over the prompts (the metric averages them) and over the feature axis:
     ``resid_pre``/``resid_mid``/``resid_post``/``attn_out``/``mlp_out``/``ln*.scale`` →
-    [n_layers, T]; ``attn.q|k|v|z|result`` → [n_layers, T, n_heads] (all positions:
+    [n_layers, T]; ``attn.q|k|v|z|result`` → [n_layers, T, n_heads] (k, v: n_kv_heads; all positions:
     ``.sum(1)`` → [n_layers, n_heads]); ``mlp.pre|post`` → [n_layers, T, d_mlp] (neurons);
     ``attn.pattern`` → [n_layers, n_heads, T_q, T_k]; sites outside the blocks (``embed``,
     ``ln_final.out``) → [T]. A site named with its layer (``blocks.1.attn.z``) is computed
@@ -199,21 +202,31 @@ def edge_names(model: GPT) -> tuple[list[str], list[str], Tensor]:
     up, down = ["embed"], []
     up_at, down_at = [-1.0], []  # where a node writes / reads: head at l, MLP at l + ½
     for layer in range(cfg.n_layers):
-        for h in range(cfg.n_heads):
-            up.append(f"blocks.{layer}.attn.h{h}")
-            up_at.append(layer)
-            for m in "qkv":
-                down.append(f"blocks.{layer}.attn.h{h}.{m}")
-                down_at.append(layer)
+        up += [f"blocks.{layer}.attn.h{h}" for h in range(cfg.n_heads)]
+        up_at += [layer] * cfg.n_heads
+        inputs = _head_inputs(cfg.n_heads, cfg.kv_heads)
+        down += [f"blocks.{layer}.attn.{node}" for node in inputs]
+        down_at += [layer] * len(inputs)
         if not cfg.attn_only:
             up.append(f"blocks.{layer}.mlp")
             up_at.append(layer + 0.5)
             down.append(f"blocks.{layer}.mlp.in")
-            down_at.append(layer + 0.5)
+            down_at.append(layer if cfg.parallel_residual else layer + 0.5)
     down.append("logits")
     down_at.append(float(cfg.n_layers))
     allowed = torch.tensor(up_at)[:, None] < torch.tensor(down_at)[None, :]
     return up, down, allowed
+
+
+def _head_inputs(H: int, G: int) -> list[str]:
+    """An attention's receiving nodes: h{h}.q|k|v per head; if G < H, h{h}.q, then kv{g}.k|v.
+
+    >>> _head_inputs(2, 2), _head_inputs(2, 1)
+    (['h0.q', 'h0.k', 'h0.v', 'h1.q', 'h1.k', 'h1.v'], ['h0.q', 'h1.q', 'kv0.k', 'kv0.v'])
+    """
+    if G == H:
+        return [f"h{h}.{m}" for h in range(H) for m in "qkv"]
+    return [f"h{h}.q" for h in range(H)] + [f"kv{g}.{m}" for g in range(G) for m in "kv"]
 
 
 def edge_attribution_patch(
@@ -244,6 +257,11 @@ def edge_attribution_patch(
             "edge attribution needs a pre-norm model: in a post-norm model the residual a node "
             "reads is normalised after the sum, not a sum of the upstream outputs"
         )
+    if model.config.sandwich_norm:
+        raise GlassError(
+            "edge attribution needs each head's output to join the residual as it is: with "
+            "sandwich norms (Gemma) the heads pass a norm together first; use attribution_patch"
+        )
     m = steps if method == "eap-ig" else 1
     clean, corrupted = _pair_batches(model, clean_tokens, corrupted_tokens)
     B = clean.shape[0]
@@ -254,7 +272,9 @@ def edge_attribution_patch(
         p = f"blocks.{layer}."
         names += [p + "resid_pre", p + "attn.q", p + "attn.k", p + "attn.v", p + "attn.z"]
         if not cfg.attn_only:
-            names += [p + "resid_mid", p + "mlp.pre", p + "mlp_out"]
+            names += [p + "mlp.pre", p + "mlp_out"]
+            if not cfg.parallel_residual:
+                names.append(p + "resid_mid")
             if cfg.gated:
                 names.append(p + "mlp.pre_gate")
     names.append(f"blocks.{L - 1}.resid_post")
@@ -300,20 +320,22 @@ def _receiver_grads(
 ) -> Tensor:
     """g_v for every downstream node, averaged over the m runs: [n_down, B, T, d_model]."""
     L = model.config.n_layers
-    rope = None
     out: list[Tensor] = []
     for layer in range(L):
         block = cast(Block, model.blocks[layer])
         p = f"blocks.{layer}."
         x = cache[p + "resid_pre"][B:].detach()  # [m·B, T, d_model]
-        if model.rotary is not None and rope is None:
-            rope = model.rotary(x.shape[1], 0, dtype=x.dtype, device=x.device)
-        gqkv = [g[p + f"attn.{c}"][B:] for c in "qkv"]  # each [m·B, T, H, d_head]
-        heads = _head_input_grads(block, x, gqkv, rope)  # [m·B, T, H, 3, d_model]
-        heads = heads.unflatten(0, (m, B)).mean(0)  # [B, T, H, 3, d_model]
-        out += list(heads.flatten(2, 3).movedim(2, 0))  # 3H × [B, T, d_model]
+        rotary = model.rotary
+        if model.rotary_local is not None and block.kind == "sliding":
+            rotary = model.rotary_local  # a sliding layer's own base
+        rope = None if rotary is None else rotary(x.shape[1], 0, dtype=x.dtype, device=x.device)
+        gqkv = [g[p + f"attn.{c}"][B:] for c in "qkv"]  # [m·B, T, H | G | G, d_head]
+        heads = _head_input_grads(block, x, gqkv, rope)  # [m·B, T, n_inputs, d_model]
+        heads = heads.unflatten(0, (m, B)).mean(0)  # [B, T, n_inputs, d_model]
+        out += list(heads.movedim(2, 0))  # n_inputs × [B, T, d_model]
         if block.mlp is not None:
-            x = cache[p + "resid_mid"][B:].detach()
+            mid = "resid_pre" if model.config.parallel_residual else "resid_mid"
+            x = cache[p + mid][B:].detach()
             gate = g.get(p + "mlp.pre_gate")
             grad = _mlp_input_grad(
                 block, x, g[p + "mlp.pre"][B:], None if gate is None else gate[B:]
@@ -327,25 +349,32 @@ def _receiver_grads(
 def _head_input_grads(
     block: Block, x: Tensor, gqkv: list[Tensor], rope: tuple[Tensor, Tensor] | None
 ) -> Tensor:
-    """∂/∂x Σ_c ⟨G_c, RoPE(N₁(x) W_c + b_c)⟩ separately for each of the 3H heads' inputs c,
-    at x [N, T, d_model]: one copy of x per input, → [N, T, H, 3 (q, k, v), d_model]."""
+    """∂/∂x Σ_c ⟨G_c, RoPE(n(N₁(x) W_c + b_c))⟩ separately for each of the H + 2G inputs c (the
+    H query heads', the G key/value heads'; n the q/k-norm where the model has one), at x
+    [N, T, d_model]: one copy of x per input, → [N, T, n_inputs, d_model] in the order of
+    :func:`_head_inputs`."""
     attn = block.attn
-    H = attn.n_heads
+    H, G = attn.n_heads, attn.n_kv_heads
     N, T, D = x.shape
-    W = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).detach()  # [3H, d_model, d_head]
-    b = None if attn.b_QKV is None else attn.b_QKV.detach().flatten(0, 1)  # [3H, d_head]
+    W = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).detach()  # [H + 2G, d_model, d_head]
+    b = None if attn.b_QKV is None else attn.b_QKV.detach().reshape(-1, attn.d_head)  # [H+2G, ·]
     with torch.enable_grad():
-        X = x[:, :, None, :].expand(N, T, 3 * H, D).clone().requires_grad_(True)
-        u = block.ln1(X)  # [N, T, 3H, d_model]
-        qkv = torch.einsum("ntcd,cde->ntce", u, W)  # [N, T, 3H, d_head]
+        X = x[:, :, None, :].expand(N, T, H + 2 * G, D).clone().requires_grad_(True)
+        u = block.ln1(X)  # [N, T, H + 2G, d_model]
+        qkv = torch.einsum("ntcd,cde->ntce", u, W)  # [N, T, H + 2G, d_head]
         if b is not None:
             qkv = qkv + b
-        q, k, v = qkv.split(H, dim=2)
+        q, k, v = qkv.split([H, G, G], dim=2)
+        if attn.q_norm is not None and attn.k_norm is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         s = sum((a * ga.detach()).sum() for a, ga in zip((q, k, v), gqkv, strict=True))
         (gX,) = torch.autograd.grad(s, X)
-    return gX.unflatten(2, (3, H)).transpose(2, 3)  # [N, T, H, 3, d_model]
+    gq, gk, gv = gX.split([H, G, G], dim=2)
+    if G == H:  # h0.q, h0.k, h0.v, h1.q, …
+        return torch.stack([gq, gk, gv], dim=3).flatten(2, 3)
+    return torch.cat([gq, torch.stack([gk, gv], dim=3).flatten(2, 3)], dim=2)  # qs, then kv
 
 
 def _mlp_input_grad(block: Block, x: Tensor, gpre: Tensor, ggate: Tensor | None) -> Tensor:

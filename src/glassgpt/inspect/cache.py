@@ -100,6 +100,11 @@ class ActivationCache(Mapping[str, Tensor]):
                 f"{', '.join(list(self._acts)[:4])}{', ...' if len(self._acts) > 4 else ''})"
             ) from None
 
+    def __contains__(self, key: object) -> bool:  # (Mapping's would raise on a miss)
+        if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str):
+            key = f"blocks.{key[1]}.{_site(key[0])}"
+        return key in self._acts
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._acts)
 

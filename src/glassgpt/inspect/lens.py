@@ -2,9 +2,10 @@
 
 Logit lens: the residual stream after each layer, unembedded as if it were the last,
 
-    lens_l = N_f(x_l) W_U + b_U          (x_0 = the embeddings; x_L gives the model's logits)
+    lens_l = cap(N_f(x_l) W_U + b_U)     (x_0 = the embeddings; x_L gives the model's logits)
 
-(N_f with its own scale for x_l; post-norm models have no N_f and unembed x_l directly).
+(N_f with its own scale for x_l, its gain o + w (Gemma's 1 + w); cap the final soft-cap
+c·tanh(z/c) where the model has one; post-norm models have no N_f and unembed x_l directly).
 
 Direct logit attribution (pre-norm): the final residual is a sum of parts,
 
@@ -16,7 +17,11 @@ N_f(x) = (x − μ(x)) s ⊙ w + b is affine in x, so
     logits = Σ_parts ((part − μ(part)) s ⊙ w) W_U + b W_U + b_U                (layernorm)
     logits = Σ_parts (part s ⊙ w) W_U + b_U                                     (rmsnorm)
 
-exactly (up to float rounding). Post-norm models end in a norm whose scale multiplies the
+exactly (up to float rounding); w is the gain o + w. With sandwich norms (Gemma) each head's
+result and b_O pass N₁' before joining the residual; its scale s' (per position) frozen too,
+N₁'(Σ_h r_h) = Σ_h r_h s' ⊙ w', so each head keeps its own part. A final soft-cap
+(c·tanh(z/c), Gemma) comes after the sum: ``total()`` is cap(Σ parts), the model's logits,
+and each part is in the logit units before the cap. Post-norm models end in a norm whose scale multiplies the
 whole sum after the last MLP; they are refused with a clear error.
 
 Per-token loss: loss_t = −log softmax(logits_t)[token_{t+1}].
@@ -42,6 +47,7 @@ from glassgpt.inspect.cache import as_batch, evaluating, run_with_cache
 from glassgpt.inspect.factored import widened
 from glassgpt.model import GPT
 from glassgpt.model.gpt import Block
+from glassgpt.model.layers import softcap
 
 
 @dataclass(frozen=True)
@@ -80,10 +86,11 @@ def logit_lens(model: GPT, tokens: Tensor | Sequence[int]) -> LogitLens:
 
 
 def unembed(model: GPT, resid: Tensor) -> Tensor:
-    """N_f(x) W_U + b_U: a residual stream [..., d_model] read as if it were the last one."""
+    """cap(N_f(x) W_U + b_U): a residual stream [..., d_model] read as if it were the last one."""
     if model.ln_final is not None:
         resid = model.ln_final(resid)
-    return F.linear(resid, model.W_U.T, model.unembed.b_U)  # [..., n_vocab]
+    logits = F.linear(resid, model.W_U.T, model.unembed.b_U)  # [..., n_vocab]
+    return softcap(logits, model.config.final_softcap)
 
 
 @dataclass(frozen=True)
@@ -94,12 +101,14 @@ class Attribution:
     ``blocks.{l}.mlp`` (without its output bias), ``blocks.{l}.mlp.b_out``, ``ln_final.b``,
     ``unembed.b_U`` (only those the model has). ``resid`` [n_parts − 1, B, T, d_model] holds
     each part after the frozen final norm (the last part, b_U, lives in logit space).
+    ``final_softcap``: the model's final cap c (None: none), applied by ``total()`` only.
     """
 
     names: list[str]
     resid: Tensor
     W_U: Tensor
     b_U: Tensor | None
+    final_softcap: float | None = None
 
     def logits(self, ids: Tensor | None = None) -> Tensor:
         """Each part's logits: [n_parts, B, T, n_vocab], or only ``ids`` ([B, T] or [B, T, k]).
@@ -122,8 +131,8 @@ class Attribution:
         return torch.cat([out, b_U[None]])
 
     def total(self, ids: Tensor | None = None) -> Tensor:
-        """The sum of the parts (the model's logits, or those of ``ids``)."""
-        return self.logits(ids).sum(0)
+        """cap(Σ parts): the model's logits (or those of ``ids``)."""
+        return softcap(self.logits(ids).sum(0), self.final_softcap)
 
 
 def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attribution:
@@ -149,6 +158,8 @@ def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attr
     wanted = [*names, "result", "mlp_out", "ln_final.scale"]
     if cfg.attn_only:
         wanted.remove("mlp_out")
+    if cfg.sandwich_norm:
+        wanted.append("ln1_post.scale")
     with evaluating(model):
         _, cache = run_with_cache(model, tokens, wanted)
     with torch.no_grad():
@@ -156,13 +167,22 @@ def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attr
         for layer in range(cfg.n_layers):
             block = cast(Block, model.blocks[layer])
             result = widened(cache["result", layer])  # [B, T, H, d_model]
+            b_O = None if block.attn.b_O is None else widened(block.attn.b_O.detach())
+            if block.ln1_post is not None:  # N₁'(Σ_h r_h + b_O), its scale s' frozen
+                post = widened(cache["ln1_post.scale", layer]) * widened(
+                    block.ln1_post.gain.detach()
+                )
+                result = result * post[:, :, None]
+                b_O = None if b_O is None else b_O * post
             parts += result.unbind(2)
             names += [f"blocks.{layer}.attn.h{h}" for h in range(cfg.n_heads)]
-            if block.attn.b_O is not None:
-                parts.append(widened(block.attn.b_O.detach()).expand_as(parts[0]))
+            if b_O is not None:
+                parts.append(b_O.expand_as(parts[0]))
                 names.append(f"blocks.{layer}.attn.b_O")
             if block.mlp is not None:
                 b_out = None if block.mlp.b_out is None else widened(block.mlp.b_out.detach())
+                if block.ln2_post is not None:  # b_out passes N₂' with the rest: one part
+                    b_out = None
                 mlp = widened(cache["mlp_out", layer])
                 parts.append(mlp if b_out is None else mlp - b_out)
                 names.append(f"blocks.{layer}.mlp")
@@ -173,7 +193,7 @@ def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attr
         if ln.kind == "layernorm":
             stacked = stacked - stacked.mean(-1, keepdim=True)
         scale = cache["ln_final.scale"].to(stacked.dtype)  # [B, T, 1], frozen
-        stacked = stacked * scale * widened(ln.w.detach())
+        stacked = stacked * scale * widened(ln.gain.detach())
         if ln.b is not None:
             stacked = torch.cat([stacked, widened(ln.b.detach()).expand_as(stacked[0])[None]])
             names.append("ln_final.b")
@@ -181,8 +201,9 @@ def direct_logit_attribution(model: GPT, tokens: Tensor | Sequence[int]) -> Attr
         if b_U is not None:
             names.append("unembed.b_U")
     return Attribution(
-        names, stacked, widened(model.W_U.detach()), None if b_U is None else widened(b_U.detach())
-    )
+        names, stacked, widened(model.W_U.detach()),
+        None if b_U is None else widened(b_U.detach()), cfg.final_softcap,
+    )  # fmt: skip
 
 
 def per_token_loss(model: GPT, tokens: Tensor | Sequence[int]) -> Tensor:

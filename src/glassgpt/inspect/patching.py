@@ -37,6 +37,7 @@ from glassgpt.inspect.cache import ActivationCache, as_batch, evaluating, run_wi
 from glassgpt.inspect.metrics import MetricFn, score_runs
 from glassgpt.model import GPT
 from glassgpt.model.gpt import Block
+from glassgpt.model.layers import softcap
 from glassgpt.train.inputs import available_memory
 
 # site → (name inside a block, axis of the position in the activation without its batch axis)
@@ -97,7 +98,9 @@ def activation_patch(
     ``by`` names the result's axes in order: ``layer`` [L] (the whole activation),
     ``layer_pos`` [L, T], ``layer_head`` [L, H], ``layer_pos_head`` [L, T, H],
     ``layer_head_pos`` [L, H, T] (T the destination for the pattern),
-    ``layer_head_dest_src`` [L, H, T, T] (pattern only). ``batch_size``: patched runs per
+    ``layer_head_dest_src`` [L, H, T, T] (pattern only); for k and v the head axis counts
+    the G = n_kv_heads key/value heads (a grouped-query model's k and v are per group, each
+    read by H/G query heads). ``batch_size``: patched runs per
     batch (default: as many as fit in a quarter of the free memory).
 
     >>> from glassgpt.model import GPTConfig
@@ -116,6 +119,11 @@ def activation_patch(
         )
     if site == "mlp_out" and model.config.attn_only:
         raise GlassError("site 'mlp_out': this model is attention-only (it has no MLP)")
+    if site == "resid_mid" and model.config.parallel_residual:
+        raise GlassError(
+            "site 'resid_mid': this model's blocks are parallel (x + Attn(N₁x) + MLP(N₂x)), "
+            "so there is no residual stream between attention and MLP; patch resid_pre"
+        )
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise GlassError(f"batch_size must be a positive integer, got {batch_size!r}")
     tokens = as_batch(model, corrupted_tokens)
@@ -125,8 +133,8 @@ def activation_patch(
     _check_lengths(clean[0], tokens, pos_axis)
     with evaluating(model), torch.no_grad():
         run = _CorruptedRun(model, tokens, name)
-        shape, cells = _cells(by, L, model.config.n_heads, tokens.shape[1], clean, run.site,
-                              pos_axis)  # fmt: skip
+        heads = model.config.kv_heads if site in ("k", "v") else model.config.n_heads
+        shape, cells = _cells(by, L, heads, tokens.shape[1], clean, run.site, pos_axis)
         values = _sweep(model, run, cells, name, pos_axis, clean, metric, batch_size)
     return values.reshape(shape)
 
@@ -276,10 +284,12 @@ def _run_rows(
     """One batch of patched runs from position ``start`` on (rows sorted by layer) → [rows]."""
     B, T = run.tokens.shape
     t = T - start
-    rope = None
+    rope = local = None
+    ref = run.resid[0]
     if model.rotary is not None:
-        ref = run.resid[0]
-        rope = model.rotary(t, start, dtype=ref.dtype, device=ref.device)
+        rope = local = model.rotary(t, start, dtype=ref.dtype, device=ref.device)
+    if model.rotary_local is not None:  # the sliding layers' own base (Gemma)
+        local = model.rotary_local(t, start, dtype=ref.dtype, device=ref.device)
     x: Tensor | None = None
     for layer in range(rows[0].layer, model.config.n_layers):
         new = [c for c in rows if c.layer == layer]
@@ -292,12 +302,13 @@ def _run_rows(
         source = clean[layer].narrow(pos_axis + 1, start, t)  # [B, ..., t, ...]
         hook = _patcher(new, n - len(new), B, start, pos_axis, source)
         point = f"blocks.{layer}.{name}"
+        block = cast(Block, model.blocks[layer])
         with model.hooks({point: hook}) if new else nullcontext():
-            x = cast(Block, model.blocks[layer])(x, rope, kv)
+            x = block(x, local if block.kind == "sliding" else rope, kv)
     assert x is not None
     if model.ln_final is not None:
         x = model.ln_final(x)
-    part = model.unembed(x, model.embed.W_E)  # [n·B, t, n_vocab]
+    part = softcap(model.unembed(x, model.embed.W_E), model.config.final_softcap)  # [n·B, t, V]
     n = len(rows)
     before = run.logits[None, :, :start].expand(n, -1, -1, -1)  # [n, B, start, n_vocab]
     logits = torch.cat([before, part.view(n, B, t, -1)], 2)  # [n, B, T, n_vocab]
@@ -367,14 +378,14 @@ get_act_patch_attn_out = _tl("attn_out", "layer_pos", "Each attention layer's ou
 get_act_patch_mlp_out = _tl("mlp_out", "layer_pos", "Each MLP's output → [L, T].")
 get_act_patch_attn_head_out_by_pos = _tl("z", "layer_pos_head", "Each head's output z by position → [L, T, H].")  # fmt: skip
 get_act_patch_attn_head_q_by_pos = _tl("q", "layer_pos_head", "Each head's queries by position → [L, T, H].")  # fmt: skip
-get_act_patch_attn_head_k_by_pos = _tl("k", "layer_pos_head", "Each head's keys by position → [L, T, H].")  # fmt: skip
-get_act_patch_attn_head_v_by_pos = _tl("v", "layer_pos_head", "Each head's values by position → [L, T, H].")  # fmt: skip
+get_act_patch_attn_head_k_by_pos = _tl("k", "layer_pos_head", "Each key/value head's keys by position → [L, T, G].")  # fmt: skip
+get_act_patch_attn_head_v_by_pos = _tl("v", "layer_pos_head", "Each key/value head's values by position → [L, T, G].")  # fmt: skip
 get_act_patch_attn_head_pattern_by_pos = _tl("pattern", "layer_head_pos", "Each head's pattern by destination → [L, H, T].")  # fmt: skip
 get_act_patch_attn_head_pattern_dest_src_pos = _tl("pattern", "layer_head_dest_src", "Each head's pattern entry → [L, H, T, T].")  # fmt: skip
 get_act_patch_attn_head_out_all_pos = _tl("z", "layer_head", "Each head's output z at every position → [L, H].")  # fmt: skip
 get_act_patch_attn_head_q_all_pos = _tl("q", "layer_head", "Each head's queries at every position → [L, H].")  # fmt: skip
-get_act_patch_attn_head_k_all_pos = _tl("k", "layer_head", "Each head's keys at every position → [L, H].")  # fmt: skip
-get_act_patch_attn_head_v_all_pos = _tl("v", "layer_head", "Each head's values at every position → [L, H].")  # fmt: skip
+get_act_patch_attn_head_k_all_pos = _tl("k", "layer_head", "Each key/value head's keys at every position → [L, G].")  # fmt: skip
+get_act_patch_attn_head_v_all_pos = _tl("v", "layer_head", "Each key/value head's values at every position → [L, G].")  # fmt: skip
 get_act_patch_attn_head_pattern_all_pos = _tl("pattern", "layer_head", "Each head's whole pattern → [L, H].")  # fmt: skip
 
 
@@ -392,10 +403,11 @@ def get_act_patch_attn_head_all_pos_every(
     model: GPT, corrupted_tokens: Tensor, clean_cache: ActivationCache, metric: MetricFn,
     *, batch_size: int | None = None,
 ) -> Tensor:  # fmt: skip
-    """Each head's output, queries, keys, values and pattern at every position → [5, L, H]."""
-    return torch.stack([activation_patch(model, corrupted_tokens, clean_cache, metric, s,
-                                         by="layer_head", batch_size=batch_size)
-                        for s in HEAD_SITES])  # fmt: skip
+    """Each head's output, queries, keys, values and pattern at every position → [5, L, H]
+    (grouped-query: head h's keys and values are its group's, the group's value repeated)."""
+    return torch.stack([_per_query_head(model, s, activation_patch(
+        model, corrupted_tokens, clean_cache, metric, s, by="layer_head", batch_size=batch_size))
+        for s in HEAD_SITES])  # fmt: skip
 
 
 def get_act_patch_attn_head_by_pos_every(
@@ -403,10 +415,18 @@ def get_act_patch_attn_head_by_pos_every(
     *, batch_size: int | None = None,
 ) -> Tensor:  # fmt: skip
     """Each head's output, queries, keys, values (by position) and pattern (by destination)
-    → [5, L, T, H]."""
-    return torch.stack([activation_patch(model, corrupted_tokens, clean_cache, metric, s,
-                                         by="layer_pos_head", batch_size=batch_size)
-                        for s in HEAD_SITES])  # fmt: skip
+    → [5, L, T, H] (grouped-query: as in get_act_patch_attn_head_all_pos_every)."""
+    return torch.stack([_per_query_head(model, s, activation_patch(
+        model, corrupted_tokens, clean_cache, metric, s, by="layer_pos_head",
+        batch_size=batch_size)) for s in HEAD_SITES])  # fmt: skip
+
+
+def _per_query_head(model: GPT, site: str, values: Tensor) -> Tensor:
+    """k or v values over the G key/value heads (last axis) repeated for the H/G query heads
+    that read each; other sites as they are."""
+    if site not in ("k", "v"):
+        return values
+    return values.repeat_interleave(model.config.n_heads // model.config.kv_heads, -1)
 
 
 _named(**{n: f for n, f in list(globals().items()) if n.startswith("get_act_patch_") and f.__name__ == "patch"})  # fmt: skip

@@ -49,7 +49,8 @@ class MLP:
 
 @dataclass(frozen=True)
 class Receiver:
-    """The ``input`` (q, k or v) of head ``head`` at layer ``layer``."""
+    """The ``input`` (q, k or v) of head ``head`` at layer ``layer`` (under grouped-query
+    attention head h's k and v are its group's, h // (H/G), shared with the group's heads)."""
 
     layer: int
     head: int
@@ -255,6 +256,8 @@ def _receiver_run(
     by_name: dict[str, list[int | None]] = {}
     for r in receivers:
         head = r.head if isinstance(r, Receiver) else None
+        if head is not None and r.input in ("k", "v"):  # type: ignore[union-attr]
+            head //= model.config.n_heads // model.config.kv_heads  # its key/value group
         by_name.setdefault(_input_name(r, L), []).append(head)
 
     def patch(t: Tensor, name: str) -> Tensor:

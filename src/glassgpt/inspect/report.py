@@ -28,6 +28,7 @@ from glassgpt.inspect.circuits import (
     copying_scores,
     ov_circuit,
     qk_circuit,
+    shown_distance,
 )
 from glassgpt.inspect.heads import HeadScores, head_scores
 from glassgpt.inspect.lens import direct_logit_attribution, logit_lens
@@ -272,14 +273,18 @@ def _composition(model: GPT) -> str:
 def _circuits(model: GPT, tokenizer: Any, ids: list[int], layer: int, head: int) -> str:
     uniq = list(dict.fromkeys(ids))[:40]
     texts = [fig.token_label(t) for t in token_texts(tokenizer, uniq)]
-    qk = qk_circuit(model, layer, head)
+    distance = shown_distance(model)
+    qk = qk_circuit(model, layer, head, distance=distance)
     ov = ov_circuit(model, layer, head)
     name = f"L{layer}H{head}"
+    at = "" if distance is None else (
+        f" (RoPE: the score depends on the query–key distance; shown at distance {distance})"
+    )  # fmt: skip
     parts = [
         P.note(
             f"Head {name}, from its weights alone, restricted to the prompt's distinct tokens. "
-            "QK[a, b]: score of query token a on key token b; OV[b, c]: logit of c written "
-            "per unit of attention on token b."
+            f"QK[a, b]: score of query token a on key token b{at}; OV[b, c]: logit of c "
+            "written per unit of attention on token b."
         )
     ]
     for title, m in ((f"{name} QK circuit", qk), (f"{name} OV circuit", ov)):

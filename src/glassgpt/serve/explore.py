@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt
 
 from glassgpt.errors import GlassError
 from glassgpt.inspect.cache import evaluating, run_with_cache
-from glassgpt.inspect.circuits import ov_circuit, qk_circuit
+from glassgpt.inspect.circuits import ov_circuit, qk_circuit, shown_distance
 from glassgpt.inspect.heads import head_scores
 from glassgpt.inspect.lens import direct_logit_attribution, unembed
 from glassgpt.inspect.report import encode_prompt
@@ -202,7 +202,8 @@ class Explorer:
         out: dict[str, Any] = {"layer": ask.layer, "head": ask.head, "step": ask.step}
         model = self.model_at(ask.step)
         with self.lock, torch.no_grad():
-            for name, m in (("qk", qk_circuit(model, ask.layer, ask.head)),
+            qk = qk_circuit(model, ask.layer, ask.head, distance=shown_distance(model))
+            for name, m in (("qk", qk),
                             ("ov", ov_circuit(model, ask.layer, ask.head))):  # fmt: skip
                 pairs = m.top_pairs(10, rows=uniq)
                 a = token_texts(self.tok, [r for r, _, _ in pairs])
@@ -235,7 +236,8 @@ class Explorer:
         if self._scores is None:
             with self.lock, torch.no_grad():
                 s = head_scores(self.model, batch=4)
-                qk_circuit(self.model, 0, 0).top_pairs(1, rows=[0])  # warm: the first costs ~1 s
+                qk = qk_circuit(self.model, 0, 0, distance=shown_distance(self.model))
+                qk.top_pairs(1, rows=[0])  # warm: the first costs ~1 s
             self._scores = {k: v.tolist() for k, v in s.as_dict().items()}
         cfg = self.model.config
         return {"model": self.state.name, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,

@@ -8,7 +8,12 @@
 The folder (``config.json`` of the preset's shape, written by glassgpt's HF export, and one
 ``model.safetensors`` of random bf16 weights, the tied W_U once, as the hub's file is) is
 written once. Each repeat then starts one Python process per loader, in an order that flips
-each repeat, so both meet the same page cache and the same load on the machine. Printed:
+each repeat, so all meet the same page cache and the same load on the machine. The loaders:
+``glassgpt`` is ``open_run(folder, dtype="bf16")``, what ``-c`` and ``glassgpt.load`` do: the
+weights read into bf16, then cast for inference (``glassgpt.model.precision.cast``: on a CPU
+it registers the decoding kernels' packed copies of the projections); ``from_hf`` is the
+read alone, ``from_hf(folder, dtype=None)``; ``transformers`` is
+``AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)``. Printed:
 
 - ``load s``: the load alone, timed inside the child, after its imports;
 - ``process s``: the child's whole wall time (interpreter, imports, load), timed outside;
@@ -45,12 +50,16 @@ def rss():
 import torch
 if kind == "glassgpt":
     from glassgpt.checkpoint import open_run
+elif kind == "from_hf":
+    from glassgpt.interop import from_hf
 else:
     import transformers
 base = rss()
 start = time.perf_counter()
 if kind == "glassgpt":
     model = open_run(folder, dtype="bf16").model
+elif kind == "from_hf":
+    model = from_hf(folder, dtype=None)  # as stored (bf16), without the inference packing
 else:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
 seconds = time.perf_counter() - start
@@ -122,9 +131,9 @@ def main() -> None:
             print(f"wrote {folder} in {time.perf_counter() - start:.0f} s", flush=True)
         size = (folder / "model.safetensors").stat().st_size
         print(f"{args.preset}: model.safetensors {size / 2**30:.2f} GiB (bf16)", flush=True)
-        runs: dict[str, list[dict]] = {"glassgpt": [], "transformers": []}
+        runs: dict[str, list[dict]] = {"glassgpt": [], "from_hf": [], "transformers": []}
         for r in range(args.repeats):
-            order = ["glassgpt", "transformers"][:: 1 if r % 2 == 0 else -1]
+            order = list(runs)[:: 1 if r % 2 == 0 else -1]
             for kind in order:
                 runs[kind].append(load_once(kind, folder))
                 got = runs[kind][-1]
@@ -141,9 +150,10 @@ def main() -> None:
         own = statistics.median(x["peak"] - x["base"] for x in rows)
         print(f"| {kind} | {med[kind]['load_s']:.2f} | {med[kind]['wall_s']:.2f} | "
               f"{peak / 2**30:.2f} | {peak / size:.2f} | {own / size:.2f} |")  # fmt: skip
-    ratio = med["transformers"]["load_s"] / med["glassgpt"]["load_s"]
-    whole = med["transformers"]["wall_s"] / med["glassgpt"]["wall_s"]
-    print(f"\ntransformers / glassgpt: load {ratio:.2f}×, process {whole:.2f}×")
+    for kind in ("glassgpt", "from_hf"):
+        ratio = med["transformers"]["load_s"] / med[kind]["load_s"]
+        whole = med["transformers"]["wall_s"] / med[kind]["wall_s"]
+        print(f"transformers / {kind}: load {ratio:.2f}×, process {whole:.2f}×")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """An HF model folder, read and written: ``config.json`` and the weights, one tensor at a time.
 
 A ``save_pretrained`` folder holds ``config.json`` and ``model.safetensors`` (or shards named
-by ``model.safetensors.index.json``, or ``pytorch_model.bin``). :class:`Tensors` opens each
-tensor when it is asked for: ``safe_open`` memory-maps its file, the tensor is a view of
-that map, and the importer copies it once, into glassgpt's layout and dtype, before the next
-one is opened. So the peak memory of a load is the model plus one tensor, never the file and
-the model side by side (``tests/interop/test_hf_memory.py``). ``pytorch_model.bin`` is read
-with ``torch.load(weights_only=True, mmap=True)``: no pickled code runs.
+by ``model.safetensors.index.json``), or ``pytorch_model.bin`` (or shards
+``pytorch_model-0000k-of-0000n.bin`` named by ``pytorch_model.bin.index.json``, as
+transformers 4 wrote them). :class:`Tensors` opens each tensor when it is asked for:
+``safe_open`` (or ``torch.load(mmap=True)``) memory-maps its file, the tensor is a view of
+that map, and the importer copies it once, into glassgpt's layout and dtype, before the map
+is dropped and the next one opened. So the peak memory of a load is the model plus one
+tensor, never the file and the model side by side (``tests/interop/test_hf_memory.py``,
+``test_hf_files_bin.py``). A ``.bin`` is read with ``torch.load(weights_only=True)``: no
+pickled code runs.
 
 :func:`build` makes the GPT from such copies without a second allocation: the model is made
 on the meta device and its parameters are the copies themselves (``assign=True``).
@@ -34,7 +37,8 @@ CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 BIN = "pytorch_model.bin"
-WEIGHT_FILES = (SINGLE, INDEX, BIN)
+BIN_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_FILES = (SINGLE, INDEX, BIN, BIN_INDEX)
 _READ_ERRORS = (
     OSError,
     SafetensorError,
@@ -64,9 +68,9 @@ def read_config(folder: Path) -> dict[str, Any]:
 class Tensors(Mapping[str, Tensor]):
     """The weights of an HF folder (or a state dict), by name, each read when asked for.
 
-    ``files`` maps each name to the safetensors file holding it; ``state`` is an in-memory
-    state dict instead (a model object's, or ``pytorch_model.bin``'s). Reading a name marks it
-    used; :meth:`unused` lists the names nobody asked for.
+    ``files`` maps each name to the file holding it (``.safetensors`` or ``.bin``); ``state``
+    is an in-memory state dict instead (a model object's). Reading a name marks it used;
+    :meth:`unused` lists the names nobody asked for.
     """
 
     def __init__(
@@ -75,28 +79,32 @@ class Tensors(Mapping[str, Tensor]):
     ) -> None:  # fmt: skip
         self._files = dict(files or {})
         self._state = dict(state or {})
+        self._unmapped: dict[Path, dict[str, Tensor]] = {}  # old .bin files, read whole once
         self.where = where
         self.used: set[str] = set()
 
     @classmethod
     def of_folder(cls, folder: Path) -> Tensors:
         """The weights of a ``save_pretrained`` folder (their names; nothing is read yet)."""
-        single, index, bin_path = folder / SINGLE, folder / INDEX, folder / BIN
+        single, bin_path = folder / SINGLE, folder / BIN
         try:
             if single.is_file():
                 with safe_open(single, "pt") as f:
                     return cls(dict.fromkeys(f.keys(), single), where=str(folder))
-            if index.is_file():
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                files = {name: inside(folder, shard, index) for name, shard in weight_map.items()}
-                return cls(files, where=str(folder))
+            for index in (folder / INDEX, folder / BIN_INDEX):
+                if index.is_file():
+                    return cls(_index(folder, index), where=str(folder))
             if bin_path.is_file():
-                return cls(state=_load_bin(bin_path), where=str(folder))
+                state, mapped = _load_bin(bin_path)
+                tensors = cls(dict.fromkeys(state, bin_path), where=str(folder))
+                if not mapped:
+                    tensors._unmapped[bin_path] = state
+                return tensors
         except InputFileError:
             raise
         except _READ_ERRORS as e:
             raise InputFileError(f"{folder}: unreadable weights: {e}") from None
-        raise InputFileError(f"{folder}: no {SINGLE}, {INDEX} or {BIN}")
+        raise InputFileError(f"{folder}: no {SINGLE}, {INDEX}, {BIN} or {BIN_INDEX}")
 
     def __getitem__(self, name: str) -> Tensor:
         if name in self._state:
@@ -104,12 +112,29 @@ class Tensors(Mapping[str, Tensor]):
             return self._state[name]
         path = self._files[name]  # KeyError for an unknown name, as a Mapping should
         try:
-            with safe_open(path, "pt") as f:  # a map of this tensor alone, gone once copied
-                tensor = f.get_tensor(name)
+            if path.suffix == ".bin":
+                tensor = self._from_bin(path, name)
+            else:
+                with safe_open(path, "pt") as f:  # a map of this tensor alone, gone once copied
+                    tensor = f.get_tensor(name)
+        except InputFileError:
+            raise
         except _READ_ERRORS as e:
             raise InputFileError(f"{path}: unreadable weights: {e}") from None
         self.used.add(name)
         return tensor
+
+    def _from_bin(self, path: Path, name: str) -> Tensor:
+        """One tensor of a ``.bin``: the file mapped anew and only this tensor kept, so the map
+        (and the pages the copy touched) goes with it, as a safetensors tensor's does."""
+        state = self._unmapped.get(path)
+        if state is None:
+            state, mapped = _load_bin(path)
+            if not mapped:
+                self._unmapped[path] = state
+        if name not in state:
+            raise InputFileError(f"{path}: missing tensor {name} (its index names this file)")
+        return state[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._state or self._files)
@@ -122,19 +147,29 @@ class Tensors(Mapping[str, Tensor]):
         return sorted(n for n in self if n not in self.used and not n.endswith(ignored))
 
 
-def _load_bin(path: Path) -> dict[str, Tensor]:
+def _index(folder: Path, index: Path) -> dict[str, Path]:
+    """name → shard file of a ``*.index.json`` (each shard a plain name inside the folder)."""
+    weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise InputFileError(f"{index}: corrupt: no weight_map")
+    return {name: inside(folder, shard, index) for name, shard in weight_map.items()}
+
+
+def _load_bin(path: Path) -> tuple[dict[str, Tensor], bool]:
+    """A ``.bin``'s state dict, and whether its tensors are views of a memory map (a zip
+    file, as torch ≥ 1.6 writes) rather than read whole (an older file)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state, mapped = torch.load(path, map_location="cpu", weights_only=True, mmap=True), True
     except pickle.UnpicklingError:  # torch's explanation runs to many lines
         raise InputFileError(
             f"{path}: unreadable weights: it holds Python objects beyond plain tensors, which glassgpt never "
             "unpickles; convert it to model.safetensors"
         ) from None
     except RuntimeError:  # an old (not zip) file cannot be memory-mapped
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state, mapped = torch.load(path, map_location="cpu", weights_only=True), False
     if not isinstance(state, dict):
         raise InputFileError(f"{path}: unreadable weights: not a state dict")
-    return state
+    return state, mapped
 
 
 def owned(t: Tensor, dtype: torch.dtype) -> Tensor:

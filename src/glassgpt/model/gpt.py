@@ -191,7 +191,8 @@ class GPT(nn.Module):
         )
         self.hook_final = HookPoint(hooks, "ln_final.out")
         self.unembed = Unembed(config)  # W_U [d_model, n_vocab] unless tied, b_U
-        self.reset_parameters()
+        if not self.embed.W_E.is_meta:  # a meta model's weights are assigned, never drawn
+            self.reset_parameters()
 
     # -- parameters -----------------------------------------------------------------------
     def reset_parameters(self) -> None:

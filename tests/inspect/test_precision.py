@@ -254,6 +254,7 @@ def test_every_public_tensor_function_is_covered() -> None:
         "ablation_hooks",  # through run_ablated
         "next_token_shift",  # Python floats, computed in float64
         "small_gap",  # two Python floats in, a bool out
+        "shown_distance",  # an int from the config
         "get_act_patch_block_every",  # stacks of the sweeps above
         "get_act_patch_attn_head_all_pos_every",
         "get_act_patch_attn_head_by_pos_every",

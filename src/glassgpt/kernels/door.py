@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from glassgpt.kernels import custom_ops
-from glassgpt.kernels.activations import gelu_exact, gelu_tanh
+from glassgpt.kernels.activations import gelu_exact, gelu_tanh, silu
 from glassgpt.kernels.attention_door import attention
 from glassgpt.kernels.bf16 import cache_dtype
 from glassgpt.kernels.checks import id_out_of_range
@@ -42,12 +42,13 @@ from glassgpt.kernels.policy import (
     native_bf16,
 )
 from glassgpt.kernels.replay import Call as ReplayCall
-from glassgpt.kernels.replay import Recorder, StepMode, argmax_at, embed_call
+from glassgpt.kernels.replay import Recorder, StepMode, argmax_at, embed_call, take_rows_call
 from glassgpt.kernels.replay import start as start_recording
 from glassgpt.kernels.replay import stop as stop_recording
 from glassgpt.kernels.rowwise import (
     advance,
     argmax_rows,
+    rope,
     scale_,
     sum_squares,
     write_kv,
@@ -99,9 +100,12 @@ __all__ = [
     "pack_int8",
     "register_custom_ops",
     "rms_norm",
+    "rope",
     "scale_",
+    "silu",
     "start_recording",
     "stop_recording",
+    "take_rows_call",
     "sum_squares",
     "unpack",
     "write_kv",
@@ -158,6 +162,12 @@ OPS: dict[str, Op] = {
         Op("gelu_exact", "activations:gelu_exact", "_rowwise",
            "float32 CPU activations of a training step", PYTORCH,
            "its input only where _rowwise is built, else autograd's"),
+        Op("silu", "activations:silu", "_rowwise",
+           "a decoding step's few float32 CPU rows, no autograd", PYTORCH,
+           "autograd's (the kernel is inference only)"),
+        Op("rope", "rowwise:rope", "_rowwise",
+           "a decoding step's float32 CPU q or k [B, 1, heads, d_head], no autograd (the "
+           "model's own PyTorch rotation otherwise, the same bits)", PYTORCH, INFERENCE),
         Op("layer_norm", "norms:layer_norm", "_rowwise",
            "float32 CPU rows: a decoding step's few, or a training step's", PYTORCH,
            "x̂'s mean and 1/σ per row (the kernel), or autograd's"),

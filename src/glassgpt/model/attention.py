@@ -225,8 +225,6 @@ class Attention(nn.Module):
         if kv is not None:
             offset, mask = kv.offset, kv.mask
             k, v = kv.update(k, v)  # [B, G, offset + T, d_head]
-        if k.shape[1] != H:  # query head h reads group h // (H/G)
-            k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)
         if self.window is not None:
             mask = window_mask(T, k.shape[2], offset, self.window, mask, device=q.device)
         p_drop = self.dropout if self.training else 0.0
@@ -236,8 +234,8 @@ class Attention(nn.Module):
             or self.hook_scores.active
             or self.hook_pattern.active
         ):
-            z = self._explicit(q, k, v, offset, p_drop, mask)  # [B, H, T, d_head]
-        else:
+            z = self._explicit(q, *_repeated(k, v, H), offset, p_drop, mask)  # [B, H, T, d_head]
+        else:  # (the kernel seam reads group h // (H/G) itself)
             z = fused_attention(q, k, v, offset, p_drop, mask)  # [B, H, T, d_head]
         z = self.hook_z(z.transpose(1, 2))  # [B, T, H, d_head]
         out = linear(z.reshape(B, T, H * dh), self.W_O, self.b_O)  # [B, T, d_model]
@@ -311,6 +309,14 @@ class Attention(nn.Module):
             return out
         out = new.sum(2)
         return out if self.b_O is None else out + self.b_O
+
+
+def _repeated(k: Tensor, v: Tensor, H: int) -> tuple[Tensor, Tensor]:
+    """k, v [B, G, T, d_head] with each group repeated H/G times → [B, H, T, d_head] (query
+    head h reads group h // (H/G))."""
+    if k.shape[1] == H:
+        return k, v
+    return k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)
 
 
 def _split_qkv(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any) -> None:

@@ -1,0 +1,91 @@
+"""Replayed decoding steps of the decoder-only families' fields (glassgpt.sample.replay):
+RoPE (full, partial, scaled), RMSNorm, SwiGLU and GeGLU, grouped-query attention, QK-norm,
+the parallel residual, q/k/v biases and Gemma's gains and sandwich norms. The replay makes
+the eager step's compiled calls on its buffers, so its logits equal the eager step's bit for
+bit, step after step as the position (the cache column, the RoPE row) moves; on float32,
+bf16 and int8 weights. What stays eager says so on stderr, naming the field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glassgpt.kernels import rowwise
+from glassgpt.model import GPT
+from glassgpt.model import reference
+from glassgpt.sample.engine import Decoder, _SAID, choose
+from glassgpt.sample.replay import ReplayedStep
+
+from .test_replay import model_of, prefilled, replay_against_eager
+
+pytestmark = pytest.mark.skipif(not rowwise.built(), reason="glassgpt's kernels are not built")
+
+LLAMA = {"positional": "rope", "norm": "rmsnorm", "bias": False, "mlp": "swiglu",
+         "tie_embeddings": True}  # fmt: skip
+FAMILIES = {
+    "llama-rope": LLAMA,
+    "llama-gqa-2to1": {**LLAMA, "n_kv_heads": 2},
+    "llama-gqa-4to1-untied": {**LLAMA, "n_kv_heads": 1, "tie_embeddings": False},
+    "llama3-scaling": {**LLAMA, "n_kv_heads": 2, "rope_scaling": "llama3", "rope_factor": 8.0,
+                       "rope_original_ctx": 16},
+    "linear-scaling": {**LLAMA, "rope_scaling": "linear", "rope_factor": 2.0},
+    "yarn": {**LLAMA, "rope_scaling": "yarn", "rope_factor": 4.0, "rope_original_ctx": 16},
+    "qwen3-qknorm": {**LLAMA, "n_kv_heads": 2, "qk_norm": True, "rope_base": 1e6},
+    "qwen2-qkv-bias": {**LLAMA, "n_kv_heads": 2, "qkv_bias": True},
+    "neox-partial-parallel": {"positional": "rope", "rotary_fraction": 0.25,
+                              "parallel_residual": True, "mlp": "gelu"},
+    "gemma-gains-sandwich": {**LLAMA, "mlp": "geglu", "norm_offset": 1.0, "sandwich_norm": True,
+                             "n_kv_heads": 1, "d_head": 16},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_familys_replayed_steps_equal_its_eager_steps_bit_for_bit(name: str, dtype: str) -> None:
+    model = model_of(dtype, **FAMILIES[name])
+    assert choose(model).kind == "replayed"
+    replay_against_eager(model, steps=30)
+
+
+def test_a_batch_of_grouped_rope_rows_replays_bit_for_bit() -> None:
+    replay_against_eager(model_of(**FAMILIES["qwen3-qknorm"]), batch=3, steps=10)
+
+
+def test_the_replayed_family_step_is_the_function_the_reference_computes() -> None:
+    """Not only equal to the eager step: both are the GPT function (the NumPy float64 oracle),
+    to float32 rounding, with the rows' RoPE angles read from the table at each position."""
+    model = model_of(**FAMILIES["llama3-scaling"])
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, model.config.n_vocab, (1, 20), generator=g)
+    weights = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    decoder = Decoder.start(model, batch_size=1, capacity=32)
+    with torch.inference_mode():
+        model(ids[:, :4], cache=decoder.cache)
+    for t in range(4, 20):
+        got = decoder.step(ids[:, t : t + 1]).clone()
+        want = reference.forward(model.config, weights, ids[0, : t + 1].numpy())[-1]
+        assert torch.allclose(got[0, 0].double(), torch.from_numpy(want), atol=2e-4), t
+    assert decoder.kind == "replayed"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"embed_scale": 2.0}, "embed_scale"),
+        ({"attn_softcap": 20.0}, "attn_softcap"),
+        ({"final_softcap": 30.0}, "final_softcap"),
+        ({"sliding_window": 4}, "sliding_window"),
+    ],
+)
+def test_a_field_the_replay_does_not_cover_is_named_on_stderr(
+    overrides: dict[str, object], field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _SAID.clear()
+    model: GPT = model_of(**{**LLAMA, **overrides})
+    choice = choose(model)
+    assert choice.kind == "eager" and field in choice.why
+    err = capsys.readouterr().err
+    assert "decoding eagerly" in err and field in err
+    cache = prefilled(model, torch.tensor([[1, 2, 3]]))
+    step, _ = ReplayedStep.record(model, cache, torch.tensor([[4]]))
+    assert step is None and field in (ReplayedStep.why_not or "")

@@ -35,7 +35,7 @@ FAMILIES = {
     "neox-partial-parallel": {"positional": "rope", "rotary_fraction": 0.25,
                               "parallel_residual": True, "mlp": "gelu"},
     "gemma-gains-sandwich": {**LLAMA, "mlp": "geglu", "norm_offset": 1.0, "sandwich_norm": True,
-                             "n_kv_heads": 1, "d_head": 16},
+                             "n_kv_heads": 1, "d_head": 16, "embed_scale": 32**0.5},
 }  # fmt: skip
 
 
@@ -71,7 +71,7 @@ def test_the_replayed_family_step_is_the_function_the_reference_computes() -> No
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"embed_scale": 2.0}, "embed_scale"),
+        ({"embed_scale": 2.0, "positional": "learned"}, "embed_scale"),
         ({"attn_softcap": 20.0}, "attn_softcap"),
         ({"final_softcap": 30.0}, "final_softcap"),
         ({"sliding_window": 4}, "sliding_window"),

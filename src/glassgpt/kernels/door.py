@@ -42,7 +42,14 @@ from glassgpt.kernels.policy import (
     native_bf16,
 )
 from glassgpt.kernels.replay import Call as ReplayCall
-from glassgpt.kernels.replay import Recorder, StepMode, argmax_at, embed_call, take_rows_call
+from glassgpt.kernels.replay import (
+    Recorder,
+    StepMode,
+    argmax_at,
+    embed_call,
+    scale_call,
+    take_rows_call,
+)
 from glassgpt.kernels.replay import start as start_recording
 from glassgpt.kernels.replay import stop as stop_recording
 from glassgpt.kernels.rowwise import (
@@ -102,6 +109,7 @@ __all__ = [
     "rms_norm",
     "rope",
     "scale_",
+    "scale_call",
     "silu",
     "start_recording",
     "stop_recording",

@@ -109,6 +109,14 @@ def embed_call(args: tuple[int, ...], positional: tuple[int, ...]) -> Call:
     return (_rowwise.embed, args, positional)
 
 
+def scale_call(address: int, n: int, factor: float) -> Call:
+    """The compiled x ← factor · x over n float32 values at ``address`` (``_rowwise``'s
+    ``scale_many``, one thread: float32(factor) · x, each product rounded once, as PyTorch's
+    float32 tensor times a Python float) as a recorded call: a replayed step's s · W_E[t]."""
+    assert _rowwise is not None
+    return (_rowwise.scale_many, ((address,), (n,), factor, 1), ())
+
+
 def take_rows_call(args: tuple[int, ...], positional: tuple[int, ...]) -> Call:
     """The compiled y[b] = table[p] (``_rowwise.take_rows``: a replayed step's RoPE cos or sin
     at its position) as a recorded call on ``args``, ``positional`` naming what moves with n."""

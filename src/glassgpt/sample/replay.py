@@ -71,16 +71,20 @@ def unreplayable_model(model: GPT) -> str | None:
 # sum or product, or computed from the parameters alone.
 COVERED = frozenset((
     "n_kv_heads", "qkv_bias", "qk_norm", "rotary_fraction", "rope_scaling",
-    "parallel_residual", "norm_offset", "sandwich_norm",
+    "parallel_residual", "norm_offset", "sandwich_norm", "embed_scale",
 ))  # fmt: skip
 
 
 def uncovered(model: GPT) -> str | None:
     """The decoder-only family fields of ``model`` that a replayed step does not cover, in
-    words (None: none). Those outside :data:`COVERED`: x₀ = s · W_E[t] (``embed_scale``),
-    the soft caps and ``attn_scale`` (the explicit attention path, PyTorch operations) and
-    sliding windows (a mask built each step) stay eager."""
-    fields = [f for f in model.config.family_fields() if f not in COVERED]
+    words (None: none). Those outside :data:`COVERED` (the soft caps and ``attn_scale``: the
+    explicit attention path, PyTorch operations; sliding windows: a mask built each step)
+    stay eager, as does ``embed_scale`` beside a position table (x₀ = s · W_E[t] + P[n] is
+    not one recorded call)."""
+    config = model.config
+    fields = [f for f in config.family_fields() if f not in COVERED]
+    if config.embed_scale != 1.0 and model.pos_embed is not None:
+        fields.insert(0, "embed_scale")
     return f"the replayed step does not cover {', '.join(fields)}" if fields else None
 
 
@@ -193,8 +197,11 @@ class ReplayedStep:
              cache.lengths.data_ptr() if per_row else 0),  # row b at lengths[b], or all at n
             () if per_row else (7,),
         )  # fmt: skip
-        angles = _angle_calls(model, cache, ropes, keep)
-        return cls(cache, [embed, *angles, *rec.calls], keep, tokens, logits)
+        calls = [embed]
+        if config.embed_scale != 1.0:  # x₀ = s · W_E[t] (no position table: checked before)
+            calls.append(kernels.scale_call(x0.data_ptr(), x0.numel(), config.embed_scale))
+        calls += _angle_calls(model, cache, ropes, keep)
+        return cls(cache, [*calls, *rec.calls], keep, tokens, logits)
 
     def greedy(self, n_valid: int) -> list[int] | None:
         """Each row's argmax over the first ``n_valid`` logits of the last step (as

@@ -147,8 +147,24 @@ def _few_queries_ok(q: Tensor, k: Tensor, v: Tensor, offset: object, mask: Tenso
     return mask is None or (mask.dtype == torch.bool and mask.ndim == 4)
 
 
+def step_attention(
+    q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor, mask: Tensor | None, *,
+    scale: float | None = None, cap: float | None = None, window: int | None = None,
+) -> Tensor | None:  # fmt: skip
+    """A decoding step's z = softmax(cap(q kᵀ · a) + M) v by the decoding kernel, with the
+    scale a (default 1/√d_head), the soft cap c·tanh(s/c) and a sliding window (query i sees
+    keys offset + i − window < j ≤ offset + i) as its arguments; None where the kernel does
+    not take these inputs (then the caller's explicit path): float32, no autograd, no mask."""
+    if _attend is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return None
+    if mask is not None or not q.is_cpu or not _few_queries_ok(q, k, v, offset, None):
+        return None
+    return few_queries(q, k, v, offset, None, scale=scale, cap=cap, window=window)
+
+
 def few_queries(
-    q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor = 0, mask: Tensor | None = None
+    q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor = 0, mask: Tensor | None = None, *,
+    scale: float | None = None, cap: float | None = None, window: int | None = None,
 ) -> Tensor:
     """z = softmax(q kᵀ/√d_head + M) v by ``glassgpt.kernels._attend`` (float32, no autograd):
     q [B, H, T_q, d_head], k, v [B, G, T_k, d_head] (query head h reads h // (H/G)), any
@@ -174,7 +190,7 @@ def few_queries(
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if m is None else m.data_ptr(),
             z.data_ptr(), B, H, Tq, Tk, D, 0 if rows else offset, strides,
             torch.get_num_threads(), offset.data_ptr() if rows else 0,  # type: ignore[union-attr]
-            H // k.shape[1])  # fmt: skip
+            H // k.shape[1], scale or 0.0, cap or 0.0, window or 0)  # fmt: skip
     _attend.attend(*args)
     if replay.RECORDING:
         if m is not None:  # a mask's keys do not move with the position

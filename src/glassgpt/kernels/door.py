@@ -24,7 +24,7 @@ from typing import Any
 
 from glassgpt.kernels import custom_ops
 from glassgpt.kernels.activations import gelu_exact, gelu_tanh, silu
-from glassgpt.kernels.attention_door import attention
+from glassgpt.kernels.attention_door import attention, step_attention
 from glassgpt.kernels.bf16 import cache_dtype
 from glassgpt.kernels.checks import id_out_of_range
 from glassgpt.kernels.dense import has_small_batch_kernel, is_packed, matmul, pack, unpack
@@ -112,6 +112,7 @@ __all__ = [
     "scale_call",
     "silu",
     "start_recording",
+    "step_attention",
     "stop_recording",
     "take_rows_call",
     "sum_squares",
@@ -159,6 +160,9 @@ OPS: dict[str, Op] = {
            "causal training attention with small heads goes to _flash",
            "glassgpt::causal_attention once registered, else " + PYTORCH,
            "q, k, v, z and P where T ≤ 4 d_head, else the row log-sum-exps"),
+        Op("step_attention", "attention_door:step_attention", "_attend",
+           "a decoding step's float32 queries with a scale, soft cap or sliding window, no "
+           "mask, no autograd (else None: the model's explicit path)", PYTORCH, INFERENCE),
         Op("causal_attention", "flash:causal_attention", "_flash",
            "float32 CPU q, k, v of one [B, H, T, d_head] shape",
            "glassgpt::causal_attention (registered)",

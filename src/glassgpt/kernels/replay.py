@@ -12,7 +12,8 @@ embedding. A :class:`Recorder` collects that sequence while one step runs eagerl
 - every PyTorch operation of the step passes through :class:`StepMode`, which keeps every
   tensor the step allocates alive (so that the addresses stay valid), lets views and
   allocations through, records a float32 ``a + b`` (``a * b``) of two contiguous tensors of
-  one shape as ``_rowwise.add`` (``_rowwise.mul``), lets through an operation that reads only
+  one shape as ``_rowwise.add`` (``_rowwise.mul``), a tensor's division, product or tanh by
+  numbers as PyTorch's own kernel into the same buffer, lets through an operation that reads only
   constants (the model's parameters, or what such operations made of them, say Gemma's
   gain 1 + w: the same at every step, so computed once), and marks the recording unusable
   on anything else (it then names the operation).
@@ -165,6 +166,9 @@ class StepMode(TorchDispatchMode):
         if self._of_constants(args, kwargs) and isinstance(out, torch.Tensor):
             self.constants.add(out.untyped_storage().data_ptr())  # (kept alive above)
             return out
+        if func in _POINTWISE and _plain_pointwise(args, kwargs, out):
+            rec.add(_pytorch_out(_POINTWISE[func], args, out), ())
+            return out
         rec.fail(f"aten.{name}")
         return out
 
@@ -178,6 +182,36 @@ class StepMode(TorchDispatchMode):
 
 
 _ELEMENTWISE = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
+# A tensor and numbers in, replayed by PyTorch's own kernel into the recorded buffer (the
+# same bits): a soft cap's c · tanh(z / c) on the logits.
+_POINTWISE = {
+    torch.ops.aten.div.Tensor: torch.ops.aten.div.out,
+    torch.ops.aten.mul.Tensor: torch.ops.aten.mul.out,
+    torch.ops.aten.tanh.default: torch.ops.aten.tanh.out,
+}
+
+
+def _plain_pointwise(args: Any, kwargs: Any, out: Any) -> bool:
+    """Whether the op reads one contiguous float32 CPU tensor of the output's shape and
+    numbers (no other tensor)."""
+    if kwargs or not args or not isinstance(out, torch.Tensor):
+        return False
+    x, *rest = args
+    return (
+        isinstance(x, torch.Tensor) and x.dtype is torch.float32 and x.is_cpu
+        and x.is_contiguous() and x.shape == out.shape and out.is_contiguous()
+        and all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rest)
+    )  # fmt: skip
+
+
+def _pytorch_out(op: Any, args: Any, out: torch.Tensor) -> Callable[[], Any]:
+    """op(*args, out=out) in inference mode (the recording's buffers are inference tensors)."""
+
+    def call() -> None:
+        with torch.inference_mode():
+            op(*args, out=out)
+
+    return call
 
 
 def _plain_sum(args: Any, kwargs: Any, out: Any) -> bool:

@@ -71,16 +71,15 @@ def unreplayable_model(model: GPT) -> str | None:
 # sum or product, or computed from the parameters alone.
 COVERED = frozenset((
     "n_kv_heads", "qkv_bias", "qk_norm", "rotary_fraction", "rope_scaling",
-    "parallel_residual", "norm_offset", "sandwich_norm", "embed_scale",
+    "parallel_residual", "norm_offset", "sandwich_norm", "embed_scale", "attn_softcap",
+    "final_softcap", "attn_scale", "sliding_window", "layer_types", "rope_local_base",
 ))  # fmt: skip
 
 
 def uncovered(model: GPT) -> str | None:
     """The decoder-only family fields of ``model`` that a replayed step does not cover, in
-    words (None: none). Those outside :data:`COVERED` (the soft caps and ``attn_scale``: the
-    explicit attention path, PyTorch operations; sliding windows: a mask built each step)
-    stay eager, as does ``embed_scale`` beside a position table (x₀ = s · W_E[t] + P[n] is
-    not one recorded call)."""
+    words (None: none): ``embed_scale`` beside a position table (x₀ = s · W_E[t] + P[n] is
+    not one recorded call); fields outside :data:`COVERED`, if any."""
     config = model.config
     fields = [f for f in config.family_fields() if f not in COVERED]
     if config.embed_scale != 1.0 and model.pos_embed is not None:

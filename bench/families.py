@@ -43,12 +43,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/generate.py's helpers
-from generate import REPO, hf_call, measure, ours_call, prefix_agreement, step_ms  # noqa: E402
-
-from glassgpt.interop import to_hf  # noqa: E402
-from glassgpt.model import GPT, GPTConfig  # noqa: E402
-from glassgpt.model.precision import cast  # noqa: E402
-from glassgpt.sample.replay import ReplayedStep  # noqa: E402
+from generate import REPO, hf_call, measure, ours_call, prefix_agreement, step_ms
+from glassgpt.interop import to_hf
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.model.precision import cast
+from glassgpt.sample.replay import ReplayedStep
 
 LLAMA = {"positional": "rope", "norm": "rmsnorm", "bias": False, "mlp": "swiglu",
          "tie_embeddings": True, "n_ctx": 2048}  # fmt: skip
@@ -104,7 +103,9 @@ def write_tokenizer(folder: Path) -> None:
 def find_converter(roots: list[Path]) -> Path | None:
     """llama.cpp's convert_hf_to_gguf.py in a llama-cpp-python sdist under one of ``roots``."""
     for root in roots:
-        hits = sorted(root.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py")) if root.is_dir() else []
+        hits = (
+            sorted(root.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py")) if root.is_dir() else []
+        )
         if hits:
             return hits[0]
     return None
@@ -236,7 +237,9 @@ def table(name: str, args: argparse.Namespace, work: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
+    p.add_argument(
+        "--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES)
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens")

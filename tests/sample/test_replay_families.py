@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from glassgpt.kernels import rowwise
-from glassgpt.model import GPT
-from glassgpt.model import reference
-from glassgpt.sample.engine import Decoder, _SAID, choose
+from glassgpt.model import GPT, reference
+from glassgpt.sample.engine import _SAID, Decoder, choose
 from glassgpt.sample.replay import ReplayedStep
 
 from .test_replay import model_of, prefilled, replay_against_eager

@@ -10,8 +10,7 @@
  *   mul(a, b, y, n)    y = a ⊙ b (the gated MLP's product)
  *
  * The rotation rounds each product, then the sum (no fused multiply-add): the bits of
- * PyTorch's complex product and of its pair-by-pair form, so that a step computes the same
- * whichever of the two ran. silu with AVX2 + FMA takes exp8 (_vexp.h), a few float32 ulps
+ * PyTorch's pair-by-pair form (its complex product fuses some multiply-adds: an ulp away). silu with AVX2 + FMA takes exp8 (_vexp.h), a few float32 ulps
  * from libm's expf in the portable loop; both differ from PyTorch's F.silu in rounding only.
  * One thread, the GIL held. Include once, from _rowwise.c (after _vexp.h and _module.h).
  */

@@ -163,8 +163,15 @@ def step_attention(
 
 
 def few_queries(
-    q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor = 0, mask: Tensor | None = None, *,
-    scale: float | None = None, cap: float | None = None, window: int | None = None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    offset: int | Tensor = 0,
+    mask: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    cap: float | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """z = softmax(q kᵀ/√d_head + M) v by ``glassgpt.kernels._attend`` (float32, no autograd):
     q [B, H, T_q, d_head], k, v [B, G, T_k, d_head] (query head h reads h // (H/G)), any

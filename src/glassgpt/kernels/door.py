@@ -114,8 +114,8 @@ __all__ = [
     "start_recording",
     "step_attention",
     "stop_recording",
-    "take_rows_call",
     "sum_squares",
+    "take_rows_call",
     "unpack",
     "write_kv",
     "write_kv_rows",
@@ -179,7 +179,7 @@ OPS: dict[str, Op] = {
            "autograd's (the kernel is inference only)"),
         Op("rope", "rowwise:rope", "_rowwise",
            "a decoding step's float32 CPU q or k [B, 1, heads, d_head], no autograd (the "
-           "model's own PyTorch rotation otherwise, the same bits)", PYTORCH, INFERENCE),
+           "model's own PyTorch rotation otherwise: an ulp apart at most)", PYTORCH, INFERENCE),
         Op("layer_norm", "norms:layer_norm", "_rowwise",
            "float32 CPU rows: a decoding step's few, or a training step's", PYTORCH,
            "x̂'s mean and 1/σ per row (the kernel), or autograd's"),

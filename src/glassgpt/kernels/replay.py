@@ -176,9 +176,7 @@ class StepMode(TorchDispatchMode):
         """Whether every tensor among the arguments is a constant (and there is one)."""
         tensors = [t for t in (*args, *(kwargs or {}).values()) if isinstance(t, torch.Tensor)]
         constants = self.constants
-        return bool(tensors) and all(
-            t.untyped_storage().data_ptr() in constants for t in tensors
-        )
+        return bool(tensors) and all(t.untyped_storage().data_ptr() in constants for t in tensors)
 
 
 _ELEMENTWISE = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)

@@ -317,8 +317,9 @@ def advance(lengths: Tensor, B: int, T: int) -> None:
 def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor | None:
     """x [B, 1, heads, d_head] with each pair (a, b) = (x_2i, x_2i+1), 2i < r, rotated to
     (a c − b s, a s + b c) by cos, sin [1, r/2] or per row [B, 1, r/2]; dimensions ≥ r copied.
-    A new contiguous tensor; None where the kernel does not take these (then PyTorch's
-    operations: the same bits, each product rounded before the sum)."""
+    A new contiguous tensor (each product rounded before the sum: the bits of PyTorch's
+    pair-by-pair form, an ulp from its complex product); None where the kernel does not take
+    these (then PyTorch's operations)."""
     if _rowwise is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
         return None
     if x.dtype is not torch.float32 or not x.is_cpu or x.ndim != 4 or x.shape[1] != 1:

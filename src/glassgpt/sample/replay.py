@@ -23,10 +23,12 @@ padding or a server's slots (``glassgpt.serve.slots.SlotCache``, whose rows each
 own length n_b: its compiled calls read the lengths when they run), no hooks, float32
 activations, the decoder-only families' fields in :data:`COVERED` (grouped-query attention
 read in place, QK-norm, partial and scaled RoPE, the parallel residual, q/k/v biases,
-Gemma's 1 + w gains and sandwich norms), and every operation of the blocks a compiled
-kernel, a view, an allocation, a float32 residual sum or gated product, or one computed
-from the parameters alone (anything else, say a ReLU MLP, leaves decoding eager;
-:attr:`why_not` names it). Prompts (several tokens) always run eagerly.
+sliding windows, and Gemma's embedding scale, 1 + w gains, sandwich norms, soft caps and
+attention scale), and every operation of the blocks a compiled kernel, a view, an
+allocation, a float32 residual sum or gated product, one computed from the parameters alone,
+or a tensor's tanh, product or division by numbers (the final soft cap, replayed by
+PyTorch's own kernel); anything else, say a ReLU MLP, leaves decoding eager
+(:attr:`why_not` names it). Prompts (several tokens) always run eagerly.
 """
 
 from __future__ import annotations

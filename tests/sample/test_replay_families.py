@@ -12,9 +12,12 @@ import pytest
 import torch
 
 from glassgpt.kernels import rowwise
-from glassgpt.model import GPT, reference
+from glassgpt.model import GPT, GPTConfig, reference
+from glassgpt.model.layers import Rotary
+from glassgpt.sample.cache import KVCache
 from glassgpt.sample.engine import _SAID, Decoder, choose
-from glassgpt.sample.replay import ReplayedStep
+from glassgpt.sample.replay import ReplayedStep, angle_tables
+from glassgpt.serve.slots import SlotCache
 
 from .test_replay import model_of, prefilled, replay_against_eager
 
@@ -97,3 +100,55 @@ def test_a_field_the_replay_does_not_cover_is_named_on_stderr(
     cache = prefilled(model, torch.tensor([[1, 2, 3]]))
     step, _ = ReplayedStep.record(model, cache, torch.tensor([[4]]))
     assert step is None and field in (ReplayedStep.why_not or "")
+
+
+@pytest.mark.parametrize(
+    ("d_head", "fraction", "scaling"),
+    [(64, 1.0, "none"), (128, 1.0, "none"), (64, 0.25, "none"), (10, 1.0, "none"),
+     (6, 1.0, "none"), (64, 1.0, "llama3"), (32, 1.0, "yarn"), (16, 1.0, "linear")],
+)  # fmt: skip
+def test_the_angle_tables_rows_are_the_eager_steps_bits(
+    d_head: int, fraction: float, scaling: str
+) -> None:
+    """The replay's RoPE table, computed in one call, against the eager step's rows
+    ``rotary(1, p)`` at every position: equal bits (odd r/2 included)."""
+    config = GPTConfig(n_vocab=10, n_ctx=600, d_model=2 * d_head, n_heads=2, positional="rope",
+                       rotary_fraction=fraction, rope_scaling=scaling, rope_factor=8.0,
+                       rope_original_ctx=64, rope_base=1e6)  # type: ignore[arg-type]  # fmt: skip
+    rotary = Rotary(config)
+    cos, sin = angle_tables(rotary, 600)
+    for p in range(600):
+        c, s = rotary(1, p, dtype=torch.float32)
+        assert torch.equal(cos[p : p + 1], c) and torch.equal(sin[p : p + 1], s), p
+
+
+@pytest.mark.parametrize("name", ["qwen3-qknorm", "gemma3-local-base", "gemma2-softcaps-window"])
+def test_replayed_slot_steps_of_a_family_equal_eager_ones_and_whole_sequences(name: str) -> None:
+    """A server's slots (each row at its own length: its own RoPE row and window): the
+    replayed step equals the eager one bit for bit, and each row the whole sequence's
+    forward to float32 rounding."""
+    model = model_of(**FAMILIES[name])
+    g = torch.Generator().manual_seed(2)
+    V = model.config.n_vocab
+    seqs = [torch.randint(0, V, (n,), generator=g).tolist() for n in (3, 11, 1)]
+    mine, theirs = SlotCache.for_model(model, slots=4), SlotCache.for_model(model, slots=4)
+    with torch.inference_mode():
+        for cache in (mine, theirs):
+            for b, s in enumerate(seqs):
+                pre = KVCache.for_model(model, 1, len(s))
+                model(torch.tensor([s]), cache=pre)
+                cache.load(b, pre)
+        step = None
+        for _ in range(8):
+            new = torch.randint(0, V, (3, 1), generator=g)
+            if step is None:
+                step, got = ReplayedStep.record(model, mine, new)
+                assert step is not None, ReplayedStep.why_not
+            else:
+                got = step(new)
+            assert torch.equal(got, model(new, cache=theirs))
+            for b, t in enumerate(new[:, 0].tolist()):
+                seqs[b].append(t)
+                whole = model(torch.tensor([seqs[b]]))[0, -1]
+                torch.testing.assert_close(got[b, -1], whole, atol=2e-5, rtol=1e-4)
+    assert mine.lengths[:3].tolist() == [len(s) for s in seqs]

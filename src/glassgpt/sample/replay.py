@@ -272,7 +272,7 @@ def _angle_calls(
         local = model.rotary_local is not None and block.kind == "sliding"  # type: ignore[union-attr]
         rotary = model.rotary_local if local else model.rotary
         assert rotary is not None
-        tables = _angle_tables(rotary, cache.capacity)
+        tables = angle_tables(rotary, cache.capacity)
         keep += [cos, sin, *tables]
         half = cos.shape[-1]
         rows = cos.numel() // half
@@ -285,14 +285,13 @@ def _angle_calls(
     return calls
 
 
-def _angle_tables(rotary: Any, capacity: int) -> tuple[Tensor, Tensor]:
-    """cos, sin [capacity, r/2] float32: row p as the eager step computes it at position p
-    (``rotary(1, p)``, one row at a time, so that every row has the eager step's bits)."""
-    rows = [rotary(1, p, dtype=torch.float32) for p in range(capacity)]
+def angle_tables(rotary: Any, capacity: int) -> tuple[Tensor, Tensor]:
+    """cos, sin [capacity, r/2] float32, row p what the eager step computes at position p
+    (``rotary(1, p)``): the same elementwise float64 angles, cosines and rounding, computed
+    for all positions in one call (tests check every row's bits against the eager rows)."""
     with torch.inference_mode(False):
-        cos = torch.cat([c for c, _ in rows]).contiguous()
-        sin = torch.cat([s for _, s in rows]).contiguous()
-    return cos, sin
+        cos, sin = rotary(capacity, 0, dtype=torch.float32)
+    return cos.contiguous(), sin.contiguous()
 
 
 def _per_row(cache: Any) -> bool:

@@ -152,3 +152,19 @@ def test_replayed_slot_steps_of_a_family_equal_eager_ones_and_whole_sequences(na
                 whole = model(torch.tensor([seqs[b]]))[0, -1]
                 torch.testing.assert_close(got[b, -1], whole, atol=2e-5, rtol=1e-4)
     assert mine.lengths[:3].tolist() == [len(s) for s in seqs]
+
+
+@pytest.mark.parametrize("name", ["qwen3-qknorm", "gemma2-softcaps-window"])
+def test_a_bf16_family_model_decodes_eagerly_what_its_forward_gives(name: str) -> None:
+    """bf16 weights take the eager engine (as GPT-2's do); its steps over the cache (grouped
+    heads repeated by the kernel seam, PyTorch's rotation) give the whole forward's logits."""
+    model = model_of("bf16", **FAMILIES[name])
+    assert choose(model).why == "the model is not float32 on a CPU"
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    decoder = Decoder.start(model, batch_size=1, capacity=16)
+    with torch.inference_mode():
+        model(ids[:, :2], cache=decoder.cache)
+        for t in range(2, 5):
+            got = decoder.step(ids[:, t : t + 1]).float()
+            whole = model(ids[:, : t + 1])[:, -1:].float()
+            torch.testing.assert_close(got, whole, atol=0.03, rtol=0.03)

@@ -16,7 +16,7 @@ batch 1, a 16-token prompt, greedy decoding to exactly --new-tokens tokens. Engi
 - llama.cpp through ``llama_cpp`` (llama-cpp-python) on GGUF files written by llama.cpp's own
   ``convert_hf_to_gguf.py`` from that folder (F32, F16, Q8_0 beside float32, bf16, int8); the
   converter is looked for under --llama-src (the llama-cpp-python sdist's vendor/llama.cpp).
-  The folder gets a byte-level BPE tokenizer of 256 tokens (the converter needs one; ids
+  The folder gets a byte-level BPE tokenizer of 264 tokens (the converter needs one; ids
   past it are padding tokens in the GGUF vocabulary), and the converter is told its
   pre-tokenizer by name (``smollm`` / ``qwen2``): it recognises only the published ones by
   hash. A peer that does not import or convert is skipped with the reason printed.
@@ -86,12 +86,16 @@ def random_model(config: dict[str, Any]) -> GPT:
 
 
 def write_tokenizer(folder: Path) -> None:
-    """A byte-level BPE tokenizer of the 256 byte tokens (no merges), for the converter."""
+    """A byte-level BPE tokenizer of the 256 byte tokens and a few merges (llama.cpp refuses
+    a BPE vocabulary without merges), for the converter."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
     vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    merges = [("Ġ", ch) for ch in "taoswcbp"]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.save(str(folder / "tokenizer.json"))
@@ -134,12 +138,16 @@ def convert(converter: Path, folder: Path, pre: str, outtype: str, out: Path) ->
     return None
 
 
+OPEN: list[Any] = []  # llama.cpp models, closed before exit (their finalizers fail at shutdown)
+
+
 def llama_engine(path: Path, threads: int) -> Any:
     """fn(prompts [1, T], n) → the n greedy ids from llama.cpp (prompt evaluated every call)."""
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=threads,
                           n_threads_batch=threads, n_batch=64, verbose=False)  # fmt: skip
+    OPEN.append(llm)
 
     def call(prompts: torch.Tensor, n: int) -> list[list[int]]:
         ids: list[int] = []
@@ -256,11 +264,16 @@ def main() -> None:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{cpu_line()}\ntorch {torch.__version__}, {args.threads} threads, load average {load}; "
           f"targets: ≥ 2× transformers, ≥ 1.2× llama.cpp at each precision")  # fmt: skip
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            p.error(f"--shapes: unknown shape {name!r}; known: {', '.join(SHAPES)}")
     with tempfile.TemporaryDirectory(prefix="glassgpt-families-") as tmp:
-        for name in args.shapes.split(","):
-            if name not in SHAPES:
-                p.error(f"--shapes: unknown shape {name!r}; known: {', '.join(SHAPES)}")
-            table(name, args, Path(tmp))
+        try:
+            for name in args.shapes.split(","):
+                table(name, args, Path(tmp))
+        finally:
+            for llm in OPEN:
+                llm.close()
 
 
 if __name__ == "__main__":

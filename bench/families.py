@@ -151,6 +151,7 @@ def llama_engine(path: Path, threads: int) -> Any:
 
     def call(prompts: torch.Tensor, n: int) -> list[list[int]]:
         ids: list[int] = []
+        llm.reset()  # else generate keeps the cached prompt prefix: no prompt evaluated
         for tok in llm.generate(prompts[0].tolist(), temp=0.0, top_k=1, reset=True):
             ids.append(tok)
             if len(ids) == n:

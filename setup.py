@@ -5,7 +5,7 @@
 - ``glassgpt.kernels._attend``: attention for a few queries over a KV cache (decoding);
 - ``glassgpt.kernels._int8``: the int8 weight-only product for decoding;
 - ``glassgpt.kernels._rowwise``: the small kernels around the products, one header a family
-  (``kernels/_norms.h``, ``_gelu.h``, ``_kvcache.h``, ``_residual.h``, ``_clip.h``,
+  (``kernels/_norms.h``, ``_gelu.h``, ``_kvcache.h``, ``_residual.h``, ``_rope.h``, ``_clip.h``,
   ``_transpose.h``, ``_argmax.h``): a decoding step's norms, GELUs and KV-cache writes on its
   few rows, a training step's norms and GELUs with their gradients, gradient clipping;
 - ``glassgpt.kernels._flash``: causal self-attention and its gradients for small heads
@@ -26,7 +26,11 @@ from setuptools import Extension, setup
 KERNELS = "src/glassgpt/kernels"
 SHARED = ("_parallel", "_cpu", "_vexp", "_tile", "_flash_rows", "_module")
 # the extensions' own headers: _rowwise.c is one translation unit of its families
-OWN = {"_rowwise": ("_norms", "_gelu", "_kvcache", "_residual", "_clip", "_transpose", "_argmax")}
+OWN = {
+    "_rowwise": (
+        "_norms", "_gelu", "_kvcache", "_residual", "_rope", "_clip", "_transpose", "_argmax"
+    )
+}
 
 
 def kernel(name: str) -> Extension:

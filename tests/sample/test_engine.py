@@ -63,7 +63,9 @@ def test_choose_names_what_rules_out_the_faster_engines() -> None:
     if not rowwise.built():
         assert choose_kind(model) == ("eager", "glassgpt's compiled kernels are not built")
         return
-    assert "RoPE" in choose_kind(cast(tiny(positional="rope"), "float32"))[1]
+    assert choose_kind(cast(tiny(positional="rope"), "float32"))[0] == "replayed"
+    scaled = choose_kind(cast(tiny(embed_scale=2.0), "float32"))  # s · W_E[t] + W_P[n]
+    assert scaled[0] == "eager" and "embed_scale" in scaled[1]
     assert choose_kind(tiny().double())[1] == "the model is not float32 on a CPU"
     assert choose_kind(model)[0] == "replayed"
     assert choose_kind(model, padded=True, slots=True)[0] == "replayed"  # rows own lengths

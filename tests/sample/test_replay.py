@@ -82,14 +82,14 @@ def test_a_batch_and_int8_weights_replay_bit_for_bit() -> None:
 @pytest.mark.parametrize(
     ("model", "why"),
     [
-        (lambda: model_of(positional="rope"), "RoPE"),
+        (lambda: model_of(embed_scale=2.0), "embed_scale"),  # s · W_E[t] + W_P[n]
         (lambda: model_of(mlp="relu"), "aten.relu"),
         (
             lambda: GPT(GPTConfig(n_vocab=61, n_ctx=40, d_model=32, n_layers=2, n_heads=4)).eval(),
             "aten.",
         ),  # not cast: its products are PyTorch's
     ],
-    ids=["rope", "relu", "uncast"],
+    ids=["scaled-embedding", "relu", "uncast"],
 )
 def test_what_cannot_be_replayed_is_refused_with_its_reason_and_decoded_eagerly(
     model: object, why: str

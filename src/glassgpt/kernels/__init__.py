@@ -16,8 +16,10 @@ takes on the device it is made for. Packed inference weights are registered expl
 with :func:`pack` (``glassgpt.model.precision.cast`` does it for an inference copy);
 ``glassgpt.kernels.int8.pack_int8`` turns a weight into W̃ = q·s (int8, one scale per output
 channel) and registers its int8 product, a compiled kernel (``kernels/_int8.c``). A decoding
-step's attention (a few queries, float32, no autograd) takes ``kernels/_attend.c``; its norms,
-GELUs and KV-cache writes take the ``_rowwise`` extension (``glassgpt.kernels.rowwise``; one
+step's attention (a few queries, float32, no autograd; grouped key/value heads read in place,
+and with a scale, soft cap or sliding window through ``step_attention``) takes
+``kernels/_attend.c``; its norms, GELUs, SiLUs, RoPE rotations and KV-cache writes take the
+``_rowwise`` extension (``glassgpt.kernels.rowwise``; one
 header a family: ``kernels/_norms.h``, ``_gelu.h``, ``_kvcache.h``, …), as do a training
 step's float32 norms, tanh GELU and their gradients. Float32 causal self-attention with small
 heads (training, a prompt) takes ``kernels/_flash.c`` (``glassgpt.kernels.flash``). The

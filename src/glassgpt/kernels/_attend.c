@@ -16,10 +16,14 @@
  *
  * Python API (pointers are addresses of float32 buffers, the mask's of bytes; strides are in
  * elements, any may be 0 (broadcast); the caller checks shapes and dtypes):
- *   attend(q, k, v, mask or 0, z, B, H, Tq, Tk, D, offset, strides, threads[, offsets])
+ *   attend(q, k, v, mask or 0, z, B, H, Tq, Tk, D, offset, strides, threads[, offsets,
+ *          group, scale, cap, window])
  *   strides: a tuple of 20 ints, (b, h, t, d) for q, k, v, mask and z in that order;
  *   offsets: the address of B int64 offsets (0 or absent: `offset` for every row), read
- *   when the call runs.
+ *   when the call runs; group: query heads per key/value head (grouped-query attention:
+ *   query head h reads k, v head h / group; default 1); scale: the scores' factor (0 or
+ *   absent: 1/√D); cap: soft-capped scores c·tanh(s/c) (0: none); window: query i sees only
+ *   the keys j > offset + i − window (0: all).
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -43,6 +47,9 @@ typedef struct {
     long long s[20]; /* (b, h, t, d) strides of q, k, v, mask, z */
     float *scratch;  /* Tk floats per part */
     float scale;
+    int group;       /* query heads per key/value head */
+    float cap;       /* soft cap c of the scores (0: none) */
+    long long window; /* keys within the window (0: all) */
 } Job;
 
 static int use_avx2 = -1;
@@ -152,7 +159,7 @@ AVX2 static float exps_avx2(float *s, int n, float best) {
  * (each item's rows start cold). */
 static void prefetch_item(const Job *j, int item) {
     const int bh = item / j->Tq, b = bh / j->H, h = bh % j->H;
-    const float *k = j->k + b * j->s[4] + h * j->s[5];
+    const float *k = j->k + b * j->s[4] + (h / j->group) * j->s[5];
     for (int t = 0; t < AHEAD && t < j->Tk; t++)
         PREFETCH_ROW(k + t * j->s[6], j->D);
 }
@@ -209,13 +216,18 @@ AVX2 static void mix_avx2(const float *w, const float *v, long long sv, int n, i
 static void attend_item(const Job *j, int b, int h, int i, float *s) {
     const long long *st = j->s;
     const float *q = j->q + b * st[0] + h * st[1] + i * st[2];
-    const float *k = j->k + b * st[4] + h * st[5];
-    const float *v = j->v + b * st[8] + h * st[9];
+    const int g = h / j->group; /* the key/value head this query head reads */
+    const float *k = j->k + b * st[4] + g * st[5];
+    const float *v = j->v + b * st[8] + g * st[9];
     const unsigned char *mask = j->mask ? j->mask + b * st[12] + h * st[13] + i * st[14] : NULL;
     float *z = j->z + b * st[16] + h * st[17] + i * st[18];
     const int D = j->D;
     long long seen = (j->offsets ? j->offsets[b] : j->offset) + i + 1; /* keys 0 .. offset + i */
-    const int n = mask ? j->Tk : (int)(seen < j->Tk ? (seen > 0 ? seen : 0) : j->Tk);
+    int n = mask ? j->Tk : (int)(seen < j->Tk ? (seen > 0 ? seen : 0) : j->Tk);
+    if (j->window > 0 && !mask && n > j->window) { /* keys n − window .. n − 1 */
+        k += (n - j->window) * st[6], v += (n - j->window) * st[10];
+        n = (int)j->window;
+    }
     /* fast: unit strides along d and D a multiple of 8 */
     const int fast = use_avx2 && D % 8 == 0 && st[3] == 1 && st[7] == 1 && st[11] == 1 &&
                      st[19] == 1;
@@ -224,11 +236,14 @@ static void attend_item(const Job *j, int b, int h, int i, float *s) {
         scores_avx2(q, k, st[6], v, st[10], n, D, j->scale, s);
 #endif
     float best = -INFINITY;
+    const float cap = j->cap;
     for (int t = 0; t < n; t++) {
         if (mask && !mask[t * st[15]])
             s[t] = -INFINITY;
         else if (!fast)
             s[t] = dot_plain(q, k + t * st[6], st[7], D, st[3]) * j->scale;
+        if (cap > 0.0f && s[t] != -INFINITY)
+            s[t] = tanhf(s[t] / cap) * cap;
         if (s[t] > best)
             best = s[t];
     }
@@ -283,22 +298,26 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     unsigned long long q, k, v, mask, z;
     int B, H, Tq, Tk, D, threads;
     unsigned long long offsets = 0;
-    long long offset;
+    long long offset, window = 0;
+    int group = 1;
+    double scale = 0.0, cap = 0.0;
     PyObject *strides;
-    if (!PyArg_ParseTuple(args, "KKKKKiiiiiLO!i|K", &q, &k, &v, &mask, &z, &B, &H, &Tq, &Tk, &D,
-                          &offset, &PyTuple_Type, &strides, &threads, &offsets))
+    if (!PyArg_ParseTuple(args, "KKKKKiiiiiLO!i|KiddL", &q, &k, &v, &mask, &z, &B, &H, &Tq, &Tk,
+                          &D, &offset, &PyTuple_Type, &strides, &threads, &offsets, &group,
+                          &scale, &cap, &window))
         return NULL;
-    if (B < 1 || H < 1 || Tq < 1 || Tk < 1 || D < 1 || PyTuple_GET_SIZE(strides) != 20) {
+    if (B < 1 || H < 1 || Tq < 1 || Tk < 1 || D < 1 || PyTuple_GET_SIZE(strides) != 20 ||
+        group < 1 || H % group) {
         PyErr_Format(PyExc_ValueError,
-                     "attend: need B, H, Tq, Tk, D >= 1 and 20 strides; got %d, %d, %d, %d, %d",
-                     B, H, Tq, Tk, D);
+                     "attend: need B, H, Tq, Tk, D >= 1, 20 strides and group dividing H; got "
+                     "%d, %d, %d, %d, %d, group %d", B, H, Tq, Tk, D, group);
         return NULL;
     }
     Job job = {(const float *)(uintptr_t)q, (const float *)(uintptr_t)k,
                (const float *)(uintptr_t)v, (const unsigned char *)(uintptr_t)mask,
                (float *)(uintptr_t)z, B, H, Tq, Tk, D, offset,
                (const long long *)(uintptr_t)offsets, {0}, NULL,
-               1.0f / sqrtf((float)D)};
+               scale > 0.0 ? (float)scale : 1.0f / sqrtf((float)D), group, (float)cap, window};
     for (int i = 0; i < 20; i++) {
         job.s[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));
         if (job.s[i] == -1 && PyErr_Occurred())

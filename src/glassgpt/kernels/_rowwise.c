@@ -7,6 +7,7 @@
  *                 tanh GELU with its slope in one pass
  *   _kvcache.h    a decoding step's KV-cache writes and its lengths' advance
  *   _residual.h   a replayed decoding step's embedding and residual sums
+ *   _rope.h       a decoding step's rotary embedding, its table rows, SiLU and products
  *   _clip.h       gradient clipping: Σ x² over many buffers, and their scaling
  *   _transpose.h  the transpose of a matrix (oneDNN's ∂W = xᵀ g)
  *   _argmax.h     greedy decoding's first largest index of each row
@@ -55,6 +56,7 @@ static int part_count(long long threads, int items) {
 #include "_gelu.h"
 #include "_kvcache.h"
 #include "_residual.h"
+#include "_rope.h"
 #include "_clip.h"
 #include "_transpose.h"
 #include "_argmax.h"
@@ -64,6 +66,7 @@ static int part_count(long long threads, int items) {
 static void pick_kernels(int portable) {
     const int avx2 = !portable && cpu_has_avx2();
     pick_norms(avx2), pick_gelu(avx2), pick_clip(avx2), pick_transpose(avx2), pick_argmax(avx2);
+    pick_rope(avx2);
     KERNEL_NAME = avx2 ? "avx2" : "portable";
 }
 
@@ -75,6 +78,12 @@ static PyMethodDef methods[] = {
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,
      "advance(lengths, B, T): lengths[:B] += T (int64)"},
     {"add", (PyCFunction)(void (*)(void))add, METH_FASTCALL, "add(a, b, y, n): y = a + b"},
+    {"mul", (PyCFunction)(void (*)(void))mul, METH_FASTCALL, "mul(a, b, y, n): y = a * b"},
+    {"silu", (PyCFunction)(void (*)(void))silu, METH_FASTCALL, "silu(x, y, n): y = x sigmoid(x)"},
+    {"rope", (PyCFunction)(void (*)(void))rope, METH_FASTCALL,
+     "rope(x, cos, sin, y, B, heads, D, r, sb, sh, cs): each pair 2i < r rotated"},
+    {"take_rows", (PyCFunction)(void (*)(void))take_rows, METH_FASTCALL,
+     "take_rows(table, y, B, d, pos, positions): y[b] = table[positions[b] or pos]"},
     {"embed", (PyCFunction)(void (*)(void))embed, METH_FASTCALL,
      "embed(W_E, tokens, P, y, B, d, n_vocab, pos, positions): y[b] = W_E[tokens[b]] (+ P[·])"},
     {"norm", (PyCFunction)(void (*)(void))norm, METH_FASTCALL,

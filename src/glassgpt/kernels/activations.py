@@ -117,6 +117,13 @@ class CompiledGELU(torch.autograd.Function):
         return g * d
 
 
+def silu(x: Tensor) -> Tensor:
+    """x σ(x) (SwiGLU's gate): glassgpt's kernel for a decoding step's few float32 rows
+    (``glassgpt.kernels.rowwise``, a few ulps from PyTorch's), ``F.silu`` otherwise."""
+    y = rowwise.silu(x)
+    return F.silu(x) if y is None else y
+
+
 def gelu_exact(x: Tensor) -> Tensor:
     """The exact GELU x Φ(x) = ½ x (1 + erf(x/√2)): glassgpt's kernel for a contiguous float32
     CPU tensor without autocast (:class:`CompiledExactGELU`), ``F.gelu`` otherwise."""

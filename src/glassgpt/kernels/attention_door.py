@@ -56,10 +56,12 @@ def attention(
     dropout_p: float = 0.0,
     mask: Tensor | None = None,
 ) -> Tensor:
-    """q, k, v [B, H, T, d_head] → z [B, H, T_q, d_head] (keys T_k ≥ T_q, queries at
-    positions offset … offset + T_q − 1, or row b's at offset[b] … for int64 per-row offsets
-    [B], a batch of sequences of different lengths, whose keys past each row's own are never
-    read); ``mask`` (bool, True = may attend) replaces the causal mask (a padded batch)."""
+    """q [B, H, T, d_head], k, v [B, G, T, d_head] → z [B, H, T_q, d_head] (keys T_k ≥ T_q,
+    queries at positions offset … offset + T_q − 1, or row b's at offset[b] … for int64
+    per-row offsets [B], a batch of sequences of different lengths, whose keys past each
+    row's own are never read); ``mask`` (bool, True = may attend) replaces the causal mask (a
+    padded batch). With G < H key/value heads (grouped-query), query head h reads k, v head
+    h // (H/G): the decoding kernel reads it in place, the other paths repeat each group."""
     inference = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                    or v.requires_grad))  # fmt: skip
     device = "cpu" if q.is_cpu else q.device.type  # (is_cpu: the cheaper question)
@@ -75,6 +77,9 @@ def attention(
     )  # fmt: skip
     if path == "few_queries" and _few_queries_ok(q, k, v, offset, mask):
         return few_queries(q, k, v, offset, mask)
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     if rows:  # the mask that per-row offsets stand for, over the keys some row may see
         k, v, mask = _rows_as_mask(q, k, v, offset, mask)  # type: ignore[arg-type]
         offset = 0
@@ -129,7 +134,9 @@ def _few_queries_ok(q: Tensor, k: Tensor, v: Tensor, offset: object, mask: Tenso
     if not (q.dtype == k.dtype == v.dtype == torch.float32):
         return False
     qs, ks = q.shape, k.shape
-    if len(qs) != 4 or ks != v.shape or qs[0] != ks[0] or qs[1] != ks[1] or qs[3] != ks[3]:
+    if len(qs) != 4 or ks != v.shape or qs[0] != ks[0] or qs[3] != ks[3]:
+        return False
+    if ks[1] < 1 or qs[1] % ks[1]:  # H query heads over G key/value heads
         return False
     if isinstance(offset, Tensor):
         if not (offset.dtype == torch.int64 and offset.is_cpu and offset.is_contiguous()
@@ -140,11 +147,35 @@ def _few_queries_ok(q: Tensor, k: Tensor, v: Tensor, offset: object, mask: Tenso
     return mask is None or (mask.dtype == torch.bool and mask.ndim == 4)
 
 
+def step_attention(
+    q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor, mask: Tensor | None, *,
+    scale: float | None = None, cap: float | None = None, window: int | None = None,
+) -> Tensor | None:  # fmt: skip
+    """A decoding step's z = softmax(cap(q kᵀ · a) + M) v by the decoding kernel, with the
+    scale a (default 1/√d_head), the soft cap c·tanh(s/c) and a sliding window (query i sees
+    keys offset + i − window < j ≤ offset + i) as its arguments; None where the kernel does
+    not take these inputs (then the caller's explicit path): float32, no autograd, no mask."""
+    if _attend is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return None
+    if mask is not None or not q.is_cpu or not _few_queries_ok(q, k, v, offset, None):
+        return None
+    return few_queries(q, k, v, offset, None, scale=scale, cap=cap, window=window)
+
+
 def few_queries(
-    q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor = 0, mask: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    offset: int | Tensor = 0,
+    mask: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    cap: float | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """z = softmax(q kᵀ/√d_head + M) v by ``glassgpt.kernels._attend`` (float32, no autograd):
-    q [B, H, T_q, d_head], k, v [B, H, T_k, d_head], any strides; M as in :func:`attention`.
+    q [B, H, T_q, d_head], k, v [B, G, T_k, d_head] (query head h reads h // (H/G)), any
+    strides; M as in :func:`attention`.
     A query that may see no key gets z = 0. z is a [B, H, T_q, d_head] view of a
     [B, T_q, H, d_head] buffer, the layout the output projection reads."""
     assert _attend is not None
@@ -165,7 +196,8 @@ def few_queries(
     rows = isinstance(offset, Tensor)  # per-row offsets, read by the kernel when it runs
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if m is None else m.data_ptr(),
             z.data_ptr(), B, H, Tq, Tk, D, 0 if rows else offset, strides,
-            torch.get_num_threads(), offset.data_ptr() if rows else 0)  # type: ignore[union-attr]  # fmt: skip
+            torch.get_num_threads(), offset.data_ptr() if rows else 0,  # type: ignore[union-attr]
+            H // k.shape[1], scale or 0.0, cap or 0.0, window or 0)  # fmt: skip
     _attend.attend(*args)
     if replay.RECORDING:
         if m is not None:  # a mask's keys do not move with the position

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from glassgpt.kernels import custom_ops
-from glassgpt.kernels.activations import gelu_exact, gelu_tanh
-from glassgpt.kernels.attention_door import attention
+from glassgpt.kernels.activations import gelu_exact, gelu_tanh, silu
+from glassgpt.kernels.attention_door import attention, step_attention
 from glassgpt.kernels.bf16 import cache_dtype
 from glassgpt.kernels.checks import id_out_of_range
 from glassgpt.kernels.dense import has_small_batch_kernel, is_packed, matmul, pack, unpack
@@ -42,12 +42,20 @@ from glassgpt.kernels.policy import (
     native_bf16,
 )
 from glassgpt.kernels.replay import Call as ReplayCall
-from glassgpt.kernels.replay import Recorder, StepMode, argmax_at, embed_call
+from glassgpt.kernels.replay import (
+    Recorder,
+    StepMode,
+    argmax_at,
+    embed_call,
+    scale_call,
+    take_rows_call,
+)
 from glassgpt.kernels.replay import start as start_recording
 from glassgpt.kernels.replay import stop as stop_recording
 from glassgpt.kernels.rowwise import (
     advance,
     argmax_rows,
+    rope,
     scale_,
     sum_squares,
     write_kv,
@@ -99,10 +107,15 @@ __all__ = [
     "pack_int8",
     "register_custom_ops",
     "rms_norm",
+    "rope",
     "scale_",
+    "scale_call",
+    "silu",
     "start_recording",
+    "step_attention",
     "stop_recording",
     "sum_squares",
+    "take_rows_call",
     "unpack",
     "write_kv",
     "write_kv_rows",
@@ -147,6 +160,9 @@ OPS: dict[str, Op] = {
            "causal training attention with small heads goes to _flash",
            "glassgpt::causal_attention once registered, else " + PYTORCH,
            "q, k, v, z and P where T ≤ 4 d_head, else the row log-sum-exps"),
+        Op("step_attention", "attention_door:step_attention", "_attend",
+           "a decoding step's float32 queries with a scale, soft cap or sliding window, no "
+           "mask, no autograd (else None: the model's explicit path)", PYTORCH, INFERENCE),
         Op("causal_attention", "flash:causal_attention", "_flash",
            "float32 CPU q, k, v of one [B, H, T, d_head] shape",
            "glassgpt::causal_attention (registered)",
@@ -158,6 +174,12 @@ OPS: dict[str, Op] = {
         Op("gelu_exact", "activations:gelu_exact", "_rowwise",
            "float32 CPU activations of a training step", PYTORCH,
            "its input only where _rowwise is built, else autograd's"),
+        Op("silu", "activations:silu", "_rowwise",
+           "a decoding step's few float32 CPU rows, no autograd", PYTORCH,
+           "autograd's (the kernel is inference only)"),
+        Op("rope", "rowwise:rope", "_rowwise",
+           "a decoding step's float32 CPU q or k [B, 1, heads, d_head], no autograd (the "
+           "model's own PyTorch rotation otherwise: an ulp apart at most)", PYTORCH, INFERENCE),
         Op("layer_norm", "norms:layer_norm", "_rowwise",
            "float32 CPU rows: a decoding step's few, or a training step's", PYTORCH,
            "x̂'s mean and 1/σ per row (the kernel), or autograd's"),

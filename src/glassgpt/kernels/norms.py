@@ -4,7 +4,7 @@
     RMSNorm(x)   = x · s(x) ⊙ w,                s(x) = 1/√(mean(x²) + ε)
 
 A decoding step's few float32 rows take glassgpt's own kernel (``glassgpt.kernels.rowwise``,
-without PyTorch's per-call set-up). In training (autograd on), an RMS norm of contiguous
+without PyTorch's per-call set-up), as do its q and k heads (QK-norm), read in place. In training (autograd on), an RMS norm of contiguous
 float32 CPU tensors takes :class:`CompiledNorm`, glassgpt's kernels for its forward and
 backward: ``F.rms_norm`` is a composite of several ops on a CPU. The same kernels compute the
 layer norm (``centred``), but there PyTorch's fused kernels were as fast or faster (the
@@ -33,6 +33,8 @@ def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
     """x · s ⊙ w over the last axis of x [..., d] (w [d])."""
     if rowwise.few_rows(x, w):
         return rowwise.norm(x, w, None, eps, centred=False)
+    if rowwise.few_heads(x, w):  # a decoding step's q or k heads (QK-norm)
+        return rowwise.norm_heads(x, w, eps)
     if _trains(x, w, None):
         return CompiledNorm.apply(x, w, None, eps, False)
     return F.rms_norm(x, (x.shape[-1],), w, eps)

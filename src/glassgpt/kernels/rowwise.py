@@ -12,6 +12,8 @@
     scale_(ts, c)      x_t ← c · x_t  for each tensor, likewise
     transposed(x)      xᵀ as a new contiguous tensor, for a contiguous 2-D float32 x
     argmax_rows(z)     each row's first index of its largest value (greedy decoding)
+    rope(x, cos, sin)  each pair (x_2i, x_2i+1), 2i < r, rotated: (a c − b s, a s + b c)
+    silu(x)            x σ(x)  (SwiGLU's gate), a decoding step's few rows
     norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
                        (μ, s) its backward needs;  norm_train_backward(...) → dx, dw, db
 
@@ -310,3 +312,75 @@ def advance(lengths: Tensor, B: int, T: int) -> None:
     _rowwise.advance(*args)
     if replay.RECORDING:
         replay.add(_rowwise.advance, args)
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor | None:
+    """x [B, 1, heads, d_head] with each pair (a, b) = (x_2i, x_2i+1), 2i < r, rotated to
+    (a c − b s, a s + b c) by cos, sin [1, r/2] or per row [B, 1, r/2]; dimensions ≥ r copied.
+    A new contiguous tensor (each product rounded before the sum: the bits of PyTorch's
+    pair-by-pair form, an ulp from its complex product); None where the kernel does not take
+    these (then PyTorch's operations)."""
+    if _rowwise is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return None
+    if x.dtype is not torch.float32 or not x.is_cpu or x.ndim != 4 or x.shape[1] != 1:
+        return None
+    B, _, H, D = x.shape
+    half = cos.shape[-1]
+    if x.stride(-1) != 1 or 2 * half > D or B * H > 16 * MAX_ROWS:
+        return None
+    for t in (cos, sin):
+        if t.dtype is not torch.float32 or not t.is_cpu or not t.is_contiguous():
+            return None
+    if cos.shape != sin.shape or cos.shape not in ((1, half), (B, 1, half)):
+        return None
+    y = torch.empty(B, 1, H, D)
+    cs = half if cos.ndim == 3 else 0
+    args = (x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(), B, H, D, 2 * half,
+            x.stride(0), x.stride(2), cs)  # fmt: skip
+    _rowwise.rope(*args)
+    if replay.RECORDING:
+        replay.add(_rowwise.rope, args)
+    return y
+
+
+def silu(x: Tensor) -> Tensor | None:
+    """x σ(x) = x / (1 + e^{−x}) elementwise for a decoding step's few rows (``few_rows``);
+    None otherwise (then ``F.silu``)."""
+    if not few_rows(x):
+        return None
+    assert _rowwise is not None
+    y = torch.empty_like(x)
+    args = (x.data_ptr(), y.data_ptr(), x.numel())
+    _rowwise.silu(*args)
+    if replay.RECORDING:
+        replay.add(_rowwise.silu, args)
+    return y
+
+
+def few_heads(x: Tensor, w: Tensor) -> bool:
+    """Whether :func:`norm_heads` takes x: a decoding step's q or k [B, 1, heads, d] (float32 on
+    a CPU, each row's heads adjacent, up to ``16 · MAX_ROWS`` rows; autograd off), w [d]."""
+    if _rowwise is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    if x.dtype is not torch.float32 or not x.is_cpu or x.ndim != 4 or x.shape[1] != 1:
+        return False
+    B, _, H, d = x.shape
+    if x.stride(-1) != 1 or x.stride(-2) != d or not 0 < B * H <= 16 * MAX_ROWS:
+        return False
+    return _param_ok(w, d)
+
+
+def norm_heads(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """The RMS norm of each head's row of x [B, 1, heads, d] (``few_heads``: rows of one
+    position adjacent, the batch's rows apart, as q and k are in the step's qkv), one call a
+    batch row, into a contiguous [B, 1, heads, d] (the QK-norm of Qwen3 and Gemma 3)."""
+    assert _rowwise is not None
+    B, _, H, d = x.shape
+    y = torch.empty(B, 1, H, d)
+    for b in range(B):
+        args = (x.data_ptr() + 4 * b * x.stride(0), w.data_ptr(), 0, y.data_ptr() + 4 * b * H * d,
+                H, d, eps, False)  # fmt: skip
+        _rowwise.norm(*args)
+        if replay.RECORDING:
+            replay.add(_rowwise.norm, args)
+    return y

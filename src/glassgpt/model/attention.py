@@ -22,7 +22,9 @@ holds the three views under their own names. The biases b_Q, b_K, b_V (``bias``,
 cache stores the G heads.
 
 A soft-capped or rescaled score (``attn_softcap``, ``attn_scale``) takes the explicit path
-below, as no fused kernel computes it; a sliding window is a mask handed to the kernel. z comes from the kernel seam (``glassgpt.kernels.attention``, which
+below, as no fused kernel computes it, and a sliding window is a mask handed to the kernel;
+but a decoding step's one query takes the kernel seam's ``step_attention`` where it can (the
+scale, cap and window are its arguments: no mask built each step). z comes from the kernel seam (``glassgpt.kernels.attention``, which
 never materialises the T×T pattern); the explicit path, used when ``attn_scores`` or
 ``pattern`` is hooked or ``impl == "explicit"``, builds both and computes z = pattern v
 (hooks that only read keep the kernel's z, so reading never changes the logits).
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glassgpt.kernels import attention as fused_attention
+from glassgpt.kernels import step_attention
 from glassgpt.model.cache import LayerKV
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import HookPoint, Hooks
@@ -225,19 +228,21 @@ class Attention(nn.Module):
         if kv is not None:
             offset, mask = kv.offset, kv.mask
             k, v = kv.update(k, v)  # [B, G, offset + T, d_head]
-        if k.shape[1] != H:  # query head h reads group h // (H/G)
-            k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)
-        if self.window is not None:
+        explicit = (self.impl == "explicit" or self.hook_scores.active
+                    or self.hook_pattern.active)  # fmt: skip
+        z = None
+        if (self.plain or self.window is not None) and not explicit and T == 1:
+            # a decoding step: the kernel seam's scale, cap and window, where it takes them
+            z = step_attention(q, k, v, offset, mask,
+                               scale=self.scale, cap=self.cap, window=self.window)  # fmt: skip
+        if z is None and self.window is not None:
             mask = window_mask(T, k.shape[2], offset, self.window, mask, device=q.device)
         p_drop = self.dropout if self.training else 0.0
-        if (
-            self.plain
-            or self.impl == "explicit"
-            or self.hook_scores.active
-            or self.hook_pattern.active
-        ):
-            z = self._explicit(q, k, v, offset, p_drop, mask)  # [B, H, T, d_head]
-        else:
+        if z is not None:
+            pass
+        elif self.plain or explicit:
+            z = self._explicit(q, *_repeated(k, v, H), offset, p_drop, mask)  # [B, H, T, d_head]
+        else:  # (the kernel seam reads group h // (H/G) itself)
             z = fused_attention(q, k, v, offset, p_drop, mask)  # [B, H, T, d_head]
         z = self.hook_z(z.transpose(1, 2))  # [B, T, H, d_head]
         out = linear(z.reshape(B, T, H * dh), self.W_O, self.b_O)  # [B, T, d_model]
@@ -311,6 +316,14 @@ class Attention(nn.Module):
             return out
         out = new.sum(2)
         return out if self.b_O is None else out + self.b_O
+
+
+def _repeated(k: Tensor, v: Tensor, H: int) -> tuple[Tensor, Tensor]:
+    """k, v [B, G, T, d_head] with each group repeated H/G times → [B, H, T, d_head] (query
+    head h reads group h // (H/G))."""
+    if k.shape[1] == H:
+        return k, v
+    return k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)
 
 
 def _split_qkv(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any) -> None:

@@ -37,7 +37,8 @@ from torch import Tensor, nn
 
 from glassgpt.kernels import gelu_exact as gelu_exact_kernel
 from glassgpt.kernels import gelu_tanh as gelu_tanh_kernel
-from glassgpt.kernels import layer_norm, matmul, rms_norm
+from glassgpt.kernels import layer_norm, matmul, rms_norm, silu
+from glassgpt.kernels import rope as rope_kernel
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.hooks import HookPoint, Hooks
 
@@ -72,7 +73,7 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu2": relu2,
     "gelu": gelu,  # exact: x Φ(x) = ½ x (1 + erf(x/√2))
     "gelu_tanh": gelu_tanh,
-    "silu": F.silu,
+    "silu": silu,  # F.silu, or glassgpt's kernel for a decoding step's rows
     "tanh": torch.tanh,
     "identity": identity,
 }
@@ -302,8 +303,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
     that is, the complex product (a + ib)(cos θ + i sin θ): computed so, in one pass forward
     and one backward, where x is float32 or float64 and its pairs can be read as complex
-    numbers; else pair by pair (and under ``torch.compile``, which fuses these itself).
+    numbers; else pair by pair (and under ``torch.compile``, which fuses these itself). A
+    decoding step's float32 rows take the kernel seam's (``glassgpt.kernels.rope``: the pair
+    by pair form's bits, each product rounded before the sum).
     """
+    y = rope_kernel(x, cos, sin)
+    if y is not None:
+        return y
     r = 2 * cos.shape[-1]
     if r < x.shape[-1]:  # partial rotary: the first r dimensions only
         return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)

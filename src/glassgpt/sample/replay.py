@@ -4,23 +4,31 @@ A one-token step of a float32 (or int8) model on a CPU,
 
     x₀ = W_E[token] + P[n],   x_{l+1} = Block_l(x_l | cache),   logits = N_f(x_L) W_U + b_U,
 
-runs as glassgpt's compiled kernels (the products, norms, GELU, cache writes and attention)
-with Python between them: module calls, hooks that are off, the seams' choices, views and
-allocations (``bench/generate.py`` measures what that costs a step). The kernels
-and the buffers they work on are the same at every step; only the position n moves (the
-cache column written, the n + 1 keys attended to, the position row P[n]).
+runs as glassgpt's compiled kernels (the products, norms, GELU or SiLU, RoPE, cache writes
+and attention) with Python between them: module calls, hooks that are off, the seams'
+choices, views and allocations (``bench/generate.py`` measures what that costs a step). The
+kernels and the buffers they work on are the same at every step; only the position n moves
+(the cache column written, the n + 1 keys attended to, the position row P[n], the RoPE
+angles' row cos[n], sin[n]).
 :class:`ReplayedStep` runs one step eagerly while the kernels' recorder (``glassgpt.kernels.Recorder``) records its
 compiled calls, then replays those calls for the following steps with n moved, and the
 embedding x₀ computed by the compiled embedding (``glassgpt.kernels.embed_call``). The replay makes the same calls on the same
-buffers in the same order, so its logits equal the eager step's bit for bit.
+buffers in the same order, so its logits equal the eager step's bit for bit. With RoPE the
+angles are a table [capacity, r/2] in float32, each row computed as the eager step computes
+it at that position (once, at the recording); a compiled call copies row n into the buffers
+the recorded rotations read (the sliding layers' own base has its own table).
 
 It records only what it can replay: a plain :class:`~glassgpt.sample.cache.KVCache` without
 padding or a server's slots (``glassgpt.serve.slots.SlotCache``, whose rows each have their
-own length n_b: its compiled calls read the lengths when they run), no hooks, no RoPE (its rotation is PyTorch operations), none of the
-decoder-only families' fields (``GPTConfig.family_fields``), float32 activations, and
-every operation of the blocks a compiled kernel, a view, an allocation or a float32
-residual sum (anything else, say a ReLU MLP, leaves decoding eager; :attr:`why_not` names
-it). Prompts (several tokens) always run eagerly.
+own length n_b: its compiled calls read the lengths when they run), no hooks, float32
+activations, the decoder-only families' fields in :data:`COVERED` (grouped-query attention
+read in place, QK-norm, partial and scaled RoPE, the parallel residual, q/k/v biases,
+sliding windows, and Gemma's embedding scale, 1 + w gains, sandwich norms, soft caps and
+attention scale), and every operation of the blocks a compiled kernel, a view, an
+allocation, a float32 residual sum or gated product, one computed from the parameters alone,
+or a tensor's tanh, product or division by numbers (the final soft cap, replayed by
+PyTorch's own kernel); anything else, say a ReLU MLP, leaves decoding eager
+(:attr:`why_not` names it). Prompts (several tokens) always run eagerly.
 """
 
 from __future__ import annotations
@@ -56,17 +64,28 @@ def unreplayable_model(model: GPT) -> str | None:
     why = uncovered(model)
     if why is not None:
         return why
-    if model.rotary is not None:
-        return "RoPE rotates q and k with PyTorch operations"
     if model._hook_fns:
         return "hooks are attached"
     return None
 
 
+# The family fields a replayed step computes: each is a compiled call, a view, a recorded
+# sum or product, or computed from the parameters alone.
+COVERED = frozenset((
+    "n_kv_heads", "qkv_bias", "qk_norm", "rotary_fraction", "rope_scaling",
+    "parallel_residual", "norm_offset", "sandwich_norm", "embed_scale", "attn_softcap",
+    "final_softcap", "attn_scale", "sliding_window", "layer_types", "rope_local_base",
+))  # fmt: skip
+
+
 def uncovered(model: GPT) -> str | None:
     """The decoder-only family fields of ``model`` that a replayed step does not cover, in
-    words (None: none). The recorded step knows none of them (x₀, say, is W_E[t] + P[n])."""
-    fields = model.config.family_fields()
+    words (None: none): ``embed_scale`` beside a position table (x₀ = s · W_E[t] + P[n] is
+    not one recorded call); fields outside :data:`COVERED`, if any."""
+    config = model.config
+    fields = [f for f in config.family_fields() if f not in COVERED]
+    if config.embed_scale != 1.0 and model.pos_embed is not None:
+        fields.insert(0, "embed_scale")
     return f"the replayed step does not cover {', '.join(fields)}" if fields else None
 
 
@@ -111,20 +130,33 @@ class ReplayedStep:
             with torch.inference_mode():
                 return None, model(tokens, cache=cache)
         rec = kernels.Recorder(0 if _per_row(cache) else cache.length)
-        mode = kernels.StepMode(rec)
+        constants = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        mode = kernels.StepMode(rec, constants)
         first: list[Tensor] = []
+        ropes: dict[int, tuple[Tensor, Tensor]] = {}  # each block's (cos, sin), by layer
 
         def start(_module: Any, args: tuple[Any, ...]) -> None:  # x₀ reaches block 0
             first.append(args[0])
             mode.active = True
             kernels.start_recording(rec)
 
-        hook = model.blocks[0].register_forward_pre_hook(start)
+        def angles(layer: int) -> Any:
+            def seen(_module: Any, args: tuple[Any, ...]) -> None:
+                if len(args) > 1 and args[1] is not None:
+                    ropes[layer] = args[1]
+
+            return seen
+
+        hooks = [model.blocks[0].register_forward_pre_hook(start)]
+        if model.rotary is not None:
+            hooks += [block.register_forward_pre_hook(angles(i))
+                      for i, block in enumerate(model.blocks)]  # fmt: skip
         try:
             with torch.inference_mode(), mode:
                 logits = model(tokens, cache=cache)
         finally:
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
             kernels.stop_recording()
             mode.active = False
         assert isinstance(logits, Tensor)
@@ -134,15 +166,19 @@ class ReplayedStep:
         if rec.failed is not None:
             cls.why_not = rec.failed
             return None, logits
-        step = cls._build(model, cache, rec, x0, logits)  # type: ignore[arg-type]
+        if model.rotary is not None and len(ropes) != len(model.blocks):
+            cls.why_not = "a block without its RoPE angles"
+            return None, logits
+        step = cls._build(model, cache, rec, x0, logits, ropes)  # type: ignore[arg-type]
         return step, logits
 
     why_not: str | None = None
 
     @classmethod
     def _build(
-        cls, model: GPT, cache: KVCache, rec: kernels.Recorder, x0: Tensor, logits: Tensor
-    ) -> ReplayedStep:
+        cls, model: GPT, cache: KVCache, rec: kernels.Recorder, x0: Tensor, logits: Tensor,
+        ropes: dict[int, tuple[Tensor, Tensor]],
+    ) -> ReplayedStep:  # fmt: skip
         config = model.config
         B = x0.shape[0]
         with torch.inference_mode(False):
@@ -162,7 +198,11 @@ class ReplayedStep:
              cache.lengths.data_ptr() if per_row else 0),  # row b at lengths[b], or all at n
             () if per_row else (7,),
         )  # fmt: skip
-        return cls(cache, [embed, *rec.calls], keep, tokens, logits)
+        calls = [embed]
+        if config.embed_scale != 1.0:  # x₀ = s · W_E[t] (no position table: checked before)
+            calls.append(kernels.scale_call(x0.data_ptr(), x0.numel(), config.embed_scale))
+        calls += _angle_calls(model, cache, ropes, keep)
+        return cls(cache, [*calls, *rec.calls], keep, tokens, logits)
 
     def greedy(self, n_valid: int) -> list[int] | None:
         """Each row's argmax over the first ``n_valid`` logits of the last step (as
@@ -213,6 +253,45 @@ class ReplayedStep:
         if not per_row:
             cache.length = n + 1
         return self.logits
+
+
+def _angle_calls(
+    model: GPT, cache: KVCache, ropes: dict[int, tuple[Tensor, Tensor]], keep: list[Any]
+) -> list[kernels.ReplayCall]:
+    """The calls that write row n of each RoPE table (cos and sin [capacity, r/2]) into the
+    buffers the recorded rotations read (one pair per rotary module: the sliding layers' own
+    base is another); row b's own position n_b for a server's slots."""
+    calls: list[kernels.ReplayCall] = []
+    done: set[int] = set()
+    per_row = _per_row(cache)
+    for layer, (cos, sin) in sorted(ropes.items()):
+        if cos.data_ptr() in done:
+            continue
+        done.add(cos.data_ptr())
+        block = model.blocks[layer]
+        local = model.rotary_local is not None and block.kind == "sliding"  # type: ignore[union-attr]
+        rotary = model.rotary_local if local else model.rotary
+        assert rotary is not None
+        tables = angle_tables(rotary, cache.capacity)
+        keep += [cos, sin, *tables]
+        half = cos.shape[-1]
+        rows = cos.numel() // half
+        for table, buf in zip(tables, (cos, sin), strict=True):
+            calls.append(kernels.take_rows_call(
+                (table.data_ptr(), buf.data_ptr(), rows, half, 0,
+                 cache.lengths.data_ptr() if per_row else 0),
+                () if per_row else (4,),
+            ))  # fmt: skip
+    return calls
+
+
+def angle_tables(rotary: Any, capacity: int) -> tuple[Tensor, Tensor]:
+    """cos, sin [capacity, r/2] float32, row p what the eager step computes at position p
+    (``rotary(1, p)``): the same elementwise float64 angles, cosines and rounding, computed
+    for all positions in one call (tests check every row's bits against the eager rows)."""
+    with torch.inference_mode(False):
+        cos, sin = rotary(capacity, 0, dtype=torch.float32)
+    return cos.contiguous(), sin.contiguous()
 
 
 def _per_row(cache: Any) -> bool:

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     tok = found.needs_tokenizer()
     out = Path(args.output)
     if args.format == "hf":
-        written = export_hf(found.model, tok, out)
+        written = export_hf(found.model, tok, out, found.tokenizer_files)
         print(f"wrote {out}: {', '.join(p.name for p in written)}")
     elif args.format == "gguf":
         path = out if out.suffix == ".gguf" else out / "model.gguf"

@@ -358,6 +358,33 @@ def generation_eos_ids(folder: Path) -> list[int]:
     return [int(i) for i in eos if isinstance(i, int)]
 
 
+# What a tokenizer's folder holds beside ``tokenizer.json`` that a model's runs keep with it:
+# the special tokens' strings and the chat template, the ids that end a generation.
+SIDECARS = ("tokenizer_config.json", "generation_config.json", "chat_template.jinja")
+
+
+def read_sidecars(folder: str | os.PathLike[str]) -> dict[str, bytes]:
+    """The :data:`SIDECARS` of ``folder`` that exist, by name, as their bytes (a checkpoint
+    stores them beside its ``tokenizer.json``; ``export --format hf`` writes them back).
+
+    >>> read_sidecars("/nonexistent")
+    {}
+    """
+    folder = Path(folder)
+    return {n: (folder / n).read_bytes() for n in SIDECARS if (folder / n).is_file()}
+
+
+def write_sidecars(folder: str | os.PathLike[str], files: Mapping[str, bytes]) -> list[Path]:
+    """Write the :data:`SIDECARS` among ``files`` into ``folder`` (atomically, each); the
+    paths written."""
+    written = []
+    for name in SIDECARS:
+        if name in files:
+            atomic_write(Path(folder) / name, files[name])
+            written.append(Path(folder) / name)
+    return written
+
+
 def read_family(path: str | os.PathLike[str]) -> FamilyTokenizer:
     """The :class:`FamilyTokenizer` of an HF folder (or of its ``tokenizer.json``), with the
     ``tokenizer_config.json`` and ``generation_config.json`` beside it."""

@@ -64,6 +64,10 @@ def test_a_finetuned_run_keeps_the_template_and_end_ids(tmp_path: Path) -> None:
     assert main(["train", "--resume", str(run), "--set", *SETS]) == 0  # from step 1's files
     found = open_run(run)
     assert found.step == 2
+    meta = json.loads((run / "data" / "meta.json").read_text())  # bos ‖ doc ‖ <|end_of_text|>
+    vocab = found.tokenizer.backend.get_vocab()
+    assert meta["separator"]["prefix_ids"] == [vocab["<|begin_of_text|>"]]
+    assert meta["separator"]["ids"] == [vocab["<|end_of_text|>"]]
     assert isinstance(found.tokenizer, FamilyTokenizer)
     assert found.tokenizer.eos_ids == open_run(source, weights=False).tokenizer.eos_ids
     assert set(found.tokenizer.eos_ids) == set(eos)

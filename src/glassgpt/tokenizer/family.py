@@ -234,6 +234,16 @@ class FamilyTokenizer:
             table[i] = content.encode("utf-8")
         return table
 
+    @cached_property
+    def fallback_bytes(self) -> frozenset[int]:
+        """The ids of byte-fallback tokens ``<0xNN>`` where the decoder joins them
+        (``ByteFallback``: a run of them is decoded as one, each byte U+FFFD if the run is not
+        UTF-8)."""
+        if "ByteFallback" not in {s.get("type") for s in _steps(self.spec.get("decoder"))}:
+            return frozenset()
+        vocab = self.backend.get_vocab(with_added_tokens=False)
+        return frozenset(i for piece, i in vocab.items() if BYTE_TOKEN.fullmatch(piece))
+
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """Each token's own bytes, joined (see the module docstring)."""
         table = self._bytes

@@ -50,17 +50,17 @@ from glassgpt.tokenizer.special import (
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _steps(spec: Any) -> list[dict[str, Any]]:
+def flat_steps(spec: Any) -> list[dict[str, Any]]:
     """A normalizer, pre-tokenizer, decoder or post-processor as a flat list of steps.
 
-    >>> [s["type"] for s in _steps({"type": "Sequence", "decoders": [{"type": "Fuse"}]})]
+    >>> [s["type"] for s in flat_steps({"type": "Sequence", "decoders": [{"type": "Fuse"}]})]
     ['Fuse']
     """
     if not isinstance(spec, Mapping):
         return []
     if spec.get("type") == "Sequence":
         inner = next((v for k, v in spec.items() if isinstance(v, list)), [])
-        return [s for step in inner for s in _steps(step)]
+        return [s for step in inner for s in flat_steps(step)]
     return [dict(spec)]
 
 
@@ -226,7 +226,7 @@ class FamilyTokenizer:
     @cached_property
     def _bytes(self) -> list[bytes | None]:
         """Each id's bytes (None for an id no token has), built on first use."""
-        decoder = _steps(self.spec.get("decoder"))
+        decoder = flat_steps(self.spec.get("decoder"))
         table: list[bytes | None] = [None] * self.n_vocab
         for piece, i in self.backend.get_vocab(with_added_tokens=False).items():
             table[i] = piece_bytes(piece, decoder)
@@ -239,7 +239,7 @@ class FamilyTokenizer:
         """The ids of byte-fallback tokens ``<0xNN>`` where the decoder joins them
         (``ByteFallback``: a run of them is decoded as one, each byte U+FFFD if the run is not
         UTF-8)."""
-        if "ByteFallback" not in {s.get("type") for s in _steps(self.spec.get("decoder"))}:
+        if "ByteFallback" not in {s.get("type") for s in flat_steps(self.spec.get("decoder"))}:
             return frozenset()
         vocab = self.backend.get_vocab(with_added_tokens=False)
         return frozenset(i for piece, i in vocab.items() if BYTE_TOKEN.fullmatch(piece))
@@ -306,7 +306,7 @@ def describe_steps(spec: Any, options: bool = True) -> str:
     'none'
     """
     out = []
-    for s in _steps(spec):
+    for s in flat_steps(spec):
         kind = s.get("type")
         pattern = s.get("pattern")
         if isinstance(pattern, Mapping):

@@ -8,6 +8,7 @@ folder equal to glassgpt's."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,10 @@ def test_llama_cpp_runs_the_exported_family_folder_as_glassgpt(
     hf.save_pretrained(folder)
     out = tmp_path / "m.gguf"
     assert main(["export", "-c", str(folder), "--format", "gguf", "-o", str(out)]) == 0
+    meta, _ = read(out)
+    assert meta.get("tokenizer.chat_template") == json.loads(
+        (folder / "tokenizer_config.json").read_text()
+    ).get("chat_template")  # Llama 3's and Qwen's; none for the others
     text = "Hello world, the quick fox"
     llm = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
     ids = llm.tokenize(text.encode(), add_bos=KINDS[kind][2])
@@ -106,8 +111,6 @@ def test_a_tokenizer_llama_cpp_has_no_reader_for_is_refused(
 
 
 def _wordlevel() -> str:
-    import json
-
     return json.dumps({"version": "1.0", "added_tokens": [], "normalizer": None,
                        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
                        "decoder": None, "truncation": None, "padding": None,

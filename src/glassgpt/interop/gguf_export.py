@@ -145,9 +145,18 @@ def _add(writer: Any, key: str, value: Any) -> None:
         writer.add_array(key, value)
 
 
-def export_gguf(model: GPT, tok: Any, out: str | os.PathLike, *, dtype: str = "f32") -> Path:
+def export_gguf(
+    model: GPT,
+    tok: Any,
+    out: str | os.PathLike,
+    *,
+    dtype: str = "f32",
+    chat_template: str | None = None,
+) -> Path:
     """Write ``model`` and ``tok`` as the GGUF file ``out`` (weights in ``dtype``: f32, f16,
-    bf16 or q8_0); a config or tokenizer llama.cpp cannot run is refused first, in one line."""
+    bf16 or q8_0; ``chat_template``, the Jinja source, as ``tokenizer.chat_template``, which
+    llama.cpp and Ollama render); a config or tokenizer llama.cpp cannot run is refused
+    first, in one line."""
     if dtype not in DTYPES:
         raise ConfigError("dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}")
     c = model.config
@@ -167,6 +176,8 @@ def export_gguf(model: GPT, tok: Any, out: str | os.PathLike, *, dtype: str = "f
             _add(writer, f"{arch}.{key}", value)
         for key, value in fields.items():
             _add(writer, f"tokenizer.ggml.{key}", value)
+        if chat_template is not None:
+            writer.add_string("tokenizer.chat_template", chat_template)
         for name, t in gguf_tensors(model, arch):
             data, qtype = _encode(gguf, name, t.contiguous().numpy(), dtype)
             writer.add_tensor(name, data, raw_dtype=qtype if data.dtype == np.uint8 else None)

@@ -31,7 +31,7 @@ from glassgpt.data.documents import Corpus
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.model.memory import estimate_training_memory, format_bytes, per_rank_memory
 from glassgpt.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
-from glassgpt.tokenizer.family import write_sidecars
+from glassgpt.tokenizer.family import FamilyTokenizer, read_sidecars, write_sidecars
 from glassgpt.train.config import DataConfig, RunConfig
 
 DATA_SUBDIR = "data"
@@ -106,6 +106,8 @@ def resolve_data(
         pinned = _tokenizer_from_bytes(tokenizer_json, tokenizer_files or {})
     elif cfg.tokenizer not in ("char", "bpe"):
         pinned = train_tokenizer(cfg, [])
+        if isinstance(pinned, FamilyTokenizer):  # its tokenizer_config.json … beside it
+            tokenizer_files = read_sidecars(Path(cfg.tokenizer).parent)
     if len(cfg.paths) == 1 and is_prepared(cfg.paths[0]):
         data = DataDir.open(cfg.paths[0], tokenizer=pinned)
     else:

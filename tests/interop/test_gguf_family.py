@@ -1,6 +1,6 @@
-"""``export --format gguf`` with a model family's own ``tokenizer.json``: Llama 3's and Qwen's
-byte-level BPE as llama.cpp's ``gpt2`` model (``llama-bpe``, ``qwen2``), Llama 2's and Gemma's
-byte-fallback BPE as its SentencePiece ``llama`` model. Oracles: llama.cpp itself
+"""``export --format gguf`` with a model family's own ``tokenizer.json``: Llama 3's, Qwen's and
+SmolLM's byte-level BPE as llama.cpp's ``gpt2`` model (``llama-bpe``, ``qwen2``, ``smollm``),
+Llama 2's and Gemma's byte-fallback BPE as its SentencePiece ``llama`` model. Oracles: llama.cpp itself
 (``llama_cpp``, where it imports) tokenizing a text set as ``FamilyTokenizer`` (ids equal to
 ``AutoTokenizer``'s, tests/tokenizer/test_family.py) and greedy ids of the exported tiny HF
 folder equal to glassgpt's."""
@@ -29,6 +29,7 @@ TEXTS = [*SAMPLES, *CORPUS[:4], "  two leading spaces", "x", "tabs\tand\nnewline
 KINDS = {
     "llama3": ("gpt2", "llama-bpe", True, None, "llama-gqa2-llama3-untied"),
     "qwen": ("gpt2", "qwen2", False, None, "qwen3-gqa2-untied"),
+    "smollm": ("gpt2", "smollm", False, None, "llama-gqa3-yarn-tied"),
     "fallback": ("llama", "default", True, True, "llama-gqa2-llama3-untied"),
     "gemma": ("llama", "default", True, False, "gemma3-local-base-linear-full"),
 }

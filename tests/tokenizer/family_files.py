@@ -7,7 +7,8 @@ template), for ``from tests.tokenizer.family_files import write_family``.
 - ``qwen``: NFC, Qwen 2's Split regex, byte-level BPE, no BOS, ChatML (``<|im_end|>``);
 - ``fallback``: SentencePiece-style BPE (Llama 2, TinyLlama, Gemma): ``▁`` for spaces, byte
   fallback ``<0xNN>`` tokens, ``<s>`` first; no chat template;
-- ``gemma``: Gemma's variant of it: no ``▁`` prepended to a text, ``<bos>`` first, ``<eos>``.
+- ``gemma``: Gemma's variant of it: no ``▁`` prepended to a text, ``<bos>`` first, ``<eos>``;
+- ``smollm``: SmolLM's byte-level BPE: single digits split off, then GPT-2's regex; ChatML.
 """
 
 from __future__ import annotations
@@ -134,6 +135,21 @@ def write_family(kind: str, folder: Path, *, size: int = 320) -> Path:
     elif kind == "fallback":
         tok = _fallback(size + 100)
         _save(tok, folder, {"bos_token": "<s>", "eos_token": "</s>"}, {"<unk>", "<s>", "</s>"})
+    elif kind == "smollm":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        )  # fmt: skip
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        )  # fmt: skip
+        tok.train_from_iterator(CORPUS, trainer)
+        config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+                  "chat_template": CHATML_TEMPLATE}  # fmt: skip
+        _save(tok, folder, config)
     elif kind == "gemma":
         tok = _fallback(size + 100, gemma=True)
         config = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}

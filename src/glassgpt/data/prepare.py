@@ -89,6 +89,18 @@ def document_prefix(tokenizer: Any, probe: str = "hello world") -> list[int]:
     return []
 
 
+def continuation(tokenizer: Any) -> tuple[str, list[int]] | None:
+    """``(lead, its ids)`` for a tokenizer that puts ``▁`` before every text (Llama 2's,
+    Mistral's): a part that continues a document (a large file's next piece, the text after
+    the val cut) is encoded after ``lead`` and the lead's ids dropped, so that it is not read
+    as a text's start (a ``▁`` there). None for any other tokenizer.
+
+    The lead is a newline, a byte-fallback token that merges with nothing."""
+    if not isinstance(tokenizer, FamilyTokenizer) or not tokenizer.prepends_space:
+        return None
+    return "\n", tokenizer.encode_ordinary("\n")
+
+
 def ordinary_encoder(
     tokenizer: Any, workers: int | None = None
 ) -> Callable[[list[str]], list[Any]]:
@@ -159,7 +171,7 @@ def prepare(
     except OSError as e:
         raise GlassError(f"{out}: cannot create the output folder ({e.strerror or e})") from None
     sink = _Sink(out, encode, n_vocab, dtype, shard_tokens, batch_bytes, sep_ids, sep_bytes,
-                 prefix)  # fmt: skip
+                 prefix, continuation(tokenizer))  # fmt: skip
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     try:
         # global byte offset where val starts (no val: past the end)
@@ -269,11 +281,13 @@ class _Sink:
         sep_ids: Sequence[int],
         sep_bytes: int,
         prefix: Sequence[int] = (),
+        lead: tuple[str, list[int]] | None = None,
     ) -> None:
         self.encode, self.n_vocab, self.batch_bytes = encode, n_vocab, batch_bytes
         self.sep_array, self.sep_bytes = np.asarray(sep_ids, dtype=np.int64), sep_bytes
         self.prefix = np.asarray(prefix, dtype=np.int64)
         self.at_start = True  # the next part starts a document (parts come in stream order)
+        self.lead = lead  # what a part that continues a document is encoded after
         self.writers = {s: ShardWriter(out, s, dtype, shard_tokens) for s in ("train", "val")}
         self.counts = {s: {"bytes": 0, "documents": 0} for s in ("train", "val")}
         self.batch: list[tuple[str, str, bool]] = []  # (text, split, ends its document)
@@ -291,8 +305,17 @@ class _Sink:
     def flush(self) -> None:
         """Encode the batch and write its ids (and separators)."""
         if self.batch:
-            texts = [t for t, _, _ in self.batch]
-            for (_, split, last), ids in zip(self.batch, self.encode(texts)):
+            starts, start = [], self.at_start
+            for _, _, last in self.batch:
+                starts.append(start)
+                start = last
+            lead, lead_ids = self.lead or ("", [])
+            texts = [t if s else lead + t for (t, _, _), s in zip(self.batch, starts)]
+            for (_, split, last), ids, s in zip(self.batch, self.encode(texts), starts):
+                if not s and lead_ids:
+                    if list(ids[: len(lead_ids)]) != lead_ids:
+                        raise GlassError("the tokenizer merged a newline with the text after it")
+                    ids = ids[len(lead_ids) :]
                 arr = np.asarray(ids, dtype=np.int64)
                 if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
                     raise GlassError(f"the tokenizer produced an id outside [0, {self.n_vocab})")

@@ -88,17 +88,6 @@ def _prefix_bos(tok: FamilyTokenizer) -> int | None:
     return whole[0] if len(whole) > len(own) and whole[-len(own) :] == own else None
 
 
-def _space_prefix(spec: Mapping[str, Any]) -> bool:
-    """Whether the file puts ``▁`` before a text (Llama 2's normalizer, Metaspace's scheme)."""
-    for s in flat_steps(spec.get("normalizer")):
-        if s.get("type") == "Prepend" and s.get("prepend") == "▁":
-            return True
-    for s in flat_steps(spec.get("pre_tokenizer")):
-        if s.get("type") == "Metaspace":
-            return s.get("prepend_scheme", "always") != "never" and s.get("add_prefix_space", True)
-    return False
-
-
 def _check_sentencepiece(spec: Mapping[str, Any]) -> None:
     """Refuse a byte-fallback file whose spaces are not ``▁`` as SentencePiece has them."""
     steps = flat_steps(spec.get("normalizer")) + flat_steps(spec.get("pre_tokenizer"))
@@ -171,7 +160,7 @@ def family_fields(tok: FamilyTokenizer, n_vocab: int) -> dict[str, Any]:
         made = {a + b: rank for rank, (a, b) in enumerate(m.split(" ", 1) for m in merges)}
         scores = [-float(made[t]) if t in made else (0.0 if len(t) == 1 else -1e9) for t in tokens]
         out.update(pre="default", tokens=tokens, scores=scores, token_type=types,
-                   add_space_prefix=_space_prefix(spec))  # fmt: skip
+                   add_space_prefix=tok.prepends_space)  # fmt: skip
     bos = _prefix_bos(tok)
     if bos is None and tok.bos_token in vocab:
         bos = vocab[tok.bos_token]

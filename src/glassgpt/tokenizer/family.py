@@ -235,6 +235,20 @@ class FamilyTokenizer:
         return table
 
     @cached_property
+    def prepends_space(self) -> bool:
+        """Whether the file puts ``▁`` before every text it encodes (Llama 2's ``Prepend``
+        normalizer, or Metaspace's ``prepend_scheme``), so that a text's ids depend on where
+        it starts."""
+        for s in flat_steps(self.spec.get("normalizer")):
+            if s.get("type") == "Prepend" and s.get("prepend") == "▁":
+                return True
+        for s in flat_steps(self.spec.get("pre_tokenizer")):
+            if s.get("type") == "Metaspace":
+                scheme = s.get("prepend_scheme", "always")
+                return scheme != "never" and s.get("add_prefix_space", True)
+        return False
+
+    @cached_property
     def fallback_bytes(self) -> frozenset[int]:
         """The ids of byte-fallback tokens ``<0xNN>`` where the decoder joins them
         (``ByteFallback``: a run of them is decoded as one, each byte U+FFFD if the run is not

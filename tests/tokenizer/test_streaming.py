@@ -125,3 +125,27 @@ def test_served_text_streamed_equals_not(tmp_path: Path) -> None:
     assert r.choices[0].message.content == streamed == reply
     assert not reply.startswith(" ")  # the decoder strips the first ▁'s space, the stream too
     assert rc.choices[0].text == streamed_c == whole[len(head) :]
+
+
+def test_samples_printer_continues_the_prompt(tmp_path: Path, capsys: Any) -> None:
+    """``glassgpt sample`` prints the prompt, then ``decode(prompt ‖ new)`` beyond
+    ``decode(prompt)``: the space a ``▁`` token opens a word with stays."""
+    from glassgpt.cli import main
+
+    folder = write_family("fallback", tmp_path / "llama2")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    base = CASES["llama-gqa2-llama3-untied"]
+    kwargs = {**base.kwargs, "vocab_size": len(hf_tok), "max_position_embeddings": 64}
+    hf = make(Case(base.config, base.model, kwargs))
+    hf.save_pretrained(folder)
+    text = "Hello world, the"
+    prompt = hf_tok(text)["input_ids"]
+    x = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=6,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)[0].tolist()  # fmt: skip
+    eos = hf_tok.convert_tokens_to_ids("</s>")
+    out = out[: out.index(eos, len(prompt))] if eos in out[len(prompt) :] else out
+    whole, head = hf_tok.decode(out), hf_tok.decode(prompt)
+    assert main(["sample", "-c", str(folder), "-p", text, "-m", "6", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == text + whole[len(head) :] + "\n"

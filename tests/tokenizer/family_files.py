@@ -6,7 +6,9 @@ template), for ``from tests.tokenizer.family_files import write_family``.
   TemplateProcessing post-processor, ``<|eot_id|>`` ending a turn, Llama 3's chat template;
 - ``qwen``: NFC, Qwen 2's Split regex, byte-level BPE, no BOS, ChatML (``<|im_end|>``);
 - ``fallback``: SentencePiece-style BPE (Llama 2, TinyLlama, Gemma): ``▁`` for spaces, byte
-  fallback ``<0xNN>`` tokens, ``<s>`` first; no chat template.
+  fallback ``<0xNN>`` tokens, ``<s>`` first; no chat template;
+- ``gemma``: Gemma's variant of it: no ``▁`` prepended to a text, ``<bos>`` first, ``<eos>``;
+- ``smollm``: SmolLM's byte-level BPE: single digits split off, then GPT-2's regex; ChatML.
 """
 
 from __future__ import annotations
@@ -77,24 +79,23 @@ def _byte_level(split: str, specials: list[str], *, nfc: bool, size: int) -> Tok
     return tok
 
 
-def _fallback(size: int) -> Tokenizer:
+def _fallback(size: int, *, gemma: bool = False) -> Tokenizer:
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    spaces = [normalizers.Replace(" ", "▁")]
+    tok.normalizer = normalizers.Sequence(spaces if gemma else [normalizers.Prepend("▁"), *spaces])
+    strip = [] if gemma else [decoders.Strip(" ", 1, 0)]
     tok.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
     )
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"] if gemma else ["<unk>", "<s>", "</s>"]
     trainer = trainers.BpeTrainer(
-        vocab_size=size, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens], show_progress=False
+        vocab_size=size, special_tokens=[*specials, *byte_tokens], show_progress=False
     )
     tok.train_from_iterator(CORPUS, trainer)
+    bos = "<bos>" if gemma else "<s>"
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
     )
     return tok
 
@@ -134,6 +135,25 @@ def write_family(kind: str, folder: Path, *, size: int = 320) -> Path:
     elif kind == "fallback":
         tok = _fallback(size + 100)
         _save(tok, folder, {"bos_token": "<s>", "eos_token": "</s>"}, {"<unk>", "<s>", "</s>"})
+    elif kind == "smollm":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        )  # fmt: skip
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        )  # fmt: skip
+        tok.train_from_iterator(CORPUS, trainer)
+        config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+                  "chat_template": CHATML_TEMPLATE}  # fmt: skip
+        _save(tok, folder, config)
+    elif kind == "gemma":
+        tok = _fallback(size + 100, gemma=True)
+        config = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
+        _save(tok, folder, config, {"<pad>", "<eos>", "<bos>", "<unk>"})
     else:
         raise ValueError(kind)
     return folder

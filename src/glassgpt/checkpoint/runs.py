@@ -28,7 +28,9 @@ expresses the file exactly, else the family's own, a ``FamilyTokenizer``: see
 ``vocab.bpe``. Its chat template (``Run.chat_template``) is ``tokenizer_config.json``'s or
 ``chat_template.jinja`` (:mod:`glassgpt.tokenizer.chat`), a checkpoint's likewise where it
 holds one; the ids that end a generation are ``generation_config.json``'s ``eos_token_id``
-and ``tokenizer_config.json``'s ``eos_token``.
+and ``tokenizer_config.json``'s ``eos_token``. Those files (``Run.tokenizer_files``) travel
+with the tokenizer: a run fine-tuned from the folder stores them in each checkpoint beside its
+``tokenizer.json``, and ``export --format hf`` writes them.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import cast, parse_dtype
 from glassgpt.tokenizer import Tokenizer, load_tokenizer
 from glassgpt.tokenizer.chat import ChatTemplate, read_chat_template
-from glassgpt.tokenizer.family import generation_eos_ids, read_config
+from glassgpt.tokenizer.family import SIDECARS, generation_eos_ids, read_config, read_sidecars
 
 CONFIG = "config.toml"  # the resolved run config, in the run folder and in each checkpoint
 
@@ -77,6 +79,10 @@ class Run:
     checkpoint: ckpt.Checkpoint | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     chat_template: ChatTemplate | None = None
+    # the tokenizer's sidecars (tokenizer_config.json, generation_config.json,
+    # chat_template.jinja: glassgpt.tokenizer.family.SIDECARS) as found, for the runs and
+    # exports made from this one to keep
+    tokenizer_files: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     @property
     def model_config(self) -> GPTConfig:
@@ -150,6 +156,7 @@ def open_run(
     else:
         run = _open_checkpoint(folder, _choose(folder, which, step, warn), weights)
     if tokenizer is not None:
+        run.tokenizer_files = {}  # the folder's sidecars describe its own tokenizer
         run.tokenizer = (
             tokenizer_file(Path(tokenizer))
             if isinstance(tokenizer, (str, os.PathLike))
@@ -231,7 +238,8 @@ def _open_checkpoint(folder: Path, chosen: ckpt.Checkpoint, weights: bool) -> Ru
         tok = tokenizer_file(chosen.path / "tokenizer.json")
     meta = {k: v for k, v in chosen.state.items() if k != "files"}
     template = read_chat_template(chosen.path)
-    return Run(folder, "checkpoint", config, model, tok, chosen, meta, template)
+    sidecars = {n: chosen.files[n] for n in SIDECARS if n in chosen.files}
+    return Run(folder, "checkpoint", config, model, tok, chosen, meta, template, sidecars)
 
 
 def _open_hf(folder: Path, weights: bool, dtype: str | torch.dtype | None) -> Run:
@@ -242,7 +250,8 @@ def _open_hf(folder: Path, weights: bool, dtype: str | torch.dtype | None) -> Ru
     model = from_hf(folder, dtype=load_dtype) if weights else None
     config = (model.config if model is not None else config_from_hf(meta)).to_dict()
     tok, template = hf_tokenizer(folder), read_chat_template(folder)
-    return Run(folder, "hf", {"model": config}, model, tok, None, meta, template)
+    sidecars = read_sidecars(folder) if tok is not None else {}
+    return Run(folder, "hf", {"model": config}, model, tok, None, meta, template, sidecars)
 
 
 def tokenizer_file(path: Path) -> Any:

@@ -22,7 +22,7 @@ from glassgpt.checkpoint import open_run
 from glassgpt.cli.arguments import add_checkpoint, add_output, add_run_source
 from glassgpt.model.describe import describe
 from glassgpt.storage import atomic_write
-from glassgpt.tokenizer.pipeline import pipeline_markdown
+from glassgpt.tokenizer.pipeline import pipeline_latex, pipeline_markdown
 from glassgpt.train.model_config import resolve_config
 
 
@@ -67,10 +67,12 @@ def run(args: argparse.Namespace) -> int:
         name=title,
         world_size=args.world_size,
     )
-    if checkpoint is not None and args.format == "markdown":
-        tok = open_run(checkpoint, weights=False).tokenizer
-        if tok is not None:
-            text = text.rstrip("\n") + "\n\n" + pipeline_markdown(tok)
+    tok = open_run(checkpoint, weights=False).tokenizer if checkpoint is not None else None
+    if tok is not None and args.format == "markdown":
+        text = text.rstrip("\n") + "\n\n" + pipeline_markdown(tok)
+    elif tok is not None:  # the tokenizer's subsection, before \end{document}
+        body, end = text.rstrip("\n").rsplit("\n", 1)
+        text = f"{body}\n{pipeline_latex(tok)}\n{end}\n"
     if args.output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return 0

@@ -51,11 +51,13 @@ def run(args: argparse.Namespace) -> int:
     tok = found.needs_tokenizer()
     out = Path(args.output)
     if args.format == "hf":
-        written = export_hf(found.model, tok, out)
+        written = export_hf(found.model, tok, out, found.tokenizer_files)
         print(f"wrote {out}: {', '.join(p.name for p in written)}")
     elif args.format == "gguf":
         path = out if out.suffix == ".gguf" else out / "model.gguf"
-        print(f"wrote {export_gguf(found.model, tok, path, dtype=args.gguf_type)}")
+        template = getattr(found.chat_template, "source", None)  # llama.cpp renders it
+        path = export_gguf(found.model, tok, path, dtype=args.gguf_type, chat_template=template)
+        print(f"wrote {path}")
     else:
         print(f"wrote {export_tiktoken(tok, out)}")
     return 0

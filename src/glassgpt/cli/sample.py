@@ -41,11 +41,12 @@ from glassgpt.devices import parse_device
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.model.precision import parse_dtype
 from glassgpt.sample.engine import is_small
-from glassgpt.sample.generation import ContextWarning, GenerationConfig, decode_stream, stream
+from glassgpt.sample.generation import ContextWarning, GenerationConfig, stream
 from glassgpt.sample.steering import parse_steer, steered
 from glassgpt.sample.stops import unescape
 from glassgpt.tokenizer.chat import PLAIN, chosen_template
 from glassgpt.tokenizer.special import stop_ids
+from glassgpt.tokenizer.streaming import stream_text
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -226,7 +227,8 @@ class Printer:
             out.flush()
             start, count = time.perf_counter(), [0]
             tokens = stream(self.model, ids, tokenizer=self.tok, seed=seed, **self.opts)
-            for piece in decode_stream(self.tok, _counted(tokens, count)):
+            context = ids if self.chat is None else []  # a reply reads alone, as decode(reply)
+            for piece in stream_text(self.tok, _counted(tokens, count), context):
                 out.write(piece)
                 out.flush()
             out.write("\n")

@@ -5,8 +5,14 @@
 
 Documents are the input text files, or the records of JSON Lines, JSON, Parquet or dataset
 inputs (:mod:`glassgpt.data.documents`), in the order given; ``sep`` follows every document: the
-tokenizer's ``<|endoftext|>`` id when it has that special token, else the encoding of a
-newline. Text that happens to spell a special token is encoded as ordinary text, so a corpus
+tokenizer's ``<|endoftext|>`` id when it has that special token (else a model family's
+end-of-text token: Llama 3's ``<|end_of_text|>``, or ``tokenizer_config.json``'s
+``eos_token``, Llama 2's ``</s>``, Gemma's ``<eos>``), else the encoding of a newline. A
+family tokenizer whose post-processor puts a BOS before a prompt puts it before each document
+too (``bos ‖ enc(d) ‖ eos``): each document is delimited as in the families' own pretraining
+(Llama's ``<s> … </s>``, Llama 3's ``<|begin_of_text|> … <|end_of_text|>``, Gemma's
+``<bos> … <eos>``, Qwen's ``… <|endoftext|>``, torchtune's ``add_bos``/``add_eos``), and the
+model sees a document's start as it sees a prompt's. Text that happens to spell a special token is encoded as ordinary text, so a corpus
 cannot forge document boundaries and decoding the shards gives back the text exactly.
 
 The split is by position, not by document: with B total input bytes, the cut sits near byte
@@ -44,20 +50,24 @@ from glassgpt.data.shards import (
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.storage import atomic_write
 from glassgpt.tokenizer.char import CharTokenizer
+from glassgpt.tokenizer.family import FamilyTokenizer
 
 BATCH_BYTES = 8 << 20  # text per encode_batch call
 EOT = "<|endoftext|>"
+END_OF_TEXT = "<|end_of_text|>"  # Llama 3's (its eos_token may be the end of a turn)
 CUT_WINDOW = 1 << 16  # how far before the val cut to look for a safe point
 
 
 def separator(tokenizer: Any) -> tuple[str, str, list[int]]:
     """(kind, text, ids) of the document separator: ``<|endoftext|>`` if the tokenizer has it.
 
-    Otherwise the tokenizer's encoding of ``"\\n"``.
+    Else a family's end-of-text token (Llama 3's ``<|end_of_text|>``, the tokenizer's
+    ``eos_token``); otherwise the tokenizer's encoding of ``"\\n"``.
     """
     specials = getattr(tokenizer, "special_tokens", None) or {}
-    if EOT in specials:
-        return "special", EOT, [int(specials[EOT])]
+    for name in (EOT, END_OF_TEXT, getattr(tokenizer, "eos_token", None)):
+        if name in specials:
+            return "special", name, [int(specials[name])]
     try:
         ids = [int(i) for i in tokenizer.encode("\n")]
     except (GlassError, KeyError, ValueError) as e:
@@ -65,6 +75,30 @@ def separator(tokenizer: Any) -> tuple[str, str, list[int]]:
     if not ids:
         raise GlassError("the tokenizer encodes the newline separator as no tokens")
     return "text", "\n", ids
+
+
+def document_prefix(tokenizer: Any, probe: str = "hello world") -> list[int]:
+    """The ids a family tokenizer's post-processor puts before a prompt's own (its BOS: the
+    ``encode_prompt`` ids before ``encode``'s), [] for glassgpt's own tokenizers."""
+    if not isinstance(tokenizer, FamilyTokenizer):
+        return []
+    whole, own = list(tokenizer.encode_prompt(probe)), list(tokenizer.encode(probe))
+    for k in range(len(whole) - len(own) + 1):
+        if whole[k : k + len(own)] == own:
+            return whole[:k]
+    return []
+
+
+def continuation(tokenizer: Any) -> tuple[str, list[int]] | None:
+    """``(lead, its ids)`` for a tokenizer that puts ``▁`` before every text (Llama 2's,
+    Mistral's): a part that continues a document (a large file's next piece, the text after
+    the val cut) is encoded after ``lead`` and the lead's ids dropped, so that it is not read
+    as a text's start (a ``▁`` there). None for any other tokenizer.
+
+    The lead is a newline, a byte-fallback token that merges with nothing."""
+    if not isinstance(tokenizer, FamilyTokenizer) or not tokenizer.prepends_space:
+        return None
+    return "\n", tokenizer.encode_ordinary("\n")
 
 
 def ordinary_encoder(
@@ -126,6 +160,7 @@ def prepare(
     dtype = dtype_for(n_vocab)
     sep_kind, sep_text, sep_ids = separator(tokenizer)
     sep_bytes = len(sep_text.encode("utf-8")) if sep_kind == "text" else 0
+    prefix = document_prefix(tokenizer)
     tok_json, tok_kind, fingerprint = saved_tokenizer(tokenizer)
     encode = ordinary_encoder(tokenizer, workers)
 
@@ -135,7 +170,8 @@ def prepare(
         _clear_output(out, overwrite)
     except OSError as e:
         raise GlassError(f"{out}: cannot create the output folder ({e.strerror or e})") from None
-    sink = _Sink(out, encode, n_vocab, dtype, shard_tokens, batch_bytes, sep_ids, sep_bytes)
+    sink = _Sink(out, encode, n_vocab, dtype, shard_tokens, batch_bytes, sep_ids, sep_bytes,
+                 prefix, continuation(tokenizer))  # fmt: skip
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress)
     try:
         # global byte offset where val starts (no val: past the end)
@@ -154,6 +190,7 @@ def prepare(
             separator_kind=sep_kind,
             separator_text=sep_text,
             separator_ids=tuple(sep_ids),
+            prefix_ids=tuple(prefix),
             splits=sink.close(),
             sources=tuple(zip(corpus.names, read)),
             shard_tokens=shard_tokens,
@@ -230,7 +267,8 @@ def _feed(
 
 class _Sink:
     """Texts in, ids out: batches of about ``batch_bytes`` encoded at once and written to the
-    train or val shards, each document followed by the separator; bytes and documents counted."""
+    train or val shards, each document after the prefix (a family's BOS) and followed by the
+    separator; bytes and documents counted."""
 
     def __init__(
         self,
@@ -242,9 +280,14 @@ class _Sink:
         batch_bytes: int,
         sep_ids: Sequence[int],
         sep_bytes: int,
+        prefix: Sequence[int] = (),
+        lead: tuple[str, list[int]] | None = None,
     ) -> None:
         self.encode, self.n_vocab, self.batch_bytes = encode, n_vocab, batch_bytes
         self.sep_array, self.sep_bytes = np.asarray(sep_ids, dtype=np.int64), sep_bytes
+        self.prefix = np.asarray(prefix, dtype=np.int64)
+        self.at_start = True  # the next part starts a document (parts come in stream order)
+        self.lead = lead  # what a part that continues a document is encoded after
         self.writers = {s: ShardWriter(out, s, dtype, shard_tokens) for s in ("train", "val")}
         self.counts = {s: {"bytes": 0, "documents": 0} for s in ("train", "val")}
         self.batch: list[tuple[str, str, bool]] = []  # (text, split, ends its document)
@@ -262,12 +305,24 @@ class _Sink:
     def flush(self) -> None:
         """Encode the batch and write its ids (and separators)."""
         if self.batch:
-            texts = [t for t, _, _ in self.batch]
-            for (_, split, last), ids in zip(self.batch, self.encode(texts)):
+            starts, start = [], self.at_start
+            for _, _, last in self.batch:
+                starts.append(start)
+                start = last
+            lead, lead_ids = self.lead or ("", [])
+            texts = [t if s else lead + t for (t, _, _), s in zip(self.batch, starts)]
+            for (_, split, last), ids, s in zip(self.batch, self.encode(texts), starts):
+                if not s and lead_ids:
+                    if list(ids[: len(lead_ids)]) != lead_ids:
+                        raise GlassError("the tokenizer merged a newline with the text after it")
+                    ids = ids[len(lead_ids) :]
                 arr = np.asarray(ids, dtype=np.int64)
                 if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
                     raise GlassError(f"the tokenizer produced an id outside [0, {self.n_vocab})")
+                if self.at_start and self.prefix.size:
+                    self.writers[split].write(self.prefix)
                 self.writers[split].write(arr)
+                self.at_start = last
                 if last:
                     self.writers[split].write(self.sep_array)
                     self.counts[split]["bytes"] += self.sep_bytes

@@ -15,6 +15,9 @@ training needs only this folder) and ``meta.json``::
      "sources": [{"path": "…", "bytes": …}], "shard_tokens": …, "val_fraction": 0.1,
      "created_by": "glassgpt 0.1.0"}
 
+A family tokenizer that puts a BOS before each prompt has its ids as ``"prefix_ids"`` in
+``"separator"``: they open each document (:mod:`glassgpt.data.prepare`).
+
 ``bytes`` counts the UTF-8 bytes of text that a split's tokens stand for (separators written
 as text included, special tokens excluded), so that bits per byte = Σ loss_nats / (bytes · ln 2).
 The tokenizer fingerprint is the SHA-256 of its saved JSON in canonical form (keys sorted,
@@ -133,6 +136,7 @@ class DataMeta:
     sources: tuple[tuple[str, int], ...]  # (path, bytes)
     shard_tokens: int
     val_fraction: float
+    prefix_ids: tuple[int, ...] = ()  # before each document: a family tokenizer's BOS
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +153,7 @@ class DataMeta:
                 "kind": self.separator_kind,
                 "text": self.separator_text,
                 "ids": list(self.separator_ids),
+                **({"prefix_ids": list(self.prefix_ids)} if self.prefix_ids else {}),
             },
             "splits": {name: s.to_json() for name, s in self.splits.items()},
             "sources": [{"path": p, "bytes": n} for p, n in self.sources],
@@ -172,6 +177,7 @@ class DataMeta:
             sources=tuple((str(s["path"]), int(s["bytes"])) for s in d["sources"]),
             shard_tokens=int(d["shard_tokens"]),
             val_fraction=float(d["val_fraction"]),
+            prefix_ids=tuple(int(i) for i in sep.get("prefix_ids", ())),
         )
 
 

@@ -13,7 +13,9 @@ ids the model has past the tokenizer's typed UNUSED (``[PAD{i}]``), and
 whitespace with a newline at the very end of a text). A tokenizer without a pattern, with
 another one, or of characters (llama.cpp has no character-level model; its BPE needs the
 byte-level alphabet) is refused in one line. ``<|endoftext|>`` is bos and eos; no bos is
-added to a prompt, as glassgpt adds none.
+added to a prompt, as glassgpt adds none. A model family's own ``tokenizer.json`` (a
+``FamilyTokenizer``: Llama 3's, Qwen's, Llama 2's, Gemma's) is written as llama.cpp's
+converter writes it (:mod:`.gguf_tokenizer`).
 
 The weights are written as F32, F16, BF16 or Q8_0 (``file_type``); 1-D tensors, norms and
 learned positions stay F32, and a matrix whose rows are not a multiple of Q8_0's block of
@@ -33,19 +35,18 @@ import numpy as np
 
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.interop.gguf_arch import arch_for, gguf_tensors, metadata
+from glassgpt.interop.gguf_tokenizer import LLAMA3_PATTERN, QWEN2_PATTERN, family_fields
 from glassgpt.model import GPT
 from glassgpt.storage import fsync_dir, write_failed
 from glassgpt.tokenizer.bpe import Tokenizer
 from glassgpt.tokenizer.char import CharTokenizer
+from glassgpt.tokenizer.family import FamilyTokenizer
 from glassgpt.tokenizer.files import token_to_str
 from glassgpt.tokenizer.pretokenize import GPT2_PATTERN, GPT4_PATTERN
 from glassgpt.tokenizer.special import END_OF_TEXT
 
 EXTRA = "gguf"  # pip install 'glassgpt[gguf]'
 DTYPES = ("f32", "f16", "bf16", "q8_0")
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
-QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
 PRE = {GPT2_PATTERN: "gpt-2", GPT4_PATTERN: "dbrx", LLAMA3_PATTERN: "dbrx", QWEN2_PATTERN: "qwen2"}
 
 
@@ -86,7 +87,10 @@ def pre_tokenizer(tok: Any) -> str:
 
 
 def tokenizer_fields(tok: Tokenizer, n_vocab: int) -> dict[str, Any]:
-    """The ``tokenizer.ggml.*`` keys (without the prefix) of ``tok`` for a model of ``n_vocab``."""
+    """The ``tokenizer.ggml.*`` keys (without the prefix) of ``tok`` for a model of ``n_vocab``
+    (a family's own ``tokenizer.json``: :mod:`.gguf_tokenizer`)."""
+    if isinstance(tok, FamilyTokenizer):
+        return family_fields(tok, n_vocab)
     pre = pre_tokenizer(tok)  # first: refuses what is not a byte-level BPE
     if not tok.merges:  # gguf writes no empty array, and llama.cpp needs the key
         raise GlassError("--format gguf: the tokenizer has no merges; llama.cpp's BPE needs one")
@@ -141,9 +145,18 @@ def _add(writer: Any, key: str, value: Any) -> None:
         writer.add_array(key, value)
 
 
-def export_gguf(model: GPT, tok: Any, out: str | os.PathLike, *, dtype: str = "f32") -> Path:
+def export_gguf(
+    model: GPT,
+    tok: Any,
+    out: str | os.PathLike,
+    *,
+    dtype: str = "f32",
+    chat_template: str | None = None,
+) -> Path:
     """Write ``model`` and ``tok`` as the GGUF file ``out`` (weights in ``dtype``: f32, f16,
-    bf16 or q8_0); a config or tokenizer llama.cpp cannot run is refused first, in one line."""
+    bf16 or q8_0; ``chat_template``, the Jinja source, as ``tokenizer.chat_template``, which
+    llama.cpp and Ollama render); a config or tokenizer llama.cpp cannot run is refused
+    first, in one line."""
     if dtype not in DTYPES:
         raise ConfigError("dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}")
     c = model.config
@@ -163,6 +176,8 @@ def export_gguf(model: GPT, tok: Any, out: str | os.PathLike, *, dtype: str = "f
             _add(writer, f"{arch}.{key}", value)
         for key, value in fields.items():
             _add(writer, f"tokenizer.ggml.{key}", value)
+        if chat_template is not None:
+            writer.add_string("tokenizer.chat_template", chat_template)
         for name, t in gguf_tensors(model, arch):
             data, qtype = _encode(gguf, name, t.contiguous().numpy(), dtype)
             writer.add_tensor(name, data, raw_dtype=qtype if data.dtype == np.uint8 else None)

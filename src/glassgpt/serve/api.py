@@ -75,7 +75,7 @@ def make_router(state: ServeState) -> APIRouter:
             body.max_tokens = body.max_completion_tokens
         prompts, stops = _chat_prompts(state, body)
         k = (body.top_logprobs or 0) if body.logprobs else None
-        run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, k, stops))
+        run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, k, stops), reply=True)
         meta = _meta("chatcmpl", "chat.completion", state)
         if body.stream:
             return _sse(_chat_chunks(state, run, meta, body.include_usage), run)

@@ -2,15 +2,15 @@
 
 Choice i of prompt p has index p·n + i and seed ``seed + index`` (as ``glassgpt sample``
 gives sample i the seed ``seed + i``). Token ids arrive from the scheduler thread through an
-asyncio queue; each choice decodes its bytes incrementally (a character split across tokens
-waits for its last byte). Leaving :meth:`Run.events` early, by a disconnect or a cancelled
+asyncio queue; each choice's text comes through a :class:`~glassgpt.tokenizer.streaming.TextStream`
+(its pieces join to the tokenizer's decode; a completion continues its prompt's text, a chat
+``reply`` reads alone). Leaving :meth:`Run.events` early, by a disconnect or a cancelled
 stream, cancels every job, and the scheduler drops them before its next step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import random
 import threading
@@ -23,6 +23,7 @@ from typing import Any
 from glassgpt.sample.filters import SamplingConfig
 from glassgpt.serve.scheduler import Job, Scheduler
 from glassgpt.tokenizer.special import stop_ids
+from glassgpt.tokenizer.streaming import TextStream
 
 
 class _Mailbox:
@@ -82,7 +83,7 @@ class Choice:
     infos: list[Any] = field(default_factory=list)
     finish: str | None = None
     error: str | None = None
-    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    decoder: Any = None  # a TextStream
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,12 @@ class Run:
     """Submit one job per choice; ``events()`` yields (choice, kind, text piece) as they come."""
 
     def __init__(
-        self, scheduler: Scheduler, tokenizer: Any, prompts: list[list[int]], s: Settings
+        self,
+        scheduler: Scheduler,
+        tokenizer: Any,
+        prompts: list[list[int]],
+        s: Settings,
+        reply: bool = False,
     ) -> None:
         self.scheduler, self.tokenizer = scheduler, tokenizer
         self.queue: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
@@ -114,7 +120,8 @@ class Run:
         for p, ids in enumerate(prompts):
             for i in range(s.n):
                 index = p * s.n + i
-                self.choices.append(Choice(index, ids))
+                stream = TextStream(tokenizer, () if reply else ids)
+                self.choices.append(Choice(index, ids, decoder=stream))
                 self.jobs.append(
                     Job(
                         prompt=ids,
@@ -156,10 +163,10 @@ class Run:
                     t, info = payload
                     choice.ids.append(t)
                     choice.infos.append(info)
-                    piece = choice.decoder.decode(self.tokenizer.decode_bytes([t]))
+                    piece = choice.decoder.push(t)
                 else:
                     remaining -= 1
-                    piece = choice.decoder.decode(b"", final=True)
+                    piece = choice.decoder.flush()
                     if kind == "error":
                         choice.error, choice.finish = payload, "error"
                     else:

@@ -50,17 +50,17 @@ from glassgpt.tokenizer.special import (
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _steps(spec: Any) -> list[dict[str, Any]]:
+def flat_steps(spec: Any) -> list[dict[str, Any]]:
     """A normalizer, pre-tokenizer, decoder or post-processor as a flat list of steps.
 
-    >>> [s["type"] for s in _steps({"type": "Sequence", "decoders": [{"type": "Fuse"}]})]
+    >>> [s["type"] for s in flat_steps({"type": "Sequence", "decoders": [{"type": "Fuse"}]})]
     ['Fuse']
     """
     if not isinstance(spec, Mapping):
         return []
     if spec.get("type") == "Sequence":
         inner = next((v for k, v in spec.items() if isinstance(v, list)), [])
-        return [s for step in inner for s in _steps(step)]
+        return [s for step in inner for s in flat_steps(step)]
     return [dict(spec)]
 
 
@@ -226,13 +226,37 @@ class FamilyTokenizer:
     @cached_property
     def _bytes(self) -> list[bytes | None]:
         """Each id's bytes (None for an id no token has), built on first use."""
-        decoder = _steps(self.spec.get("decoder"))
+        decoder = flat_steps(self.spec.get("decoder"))
         table: list[bytes | None] = [None] * self.n_vocab
         for piece, i in self.backend.get_vocab(with_added_tokens=False).items():
             table[i] = piece_bytes(piece, decoder)
         for i, content in self._added.items():
             table[i] = content.encode("utf-8")
         return table
+
+    @cached_property
+    def prepends_space(self) -> bool:
+        """Whether the file puts ``▁`` before every text it encodes (Llama 2's ``Prepend``
+        normalizer, or Metaspace's ``prepend_scheme``), so that a text's ids depend on where
+        it starts."""
+        for s in flat_steps(self.spec.get("normalizer")):
+            if s.get("type") == "Prepend" and s.get("prepend") == "▁":
+                return True
+        for s in flat_steps(self.spec.get("pre_tokenizer")):
+            if s.get("type") == "Metaspace":
+                scheme = s.get("prepend_scheme", "always")
+                return scheme != "never" and s.get("add_prefix_space", True)
+        return False
+
+    @cached_property
+    def fallback_bytes(self) -> frozenset[int]:
+        """The ids of byte-fallback tokens ``<0xNN>`` where the decoder joins them
+        (``ByteFallback``: a run of them is decoded as one, each byte U+FFFD if the run is not
+        UTF-8)."""
+        if "ByteFallback" not in {s.get("type") for s in flat_steps(self.spec.get("decoder"))}:
+            return frozenset()
+        vocab = self.backend.get_vocab(with_added_tokens=False)
+        return frozenset(i for piece, i in vocab.items() if BYTE_TOKEN.fullmatch(piece))
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """Each token's own bytes, joined (see the module docstring)."""
@@ -296,7 +320,7 @@ def describe_steps(spec: Any, options: bool = True) -> str:
     'none'
     """
     out = []
-    for s in _steps(spec):
+    for s in flat_steps(spec):
         kind = s.get("type")
         pattern = s.get("pattern")
         if isinstance(pattern, Mapping):
@@ -356,6 +380,33 @@ def generation_eos_ids(folder: Path) -> list[int]:
     eos = read_config(folder, "generation_config.json").get("eos_token_id")
     eos = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
     return [int(i) for i in eos if isinstance(i, int)]
+
+
+# What a tokenizer's folder holds beside ``tokenizer.json`` that a model's runs keep with it:
+# the special tokens' strings and the chat template, the ids that end a generation.
+SIDECARS = ("tokenizer_config.json", "generation_config.json", "chat_template.jinja")
+
+
+def read_sidecars(folder: str | os.PathLike[str]) -> dict[str, bytes]:
+    """The :data:`SIDECARS` of ``folder`` that exist, by name, as their bytes (a checkpoint
+    stores them beside its ``tokenizer.json``; ``export --format hf`` writes them back).
+
+    >>> read_sidecars("/nonexistent")
+    {}
+    """
+    folder = Path(folder)
+    return {n: (folder / n).read_bytes() for n in SIDECARS if (folder / n).is_file()}
+
+
+def write_sidecars(folder: str | os.PathLike[str], files: Mapping[str, bytes]) -> list[Path]:
+    """Write the :data:`SIDECARS` among ``files`` into ``folder`` (atomically, each); the
+    paths written."""
+    written = []
+    for name in SIDECARS:
+        if name in files:
+            atomic_write(Path(folder) / name, files[name])
+            written.append(Path(folder) / name)
+    return written
 
 
 def read_family(path: str | os.PathLike[str]) -> FamilyTokenizer:

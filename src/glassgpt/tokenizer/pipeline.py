@@ -59,3 +59,35 @@ def pipeline_markdown(tok: Any) -> str:
     rows = "".join(f"| {stage} | {what.replace('|', bar)} |\n" for stage, what in pipeline(tok))
     head = f"## Tokenizer: Text → V*, |V| = {tok.n_vocab:,}\n\n| stage | |\n| --- | --- |\n"
     return head + rows
+
+
+# LaTeX text mode, in ASCII (as ``describe --format latex`` is): the characters a pipeline's
+# rows hold beyond ASCII by name, any other as its code point
+_TEX = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "_": r"\_", "%": r"\%", "&": r"\&",
+        "#": r"\#", "$": r"\$", "^": r"\^{}", "~": r"\~{}", "|": r"\textbar{}\allowbreak{}",
+        "<": r"\textless{}", ">": r"\textgreater{}", "→": r"$\to$", "▁": r"\textvisiblespace{}",
+        "…": r"\ldots{}", "'": r"\textquotesingle{}", "\n": r"\textbackslash{}n",
+        "\r": r"\textbackslash{}r", "\t": r"\textbackslash{}t"}  # fmt: skip
+
+
+def tex_text(text: str) -> str:
+    r"""``text`` for LaTeX's text mode, in ASCII.
+
+    >>> tex_text(r"Split(/\p{N}{1,3}|x/) → ▁é")
+    'Split(/\\textbackslash{}p\\{N\\}\\{1,3\\}\\textbar{}\\allowbreak{}x/) $\\to$ \\textvisiblespace{}[U+00E9]'
+    """
+    return "".join(_TEX.get(ch, ch if ch.isascii() else f"[U+{ord(ch):04X}]") for ch in text)
+
+
+def pipeline_latex(tok: Any) -> str:
+    r""":func:`pipeline` as a LaTeX subsection (a two-column table), for ``describe --format
+    latex``.
+
+    >>> print(pipeline_latex(CharTokenizer(["a"])).splitlines()[0])
+    \subsection*{Tokenizer: Text $\to V^*$, $|V| = 1$}
+    """
+    rows = [f"{tex_text(stage)} & {tex_text(what)} \\\\" for stage, what in pipeline(tok)]
+    return "\n".join([
+        rf"\subsection*{{Tokenizer: Text $\to V^*$, $|V| = {tok.n_vocab:,}$}}", "",
+        r"\begin{tabular}{lp{0.7\linewidth}}", r"stage & \\ \hline", *rows, r"\end{tabular}", "",
+    ])  # fmt: skip

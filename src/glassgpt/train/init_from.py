@@ -1,5 +1,6 @@
 """``glassgpt train --init-from DIR``: fine-tune the weights of a glassgpt run or an HF GPT-2
-folder, with its architecture and tokenizer.
+folder, with its architecture and tokenizer (and the tokenizer's ``tokenizer_config.json``,
+``generation_config.json`` and ``chat_template.jinja``, which each checkpoint keeps).
 
 The run's ``[model]`` table becomes the source model's config; ``--set model.KEY=VALUE`` may
 change only what keeps every weight's shape (``dropout``, ``init_std``, ``norm_eps``,
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ class InitFrom:
     state: dict[str, Any]  # the weights, by our parameter names
     tokenizer_json: bytes  # the tokenizer, in glassgpt's file format
     n_vocab_tokenizer: int
+    # its tokenizer_config.json, generation_config.json, chat_template.jinja (Run.tokenizer_files)
+    tokenizer_files: dict[str, bytes] = field(default_factory=dict)
 
 
 def load_init(path: str | Path) -> InitFrom:
@@ -48,7 +51,8 @@ def load_init(path: str | Path) -> InitFrom:
         file = Path(tmp) / "tokenizer.json"
         tok.save(file)
         tokenizer_json = file.read_bytes()
-    return InitFrom(folder, model.config, model.state_dict(), tokenizer_json, tok.n_vocab)
+    return InitFrom(folder, model.config, model.state_dict(), tokenizer_json, tok.n_vocab,
+                    run.tokenizer_files)  # fmt: skip
 
 
 def init_raw(init: InitFrom, raw: dict[str, Any]) -> dict[str, Any]:

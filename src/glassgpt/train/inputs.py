@@ -17,7 +17,8 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from glassgpt.data.documents import Corpus
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.model.memory import estimate_training_memory, format_bytes, per_rank_memory
 from glassgpt.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+from glassgpt.tokenizer.family import FamilyTokenizer, read_sidecars, write_sidecars
 from glassgpt.train.config import DataConfig, RunConfig
 
 DATA_SUBDIR = "data"
@@ -43,6 +45,8 @@ class RunData:
     data: Any  # DataDir
     tokenizer: Any
     tokenizer_json: bytes
+    # the tokenizer's sidecars (glassgpt.tokenizer.family.SIDECARS), which checkpoints keep
+    tokenizer_files: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -86,20 +90,24 @@ def resolve_data(
     out_dir: Path,
     *,
     tokenizer_json: bytes | None = None,
+    tokenizer_files: Mapping[str, bytes] | None = None,
     prepare: bool = True,
     progress: bool = False,
 ) -> RunData:
     """The data folder and tokenizer of a run (preparing ``OUT/data`` where needed).
 
     ``tokenizer_json`` (a checkpoint's tokenizer) pins the tokenizer: a folder made with
-    another one is refused. With ``prepare=False`` (ranks other than 0) nothing is written:
+    another one is refused; ``tokenizer_files`` are its sidecars (its ``tokenizer_config.json``
+    …), read with it and kept in ``RunData``. With ``prepare=False`` (ranks other than 0) nothing is written:
     the folder rank 0 prepared is opened.
     """
     pinned = None
     if tokenizer_json is not None:
-        pinned = _tokenizer_from_bytes(tokenizer_json)
+        pinned = _tokenizer_from_bytes(tokenizer_json, tokenizer_files or {})
     elif cfg.tokenizer not in ("char", "bpe"):
         pinned = train_tokenizer(cfg, [])
+        if isinstance(pinned, FamilyTokenizer):  # its tokenizer_config.json … beside it
+            tokenizer_files = read_sidecars(Path(cfg.tokenizer).parent)
     if len(cfg.paths) == 1 and is_prepared(cfg.paths[0]):
         data = DataDir.open(cfg.paths[0], tokenizer=pinned)
     else:
@@ -122,7 +130,7 @@ def resolve_data(
                 say(skipped, kind=None)
     tokenizer = pinned if pinned is not None else data.load_tokenizer()
     saved = tokenizer_json or (data.path / "tokenizer.json").read_bytes()
-    return RunData(data, tokenizer, saved)
+    return RunData(data, tokenizer, saved, dict(tokenizer_files or {}))
 
 
 def _matches(folder: Path, tokenizer: Any) -> bool:
@@ -133,10 +141,11 @@ def _matches(folder: Path, tokenizer: Any) -> bool:
     return True
 
 
-def _tokenizer_from_bytes(data: bytes) -> Any:
+def _tokenizer_from_bytes(data: bytes, sidecars: Mapping[str, bytes]) -> Any:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tokenizer.json"
         path.write_bytes(data)
+        write_sidecars(tmp, sidecars)
         return load_tokenizer(path)
 
 

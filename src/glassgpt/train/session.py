@@ -25,6 +25,7 @@ from glassgpt.data import BatchSampler, iter_eval_batches
 from glassgpt.errors import ConfigError, GlassError
 from glassgpt.model import GPT
 from glassgpt.storage import atomic_write
+from glassgpt.tokenizer.family import SIDECARS
 from glassgpt.train import distributed as D
 from glassgpt.train import rng
 from glassgpt.train.config import RunConfig, applicable, dump_toml
@@ -60,20 +61,23 @@ def say_on(ctx: D.DistContext) -> Any:
 def prepare_data(plan: Plan, ctx: D.DistContext) -> RunData:
     """The data folder and tokenizer (rank 0 prepares; the others open what it wrote)."""
     pre = plan.run.config
+    sidecars: dict[str, bytes] = {}  # its config and chat template: each checkpoint keeps them
     if plan.checkpoint is not None:
         tok_json = plan.checkpoint.files.get("tokenizer.json")
+        sidecars = {n: plan.checkpoint.files[n] for n in SIDECARS if n in plan.checkpoint.files}
     else:
         tok_json = plan.init.tokenizer_json if plan.init is not None else None
+        sidecars = dict(plan.init.tokenizer_files) if plan.init is not None else {}
     run_data = None
     if ctx.is_main:
         plan.out_dir.mkdir(parents=True, exist_ok=True)
         print(f"glassgpt {__version__}: preparing data in {plan.out_dir}", flush=True)
-        run_data = resolve_data(
-            pre.data, plan.out_dir, tokenizer_json=tok_json, progress=pre.train.progress
-        )
+        run_data = resolve_data(pre.data, plan.out_dir, tokenizer_json=tok_json,
+                                tokenizer_files=sidecars, progress=pre.train.progress)  # fmt: skip
     D.barrier(ctx)
     if run_data is None:
-        run_data = resolve_data(pre.data, plan.out_dir, tokenizer_json=tok_json, prepare=False)
+        run_data = resolve_data(pre.data, plan.out_dir, tokenizer_json=tok_json,
+                                tokenizer_files=sidecars, prepare=False)  # fmt: skip
     return run_data
 
 
@@ -230,6 +234,7 @@ def make_trainer(
         checkpoint_files={
             ckpt.CONFIG: config_toml.encode(),
             "tokenizer.json": run_data.tokenizer_json,
+            **run_data.tokenizer_files,
         },
         bytes_per_token=run_data.bytes_per_token,
         on_eval=sampler(cfg, run_data) if sampler is not None else None,

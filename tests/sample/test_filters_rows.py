@@ -85,8 +85,9 @@ config = st.builds(
     repetition_penalty=st.sampled_from([1.0, 1.3, 0.8]),
     frequency_penalty=st.sampled_from([0.0, 0.4, -0.3]),
     presence_penalty=st.sampled_from([0.0, 0.7, -0.5]),
-    logit_bias=st.dictionaries(st.integers(0, V - 1), st.sampled_from([-100.0, -2.0, 3.0]),
-                               max_size=3),  # fmt: skip
+    logit_bias=st.dictionaries(
+        st.integers(0, V - 1), st.sampled_from([-100.0, -2.0, 3.0]), max_size=3
+    ),
 )
 
 
@@ -175,5 +176,5 @@ def test_seeded_draws_follow_the_distribution_across_steps() -> None:
 
 
 def test_a_bias_id_past_the_vocabulary_is_refused() -> None:
-    with pytest.raises(ConfigError, match="^logit_bias: token id 10 is out of range"):
+    with pytest.raises(ConfigError, match=r"^logit_bias: token id 10 is out of range"):
         Rows(1, 10).set(0, SamplingConfig(logit_bias={10: 1.0}), seed=0)

@@ -202,9 +202,7 @@ def _where_on(param: Tensor, on: object, z: Tensor, fn: object) -> Tensor:
     return z.index_copy(0, idx, fn(z[idx], param[idx]))  # type: ignore[operator]
 
 
-def _penalties(
-    z: Tensor, counts: Tensor, rep: Tensor, freq: Tensor, pres: Tensor
-) -> Tensor:
+def _penalties(z: Tensor, counts: Tensor, rep: Tensor, freq: Tensor, pres: Tensor) -> Tensor:
     """As ``filters.apply_penalties``, row b with its own r_b, f_b, a_b ([B] each)."""
     if bool((rep != 1).any()):
         penalised = torch.where(z > 0, z / rep[:, None], z * rep[:, None])

@@ -21,6 +21,8 @@ Results go back through a callback (the API hands them to its asyncio queue); af
 admission and each step the scheduler calls the jobs' ``flush``, so the receiving event
 loop wakes once per batch of results, not once per token. A cancelled sequence (the client
 went away) is dropped before the next step, so no work continues.
+A prompt that begins with blocks of tokens an earlier prompt began with (a shared system
+prompt) loads their keys and values instead of encoding them (``serve.prefix``).
 Every forward holds ``lock``, which the explorer's analyses share: hooks are per model.
 Steering hooks (``steering``, e.g. from ``glassgpt.sample.steering.steering_hooks``) are
 attached around each of the scheduler's forwards, so every request is steered and the
@@ -45,6 +47,7 @@ from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig, mask_padded
 from glassgpt.sample.rows import Rows
 from glassgpt.sample.stops import StopMatcher
+from glassgpt.serve.prefix import DEFAULT_BYTES, PrefixCache
 from glassgpt.serve.slots import SlotCache, available_memory, served_context
 
 Emit = Callable[[str, Any], None]  # ("token", (id, info)) | ("done", reason) | ("error", text)
@@ -99,6 +102,7 @@ class Scheduler:
         replay: bool = True,
         steering: Mapping[str, Callable[..., Any]] | None = None,
         max_context: int | None = None,
+        prefix_bytes: int = DEFAULT_BYTES,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.steering = dict(steering or {})  # hooks attached around every forward
@@ -112,6 +116,7 @@ class Scheduler:
                                     available=None if max_context else available_memory(p.device))  # fmt: skip
         self.cache = SlotCache.for_model(model, slots, self.n_ctx)
         self.rows = Rows(slots, self.config.n_vocab, self.device)  # row b: slot b's sampling
+        self.prefix = PrefixCache(max_bytes=prefix_bytes)  # prompt blocks seen (K/V kept)
         self.lock = threading.Lock()
         self.inbox: queue.Queue[Job | None] = queue.Queue()
         self.active: list[_Seq] = []  # active[b] lives in slot b
@@ -250,11 +255,17 @@ class Scheduler:
             self._free(b)
 
     def _prefill(self, ids: list[int], capacity: int) -> tuple[Tensor, KVCache]:
-        """``ids`` encoded alone: the logits [V] after the last one, and their cache."""
+        """``ids`` encoded alone: the logits [V] after the last one, and their cache. A
+        cached prefix (``serve.prefix``) is loaded, not encoded; not with steering, whose
+        hooks change the keys and values."""
         cache = KVCache.for_model(self.model, 1, capacity, last_only=True)
-        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         with self.lock, torch.inference_mode(), self.steered():
+            plain = not self.steering and not self.model._hook_fns
+            n = self.prefix.load(ids, cache) if plain else 0
+            tokens = torch.tensor([ids[n:]], dtype=torch.long, device=self.device)
             logits = self.model(tokens, cache=cache)  # [1, 1, V]
+            if plain:
+                self.prefix.store(ids, cache)
         return logits[0, -1], cache
 
     def _retire_cancelled(self) -> None:

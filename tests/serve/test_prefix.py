@@ -28,7 +28,7 @@ FAMILIES = {
         "n_kv_heads": 2,
         "sliding_window": 6,
         "layer_types": ("sliding", "full"),
-    },  # fmt: skip
+    },
     "llama-like": {"positional": "rope", "n_kv_heads": 1, "norm": "rmsnorm", "mlp": "swiglu"},
 }
 
@@ -63,7 +63,7 @@ def test_logits_with_a_cached_prefix_equal_the_whole_prompts(family: str) -> Non
     gen = torch.Generator().manual_seed(1)
     system = torch.randint(0, 29, (37,), generator=gen).tolist()
     prefix = PrefixCache(block=8)
-    assert prefill(model, prefix, system + [1, 2])[0] == 0
+    assert prefill(model, prefix, [*system, 1, 2])[0] == 0
     for tail in ([3], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13], []):
         ids = system + tail
         n, cached = prefill(model, prefix, ids)
@@ -116,7 +116,7 @@ def test_served_tokens_with_a_cached_system_prompt_equal_generates() -> None:
     tok = CharTokenizer([chr(97 + i) for i in range(29)])
     model = model_of("gqa-rope-sliding", torch.float64)
     system = torch.randint(0, 29, (40,), generator=torch.Generator().manual_seed(3)).tolist()
-    prompts = [system + [i, i + 1] for i in range(4)]
+    prompts = [[*system, i, i + 1] for i in range(4)]
     outs, scheduler = serve(model, tok, prompts)
     assert scheduler.prefix.hits == 3 and scheduler.prefix.reused == 3 * 32
     want = [generate(model, p, max_new_tokens=10, seed=i, temperature=0.9 if i % 2 else 0.0)

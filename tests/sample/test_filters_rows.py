@@ -147,6 +147,34 @@ def test_rows_sampled_together_equal_each_row_alone(
                 assert torch.equal(together.counts[b + 1], alone[b].counts[0])
 
 
+@pytest.mark.parametrize("scale", [0.5, 4.0])  # flat: top-p sorts; peaked: cut among the largest
+def test_top_p_on_a_large_vocabulary_is_the_reference_and_row_independent(scale: float) -> None:
+    """Past 2·NUCLEUS ids, top-p looks among each row's largest probabilities first (and
+    sorts the rows whose nucleus is wider): the reference, row by row, alone or batched."""
+    V, gen = 1500, torch.Generator().manual_seed(2)
+    cfgs = [
+        SamplingConfig(top_p=p, temperature=t) for p, t in [(0.5, 1.0), (0.9, 0.7), (0.99, 1.3)]
+    ]
+    cfgs += [SamplingConfig(top_p=0.8, top_k=700), SamplingConfig(temperature=0.0)]
+    z = scale * torch.randn(len(cfgs), V, generator=gen, dtype=torch.float64).float()
+    z[1] *= 8  # one row peaked whatever the scale, beside flat ones
+    rows = Rows(len(cfgs), V)
+    for b, cfg in enumerate(cfgs):
+        rows.set(b, cfg, seed=b)
+    got = rows.probabilities(z).double().numpy()
+    for b, cfg in enumerate(cfgs):
+        want = reference(z[b].numpy(), cfg, np.zeros(V))
+        np.testing.assert_allclose(got[b], want, atol=2e-6)
+        alone = Rows(1, V)
+        alone.set(0, cfg, seed=b)
+        assert torch.equal(rows.probabilities(z)[b], alone.probabilities(z[b : b + 1])[0])
+    ids, _ = rows.sample(z)
+    for b, cfg in enumerate(cfgs):
+        alone = Rows(1, V)
+        alone.set(0, cfg, seed=b)
+        assert int(ids[b]) == int(alone.sample(z[b : b + 1])[0][0])
+
+
 def test_moved_rows_keep_their_stream() -> None:
     """A row moved to another slot (the server refilling a freed one) draws what it would
     have drawn where it was."""

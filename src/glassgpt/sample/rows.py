@@ -21,7 +21,9 @@ gets the tokens ``generate`` gives, alone or beside any others.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
+from functools import reduce
 
 import torch
 from torch import Tensor
@@ -29,6 +31,11 @@ from torch import Tensor
 from glassgpt import kernels
 from glassgpt.errors import ConfigError
 from glassgpt.sample.filters import SamplingConfig, draw
+
+# what a row uses, one bit each (``Rows.uses``): the step skips what no row uses
+PENALTY, BIAS, DRAW, TOP_K, TOP_P, MIN_P = (1 << i for i in range(6))
+EVERY = (1 << 6) - 1
+NUCLEUS = 256  # top-p looks among a row's largest NUCLEUS probabilities first
 
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # SplitMix64's constants, as signed int64
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
@@ -95,6 +102,7 @@ class Rows:
         self.seed, self.drawn = full(0, torch.long), full(0, torch.long)
         self.counts: Tensor | None = None  # [capacity, V] once a row has penalties
         self.bias: Tensor | None = None  # [capacity, V] once a row has a logit bias
+        self.uses = [0] * capacity  # row b's bits (PENALTY, BIAS, DRAW, …)
         self._state = ("temperature", "top_p", "min_p", "top_k", "repetition", "frequency",
                        "presence", "seed", "drawn", "counts", "bias")  # fmt: skip
 
@@ -112,6 +120,11 @@ class Rows:
         self.frequency[b] = cfg.frequency_penalty
         self.presence[b] = cfg.presence_penalty
         self.seed[b], self.drawn[b] = wrap64(seed), 0
+        k, p, m = cfg.top_k or 0, cfg.top_p or 1.0, cfg.min_p or 0.0
+        self.uses[b] = ((PENALTY if cfg.penalised else 0) | (BIAS if cfg.logit_bias else 0)
+                        | (DRAW if cfg.temperature != 0 else 0)
+                        | (TOP_K if 0 < k < self.n_vocab else 0) | (TOP_P if p < 1 else 0)
+                        | (MIN_P if m > 0 else 0))  # fmt: skip
         if cfg.penalised and self.counts is None:
             self.counts = torch.zeros(self.capacity, self.n_vocab, device=self.device)
         if self.counts is not None:
@@ -133,6 +146,7 @@ class Rows:
             t = getattr(self, name)
             if t is not None:
                 t[dst] = t[src]
+        self.uses[dst] = self.uses[src]
 
     def sample(self, logits: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
         """The next id of rows start..start+B−1 from their logits [B, V], and whether each
@@ -140,16 +154,20 @@ class Rows:
         step their counter; a row without a finite logit is left as it was."""
         B = logits.shape[0]
         r = slice(start, start + B)
-        z, hot, zs = self._process(logits, r)
+        z, hot, zs = self._process(logits, start)
         ids = ok = None
-        if hot.numel() == 0:
+        if hot is not None and hot.numel() == 0:
             picked = kernels.argmax_rows(z)  # None off a CPU, or with a NaN or inf maximum
             if picked is not None:
                 ids = torch.tensor(picked, device=z.device)
                 ok = torch.ones(B, dtype=torch.bool, device=z.device)
         if ids is None or ok is None:
             ids, ok = z.argmax(-1), torch.isfinite(z).any(-1)
-        if hot.numel():
+        if hot is None:  # every row draws
+            ok = torch.isfinite(zs).any(-1)
+            u = uniforms(self.seed[r], self.drawn[r])
+            ids = draw(zs if bool(ok.all()) else zs.masked_fill(~ok[:, None], 0.0), u)
+        elif hot.numel():
             fine = torch.isfinite(zs).any(-1)
             u = uniforms(self.seed[r][hot], self.drawn[r][hot])
             ids[hot] = draw(zs.masked_fill(~fine[:, None], 0.0), u).to(ids.device)
@@ -164,42 +182,51 @@ class Rows:
     def probabilities(self, logits: Tensor, start: int = 0) -> Tensor:
         """The distribution each row draws from [B, V] (one-hot at the argmax when greedy);
         the state is left as it is."""
-        B = logits.shape[0]
-        z, hot, zs = self._process(logits, slice(start, start + B))
+        z, hot, zs = self._process(logits, start)
         p = torch.zeros_like(z).scatter_(-1, z.argmax(-1, keepdim=True), 1.0)
+        if hot is None:
+            return torch.softmax(zs, dim=-1)
         return p.index_copy(0, hot, torch.softmax(zs, dim=-1)) if hot.numel() else p
 
-    def _process(self, logits: Tensor, r: slice) -> tuple[Tensor, Tensor, Tensor]:
-        """(z after penalties and bias [B, V], the rows that draw [h], their filtered
-        logits [h, V])."""
-        V = logits.shape[1]
+    def _process(self, logits: Tensor, start: int) -> tuple[Tensor, Tensor | None, Tensor]:
+        """(z after penalties and bias [B, V], the rows that draw [h] (None: every row),
+        their filtered logits [h, V])."""
+        B = logits.shape[0]
+        r = slice(start, start + B)
+        uses = self.uses[r]
+        some, every = reduce(operator.or_, uses, 0), reduce(operator.and_, uses, EVERY)
         z = logits.float()
-        if self.counts is not None:
+        if some & PENALTY and self.counts is not None:
             z = _penalties(z, self.counts[r], self.repetition[r], self.frequency[r],
                            self.presence[r])  # fmt: skip
-        if self.bias is not None:
+        if some & BIAS and self.bias is not None:
             z = z + self.bias[r]
+        if not some & DRAW:
+            return z, z.new_zeros(0, dtype=torch.long), z[:0]
         T = self.temperature[r]
-        hot = (T != 0).nonzero()[:, 0]  # rows that draw (the rest are greedy)
-        zs = z[:0]
-        if hot.numel():
-            zs = z[hot] / T[hot, None]  # [h, V]
-            zs = _where_on(self.top_k[r][hot], lambda k: (k > 0) & (k < V), zs, _top_k)
-            zs = _where_on(self.top_p[r][hot], lambda p: p < 1, zs, _top_p)
-            zs = _where_on(self.min_p[r][hot], lambda m: m > 0, zs, _min_p)
+        hot = None if every & DRAW else (T != 0).nonzero()[:, 0]  # the rest are greedy
+        zs = z / T[:, None] if hot is None else z[hot] / T[hot, None]  # [h, V]
+        for bit, param, fn in ((TOP_K, self.top_k, _top_k), (TOP_P, self.top_p, _top_p),
+                               (MIN_P, self.min_p, _min_p)):  # fmt: skip
+            if some & bit:
+                x = param[r] if hot is None else param[r][hot]
+                zs = _where_on(x, bit, every & bit, zs, fn)
         return z, hot, zs
 
 
-def _where_on(param: Tensor, on: object, z: Tensor, fn: object) -> Tensor:
-    """``fn(z_rows, param_rows)`` on the rows of z [h, V] whose ``param`` is on; the rest
-    as they are."""
-    mask = on(param)  # type: ignore[operator]
-    if not bool(mask.any()):
+def _where_on(
+    param: Tensor, bit: int, every: int, z: Tensor, fn: Callable[[Tensor, Tensor], Tensor]
+) -> Tensor:
+    """``fn(z_rows, param_rows)`` on the rows of z [h, V] whose ``param`` turns ``bit`` on
+    (all of them when ``every``); the rest as they are."""
+    if every:
+        return fn(z, param)
+    on = {TOP_K: lambda k: (k > 0) & (k < z.shape[-1]), TOP_P: lambda p: p < 1,
+          MIN_P: lambda m: m > 0}[bit](param)  # fmt: skip
+    idx = on.nonzero()[:, 0]
+    if idx.numel() == 0:
         return z
-    if bool(mask.all()):
-        return fn(z, param)  # type: ignore[operator]
-    idx = mask.nonzero()[:, 0]
-    return z.index_copy(0, idx, fn(z[idx], param[idx]))  # type: ignore[operator]
+    return z.index_copy(0, idx, fn(z[idx], param[idx]))
 
 
 def _penalties(z: Tensor, counts: Tensor, rep: Tensor, freq: Tensor, pres: Tensor) -> Tensor:
@@ -222,12 +249,32 @@ def _top_k(z: Tensor, k: Tensor) -> Tensor:
 
 
 def _top_p(z: Tensor, p: Tensor) -> Tensor:
-    """Row b keeps the shortest most-probable prefix whose mass reaches p_b (< 1)."""
+    """Row b keeps the shortest most-probable prefix whose mass reaches p_b (< 1).
+
+    A row whose NUCLEUS largest probabilities reach p_b is cut among them (a partial top-k,
+    not a sort of the vocabulary); the others are sorted whole. Which way a row goes
+    depends on that row alone."""
     probs = torch.softmax(z, dim=-1)
+    V = z.shape[-1]
+    if V > 2 * NUCLEUS:
+        top, order = torch.topk(probs, NUCLEUS, dim=-1)  # [h, NUCLEUS], descending
+        before = top.cumsum(-1) - top  # mass strictly before each of them
+        enough = before[:, -1] + top[:, -1] >= p
+        if bool(enough.any()):
+            keep = before < p[:, None]  # the tokens past the NUCLEUS-th have ≥ p before them
+            dropped = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, order, ~keep)
+            short = (~enough).nonzero()[:, 0]
+            if short.numel():
+                dropped = dropped.index_copy(0, short, _sorted_drop(probs[short], p[short]))
+            return z.masked_fill(dropped, -math.inf)
+    return z.masked_fill(_sorted_drop(probs, p), -math.inf)
+
+
+def _sorted_drop(probs: Tensor, p: Tensor) -> Tensor:
+    """The tokens top-p drops [h, V], from a sort of each row's probabilities."""
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each sorted token
-    drop = torch.zeros_like(before, dtype=torch.bool).scatter_(-1, order, before >= p[:, None])
-    return z.masked_fill(drop, -math.inf)
+    return torch.zeros_like(before, dtype=torch.bool).scatter_(-1, order, before >= p[:, None])
 
 
 def _min_p(z: Tensor, m: Tensor) -> Tensor:

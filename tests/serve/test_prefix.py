@@ -62,7 +62,7 @@ def test_logits_with_a_cached_prefix_equal_the_whole_prompts(family: str) -> Non
         pytest.skip(f"{family}: {e}")
     gen = torch.Generator().manual_seed(1)
     system = torch.randint(0, 29, (37,), generator=gen).tolist()
-    prefix = PrefixCache(block=8)
+    prefix = PrefixCache.for_model(model, block=8)
     assert prefill(model, prefix, [*system, 1, 2])[0] == 0
     for tail in ([3], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13], []):
         ids = system + tail
@@ -76,15 +76,20 @@ def test_logits_with_a_cached_prefix_equal_the_whole_prompts(family: str) -> Non
 def test_lru_keeps_to_the_cap_and_cuts_chains_from_their_end() -> None:
     model = model_of("gpt2", torch.float32)
     one = 2 * 2 * 4 * 4 * 4 * 4  # k and v: [L=2, G=4, B=4, d_head=4] float32 each
-    prefix = PrefixCache(block=4, max_bytes=5 * one)
+    prefix = PrefixCache.for_model(model, block=4, max_bytes=5 * one)
     a = list(range(13))  # three blocks
     prefill(model, prefix, a)
+    assert prefix.block_bytes == one and len(prefix.pool) == 5
     assert len(prefix) == 3 and prefix.bytes == 3 * one
     prefill(model, prefix, list(range(15, 28)))  # three more: one of a's goes
     assert len(prefix) == 5 and prefix.bytes == 5 * one
     # the one to go was a's last block, not its first: a still finds its first two
     assert prefill(model, prefix, a)[0] == 8
-    assert prefill(model, PrefixCache(block=4, max_bytes=0), a)[0] == 0
+    assert prefill(model, PrefixCache.for_model(model, block=4, max_bytes=0), a)[0] == 0
+    # a prompt longer than the pool keeps its first blocks, never its later ones alone
+    small = PrefixCache.for_model(model, block=4, max_bytes=2 * one)
+    prefill(model, small, list(range(17)))
+    assert len(small) == 2 and prefill(model, small, list(range(17)))[0] == 8
 
 
 def serve(model: GPT, tok: Any, prompts: list[list[int]], **kw: Any) -> tuple[list, Scheduler]:

@@ -25,20 +25,23 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+
+from glassgpt.kernels import cache_dtype
 
 BLOCK = 16  # tokens per block
-DEFAULT_BYTES = 256 * 2**20
+DEFAULT_BYTES = 64 * 2**20
 
 
 class PrefixCache:
-    """Blocks of prompt K/V keyed by their prefix, LRU within ``max_bytes``.
+    """Blocks of prompt K/V keyed by their prefix, LRU within ``max_bytes``: a pool of
+    [n_blocks, L, 2, G, B, d_head] allocated and touched at start (serving does not grow
+    the process; 0 bytes: no caching).
 
     >>> from glassgpt.model import GPT, GPTConfig
     >>> from glassgpt.sample.cache import KVCache
     >>> torch.manual_seed(0) and None
     >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=16, d_model=8, n_layers=1, n_heads=2)).eval()
-    >>> prefix = PrefixCache(block=4)
+    >>> prefix = PrefixCache.for_model(model, block=4)
     >>> def prefill(ids):
     ...     cache = KVCache.for_model(model, 1, len(ids))
     ...     n = prefix.load(ids, cache)
@@ -51,15 +54,39 @@ class PrefixCache:
     (0, 8, 2, True)
     """
 
-    def __init__(self, block: int = BLOCK, max_bytes: int = DEFAULT_BYTES) -> None:
-        self.block, self.max_bytes = block, max_bytes
-        self.blocks: OrderedDict[bytes, tuple[Tensor, Tensor]] = OrderedDict()
-        self.bytes = 0
+    def __init__(
+        self,
+        config: Any,
+        *,
+        block: int = BLOCK,
+        max_bytes: int = DEFAULT_BYTES,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        L, G, dh = config.n_layers, config.kv_heads, config.d_head
+        self.block = block
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.block_bytes = L * 2 * G * block * dh * itemsize
+        n = max(0, max_bytes // self.block_bytes)
+        self.pool = torch.empty((n, L, 2, G, block, dh), dtype=dtype, device=device).zero_()
+        self.free = list(range(n - 1, -1, -1))  # pool rows not in use
+        self.blocks: OrderedDict[bytes, int] = OrderedDict()  # key → pool row, LRU first
         self.hits = 0  # prompts that found a cached prefix
         self.reused = 0  # positions loaded instead of encoded
 
+    @classmethod
+    def for_model(cls, model: Any, **kw: Any) -> PrefixCache:
+        """A pool on the model's device, in its KV cache's dtype."""
+        p = next(model.parameters())
+        return cls(model.config, dtype=cache_dtype(p.dtype, p.device), device=p.device, **kw)
+
     def __len__(self) -> int:
         return len(self.blocks)
+
+    @property
+    def bytes(self) -> int:
+        """The bytes of the blocks held now."""
+        return len(self.blocks) * self.block_bytes
 
     def keys(self, ids: Sequence[int], n_blocks: int) -> list[bytes]:
         """h_0 … h_{n_blocks−1} of ``ids``."""
@@ -81,13 +108,13 @@ class PrefixCache:
         if not found:
             return 0
         self._touch(found)
-        entries = [self.blocks[key] for key in found]
         n = len(found) * self.block
-        k = torch.cat([e[0] for e in entries], dim=2)  # [L, G, n, d_head]
-        v = torch.cat([e[1] for e in entries], dim=2)
-        for layer, k_l, v_l in zip(cache.layers, k, v, strict=True):
-            layer.k[0, :, :n] = k_l
-            layer.v[0, :, :n] = v_l
+        rows = torch.tensor([self.blocks[key] for key in found], device=self.pool.device)
+        kv = self.pool[rows]  # [b, L, 2, G, B, d_head]
+        kv = kv.permute(1, 2, 3, 0, 4, 5).reshape(*kv.shape[1:4], n, kv.shape[-1])
+        for layer, kv_l in zip(cache.layers, kv, strict=True):  # kv_l [2, G, n, d_head]
+            layer.k[0, :, :n] = kv_l[0]
+            layer.v[0, :, :n] = kv_l[1]
         cache.length = n
         self.hits += 1
         self.reused += n
@@ -95,28 +122,29 @@ class PrefixCache:
 
     def store(self, ids: Sequence[int], cache: Any) -> None:
         """Keep every whole block of ``ids`` (encoded in the one-row ``cache``) not yet kept."""
-        if self.max_bytes <= 0:
+        if not len(self.pool):
             return
         B = self.block
         keys = self.keys(ids, min(len(ids), cache.length) // B)
-        for i, key in enumerate(keys):
-            if key in self.blocks:
-                continue
-            k = torch.stack([layer.k[0, :, i * B : (i + 1) * B] for layer in cache.layers])
-            v = torch.stack([layer.v[0, :, i * B : (i + 1) * B] for layer in cache.layers])
-            self.blocks[key] = (k, v)
-            self.bytes += 2 * k.numel() * k.element_size()
-            while self.bytes > self.max_bytes and self.blocks:
-                old_k, _ = self.blocks.popitem(last=False)[1]
-                self.bytes -= 2 * old_k.numel() * old_k.element_size()
         self._touch([key for key in keys if key in self.blocks])
+        mine, kept = set(keys), []
+        for i, key in enumerate(keys):
+            if key not in self.blocks:
+                if not self.free:
+                    oldest = next(iter(self.blocks))
+                    if oldest in mine:  # the pool holds less than this prompt
+                        break
+                    self.free.append(self.blocks.pop(oldest))
+                row = self.free.pop()
+                for l, layer in enumerate(cache.layers):
+                    self.pool[row, l, 0] = layer.k[0, :, i * B : (i + 1) * B]
+                    self.pool[row, l, 1] = layer.v[0, :, i * B : (i + 1) * B]
+                self.blocks[key] = row
+            kept.append(key)
+        self._touch(kept)
 
     def _touch(self, keys: list[bytes]) -> None:
         """Mark a chain's blocks used, its first the most recently: eviction then takes a
         chain from its end (a block is useless once one before it is gone)."""
         for key in reversed(keys):
             self.blocks.move_to_end(key)
-
-    def clear(self) -> None:
-        self.blocks.clear()
-        self.bytes = 0

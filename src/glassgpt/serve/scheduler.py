@@ -116,7 +116,7 @@ class Scheduler:
                                     available=None if max_context else available_memory(p.device))  # fmt: skip
         self.cache = SlotCache.for_model(model, slots, self.n_ctx)
         self.rows = Rows(slots, self.config.n_vocab, self.device)  # row b: slot b's sampling
-        self.prefix = PrefixCache(max_bytes=prefix_bytes)  # prompt blocks seen (K/V kept)
+        self.prefix = PrefixCache.for_model(model, max_bytes=prefix_bytes)  # prompt blocks seen
         self.lock = threading.Lock()
         self.inbox: queue.Queue[Job | None] = queue.Queue()
         self.active: list[_Seq] = []  # active[b] lives in slot b

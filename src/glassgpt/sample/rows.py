@@ -33,9 +33,10 @@ from glassgpt.errors import ConfigError
 from glassgpt.sample.filters import SamplingConfig, draw
 
 # what a row uses, one bit each (``Rows.uses``): the step skips what no row uses
-PENALTY, BIAS, DRAW, TOP_K, TOP_P, MIN_P = (1 << i for i in range(6))
-EVERY = (1 << 6) - 1
+REP, FREQ, PRES, BIAS, DRAW, TOP_K, TOP_P, MIN_P = (1 << i for i in range(8))
+PENALTY, EVERY = REP | FREQ | PRES, (1 << 8) - 1
 NUCLEUS = 256  # top-p looks among a row's largest NUCLEUS probabilities first
+SMALL = 1024  # up to this vocabulary a step filters every row (an off setting is exact)
 
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # SplitMix64's constants, as signed int64
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
@@ -121,7 +122,10 @@ class Rows:
         self.presence[b] = cfg.presence_penalty
         self.seed[b], self.drawn[b] = wrap64(seed), 0
         k, p, m = cfg.top_k or 0, cfg.top_p or 1.0, cfg.min_p or 0.0
-        self.uses[b] = ((PENALTY if cfg.penalised else 0) | (BIAS if cfg.logit_bias else 0)
+        self.uses[b] = ((REP if cfg.repetition_penalty != 1 else 0)
+                        | (FREQ if cfg.frequency_penalty != 0 else 0)
+                        | (PRES if cfg.presence_penalty != 0 else 0)
+                        | (BIAS if cfg.logit_bias else 0)
                         | (DRAW if cfg.temperature != 0 else 0)
                         | (TOP_K if 0 < k < self.n_vocab else 0) | (TOP_P if p < 1 else 0)
                         | (MIN_P if m > 0 else 0))  # fmt: skip
@@ -163,10 +167,14 @@ class Rows:
                 ok = torch.ones(B, dtype=torch.bool, device=z.device)
         if ids is None or ok is None:
             ids, ok = z.argmax(-1), torch.isfinite(z).any(-1)
-        if hot is None:  # every row draws
+        if hot is None:  # every row draws (a greedy row's draw is then replaced)
             ok = torch.isfinite(zs).any(-1)
             u = uniforms(self.seed[r], self.drawn[r])
             ids = draw(zs if bool(ok.all()) else zs.masked_fill(~ok[:, None], 0.0), u)
+            if not reduce(operator.and_, self.uses[r], DRAW):
+                greedy = self.temperature[r] == 0
+                ids = torch.where(greedy, z.argmax(-1), ids)
+                ok = torch.where(greedy, torch.isfinite(z).any(-1), ok)
         elif hot.numel():
             fine = torch.isfinite(zs).any(-1)
             u = uniforms(self.seed[r][hot], self.drawn[r][hot])
@@ -184,8 +192,9 @@ class Rows:
         the state is left as it is."""
         z, hot, zs = self._process(logits, start)
         p = torch.zeros_like(z).scatter_(-1, z.argmax(-1, keepdim=True), 1.0)
-        if hot is None:
-            return torch.softmax(zs, dim=-1)
+        if hot is None:  # greedy rows (T = 0) are one-hot
+            greedy = self.temperature[start : start + z.shape[0], None] == 0
+            return torch.where(greedy, p, torch.softmax(zs, dim=-1))
         return p.index_copy(0, hot, torch.softmax(zs, dim=-1)) if hot.numel() else p
 
     def _process(self, logits: Tensor, start: int) -> tuple[Tensor, Tensor | None, Tensor]:
@@ -198,30 +207,46 @@ class Rows:
         z = logits.float()
         if some & PENALTY and self.counts is not None:
             z = _penalties(z, self.counts[r], self.repetition[r], self.frequency[r],
-                           self.presence[r])  # fmt: skip
+                           self.presence[r], some)  # fmt: skip
         if some & BIAS and self.bias is not None:
             z = z + self.bias[r]
         if not some & DRAW:
             return z, z.new_zeros(0, dtype=torch.long), z[:0]
-        T = self.temperature[r]
-        hot = None if every & DRAW else (T != 0).nonzero()[:, 0]  # the rest are greedy
-        zs = z / T[:, None] if hot is None else z[hot] / T[hot, None]  # [h, V]
+        T, small = self.temperature[r], z.shape[-1] <= SMALL
+        if every & DRAW:
+            hot, zs = None, z / T[:, None]
+        elif small:  # greedy rows too, at T = 1: sample() takes their argmax instead
+            hot, zs = None, z / torch.where(T == 0, 1.0, T)[:, None]
+        else:
+            hot = (T != 0).nonzero()[:, 0]
+            zs = z[hot] / T[hot, None]  # [h, V]
         for bit, param, fn in ((TOP_K, self.top_k, _top_k), (TOP_P, self.top_p, _top_p),
                                (MIN_P, self.min_p, _min_p)):  # fmt: skip
             if some & bit:
                 x = param[r] if hot is None else param[r][hot]
-                zs = _where_on(x, bit, every & bit, zs, fn)
+                zs = _where_on(x, bit, every & bit, small, zs, fn)
         return z, hot, zs
 
 
 def _where_on(
-    param: Tensor, bit: int, every: int, z: Tensor, fn: Callable[[Tensor, Tensor], Tensor]
+    param: Tensor,
+    bit: int,
+    every: int,
+    small: bool,
+    z: Tensor,
+    fn: Callable[[Tensor, Tensor], Tensor],
 ) -> Tensor:
-    """``fn(z_rows, param_rows)`` on the rows of z [h, V] whose ``param`` turns ``bit`` on
-    (all of them when ``every``); the rest as they are."""
+    """``fn(z_rows, param_rows)`` on the rows of z [h, V] whose ``param`` turns ``bit`` on;
+    the rest as they are: all rows at once when ``every`` row has it on, or when ``small``
+    (the others then with the setting that changes nothing), else on the gathered rows."""
     if every:
         return fn(z, param)
-    on = {TOP_K: lambda k: (k > 0) & (k < z.shape[-1]), TOP_P: lambda p: p < 1,
+    V = z.shape[-1]
+    if small:
+        if bit == TOP_K:
+            return fn(z, torch.where((param > 0) & (param < V), param, V))
+        return fn(z, torch.where(param < 1, param, 2.0)) if bit == TOP_P else fn(z, param)
+    on = {TOP_K: lambda k: (k > 0) & (k < V), TOP_P: lambda p: p < 1,
           MIN_P: lambda m: m > 0}[bit](param)  # fmt: skip
     idx = on.nonzero()[:, 0]
     if idx.numel() == 0:
@@ -229,15 +254,18 @@ def _where_on(
     return z.index_copy(0, idx, fn(z[idx], param[idx]))
 
 
-def _penalties(z: Tensor, counts: Tensor, rep: Tensor, freq: Tensor, pres: Tensor) -> Tensor:
-    """As ``filters.apply_penalties``, row b with its own r_b, f_b, a_b ([B] each)."""
-    if bool((rep != 1).any()):
-        penalised = torch.where(z > 0, z / rep[:, None], z * rep[:, None])
-        z = torch.where(counts > 0, penalised, z)
-    if bool((freq != 0).any()):
+def _penalties(
+    z: Tensor, counts: Tensor, rep: Tensor, freq: Tensor, pres: Tensor, some: int
+) -> Tensor:
+    """As ``filters.apply_penalties``, row b with its own r_b, f_b, a_b ([B] each); ``some``:
+    the bits of the penalties some row uses."""
+    seen = counts > 0
+    if some & REP:
+        z = torch.where(seen, torch.where(z > 0, z / rep[:, None], z * rep[:, None]), z)
+    if some & FREQ:
         z = z - freq[:, None] * counts
-    if bool((pres != 0).any()):
-        z = z - pres[:, None] * (counts > 0).float()
+    if some & PRES:
+        z = z - pres[:, None] * seen
     return z
 
 

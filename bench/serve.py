@@ -205,10 +205,16 @@ def load_level(
             "tokens": tokens[0], "wall": wall, "ttft": ttft, "per_token": per_token}  # fmt: skip
 
 
-def prefix_ttft(port: int, args: argparse.Namespace, n: int = 8) -> tuple[float, float]:
-    """p50 time to first token (s) of a system prompt of ``--system-tokens`` characters plus
-    a short question: cold (a new system prompt each time) and warm (one sent before)."""
+def prefix_ttft(port: int, args: argparse.Namespace, n: int = 8) -> tuple[int, float, float]:
+    """(characters, p50 time to first token cold, warm (s)) of a system prompt of
+    ``--system-tokens`` characters (fewer where the server's context is shorter) plus a
+    short question: cold (a new system prompt each time) and warm (one sent before)."""
     rng = random.Random(7)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/v1/models/bench")
+    context = json.loads(conn.getresponse().read())["context_length"]
+    conn.close()
+    length = min(args.system_tokens, context - 16)  # characters: at least as many as tokens
 
     def ask(system: str) -> float:
         question = "".join(rng.choice(VOCAB) for _ in range(8))
@@ -218,13 +224,13 @@ def prefix_ttft(port: int, args: argparse.Namespace, n: int = 8) -> tuple[float,
         return first if first is not None else float("nan")
 
     def system() -> str:
-        return "".join(rng.choice(VOCAB) for _ in range(args.system_tokens))
+        return "".join(rng.choice(VOCAB) for _ in range(length))
 
     shared = system()
     ask(shared)  # the server keeps its blocks
     cold = [ask(system()) for _ in range(n)]
     warm = [ask(shared) for _ in range(n)]
-    return (statistics.median([x for x in cold if x == x]),
+    return (length, statistics.median([x for x in cold if x == x]),
             statistics.median([x for x in warm if x == x]))  # fmt: skip
 
 
@@ -264,12 +270,12 @@ def bench_model(name: str, folder: Path, args: argparse.Namespace) -> tuple[list
         levels = [(c, m) for c in args.clients for m in args.settings]
         runs = [load_level(port, c, args.seconds, args, m == "mixed")
                 for _ in range(args.rounds) for c, m in levels]  # fmt: skip
-        ttft = prefix_ttft(port, args) if args.system_tokens else None
         load_after = os.getloadavg()[0]
         rows = [pooled([r for r in runs if (r["clients"], r["mixed"]) == (c, m == "mixed")])
                 for c, m in levels]  # fmt: skip
         time.sleep(2)
-        after = rss_mib(server.pid)
+        after = rss_mib(server.pid)  # before the long prompts of the time to first token
+        ttft = prefix_ttft(port, args) if args.system_tokens else None
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -300,8 +306,8 @@ def report(results: list[tuple[list[dict], tuple]], args: argparse.Namespace) ->
     print()
     for rows, (*_, ttft) in results:
         if ttft is not None:
-            cold, warm = ttft
-            print(f"{rows[0]['model']}: time to first token after a {args.system_tokens}-"
+            length, cold, warm = ttft
+            print(f"{rows[0]['model']}: time to first token after a {length}-"
                   f"character system prompt: {1e3 * cold:.1f} ms cold, {1e3 * warm:.1f} ms with "
                   f"it cached ({cold / warm:.1f}×)")  # fmt: skip
     for rows, (before, after, load, load_after, _) in results:

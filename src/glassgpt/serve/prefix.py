@@ -29,7 +29,7 @@ import torch
 from glassgpt.kernels import cache_dtype
 
 BLOCK = 16  # tokens per block
-DEFAULT_BYTES = 64 * 2**20
+DEFAULT_BYTES = 256 * 2**20  # the most the server gives the pool (serve.scheduler)
 
 
 class PrefixCache:

@@ -102,7 +102,7 @@ class Scheduler:
         replay: bool = True,
         steering: Mapping[str, Callable[..., Any]] | None = None,
         max_context: int | None = None,
-        prefix_bytes: int = DEFAULT_BYTES,
+        prefix_bytes: int | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.steering = dict(steering or {})  # hooks attached around every forward
@@ -116,6 +116,9 @@ class Scheduler:
                                     available=None if max_context else available_memory(p.device))  # fmt: skip
         self.cache = SlotCache.for_model(model, slots, self.n_ctx)
         self.rows = Rows(slots, self.config.n_vocab, self.device)  # row b: slot b's sampling
+        if prefix_bytes is None:  # a quarter of the slots' memory, at most DEFAULT_BYTES
+            held = sum(2 * layer.k.numel() * layer.k.element_size() for layer in self.cache.layers)
+            prefix_bytes = min(DEFAULT_BYTES, held // 4)
         self.prefix = PrefixCache.for_model(model, max_bytes=prefix_bytes)  # prompt blocks seen
         self.lock = threading.Lock()
         self.inbox: queue.Queue[Job | None] = queue.Queue()

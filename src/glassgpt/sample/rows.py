@@ -165,7 +165,7 @@ class Rows:
             if picked is not None:
                 ids = torch.tensor(picked, device=z.device)
                 ok = torch.ones(B, dtype=torch.bool, device=z.device)
-        if ids is None or ok is None:
+        if hot is not None and (ids is None or ok is None):
             ids, ok = z.argmax(-1), torch.isfinite(z).any(-1)
         if hot is None:  # every row draws (a greedy row's draw is then replaced)
             ok = torch.isfinite(zs).any(-1)
@@ -175,11 +175,12 @@ class Rows:
                 greedy = self.temperature[r] == 0
                 ids = torch.where(greedy, z.argmax(-1), ids)
                 ok = torch.where(greedy, torch.isfinite(z).any(-1), ok)
-        elif hot.numel():
+        elif hot.numel() and ids is not None and ok is not None:
             fine = torch.isfinite(zs).any(-1)
             u = uniforms(self.seed[r][hot], self.drawn[r][hot])
             ids[hot] = draw(zs.masked_fill(~fine[:, None], 0.0), u).to(ids.device)
             ok[hot] = fine.to(ok.device)
+        assert ids is not None and ok is not None
         took = ok.to(self.device)
         self.drawn[r] += took
         if self.counts is not None:

@@ -1,21 +1,29 @@
-"""Load test of ``glassgpt serve``: N concurrent streaming clients for a bounded time.
+"""Load test of ``glassgpt serve``: N concurrent streaming clients for a bounded time, with
+uniform and with mixed sampling settings, and the time to first token with and without a
+cached system prompt.
 
-    python bench/serve.py                              # default and GPT-2-small shapes, 1/4/8/16
-    python bench/serve.py --seconds 3 --clients 1,2 --models default   # a quick check
-    python bench/serve.py --rounds 3 --seconds 10 --clients 1,8        # levels interleaved
+    python bench/serve.py                     # shakespeare and GPT-2-small shapes, 1/8/32 clients
+    python bench/serve.py --seconds 3 --clients 1,8 --models shakespeare   # a quick check
+    python bench/serve.py --rounds 3 --seconds 10 --clients 1,8            # levels interleaved
 
 For each model shape (random weights, saved as a checkpoint; ``--checkpoint DIR`` serves a
-trained one instead) a ``glassgpt serve`` process is started on a free localhost port. Each
-client sends streaming ``/v1/completions`` requests back to back (a random prompt of
-``--prompt-tokens`` tokens, ``--max-tokens`` new tokens, temperature 1) until the time is up.
-Printed per level: requests, aggregate tokens/s and its ratio to one client (measured in the
-same run), p50/p99 time to first token, p50/p99 time per token after the first, errors; and
-the server's RSS after a warm-up request and after the load. With ``--rounds R`` the levels
-run R times in turn (1, 8, 1, 8, …) and each level's figures pool its R runs, so that a
-change in the machine's load during the run falls on every level alike; the load average
-is printed before and after. Targets (issue 12): at 8
-clients at least 3× the single-client tokens/s, no errors, RSS back within 10%. Nothing is
-asserted: the figures go to docs/serving.md.
+trained one instead; ``shakespeare`` is the 10.7M ``shakespeare-char`` preset's shape with
+Tiny Shakespeare's characters, ``default`` the default preset's) a ``glassgpt serve``
+process is started on a free localhost port. Each client sends streaming
+``/v1/completions`` requests back to back (a random prompt of ``--prompt-tokens``
+characters, ``--max-tokens`` new tokens) until the time is up: with ``uniform`` settings
+every request samples at temperature 1; with ``mixed`` each request draws its own
+temperature (greedy included), top-p, top-k, min-p, penalties, logit bias and seed, as
+real clients do. Printed per level and settings: requests, aggregate tokens/s, its ratio
+to one client with the same settings and mixed's ratio to uniform at the same level, p50/p99
+time to first token and per token, errors; the server's RSS after a warm-up and after the
+load; and the time to first token of ``--system-tokens`` characters of system prompt plus
+a short question, cold (a system prompt the server has not seen) and warm (one it has:
+its blocks come from the prefix cache). With ``--rounds R`` the levels run R times in turn
+and each level's figures pool its runs, so that a change in the machine's load falls on
+every level alike; the load average is printed before and after. Targets (issue 45): on the
+10.7M model, mixed ≥ 0.9× uniform and ≥ 5× one client at 8 clients; (issue 12) no errors,
+RSS back within 10%. Nothing is asserted: the figures go to docs/serving.md.
 """
 
 from __future__ import annotations
@@ -37,17 +45,29 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 GPT2_SMALL = {"n_ctx": 1024, "d_model": 768, "n_layers": 12, "n_heads": 12}
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+MIXED = {  # each request draws one value of each
+    "temperature": [0.0, 0.5, 0.7, 0.9, 1.0, 1.2],
+    "top_p": [1.0, 0.95, 0.9, 0.8],
+    "top_k": [None, None, 20, 40],
+    "min_p": [0.0, 0.0, 0.05],
+    "presence_penalty": [0.0, 0.0, 0.5],
+    "frequency_penalty": [0.0, 0.0, 0.3],
+    "repetition_penalty": [1.0, 1.0, 1.1],
+}
 
 
-def default_shape() -> dict:
+def preset_shape(name: str) -> dict:
     from glassgpt.config import load_toml
 
-    return load_toml(REPO / "src" / "glassgpt" / "presets" / "default.toml")["model"]
+    model = load_toml(REPO / "src" / "glassgpt" / "presets" / f"{name}.toml")["model"]
+    return {**model, "dropout": 0.0}
 
 
 def write_model(folder: Path, kind: str) -> Path:
-    """A random-weight checkpoint of the ``default`` preset's shape (char vocabulary) or of
-    GPT-2 small (GPT-2's BPE from ../shared/data when present, else bytes)."""
+    """A random-weight checkpoint of the ``shakespeare-char`` preset's shape (Tiny
+    Shakespeare's characters where ../shared/data has it), the ``default`` preset's (char
+    vocabulary) or GPT-2 small's (GPT-2's BPE from ../shared/data when present, else bytes)."""
     import torch
 
     from glassgpt.checkpoint import CheckpointManager
@@ -55,9 +75,13 @@ def write_model(folder: Path, kind: str) -> Path:
     from glassgpt.tokenizer import CharTokenizer, Tokenizer
     from glassgpt.train.config import dump_toml
 
-    if kind == "default":
+    if kind == "shakespeare":
+        text = SHAKESPEARE.read_text() if SHAKESPEARE.is_file() else string.printable
+        tok = CharTokenizer(sorted(set(text) | set(VOCAB)), special_tokens=["<|endoftext|>"])
+        shape = preset_shape("shakespeare-char")
+    elif kind == "default":
         tok = CharTokenizer(sorted(set(string.printable)), special_tokens=["<|endoftext|>"])
-        shape = default_shape()
+        shape = preset_shape("default")
     else:
         shared = REPO.parent / "shared" / "data" / "gpt2"
         if (shared / "encoder.json").is_file():
@@ -89,6 +113,9 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+VOCAB = string.ascii_letters + " .,\n"
 
 
 def stream_once(port: int, body: dict) -> tuple[float | None, list[float], int]:
@@ -124,8 +151,19 @@ def stream_once(port: int, body: dict) -> tuple[float | None, list[float], int]:
     return arrivals[0], arrivals, tokens
 
 
+def settings_of(rng: random.Random, mixed: bool) -> dict:
+    """A request's sampling settings: temperature 1, or (mixed) one draw of each of MIXED
+    and a logit bias on a few ids."""
+    if not mixed:
+        return {"temperature": 1.0}
+    out = {k: rng.choice(v) for k, v in MIXED.items()}
+    if rng.random() < 0.25:
+        out["logit_bias"] = {str(rng.randrange(60)): rng.choice([-100.0, 2.0])}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def load_level(
-    port: int, clients: int, seconds: float, args: argparse.Namespace, vocab: str
+    port: int, clients: int, seconds: float, args: argparse.Namespace, mixed: bool = False
 ) -> dict:
     """One run of ``clients`` clients for ``seconds``: totals and the latency samples."""
     deadline = time.perf_counter() + seconds
@@ -135,10 +173,11 @@ def load_level(
     def client(c: int) -> None:
         rng = random.Random(c)
         while time.perf_counter() < deadline:
-            prompt = "".join(rng.choice(vocab) for _ in range(args.prompt_tokens))
+            prompt = "".join(rng.choice(VOCAB) for _ in range(args.prompt_tokens))
             body = {"model": "bench", "prompt": prompt, "max_tokens": args.max_tokens,
-                    "temperature": 1.0, "seed": rng.randrange(10**6), "stream": True,
-                    "stream_options": {"include_usage": True}}  # fmt: skip
+                    "seed": rng.randrange(10**6), "stream": True,
+                    "stream_options": {"include_usage": True},
+                    **settings_of(rng, mixed)}  # fmt: skip
             try:
                 first, arrivals, n = stream_once(port, body)
             except Exception as e:
@@ -162,11 +201,40 @@ def load_level(
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
-    return {"clients": clients, "requests": requests[0], "errors": errors[0],
+    return {"clients": clients, "mixed": mixed, "requests": requests[0], "errors": errors[0],
             "tokens": tokens[0], "wall": wall, "ttft": ttft, "per_token": per_token}  # fmt: skip
 
 
-def pooled(runs: list[dict]) -> dict:
+def prefix_ttft(port: int, args: argparse.Namespace, n: int = 8) -> tuple[int, float, float]:
+    """(characters, p50 time to first token cold, warm (s)) of a system prompt of
+    ``--system-tokens`` characters (fewer where the server's context is shorter) plus a
+    short question: cold (a new system prompt each time) and warm (one sent before)."""
+    rng = random.Random(7)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/v1/models/bench")
+    context = json.loads(conn.getresponse().read())["context_length"]
+    conn.close()
+    length = min(args.system_tokens, context - 16)  # characters: at least as many as tokens
+
+    def ask(system: str) -> float:
+        question = "".join(rng.choice(VOCAB) for _ in range(8))
+        body = {"model": "bench", "prompt": system + question, "max_tokens": 1,
+                "temperature": 0.0, "stream": True}  # fmt: skip
+        first = stream_once(port, body)[0]
+        return first if first is not None else float("nan")
+
+    def system() -> str:
+        return "".join(rng.choice(VOCAB) for _ in range(length))
+
+    shared = system()
+    ask(shared)  # the server keeps its blocks
+    cold = [ask(system()) for _ in range(n)]
+    warm = [ask(shared) for _ in range(n)]
+    return (length, statistics.median([x for x in cold if x == x]),
+            statistics.median([x for x in warm if x == x]))  # fmt: skip
+
+
+def pooled(runs: list[dict]) -> dict:  # of one level and settings
     """The figures of one level over its runs: totals summed, percentiles of every sample."""
 
     def pct(xs: list[float], q: float) -> float:
@@ -174,7 +242,8 @@ def pooled(runs: list[dict]) -> dict:
 
     ttft = [x for r in runs for x in r["ttft"]]
     per_token = [x for r in runs for x in r["per_token"]]
-    return {"clients": runs[0]["clients"], "requests": sum(r["requests"] for r in runs),
+    return {"clients": runs[0]["clients"], "mixed": runs[0]["mixed"],
+            "requests": sum(r["requests"] for r in runs),
             "errors": sum(r["errors"] for r in runs),
             "tok_s": sum(r["tokens"] for r in runs) / sum(r["wall"] for r in runs),
             "ttft50": pct(ttft, 50), "ttft99": pct(ttft, 99),
@@ -194,39 +263,54 @@ def bench_model(name: str, folder: Path, args: argparse.Namespace) -> tuple[list
                 break
             except OSError:
                 time.sleep(0.2)
-        vocab = string.ascii_letters + " .,\n"
-        load_level(port, 1, 0.5, args, vocab)  # warm-up
+        load_level(port, 1, 0.5, args)  # warm-up
+        load_level(port, 1, 0.5, args, mixed=True)
         before = rss_mib(server.pid)
         load = os.getloadavg()[0]
-        runs = [load_level(port, c, args.seconds, args, vocab)
-                for _ in range(args.rounds) for c in args.clients]  # fmt: skip
+        levels = [(c, m) for c in args.clients for m in args.settings]
+        runs = [load_level(port, c, args.seconds, args, m == "mixed")
+                for _ in range(args.rounds) for c, m in levels]  # fmt: skip
         load_after = os.getloadavg()[0]
-        rows = [pooled([r for r in runs if r["clients"] == c]) for c in args.clients]
+        rows = [pooled([r for r in runs if (r["clients"], r["mixed"]) == (c, m == "mixed")])
+                for c, m in levels]  # fmt: skip
         time.sleep(2)
-        after = rss_mib(server.pid)
+        after = rss_mib(server.pid)  # before the long prompts of the time to first token
+        ttft = prefix_ttft(port, args) if args.system_tokens else None
     finally:
         server.terminate()
         server.wait(timeout=30)
-    one = next((r["tok_s"] for r in rows if r["clients"] == 1), rows[0]["tok_s"])
     for r in rows:
+        same = [o for o in rows if o["mixed"] == r["mixed"]]
+        one = next((o["tok_s"] for o in same if o["clients"] == 1), same[0]["tok_s"])
+        uniform = [o for o in rows if o["clients"] == r["clients"] and not o["mixed"]]
         r["model"], r["ratio"] = name, r["tok_s"] / one
-    return rows, (before, after, load, load_after)
+        r["vs_uniform"] = r["tok_s"] / uniform[0]["tok_s"] if uniform else float("nan")
+    return rows, (before, after, load, load_after, ttft)
 
 
 def report(results: list[tuple[list[dict], tuple]], args: argparse.Namespace) -> None:
     rounds = f" × {args.rounds} rounds, interleaved" if args.rounds > 1 else ""
-    print(f"\n{args.seconds:g} s per level{rounds}; prompts of {args.prompt_tokens} tokens, "
-          f"{args.max_tokens} new tokens, temperature 1, streaming\n")  # fmt: skip
-    print("| model | clients | requests | tokens/s | × 1 client | TTFT p50 | TTFT p99 | "
-          "per token p50 | per token p99 | errors |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\n{args.seconds:g} s per level{rounds}; prompts of {args.prompt_tokens} characters, "
+          f"{args.max_tokens} new tokens, streaming; uniform: temperature 1; mixed: each "
+          f"request its own settings\n")  # fmt: skip
+    print("| model | clients | settings | requests | tokens/s | × 1 client | × uniform | "
+          "TTFT p50 | TTFT p99 | per token p50 | per token p99 | errors |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for rows, _ in results:
         for r in rows:
-            print(f"| {r['model']} | {r['clients']} | {r['requests']} | {r['tok_s']:.0f} | "
-                  f"{r['ratio']:.2f} | {1e3 * r['ttft50']:.0f} ms | {1e3 * r['ttft99']:.0f} ms | "
-                  f"{1e3 * r['tok50']:.1f} ms | {1e3 * r['tok99']:.1f} ms | {r['errors']} |")  # fmt: skip
+            print(f"| {r['model']} | {r['clients']} | {'mixed' if r['mixed'] else 'uniform'} | "
+                  f"{r['requests']} | {r['tok_s']:.0f} | {r['ratio']:.2f} | "
+                  f"{r['vs_uniform']:.2f} | {1e3 * r['ttft50']:.0f} ms | "
+                  f"{1e3 * r['ttft99']:.0f} ms | {1e3 * r['tok50']:.1f} ms | "
+                  f"{1e3 * r['tok99']:.1f} ms | {r['errors']} |")  # fmt: skip
     print()
-    for rows, (before, after, load, load_after) in results:
+    for rows, (*_, ttft) in results:
+        if ttft is not None:
+            length, cold, warm = ttft
+            print(f"{rows[0]['model']}: time to first token after a {length}-"
+                  f"character system prompt: {1e3 * cold:.1f} ms cold, {1e3 * warm:.1f} ms with "
+                  f"it cached ({cold / warm:.1f}×)")  # fmt: skip
+    for rows, (before, after, load, load_after, _) in results:
         change = 100 * (after - before) / before
         print(f"{rows[0]['model']}: server RSS {before:.0f} MiB after warm-up, {after:.0f} MiB "
               f"after the load ({change:+.1f}%; target within ±10%); 1-minute load average "
@@ -235,19 +319,27 @@ def report(results: list[tuple[list[dict], tuple]], args: argparse.Namespace) ->
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--clients", default="1,4,8,16", help="comma-separated levels")
+    p.add_argument("--clients", default="1,8,32", help="comma-separated levels")
+    p.add_argument("--settings", default="uniform,mixed", help="uniform and/or mixed")
+    p.add_argument("--system-tokens", type=int, default=200,
+                   help="system prompt length for the time to first token (0: skip)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=20.0, help="duration of each level")
     p.add_argument("--rounds", type=int, default=1, help="run the levels this many times in turn")
-    p.add_argument("--models", default="default,gpt2-small", help="default and/or gpt2-small")
+    p.add_argument("--models", default="shakespeare,gpt2-small",
+                   help="shakespeare, default and/or gpt2-small")  # fmt: skip
     p.add_argument("--checkpoint", type=Path, default=None, help="serve this one instead")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=32)
     args = p.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
+    args.settings = args.settings.split(",")
+    if not set(args.settings) <= {"uniform", "mixed"}:
+        p.error(f"--settings: uniform and/or mixed, got {args.settings}")
     if args.rounds < 1:
         p.error(f"--rounds: must be ≥ 1, got {args.rounds}")
     sys.path.insert(0, str(REPO / "src"))
-    print(f"bench/serve.py on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    print(f"bench/serve.py on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+          f"1-minute load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     if args.checkpoint is not None:
         report([bench_model(args.checkpoint.name, args.checkpoint, args)], args)
         return

@@ -13,14 +13,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from glassgpt.errors import ConfigError
-from glassgpt.sample.filters import (
-    SamplingConfig,
-    draw,
-    next_token,
-    next_token_logits,
-    next_token_rows,
-    probabilities,
-)
+from glassgpt.sample.filters import SamplingConfig, draw, next_token_logits, probabilities
+from glassgpt.sample.rows import uniforms
 
 
 def reference(
@@ -96,8 +90,8 @@ def test_samples_follow_the_filtered_softmax(case: dict) -> None:
     """Chi-square goodness of fit of 20,000 draws (fixed seeds) to the filtered softmax."""
     N = 20_000
     z = next_token_logits(torch.tensor(Z, dtype=torch.float32)[None], cfg_of(case))
-    gens = [torch.Generator().manual_seed(1000 + i) for i in range(N)]
-    ids = draw(z.expand(N, -1), gens)
+    u = uniforms(torch.arange(1000, 1000 + N), torch.zeros(N, dtype=torch.long))
+    ids = draw(z.expand(N, -1), u)
     observed = np.bincount(ids.numpy(), minlength=len(Z))
     want = reference(Z, case["T"], case.get("top_k"), case.get("top_p"), case.get("min_p"))
     assert observed[want == 0].sum() == 0  # filtered tokens never appear
@@ -169,51 +163,12 @@ def test_top_k_keeps_k_unless_ties(z: list[float], k: int) -> None:
         ("min_p", -0.5),
         ("repetition_penalty", 0.0),
         ("frequency_penalty", math.inf),
+        ("presence_penalty", math.nan),
+        ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {3: math.inf}),
+        ("logit_bias", {"a": 1.0}),
     ],
 )
 def test_bad_values_name_the_field(field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=f"^{field}: "):
         SamplingConfig(**{field: value})
-
-
-SETTINGS = [
-    SamplingConfig(temperature=0),
-    SamplingConfig(),
-    SamplingConfig(temperature=0.7, top_k=5),
-    SamplingConfig(temperature=1.3, top_p=0.8),
-    SamplingConfig(temperature=0.9, min_p=0.05, top_k=40),
-    SamplingConfig(temperature=0.8, frequency_penalty=0.5, repetition_penalty=1.3),
-    SamplingConfig(temperature=0, frequency_penalty=1.0),
-]
-
-
-@given(
-    picks=st.lists(st.integers(0, len(SETTINGS) - 1), min_size=1, max_size=8),
-    n_vocab=st.integers(2, 300),
-    seed=st.integers(0, 2**31),
-    broken=st.integers(-1, 7),
-)
-def test_rows_sampled_together_equal_each_row_alone(
-    picks: list[int], n_vocab: int, seed: int, broken: int
-) -> None:
-    """next_token_rows over a batch with mixed settings gives each row the id (and leaves
-    its generator in the state) that next_token gives that row alone, three steps in a row;
-    a row whose logits are all NaN gets None and does not disturb the others."""
-    B = len(picks)
-    torch.manual_seed(seed)
-    logits = 3 * torch.randn(B, n_vocab)
-    if 0 <= broken < B:
-        logits[broken] = float("nan")
-    cfgs = [SETTINGS[i] for i in picks]
-    counts = [torch.randint(0, 3, (n_vocab,)).float() for _ in range(B)]
-    together = [torch.Generator().manual_seed(seed + b) for b in range(B)]
-    alone = [torch.Generator().manual_seed(seed + b) for b in range(B)]
-    for _ in range(3):
-        got = next_token_rows(logits, cfgs, counts, together)
-        for b in range(B):
-            if b == broken:
-                assert got[b] is None
-                continue
-            want = next_token(logits[b : b + 1], cfgs[b], counts[b][None], [alone[b]])
-            assert got[b] == int(want[0])
-        logits = logits.roll(1, dims=-1)

@@ -3,7 +3,8 @@
 For logits z ∈ ℝ^V of one sequence, with c_i the count of token i in the context so far:
 
     repetition (CTRL):   z_i ← z_i / r  if z_i > 0 else z_i · r        (for every i with c_i > 0)
-    frequency:           z_i ← z_i − f · c_i
+    frequency, presence: z_i ← z_i − f · c_i − a · [c_i > 0]
+    logit bias:          z_i ← z_i + β_i
     temperature:         p = softmax(z / T)                             (T → 0: argmax, greedy)
     top-k:               keep the k largest z_i (ties with the k-th kept too)
     top-p (nucleus):     sort p descending, keep the shortest prefix whose mass reaches p_top
@@ -13,21 +14,23 @@ For logits z ∈ ℝ^V of one sequence, with c_i the count of token i in the con
 
 Removed tokens get logit −∞, so softmax gives them probability 0 and the survivors keep
 their ratios. The draw is the inverse CDF of one uniform number u ∈ [0, 1): the first
-token whose cumulative mass exceeds u · total (each row its own generator, so a row's
-samples do not depend on the other rows of a batch).
+token whose cumulative mass exceeds u · total. u comes from ``sample.rows.uniforms``, a
+counter-based generator of the row's seed and how many tokens it has drawn, so a row's
+samples do not depend on the other rows of a batch. ``sample.rows`` applies all of this to
+a batch whose rows have different settings, as tensors over the batch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from glassgpt import kernels
-from glassgpt.errors import ConfigError, GlassError
+from glassgpt.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class SamplingConfig:
     min_p: float | None = None
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Any = ()  # {id: β} or ((id, β), …); kept as sorted pairs (hashable)
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -61,9 +66,11 @@ class SamplingConfig:
         r = self.repetition_penalty
         if not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
             raise ConfigError("repetition_penalty", f"must be > 0 (1 = off), got {r!r}")
-        f = self.frequency_penalty
-        if not (isinstance(f, (int, float)) and math.isfinite(f)):
-            raise ConfigError("frequency_penalty", f"must be a finite number (0 = off), got {f!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            f = getattr(self, name)
+            if not (isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f)):
+                raise ConfigError(name, f"must be a finite number (0 = off), got {f!r}")
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
@@ -72,11 +79,34 @@ class SamplingConfig:
     @property
     def penalised(self) -> bool:
         """Whether the logits depend on the token counts."""
-        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
 
 
-def apply_penalties(logits: Tensor, counts: Tensor, repetition: float, frequency: float) -> Tensor:
-    """Repetition and frequency penalties; logits [B, V] float, counts [B, V] (tokens so far).
+def _bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
+    """{id: β} (or pairs) as sorted (id, β) pairs; raises naming logit_bias.
+
+    >>> _bias_pairs({3: -100, 1: 2.5})
+    ((1, 2.5), (3, -100.0))
+    """
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    try:
+        pairs = sorted((i, float(b)) for i, b in items)
+    except (TypeError, ValueError):
+        raise ConfigError("logit_bias", f"must map token ids to numbers, got {bias!r}") from None
+    for i, b in pairs:
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0 or not math.isfinite(b):
+            raise ConfigError("logit_bias", f"must map token ids ≥ 0 to finite numbers, got {i!r}: {b!r}")  # fmt: skip
+    return tuple(pairs)
+
+
+def apply_penalties(
+    logits: Tensor, counts: Tensor, repetition: float, frequency: float, presence: float = 0.0
+) -> Tensor:
+    """Repetition, frequency and presence penalties; logits [B, V] float, counts [B, V].
 
     >>> z = torch.tensor([[2.0, -2.0, 1.0]])
     >>> apply_penalties(z, torch.tensor([[1, 1, 0]]), repetition=2.0, frequency=0.5).tolist()
@@ -89,7 +119,25 @@ def apply_penalties(logits: Tensor, counts: Tensor, repetition: float, frequency
         out = torch.where(seen, penalised, out)
     if frequency != 0.0:
         out = out - frequency * counts.to(out.dtype)
+    if presence != 0.0:
+        out = out - presence * (counts > 0).to(out.dtype)
     return out
+
+
+def apply_bias(logits: Tensor, bias: tuple[tuple[int, float], ...]) -> Tensor:
+    """logits [B, V] with β_i added to column i for each (i, β_i) of ``bias``.
+
+    >>> apply_bias(torch.zeros(1, 3), ((2, -1.5),)).tolist()
+    [[0.0, 0.0, -1.5]]
+    """
+    if not bias:
+        return logits
+    ids = [i for i, _ in bias]
+    if max(ids) >= logits.shape[-1]:
+        raise ConfigError("logit_bias", f"token id {max(ids)} is out of range [0, {logits.shape[-1]})")  # fmt: skip
+    row = torch.zeros(logits.shape[-1], dtype=logits.dtype, device=logits.device)
+    row[ids] = torch.tensor([b for _, b in bias], dtype=logits.dtype, device=logits.device)
+    return logits + row
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -134,14 +182,17 @@ def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
 
 
 def next_token_logits(logits: Tensor, cfg: SamplingConfig, counts: Tensor | None = None) -> Tensor:
-    """The processed logits [B, V] (float32): penalties, temperature, top-k, top-p, min-p.
+    """The processed logits [B, V] (float32): penalties, logit bias, temperature, top-k,
+    top-p, min-p (one setting for every row; ``sample.rows`` takes one per row).
 
     softmax of the result is the distribution that ``draw`` samples. With temperature 0 only
     the penalties are applied (the caller takes the argmax).
     """
     z = logits.float()
     if cfg.penalised and counts is not None:
-        z = apply_penalties(z, counts, cfg.repetition_penalty, cfg.frequency_penalty)
+        z = apply_penalties(z, counts, cfg.repetition_penalty, cfg.frequency_penalty,
+                            cfg.presence_penalty)  # fmt: skip
+    z = apply_bias(z, cfg.logit_bias)
     if cfg.greedy:
         return z
     if cfg.temperature != 1.0:
@@ -168,67 +219,6 @@ def mask_padded(logits: Tensor, n_valid: int) -> Tensor:
     return logits.float().index_fill(-1, beyond, -math.inf)
 
 
-def next_token(
-    logits: Tensor,
-    cfg: SamplingConfig,
-    counts: Tensor | None,
-    generators: Sequence[torch.Generator],
-) -> Tensor:
-    """The next id per row [B]: the argmax of :func:`next_token_logits` when greedy, else one
-    :func:`draw` per row from its own generator. A row without a finite logit raises
-    :class:`GlassError`."""
-    z = next_token_logits(logits, cfg, counts)  # [B, V] float32
-    if cfg.greedy:
-        picked = kernels.argmax_rows(z)  # None off a CPU, or with a NaN or an infinite maximum
-        if picked is not None:
-            return torch.tensor(picked, device=z.device)
-        # one pass: a finite row maximum (max propagates NaN) is the argmax
-        best, ids = z.max(-1)
-        if bool(torch.isfinite(best).all()):
-            return ids
-    if not bool(torch.isfinite(z).any(-1).all()):
-        raise GlassError("the model produced no finite logits (NaN or inf weights?)")
-    return z.argmax(-1) if cfg.greedy else draw(z, generators)
-
-
-def next_token_rows(
-    logits: Tensor,
-    cfgs: Sequence[SamplingConfig],
-    counts: Sequence[Tensor | None],
-    generators: Sequence[torch.Generator],
-) -> list[int | None]:
-    """The next id of each row of ``logits`` [B, V], row b with its own settings ``cfgs[b]``,
-    token counts ``counts[b]`` [V] (read only when its settings have penalties) and generator.
-
-    Rows that share their settings go through one :func:`next_token` together. Every
-    operation there acts on each row alone, so a row gets the id it would get alone, and a
-    batch costs a few tensor operations per distinct setting, not per row. A row without a
-    finite logit gets None (its generator untouched); the other rows are unaffected.
-
-    >>> g = [torch.Generator().manual_seed(0) for _ in range(3)]
-    >>> z = torch.tensor([[0.0, 5.0], [1.0, 0.0], [float("nan"), float("nan")]])
-    >>> next_token_rows(z, [SamplingConfig(temperature=0)] * 3, [None] * 3, g)
-    [1, 0, None]
-    """
-    groups: dict[SamplingConfig, list[int]] = {}
-    for b, cfg in enumerate(cfgs):
-        groups.setdefault(cfg, []).append(b)
-    out: list[int | None] = [None] * len(cfgs)
-    for cfg, rows in groups.items():
-        for part in (rows, *([b] for b in rows)):  # alone, row by row, only when one fails
-            z = logits if len(part) == logits.shape[0] else logits[part]
-            c = torch.stack([counts[b] for b in part]) if cfg.penalised else None  # type: ignore[misc]
-            try:
-                ids = next_token(z, cfg, c, [generators[b] for b in part]).tolist()
-            except GlassError:  # raised before any draw: no generator has moved
-                continue
-            for b, t in zip(part, ids):
-                out[b] = t
-            if part is rows:
-                break
-    return out
-
-
 def probabilities(logits: Tensor, cfg: SamplingConfig, counts: Tensor | None = None) -> Tensor:
     """softmax of :func:`next_token_logits` [B, V] (one-hot at the argmax when greedy).
 
@@ -243,17 +233,17 @@ def probabilities(logits: Tensor, cfg: SamplingConfig, counts: Tensor | None = N
     return torch.softmax(z, dim=-1)
 
 
-def draw(z: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
-    """One token per row from softmax(z) [B, V] by the inverse CDF of a uniform draw per row.
+def draw(z: Tensor, u: Tensor) -> Tensor:
+    """One token per row from softmax(z) [B, V] by the inverse CDF of row b's uniform u[b]
+    (float64 in [0, 1)): the first token whose cumulative mass exceeds u[b] · total.
 
-    >>> g = [torch.Generator().manual_seed(0)]
-    >>> draw(torch.tensor([[float("-inf"), 0.0, float("-inf")]]), g).tolist()
-    [1]
+    >>> z = torch.log(torch.tensor([[0.25, 0.5, 0.25]]))
+    >>> draw(z.expand(3, -1), torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)).tolist()
+    [0, 1, 2]
     """
     probs = torch.softmax(z.double(), dim=-1)  # [B, V]
     cdf = probs.cumsum(-1)
-    u = torch.stack([torch.rand((), dtype=torch.float64, generator=g) for g in generators])
-    u = u.to(cdf.device)[:, None] * cdf[:, -1:]  # [B, 1]
+    u = u.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]  # [B, 1]
     idx = torch.searchsorted(cdf, u, right=True).clamp_(max=z.shape[-1] - 1)
     # u · total can round up to the total itself: fall back to the last token with mass
     zero = probs.gather(-1, idx) == 0

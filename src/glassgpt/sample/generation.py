@@ -7,7 +7,8 @@
 
 A batch of prompts of different lengths is left-padded into one [B, T] tensor; the cache
 gives each row its own positions and hides the pad slots, so every row gets exactly the
-tokens it would get alone (each row draws from its own generator, seeded ``seed + row``).
+tokens it would get alone (row b draws from its own stream, seeded ``seed + b``:
+``glassgpt.sample.rows``, which the server samples through as well).
 
 Context overflow policy: a model sees at most n_ctx positions.
 
@@ -43,7 +44,8 @@ from glassgpt.errors import ConfigError, GlassError
 from glassgpt.model.gpt import GPT
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.engine import Decoder
-from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token
+from glassgpt.sample.filters import SamplingConfig, mask_padded
+from glassgpt.sample.rows import Rows
 from glassgpt.sample.steering import steered
 from glassgpt.sample.stops import StopMatcher
 from glassgpt.tokenizer.special import start_id
@@ -104,12 +106,14 @@ class GenerationConfig(SamplingConfig):
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(
-            self.temperature,
-            self.top_k,
-            self.top_p,
-            self.min_p,
-            self.repetition_penalty,
-            self.frequency_penalty,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            logit_bias=self.logit_bias,
         )
 
 
@@ -121,7 +125,8 @@ def generate(
     ``tokens``: a list of ids or a 1-D tensor (one prompt), a list of such (prompts of any
     lengths), or a [B, T] tensor. ``options``: the fields of :class:`GenerationConfig`
     (``max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-    frequency_penalty, stop, stop_ids, seed, overflow, window``). ``tokenizer`` is needed
+    frequency_penalty, presence_penalty, logit_bias, stop, stop_ids, seed, overflow,
+    window``). ``tokenizer`` is needed
     for ``stop`` strings and chooses the start token of an empty prompt. ``steer``: steering
     vectors (``glassgpt.sample.steering.Steer``) added while generating.
 
@@ -291,13 +296,10 @@ def _steps(
     param = next(model.parameters())
     device = param.device
     sampling = cfg.sampling
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
     hist = [list(r) for r in rows]  # every row's tokens so far (prompt + generated)
-    counts = None
-    if sampling.penalised:
-        counts = torch.zeros(len(rows), config.n_vocab, device=device)
-        for b, r in enumerate(hist):
-            counts[b] += torch.bincount(torch.tensor(r, device=device), minlength=config.n_vocab)
+    sampler = Rows(len(rows), config.n_vocab, device)
+    for b, r in enumerate(hist):
+        sampler.set(b, sampling, seeds[b], r)
     warned = [False]
 
     def slide(what: str) -> list[list[int]]:
@@ -322,22 +324,23 @@ def _steps(
     on_decoder(decoder)
     cache = decoder.cache
     logits = _forward(model, tokens, cache)
-    plain_greedy = sampling.greedy and counts is None  # a replayed step's own pick can serve
+    # the raw argmax is the pick: a replayed step's own pick can serve
+    plain_greedy = sampling.greedy and not sampling.penalised and not sampling.logit_bias
     for step in range(cfg.max_new_tokens):
         ids = nxt = None
         if plain_greedy:
-            ids = decoder.greedy(logits, n_valid)  # None: next_token picks
+            ids = decoder.greedy(logits, n_valid)  # None: the sampler picks
         if ids is None:
             last = mask_padded(logits[:, -1], n_valid)  # [B, V]
-            nxt = next_token(last, sampling, counts, gens)  # [B]
+            nxt, ok = sampler.sample(last)  # [B]
+            if not bool(ok.all()):
+                raise GlassError("the model produced no finite logits (NaN or inf weights?)")
             ids = nxt.tolist()
         yield ids
         if step == cfg.max_new_tokens - 1:
             return
         for b, t in enumerate(ids):
             hist[b].append(t)
-        if counts is not None:  # (then nxt is next_token's: the replayed pick needs no counts)
-            counts[torch.arange(len(ids), device=device), nxt.to(device)] += 1
         if cache.length >= cache.capacity:
             tokens, pads = left_pad(slide(f"{len(hist[0])} tokens"), device)
             cache.reset(pads)
@@ -347,7 +350,7 @@ def _steps(
 
 
 def _column(ids: list[int], nxt: Tensor | None, device: torch.device) -> Tensor:
-    """The next ids as a [B, 1] tensor on ``device`` (``nxt``, next_token's [B], where given)."""
+    """The next ids as a [B, 1] tensor on ``device`` (``nxt``, the sampler's [B], where given)."""
     return (torch.tensor(ids) if nxt is None else nxt).to(device)[:, None]
 
 

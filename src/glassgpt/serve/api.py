@@ -59,7 +59,7 @@ def make_router(state: ServeState) -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Any:
         state.check_model(body.model)
         prompts, texts = _prompts(state, body.prompt)
-        run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, body.logprobs))
+        run = Run(state.scheduler, state.tokenizer, prompts, _settings(state, body, body.logprobs))
         meta = _meta("cmpl", "text_completion", state)
         echo = texts if body.echo else None
         if body.stream:
@@ -75,7 +75,9 @@ def make_router(state: ServeState) -> APIRouter:
             body.max_tokens = body.max_completion_tokens
         prompts, stops = _chat_prompts(state, body)
         k = (body.top_logprobs or 0) if body.logprobs else None
-        run = Run(state.scheduler, state.tokenizer, prompts, _settings(body, k, stops), reply=True)
+        run = Run(
+            state.scheduler, state.tokenizer, prompts, _settings(state, body, k, stops), reply=True
+        )
         meta = _meta("chatcmpl", "chat.completion", state)
         if body.stream:
             return _sse(_chat_chunks(state, run, meta, body.include_usage), run)
@@ -153,13 +155,24 @@ def _prompts(
 
 
 def _settings(
-    body: RequestBase, logprobs: int | None, extra_stops: tuple[str, ...] = ()
+    state: ServeState, body: RequestBase, logprobs: int | None, extra_stops: tuple[str, ...] = ()
 ) -> Settings:
+    """The request's settings; a logit_bias id past the vocabulary is a 400 (this request's
+    alone: the scheduler samples each row with its own settings)."""
+    bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
+    bad = [i for i in bias if i >= state.n_valid]
+    if bad:
+        raise APIError(400, f"logit_bias: token id {bad[0]} is out of range [0, {state.n_valid})",
+                       param="logit_bias", code="invalid_value")  # fmt: skip
     sampling = SamplingConfig(
         temperature=body.temperature,
         top_k=body.top_k,
         top_p=body.top_p if body.top_p < 1.0 else None,
+        min_p=body.min_p or None,
+        repetition_penalty=body.repetition_penalty,
         frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        logit_bias=bias,
     )
     stops = tuple(body.stop or ()) + extra_stops  # type: ignore[arg-type]
     return Settings(sampling, body.max_tokens, body.n, body.seed, stops, logprobs)

@@ -9,18 +9,20 @@
                    alone (as ``generate`` slides its window) and samples from them
            retire  sequences that stopped, ran out of tokens or were cancelled free their slot
 
-Each sequence samples with its own settings and its own ``torch.Generator``, by the function
-``glassgpt.sample.generate`` uses (penalties, temperature, top-k, top-p, min-p on float32
-logits; one uniform draw per token from the generator seeded ``seed``). The rows of a step
-that share their settings are sampled together (``next_token_rows``: one ``next_token`` per
-distinct setting, whose operations act on each row alone), so a request gives the tokens
-``generate`` gives for the same prompt and seed, whether it runs alone or beside others (up
-to the float rounding of a batched matmul).
+Each sequence samples with its own settings and its own random stream, through the sampler
+``glassgpt.sample.generate`` uses (``glassgpt.sample.rows.Rows``: penalties, logit bias,
+temperature, top-k, top-p, min-p on float32 logits; one uniform per token from the stream of
+the job's seed). Row b of the sampler is slot b: a step samples every row in one pass of
+tensor operations over the batch, whatever the mix of settings, and each operation acts on
+each row alone, so a request gives the tokens ``generate`` gives for the same prompt and
+seed, whether it runs alone or beside others (up to the float rounding of a batched matmul).
 
 Results go back through a callback (the API hands them to its asyncio queue); after each
 admission and each step the scheduler calls the jobs' ``flush``, so the receiving event
 loop wakes once per batch of results, not once per token. A cancelled sequence (the client
 went away) is dropped before the next step, so no work continues.
+A prompt that begins with blocks of tokens an earlier prompt began with (a shared system
+prompt) loads their keys and values instead of encoding them (``serve.prefix``).
 Every forward holds ``lock``, which the explorer's analyses share: hooks are per model.
 Steering hooks (``steering``, e.g. from ``glassgpt.sample.steering.steering_hooks``) are
 attached around each of the scheduler's forwards, so every request is steered and the
@@ -42,8 +44,10 @@ from torch import Tensor
 from glassgpt.kernels import cache_dtype
 from glassgpt.sample import engine
 from glassgpt.sample.cache import KVCache
-from glassgpt.sample.filters import SamplingConfig, mask_padded, next_token_rows
+from glassgpt.sample.filters import SamplingConfig, mask_padded
+from glassgpt.sample.rows import Rows
 from glassgpt.sample.stops import StopMatcher
+from glassgpt.serve.prefix import DEFAULT_BYTES, PrefixCache
 from glassgpt.serve.slots import SlotCache, available_memory, served_context
 
 Emit = Callable[[str, Any], None]  # ("token", (id, info)) | ("done", reason) | ("error", text)
@@ -74,16 +78,12 @@ class Job:
 
 
 class _Seq:
-    """A job being decoded: its generator, counts, stop matcher and the token to feed next."""
+    """A job being decoded: its stop matcher and the token to feed next (its sampling state
+    is its slot's row of the scheduler's ``Rows``)."""
 
-    def __init__(self, job: Job, tokenizer: Any, n_vocab: int, device: torch.device) -> None:
+    def __init__(self, job: Job, tokenizer: Any) -> None:
         self.job = job
-        self.gen = torch.Generator().manual_seed(job.seed)
         self.matcher = StopMatcher(tokenizer, job.stop) if job.stop else None
-        self.counts: Tensor | None = None
-        if job.sampling.penalised:
-            ids = torch.tensor(job.prompt, device=device)
-            self.counts = torch.bincount(ids, minlength=n_vocab).float()  # [V]
         self.made = 0  # tokens sampled so far
         self.history = list(job.prompt)  # every token so far (prompt + sampled)
         self.pending = 0  # the last sampled token, not yet fed
@@ -102,6 +102,7 @@ class Scheduler:
         replay: bool = True,
         steering: Mapping[str, Callable[..., Any]] | None = None,
         max_context: int | None = None,
+        prefix_bytes: int | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.steering = dict(steering or {})  # hooks attached around every forward
@@ -114,6 +115,11 @@ class Scheduler:
         self.n_ctx = served_context(self.config, slots, max_context, dtype=dtype,
                                     available=None if max_context else available_memory(p.device))  # fmt: skip
         self.cache = SlotCache.for_model(model, slots, self.n_ctx)
+        self.rows = Rows(slots, self.config.n_vocab, self.device)  # row b: slot b's sampling
+        if prefix_bytes is None:  # a quarter of the slots' memory, at most DEFAULT_BYTES
+            held = sum(2 * layer.k.numel() * layer.k.element_size() for layer in self.cache.layers)
+            prefix_bytes = min(DEFAULT_BYTES, held // 4)
+        self.prefix = PrefixCache.for_model(model, max_bytes=prefix_bytes)  # prompt blocks seen
         self.lock = threading.Lock()
         self.inbox: queue.Queue[Job | None] = queue.Queue()
         self.active: list[_Seq] = []  # active[b] lives in slot b
@@ -200,7 +206,9 @@ class Scheduler:
         self._flushes.add(job.flush)
 
     def _admit(self, job: Job) -> None:
-        seq = _Seq(job, self.tokenizer, self.config.n_vocab, self.device)
+        seq = _Seq(job, self.tokenizer)
+        slot = len(self.active)
+        self.rows.set(slot, job.sampling, job.seed, job.prompt)
         T, n_ctx = len(job.prompt), self.n_ctx
         capacity = max(min(n_ctx, T + job.max_tokens - 1), T)  # as generate sizes its cache
         self.admitting = job
@@ -208,9 +216,8 @@ class Scheduler:
             logits, prefill = self._prefill(job.prompt, capacity)
         finally:
             self.admitting = None
-        if self._sample([seq], logits[None])[0]:
+        if self._sample([seq], logits[None], slot)[0]:
             return
-        slot = len(self.active)
         self.cache.load(slot, prefill)
         self.active.append(seq)
 
@@ -247,15 +254,21 @@ class Scheduler:
         window = seq.history[-max(1, 3 * self.n_ctx // 4) :]
         logits, prefill = self._prefill(window, self.n_ctx)
         self.cache.load(b, prefill)
-        if self._sample([seq], logits[None])[0]:
+        if self._sample([seq], logits[None], b)[0]:
             self._free(b)
 
     def _prefill(self, ids: list[int], capacity: int) -> tuple[Tensor, KVCache]:
-        """``ids`` encoded alone: the logits [V] after the last one, and their cache."""
+        """``ids`` encoded alone: the logits [V] after the last one, and their cache. A
+        cached prefix (``serve.prefix``) is loaded, not encoded; not with steering, whose
+        hooks change the keys and values."""
         cache = KVCache.for_model(self.model, 1, capacity, last_only=True)
-        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         with self.lock, torch.inference_mode(), self.steered():
+            plain = not self.steering and not self.model._hook_fns
+            n = self.prefix.load(ids, cache) if plain else 0
+            tokens = torch.tensor([ids[n:]], dtype=torch.long, device=self.device)
             logits = self.model(tokens, cache=cache)  # [1, 1, V]
+            if plain:
+                self.prefix.store(ids, cache)
         return logits[0, -1], cache
 
     def _retire_cancelled(self) -> None:
@@ -268,17 +281,20 @@ class Scheduler:
         last = len(self.active) - 1
         if b != last:
             self.cache.move(last, b)
+            self.rows.move(last, b)
             self.active[b] = self.active[last]
         self.active.pop()
 
     # -- one token of each sequence -------------------------------------------------------
-    def _sample(self, seqs: list[_Seq], logits: Tensor) -> list[bool]:
-        """Draw the next token of each sequence, row b of ``logits`` [B, V] for ``seqs[b]``;
-        emit what is final; True for each sequence that has finished."""
+    def _sample(self, seqs: list[_Seq], logits: Tensor, start: int = 0) -> list[bool]:
+        """Draw the next token of each sequence, row b of ``logits`` [B, V] for ``seqs[b]``
+        (in slot start + b), in one pass over the batch; emit what is final; True for each
+        sequence that has finished."""
         last = mask_padded(logits, self.n_valid)  # [B, V]
-        ids = next_token_rows(last, [s.job.sampling for s in seqs], [s.counts for s in seqs],
-                              [s.gen for s in seqs])  # fmt: skip
-        return [self._take(s, t, last[b]) for b, (s, t) in enumerate(zip(seqs, ids))]
+        picked, ok = self.rows.sample(last, start)
+        ids = torch.where(ok, picked, -1).tolist()  # -1: no finite logit
+        return [self._take(s, t if t >= 0 else None, last[b])
+                for b, (s, t) in enumerate(zip(seqs, ids))]  # fmt: skip
 
     def _take(self, seq: _Seq, nxt: int | None, last: Tensor) -> bool:
         """``nxt`` (None: no finite logit) drawn from ``last`` [V] for ``seq``: True when done."""
@@ -292,8 +308,6 @@ class Scheduler:
         seq.made += 1
         seq.pending = nxt
         info = _logprobs(last, nxt, job.logprobs) if job.logprobs is not None else None
-        if seq.counts is not None:
-            seq.counts[nxt] += 1
         if nxt in job.stop_ids:
             self._release(seq, seq.matcher.flush() if seq.matcher else [])
             self._emit(job, "done", "stop")

@@ -1,10 +1,10 @@
 """The request bodies of the OpenAI-compatible endpoints, validated field by field.
 
 Field names, types and defaults follow the OpenAI API reference (``/v1/completions``,
-``/v1/chat/completions``); ``top_k`` is an extension. Fields the reference has and this
-server ignores (``user``, ``logit_bias``, ``presence_penalty`` …) are accepted and ignored.
+``/v1/chat/completions``); ``top_k``, ``min_p`` and ``repetition_penalty`` are extensions.
+Fields the reference has and this server ignores (``user`` …) are accepted and ignored.
 A value of the wrong type or out of range fails validation, which the app turns into a 400
-naming the field.
+naming the field: that request only, whatever else the server is decoding.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ class RequestBase(BaseModel):
     top_p: TopP = 1.0
     top_k: PositiveInt | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0  # CTRL's; 1 = off
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0  # 0 = off
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     n: Annotated[StrictInt, Field(ge=1, le=16)] = 1
     stop: str | list[str] | None = None
     seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None = None  # + choice index
@@ -44,6 +48,13 @@ class RequestBase(BaseModel):
         if len(stops) > 4 or not all(stops):
             raise ValueError("at most 4 non-empty stop strings")
         return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and (len(v) > 300 or not all(k.isdigit() for k in v)):
+            raise ValueError("at most 300 entries, each a token id (a string of digits)")
+        return v
 
     @property
     def include_usage(self) -> bool:

@@ -1,0 +1,312 @@
+"""Per-row sampling of a batch in one pass: each row its own settings, held as tensors.
+
+Row b of the logits z [B, V], with settings (T_b, k_b, p_b, m_b, r_b, f_b, a_b, β_b), token
+counts c_b [V], seed s_b and n_b tokens drawn so far:
+
+    z_b ← penalties(z_b; c_b, r_b, f_b, a_b) + β_b       (r = 1, f = a = 0, β = 0: off)
+    T_b = 0:  x_b = argmax z_b                            (greedy)
+    else:     z_b ← z_b / T_b, then top-k (k_b), top-p (p_b), min-p (m_b) as in sample.filters
+              x_b = draw(z_b, u_b),   u_b = U(s_b, n_b)
+
+Every operation acts on each row alone, and an "off" setting leaves a row's logits exactly
+as they were (z/1, z·1, z − 0·c, z + 0), so a row gets the same bits whatever its batch
+mates. A filter no row uses costs nothing; one that some rows use runs on those rows only
+(gathered, filtered, put back). U is counter-based (:func:`uniforms`, SplitMix64 of the
+seed and the count), so there is no generator object per row to step in a Python loop:
+a row's uniforms depend on its own seed and count only. ``generate`` (a batch of its
+prompts) and the server (a batch of slots) both sample through :class:`Rows`, so a request
+gets the tokens ``generate`` gives, alone or beside any others.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from functools import reduce
+
+import torch
+from torch import Tensor
+
+from glassgpt import kernels
+from glassgpt.errors import ConfigError
+from glassgpt.sample.filters import SamplingConfig, draw
+
+# what a row uses, one bit each (``Rows.uses``): the step skips what no row uses
+REP, FREQ, PRES, BIAS, DRAW, TOP_K, TOP_P, MIN_P = (1 << i for i in range(8))
+PENALTY, EVERY = REP | FREQ | PRES, (1 << 8) - 1
+NUCLEUS = 256  # top-p looks among a row's largest NUCLEUS probabilities first
+SMALL = 1024  # up to this vocabulary a step filters every row (an off setting is exact)
+
+_GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # SplitMix64's constants, as signed int64
+_M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_M2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def wrap64(x: int) -> int:
+    """``x`` modulo 2⁶⁴ as a signed int64 (a seed of any size fits a tensor).
+
+    >>> wrap64(2**63), wrap64(-1), wrap64(5)
+    (-9223372036854775808, -1, 5)
+    """
+    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+def _shr(x: Tensor, s: int) -> Tensor:
+    """Logical right shift of int64 bits (``>>`` on int64 is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x: Tensor) -> Tensor:
+    """SplitMix64's finaliser on int64 bits (products wrap modulo 2⁶⁴, as uint64's do)."""
+    x = (x ^ _shr(x, 30)) * _M1
+    x = (x ^ _shr(x, 27)) * _M2
+    return x ^ _shr(x, 31)
+
+
+def uniforms(seeds: Tensor, counters: Tensor) -> Tensor:
+    """u = ⌊mix(mix(s) + (n + 1)·γ) / 2¹¹⌋ · 2⁻⁵³ ∈ [0, 1), float64, for int64 seeds s and
+    counters n of the same shape: the n-th uniform of the stream of seed s (SplitMix64's
+    n-th output from the state mix(s)).
+
+    >>> u = uniforms(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 0]))
+    >>> bool(((u >= 0) & (u < 1)).all()), len(set(u.tolist()))
+    (True, 3)
+    """
+    x = _mix(seeds.long()) + (counters.long() + 1) * _GAMMA
+    return _shr(_mix(x), 11).double() * 2.0**-53
+
+
+class Rows:
+    """The sampling settings and state of up to ``capacity`` rows (row b: one sequence).
+
+    >>> rows = Rows(2, n_vocab=3)
+    >>> rows.set(0, SamplingConfig(temperature=0), seed=0)
+    >>> rows.set(1, SamplingConfig(logit_bias={0: 50.0}), seed=1)
+    >>> ids, ok = rows.sample(torch.tensor([[0.0, 0.0, 9.0], [0.0, 0.0, 9.0]]))
+    >>> ids.tolist(), ok.tolist(), rows.drawn.tolist()
+    ([2, 0], [True, True], [1, 1])
+    """
+
+    def __init__(
+        self, capacity: int, n_vocab: int, device: torch.device | str | None = None
+    ) -> None:
+        self.capacity, self.n_vocab = capacity, n_vocab
+        self.device = torch.device(device or "cpu")
+
+        def full(value: float, dtype: torch.dtype = torch.float32) -> Tensor:
+            return torch.full((capacity,), value, dtype=dtype, device=self.device)
+
+        self.temperature, self.top_p, self.min_p = full(1.0), full(1.0), full(0.0)
+        self.top_k = full(0, torch.long)  # 0: off
+        self.repetition, self.frequency, self.presence = full(1.0), full(0.0), full(0.0)
+        self.seed, self.drawn = full(0, torch.long), full(0, torch.long)
+        self.counts: Tensor | None = None  # [capacity, V] once a row has penalties
+        self.bias: Tensor | None = None  # [capacity, V] once a row has a logit bias
+        self.uses = [0] * capacity  # row b's bits (PENALTY, BIAS, DRAW, …)
+        self._state = ("temperature", "top_p", "min_p", "top_k", "repetition", "frequency",
+                       "presence", "seed", "drawn", "counts", "bias")  # fmt: skip
+
+    def set(self, b: int, cfg: SamplingConfig, seed: int, history: Sequence[int] = ()) -> None:
+        """Row b samples with ``cfg`` from the stream of ``seed``; ``history``: the tokens it
+        has seen (the prompt), which the penalties count."""
+        if cfg.logit_bias and cfg.logit_bias[-1][0] >= self.n_vocab:
+            bad = cfg.logit_bias[-1][0]
+            raise ConfigError("logit_bias", f"token id {bad} is out of range [0, {self.n_vocab})")
+        self.temperature[b] = cfg.temperature
+        self.top_k[b] = cfg.top_k or 0
+        self.top_p[b] = 1.0 if cfg.top_p is None else cfg.top_p
+        self.min_p[b] = cfg.min_p or 0.0
+        self.repetition[b] = cfg.repetition_penalty
+        self.frequency[b] = cfg.frequency_penalty
+        self.presence[b] = cfg.presence_penalty
+        self.seed[b], self.drawn[b] = wrap64(seed), 0
+        k, p, m = cfg.top_k or 0, cfg.top_p or 1.0, cfg.min_p or 0.0
+        self.uses[b] = ((REP if cfg.repetition_penalty != 1 else 0)
+                        | (FREQ if cfg.frequency_penalty != 0 else 0)
+                        | (PRES if cfg.presence_penalty != 0 else 0)
+                        | (BIAS if cfg.logit_bias else 0)
+                        | (DRAW if cfg.temperature != 0 else 0)
+                        | (TOP_K if 0 < k < self.n_vocab else 0) | (TOP_P if p < 1 else 0)
+                        | (MIN_P if m > 0 else 0))  # fmt: skip
+        if cfg.penalised and self.counts is None:
+            self.counts = torch.zeros(self.capacity, self.n_vocab, device=self.device)
+        if self.counts is not None:
+            self.counts[b].zero_()
+            if cfg.penalised and len(history):
+                ids = torch.tensor(list(history), dtype=torch.long, device=self.device)
+                self.counts[b] += torch.bincount(ids, minlength=self.n_vocab).float()
+        if cfg.logit_bias and self.bias is None:
+            self.bias = torch.zeros(self.capacity, self.n_vocab, device=self.device)
+        if self.bias is not None:
+            self.bias[b].zero_()
+            for i, beta in cfg.logit_bias:
+                self.bias[b, i] = beta
+
+    def move(self, src: int, dst: int) -> None:
+        """Row ``src``'s settings and state into row ``dst`` (the server keeps its slots
+        contiguous)."""
+        for name in self._state:
+            t = getattr(self, name)
+            if t is not None:
+                t[dst] = t[src]
+        self.uses[dst] = self.uses[src]
+
+    def sample(self, logits: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
+        """The next id of rows start..start+B−1 from their logits [B, V], and whether each
+        row had a finite logit ([B] long, [B] bool). Rows that drew count the token and
+        step their counter; a row without a finite logit is left as it was."""
+        B = logits.shape[0]
+        r = slice(start, start + B)
+        z, hot, zs = self._process(logits, start)
+        ids = ok = None
+        if hot is not None and hot.numel() == 0:
+            picked = kernels.argmax_rows(z)  # None off a CPU, or with a NaN or inf maximum
+            if picked is not None:
+                ids = torch.tensor(picked, device=z.device)
+                ok = torch.ones(B, dtype=torch.bool, device=z.device)
+        if hot is not None and (ids is None or ok is None):
+            ids, ok = z.argmax(-1), torch.isfinite(z).any(-1)
+        if hot is None:  # every row draws (a greedy row's draw is then replaced)
+            ok = torch.isfinite(zs).any(-1)
+            u = uniforms(self.seed[r], self.drawn[r])
+            ids = draw(zs if bool(ok.all()) else zs.masked_fill(~ok[:, None], 0.0), u)
+            if not reduce(operator.and_, self.uses[r], DRAW):
+                greedy = self.temperature[r] == 0
+                ids = torch.where(greedy, z.argmax(-1), ids)
+                ok = torch.where(greedy, torch.isfinite(z).any(-1), ok)
+        elif hot.numel() and ids is not None and ok is not None:
+            fine = torch.isfinite(zs).any(-1)
+            u = uniforms(self.seed[r][hot], self.drawn[r][hot])
+            ids[hot] = draw(zs.masked_fill(~fine[:, None], 0.0), u).to(ids.device)
+            ok[hot] = fine.to(ok.device)
+        assert ids is not None and ok is not None
+        took = ok.to(self.device)
+        self.drawn[r] += took
+        if self.counts is not None:
+            at = torch.arange(start, start + B, device=self.device)
+            self.counts.index_put_((at, ids.to(self.device)), took.float(), accumulate=True)
+        return ids, ok
+
+    def probabilities(self, logits: Tensor, start: int = 0) -> Tensor:
+        """The distribution each row draws from [B, V] (one-hot at the argmax when greedy);
+        the state is left as it is."""
+        z, hot, zs = self._process(logits, start)
+        p = torch.zeros_like(z).scatter_(-1, z.argmax(-1, keepdim=True), 1.0)
+        if hot is None:  # greedy rows (T = 0) are one-hot
+            greedy = self.temperature[start : start + z.shape[0], None] == 0
+            return torch.where(greedy, p, torch.softmax(zs, dim=-1))
+        return p.index_copy(0, hot, torch.softmax(zs, dim=-1)) if hot.numel() else p
+
+    def _process(self, logits: Tensor, start: int) -> tuple[Tensor, Tensor | None, Tensor]:
+        """(z after penalties and bias [B, V], the rows that draw [h] (None: every row),
+        their filtered logits [h, V])."""
+        B = logits.shape[0]
+        r = slice(start, start + B)
+        uses = self.uses[r]
+        some, every = reduce(operator.or_, uses, 0), reduce(operator.and_, uses, EVERY)
+        z = logits.float()
+        if some & PENALTY and self.counts is not None:
+            z = _penalties(z, self.counts[r], self.repetition[r], self.frequency[r],
+                           self.presence[r], some)  # fmt: skip
+        if some & BIAS and self.bias is not None:
+            z = z + self.bias[r]
+        if not some & DRAW:
+            return z, z.new_zeros(0, dtype=torch.long), z[:0]
+        T, small = self.temperature[r], z.shape[-1] <= SMALL
+        if every & DRAW:
+            hot, zs = None, z / T[:, None]
+        elif small:  # greedy rows too, at T = 1: sample() takes their argmax instead
+            hot, zs = None, z / torch.where(T == 0, 1.0, T)[:, None]
+        else:
+            hot = (T != 0).nonzero()[:, 0]
+            zs = z[hot] / T[hot, None]  # [h, V]
+        for bit, param, fn in ((TOP_K, self.top_k, _top_k), (TOP_P, self.top_p, _top_p),
+                               (MIN_P, self.min_p, _min_p)):  # fmt: skip
+            if some & bit:
+                x = param[r] if hot is None else param[r][hot]
+                zs = _where_on(x, bit, every & bit, small, zs, fn)
+        return z, hot, zs
+
+
+def _where_on(
+    param: Tensor,
+    bit: int,
+    every: int,
+    small: bool,
+    z: Tensor,
+    fn: Callable[[Tensor, Tensor], Tensor],
+) -> Tensor:
+    """``fn(z_rows, param_rows)`` on the rows of z [h, V] whose ``param`` turns ``bit`` on;
+    the rest as they are: all rows at once when ``every`` row has it on, or when ``small``
+    (the others then with the setting that changes nothing), else on the gathered rows."""
+    if every:
+        return fn(z, param)
+    V = z.shape[-1]
+    if small:
+        if bit == TOP_K:
+            return fn(z, torch.where((param > 0) & (param < V), param, V))
+        return fn(z, torch.where(param < 1, param, 2.0)) if bit == TOP_P else fn(z, param)
+    on = {TOP_K: lambda k: (k > 0) & (k < V), TOP_P: lambda p: p < 1,
+          MIN_P: lambda m: m > 0}[bit](param)  # fmt: skip
+    idx = on.nonzero()[:, 0]
+    if idx.numel() == 0:
+        return z
+    return z.index_copy(0, idx, fn(z[idx], param[idx]))
+
+
+def _penalties(
+    z: Tensor, counts: Tensor, rep: Tensor, freq: Tensor, pres: Tensor, some: int
+) -> Tensor:
+    """As ``filters.apply_penalties``, row b with its own r_b, f_b, a_b ([B] each); ``some``:
+    the bits of the penalties some row uses."""
+    seen = counts > 0
+    if some & REP:
+        z = torch.where(seen, torch.where(z > 0, z / rep[:, None], z * rep[:, None]), z)
+    if some & FREQ:
+        z = z - freq[:, None] * counts
+    if some & PRES:
+        z = z - pres[:, None] * seen
+    return z
+
+
+def _top_k(z: Tensor, k: Tensor) -> Tensor:
+    """Row b keeps its k_b largest logits (and ties with the k_b-th); k: [h] long in [1, V)."""
+    largest = torch.topk(z, int(k.max()), dim=-1).values  # [h, k_max], descending
+    kth = largest.gather(-1, (k - 1)[:, None])  # [h, 1]
+    return z.masked_fill(z < kth, -math.inf)
+
+
+def _top_p(z: Tensor, p: Tensor) -> Tensor:
+    """Row b keeps the shortest most-probable prefix whose mass reaches p_b (< 1).
+
+    A row whose NUCLEUS largest probabilities reach p_b is cut among them (a partial top-k,
+    not a sort of the vocabulary); the others are sorted whole. Which way a row goes
+    depends on that row alone."""
+    probs = torch.softmax(z, dim=-1)
+    V = z.shape[-1]
+    if V > 2 * NUCLEUS:
+        top, order = torch.topk(probs, NUCLEUS, dim=-1)  # [h, NUCLEUS], descending
+        before = top.cumsum(-1) - top  # mass strictly before each of them
+        enough = before[:, -1] + top[:, -1] >= p
+        if bool(enough.any()):
+            keep = before < p[:, None]  # the tokens past the NUCLEUS-th have ≥ p before them
+            dropped = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, order, ~keep)
+            short = (~enough).nonzero()[:, 0]
+            if short.numel():
+                dropped = dropped.index_copy(0, short, _sorted_drop(probs[short], p[short]))
+            return z.masked_fill(dropped, -math.inf)
+    return z.masked_fill(_sorted_drop(probs, p), -math.inf)
+
+
+def _sorted_drop(probs: Tensor, p: Tensor) -> Tensor:
+    """The tokens top-p drops [h, V], from a sort of each row's probabilities."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each sorted token
+    return torch.zeros_like(before, dtype=torch.bool).scatter_(-1, order, before >= p[:, None])
+
+
+def _min_p(z: Tensor, m: Tensor) -> Tensor:
+    """Row b keeps tokens with p_i ≥ m_b · max p (z_i − z_max ≥ log m_b)."""
+    z_max = z.max(dim=-1, keepdim=True).values
+    return z.masked_fill(z - z_max < torch.log(m)[:, None], -math.inf)

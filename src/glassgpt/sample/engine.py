@@ -180,7 +180,7 @@ class Decoder:
     def greedy(self, logits: Tensor, n_valid: int) -> list[int] | None:
         """Each row's argmax over the first ``n_valid`` of ``logits``, read by the replayed
         step from its own buffer without a PyTorch operation; None where it cannot (another
-        engine, other logits, a NaN or an infinite maximum): then ``filters.next_token``."""
+        engine, other logits, a NaN or an infinite maximum): then ``rows.Rows`` samples the logits."""
         if isinstance(self._step, ReplayedStep) and logits is self._step.logits:
             return self._step.greedy(n_valid)
         return None

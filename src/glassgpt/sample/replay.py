@@ -206,7 +206,7 @@ class ReplayedStep:
 
     def greedy(self, n_valid: int) -> list[int] | None:
         """Each row's argmax over the first ``n_valid`` logits of the last step (as
-        ``filters.next_token`` picks it at temperature 0, without penalties), read from the
+        ``rows.Rows`` picks it at temperature 0, without penalties), read from the
         recording's own buffer; None where a row holds a NaN or an infinite maximum.
 
         Between two steps PyTorch's code is cold (the step's weights streamed through every

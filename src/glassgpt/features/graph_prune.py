@@ -3,7 +3,8 @@ definitions, Ameisen et al. 2025 §"Graph pruning").
 
     Â        = |A| with each row divided by its sum            (the share of a node's input)
     I        = w (Â + Â² + Â³ + …)                             w: the logit targets' weights
-    keep     nodes (features) in order of I until their share of Σ I reaches node_threshold;
+    keep     nodes in order of I until their share of Σ I reaches node_threshold (tokens and
+             logit targets always);
              edges scored Â_ts · (I + w)_t on the pruned graph, kept likewise to edge_threshold;
              then features and errors without an outgoing edge, and features without an
              incoming one, are dropped until none is left to drop
@@ -92,13 +93,14 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     """The nodes and edges kept (module docstring). Tokens and logit targets are always kept."""
     check_threshold(node_threshold, "--node-threshold")
     check_threshold(edge_threshold, "--edge-threshold")
-    n_f, n_tail = graph.n_features, graph.n_nodes - graph.token_start
+    n_f = graph.n_features
     w = logit_weights(graph)
     A = graph.adjacency.double()
     node_inf = influence(normalized(A), w)
     nodes = torch.ones(graph.n_nodes, dtype=torch.bool)
-    if node_threshold < 1.0 and n_f:
-        nodes[:n_f] = node_inf[:n_f] >= threshold_of(node_inf[:n_f], node_threshold)
+    if node_threshold < 1.0:
+        nodes = node_inf >= threshold_of(node_inf, node_threshold)
+        nodes[graph.token_start :] = True
     kept = A * nodes[:, None] * nodes[None, :]
     An = normalized(kept)
     edge_scores = An * (influence(An, w) + w)[:, None]
@@ -112,7 +114,6 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
             edges &= nodes[:, None] & nodes[None, :]
             if bool((nodes == before).all()):
                 break
-    nodes[graph.n_nodes - n_tail :] = True
     return Pruned(nodes, edges, node_inf + w)
 
 

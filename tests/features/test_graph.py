@@ -11,7 +11,7 @@ import torch
 from glassgpt.errors import GlassError
 from glassgpt.features.clt import CLT, CLTConfig
 from glassgpt.features.graph_prune import prune, scores
-from glassgpt.features.graphs import Graph, attribute, edge_heads
+from glassgpt.features.graphs import Graph, attribute, edge_heads, head_split
 from glassgpt.features.replacement import Transcoders, freeze, run_frozen
 from glassgpt.features.sae import SAE, SAEConfig
 from glassgpt.model import GPT, GPTConfig
@@ -101,7 +101,7 @@ def removed_reads(model: GPT, graph: Graph) -> torch.Tensor:
 @pytest.mark.parametrize("kind", TRANSCODERS)
 def test_every_edge_is_the_direct_effect(family: str, kind: str) -> None:
     model = model_of(family)
-    graph = attribute(model, TRANSCODERS[kind](), PROMPT, dtype=F64, batch_size=7)
+    graph = attribute(model, TRANSCODERS[kind](), PROMPT, dtype=F64, batch_size=24)
     A = graph.adjacency
     assert graph.n_features > 20 and len(graph.logit_tokens) >= 2
     assert (A - removed_reads(model, graph)).abs().max() < 1e-8
@@ -187,9 +187,9 @@ def test_heads_split_every_edge_exactly(family: str) -> None:
     graph = attribute(model, clt(), PROMPT, dtype=F64)
     A = graph.adjacency
     checked = 0
-    for target in [*range(0, graph.n_features, 7), graph.logit_start]:
-        for source in A[target].nonzero().flatten().tolist()[::5]:
-            parts = edge_heads(model, graph, target, source)
+    for target in [*range(0, graph.n_features, 9), graph.logit_start]:
+        sources = A[target].nonzero().flatten().tolist()[::4]
+        for source, parts in zip(sources, head_split(model, graph, target, sources), strict=True):
             assert abs(sum(parts.values()) - float(A[target, source])) < 1e-10
             _, _, p_t, _ = graph.node(target)
             _, _, p_s, _ = graph.node(source)
@@ -222,14 +222,17 @@ def test_head_parts_are_the_heads_own_effect() -> None:
 def attribute_row(model: GPT, graph: Graph, target: int, source: int) -> float:
     """A[target, source] recomputed by removing the source in the (possibly edited) frozen model."""
     fz = graph.frozen
-    L = fz.writes.shape[0]
     embed, writes = fz.embed[None].clone(), [w[None].clone() for w in fz.writes]
     _, _, pos, _ = graph.node(source)
     layer, read_pos, vec = graph.specs[target - graph.logit_start + graph.n_features]
+    with torch.no_grad():
+        return _cut(model, fz, embed, writes, pos, read_pos, vec)
+
+
+def _cut(model: GPT, fz, embed, writes, pos, read_pos, vec) -> float:  # type: ignore[no-untyped-def]
     full = run_frozen(model, fz, embed, writes).final[0, read_pos] @ vec
     embed[0, pos] = 0
     cut = run_frozen(model, fz, embed, writes).final[0, read_pos] @ vec
-    assert layer is None and L == 3
     return float(full - cut)
 
 

@@ -167,8 +167,11 @@ class CLT(nn.Module):
         if self.cfg.arch == "topk":
             assert self.cfg.k is not None
             return topk_relu(z, self.cfg.k)
-        theta = self.theta if layer is None else self.theta[layer]
-        return jumprelu(z, theta, self.cfg.bandwidth)
+        if layer is not None:
+            return jumprelu(z, self.theta[layer], self.cfg.bandwidth)
+        # one threshold per (layer, feature): the estimator sums its gradient over the rows
+        flat = jumprelu(z.flatten(-2), self.theta.flatten(), self.cfg.bandwidth)
+        return flat.unflatten(-1, tuple(z.shape[-2:]))
 
     def encode(self, u: Tensor, layer: int | None = None) -> Tensor:
         """u [..., L, d_model] → a [..., L, d_sae] (or one ``layer``'s, as :meth:`pre_acts`)."""

@@ -282,7 +282,12 @@ def source_writes(graph: Graph, source: int) -> list[tuple[int, int, Tensor]]:
 
 
 def edge_heads(model: GPT, graph: Graph, target: int, source: int) -> dict[str, float]:
-    """The edge A[target, source] split by the first attention head its paths pass through:
+    """The edge A[target, source] split by head (:func:`head_split`)."""
+    return head_split(model, graph, target, [source])[0]
+
+
+def head_split(model: GPT, graph: Graph, target: int, sources: Sequence[int]) -> list[dict[str, float]]:  # fmt: skip
+    """Each edge A[target, s], s in ``sources``, split by the first attention head its paths pass through:
     {"resid": the part through the residual stream alone (same position), "L.H": the part
     whose first head is head H of layer L (its value read at the source's position, the
     pattern frozen, then on through the frozen model)}; the parts sum to the edge.
@@ -298,7 +303,7 @@ def edge_heads(model: GPT, graph: Graph, target: int, source: int) -> dict[str, 
         raise GlassError(f"node {target} is an error or token node: it has no incoming edges")
     read_layer, read_pos, vec = graph.specs[row]
     vec = vec.detach()
-    L, T, d = fz.writes.shape
+    L = fz.writes.shape[0]
     embed = fz.embed[None].clone()
     writes = [fz.writes[l][None].clone() for l in range(L)]
     with torch.enable_grad():
@@ -306,6 +311,18 @@ def edge_heads(model: GPT, graph: Graph, target: int, source: int) -> dict[str, 
         x = lin.final if read_layer is None else lin.u[read_layer]
         obj = x[0, read_pos] @ vec.detach().to(x.dtype)
         grads = torch.autograd.grad(obj, lin.attn_out, allow_unused=True)
+    return [_parts(model, graph, grads, read_layer, read_pos, vec, s) for s in sources]
+
+
+@torch.no_grad()
+def _parts(
+    model: GPT, graph: Graph, grads: Sequence[Tensor | None], read_layer: int | None,
+    read_pos: int, vec: Tensor, source: int,
+) -> dict[str, float]:  # fmt: skip
+    """One source's edge split by head, from the target's gradients at each attention output."""
+    fz = graph.frozen
+    assert fz is not None
+    L = fz.writes.shape[0]
     parts: dict[str, float] = {"resid": 0.0}
     H = model.config.n_heads
     per_group = H // model.config.kv_heads

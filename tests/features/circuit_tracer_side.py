@@ -35,7 +35,7 @@ def main(folder: Path) -> None:
         active_features=torch.tensor(job["features"]).reshape(-1, 3), adjacency_matrix=A, cfg=cfg,
         selected_features=torch.arange(n_f), activation_values=torch.tensor(job["activations"]),
         logit_targets=[LogitTarget(token_str="", vocab_idx=i) for i in job["logit_ids"]],
-        logit_probabilities=torch.tensor(job["logit_probs"]), scan_name="glassgpt",
+        logit_probabilities=torch.tensor(job["logit_probs"]), scan="glassgpt",
         vocab_size=job["n_vocab"],
     )  # fmt: skip
     result = prune_graph(graph, job["node_threshold"], job["edge_threshold"])

@@ -41,7 +41,9 @@ def test_encode_decode_by_hand(arch: str) -> None:
         assert torch.allclose(acts[:, l], want, atol=1e-12, rtol=0)
         assert torch.allclose(clt.encode(u[:, l], l), want, atol=1e-12, rtol=0)
     for target in range(3):  # ŷ_t = Σ_{s ≤ t} a_s W_dec[s][t − s] + b_dec[t]
-        want = clt.b_dec[target] + sum(acts[:, s] @ clt.W_dec[s][target - s] for s in range(target + 1))
+        want = clt.b_dec[target] + sum(
+            acts[:, s] @ clt.W_dec[s][target - s] for s in range(target + 1)
+        )
         assert torch.allclose(y_hat[:, target], want, atol=1e-12, rtol=0)
     assert [tuple(W.shape) for W in clt.W_dec] == [(3, 10, 6), (2, 10, 6), (1, 10, 6)]
     if arch == "topk":

@@ -224,7 +224,7 @@ def attribute_row(model: GPT, graph: Graph, target: int, source: int) -> float:
     fz = graph.frozen
     embed, writes = fz.embed[None].clone(), [w[None].clone() for w in fz.writes]
     _, _, pos, _ = graph.node(source)
-    layer, read_pos, vec = graph.specs[target - graph.logit_start + graph.n_features]
+    _, read_pos, vec = graph.specs[target - graph.logit_start + graph.n_features]
     with torch.no_grad():
         return _cut(model, fz, embed, writes, pos, read_pos, vec)
 
@@ -270,8 +270,8 @@ def test_a_direction_is_read_like_a_logit_difference() -> None:
 def test_transcoders_from_another_model_are_refused() -> None:
     model = model_of("gpt2")
     wide = Transcoders(clt=CLT(CLTConfig(d_model=16, d_sae=8, n_layers=3)))
-    with pytest.raises(GlassError, match="d_model=16.*d_model=8"):
+    with pytest.raises(GlassError, match=r"d_model=16.*d_model=8"):
         freeze(model, wide, PROMPT)
     deep = per_layer((5,))
-    with pytest.raises(GlassError, match="blocks.5"):
+    with pytest.raises(GlassError, match=r"blocks\.5"):
         freeze(model, deep, PROMPT)

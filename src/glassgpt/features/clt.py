@@ -126,7 +126,7 @@ class CLT(nn.Module):
         self.W_enc = nn.Parameter(torch.empty(L, d, n, dtype=dtype))
         self.b_enc = nn.Parameter(torch.zeros(L, n, dtype=dtype))
         self.W_dec = nn.ParameterList(
-            nn.Parameter(torch.empty(L - l, n, d, dtype=dtype)) for l in range(L)  # noqa: E741
+            nn.Parameter(torch.empty(L - l, n, d, dtype=dtype)) for l in range(L)
         )
         self.b_dec = nn.Parameter(torch.zeros(L, d, dtype=dtype))
         if cfg.arch == "jumprelu":

@@ -111,13 +111,15 @@ def salient_logits(logits: Tensor, *, max_logits: int = 10, prob: float = 0.95) 
 
 def attribute(
     model: GPT, transcoders: Transcoders, tokens: Tensor | Sequence[int], *, prompt: str = "",
-    max_logits: int = 10, logit_prob: float = 0.95, directions: Sequence[Tensor] | None = None,
+    max_logits: int = 10, logit_prob: float = 0.95, logits: Sequence[int] | None = None,
+    directions: Sequence[Tensor] | None = None,
     max_feature_nodes: int | None = None, batch_size: int = 32,
     dtype: torch.dtype = torch.float32,
 ) -> Graph:  # fmt: skip
     """The attribution graph of ``tokens`` (module docstring). ``directions``: vectors
     [d_model] read from the final residual at the last position (e.g. W_U[:, a] − W_U[:, b],
-    a logit difference), in place of the top logits, each weighted 1/len."""
+    a logit difference), in place of the top logits, each weighted 1/len; ``logits``: these
+    token ids' (demeaned) logits in place of the top ones, weighted likewise."""
     if batch_size < 1:
         raise GlassError(f"--batch-size: must be ≥ 1, got {batch_size}")
     fz = freeze(model, transcoders, tokens)
@@ -132,6 +134,9 @@ def attribute(
         probs = torch.full((len(vecs),), 1.0 / len(vecs), dtype=torch.float64)
     else:
         top, probs = salient_logits(fz.logits[-1], max_logits=max_logits, prob=logit_prob)
+        if logits:
+            top = torch.tensor(list(logits), dtype=torch.long)
+            probs = torch.full((len(top),), 1.0 / len(top), dtype=torch.float64)
         demeaned = W_U - W_U.mean(1, keepdim=True)
         vecs, ids = [demeaned[:, k] for k in top.tolist()], top.tolist()
     logit_specs: list[Spec] = [(None, T - 1, v) for v in vecs]
@@ -160,7 +165,9 @@ def attribute(
     n_f, n_l = len(chosen), len(ids)
     N = n_f + L * T + T + n_l
     A = torch.zeros(N, N, dtype=dtype)
-    keep_cols = torch.cat([sel, torch.arange(n_a, n_a + L * T + T)])  # chosen features, errors, tokens
+    keep_cols = torch.cat(
+        [sel, torch.arange(n_a, n_a + L * T + T)]
+    )  # chosen features, errors, tokens
     A[:n_f, : n_f + L * T + T] = feat_rows[:, keep_cols]
     A[N - n_l :, : n_f + L * T + T] = logit_rows[:, keep_cols]
     specs = [feat_specs[i] for i in chosen] + logit_specs
@@ -212,7 +219,7 @@ def _rows(
 def _reads(model: GPT, tc: Transcoders, fz: Frozen, specs: list[Spec], *, zero: bool) -> Tensor:
     """Each spec's read in the frozen model [len(specs)] float64: with the prompt's sources,
     or (``zero``) with every source at 0 (the MLP outputs then b_dec alone): the bias terms."""
-    L, T, d = fz.writes.shape
+    L = fz.writes.shape[0]
     if zero:
         embed = torch.zeros_like(fz.embed)[None]
         writes = [_b_dec(tc, l, fz.writes[l])[None] for l in range(L)]

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
 from glassgpt.features.clt import CLT
-from glassgpt.features.sae import SAE
+from glassgpt.features.clt import CONFIG_FILE as CLT_FILE
+from glassgpt.features.sae import CONFIG_FILE as SAE_FILE
+from glassgpt.features.sae import SAE, sae_folder
 from glassgpt.features.sites import check_model, mlp_input
 from glassgpt.model import GPT
 from glassgpt.model.hooks import HookFn
@@ -116,6 +119,32 @@ class Transcoders:
             copy.load_state_dict(sae.state_dict())
             layers[layer] = copy.to(dtype).eval()
         return Transcoders(layers=layers)
+
+
+def open_transcoders(path: str | Path, *, device: str | torch.device | None = None) -> Transcoders:
+    """The transcoders in ``path``: a CLT folder (clt.json), one transcoder's folder
+    (sae.json), or a folder of per-layer transcoder folders; one line when there are none."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise GlassError(f"--transcoders {path}: no such folder")
+    if (folder / CLT_FILE).is_file():
+        return Transcoders(clt=CLT.load(folder, device=device))
+    inner = [folder] if (sae_folder(folder) / SAE_FILE).is_file() else sorted(
+        d for d in folder.iterdir() if d.is_dir() and (sae_folder(d) / SAE_FILE).is_file())  # fmt: skip
+    if not inner:
+        raise GlassError(f"--transcoders {path}: holds no CLT ({CLT_FILE}) and no transcoder folders ({SAE_FILE})")  # fmt: skip
+    layers: dict[int, SAE] = {}
+    for d in inner:
+        sae = SAE.load(d, device=device)
+        if sae.cfg.arch != "transcoder":
+            raise GlassError(f"--transcoders {d}: an SAE of arch {sae.cfg.arch} reading {sae.cfg.hook}, not a transcoder")  # fmt: skip
+        layer = sae.layer
+        if layer is None:
+            raise GlassError(f"--transcoders {d}: reads {sae.cfg.hook}, not a layer's MLP")
+        if layer in layers:
+            raise GlassError(f"--transcoders {path}: two transcoders for layer {layer}")
+        layers[layer] = sae
+    return Transcoders(layers=layers)
 
 
 def mlp_site(model: GPT, layer: int) -> str:

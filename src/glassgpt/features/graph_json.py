@@ -59,6 +59,10 @@ def cumulative_shares(influence: torch.Tensor) -> torch.Tensor:
     return out
 
 
+FIELDS = ("node_id", "feature", "layer", "ctx_idx", "feature_type", "token_prob", "is_target_logit",
+          "run_idx", "reverse_ctx_idx", "jsNodeId", "clerp", "influence", "activation")  # fmt: skip
+
+
 def node_doc(graph: Graph, i: int, *, influence: float, logit_text: list[str]) -> dict[str, Any]:  # fmt: skip
     """Node i of the graph as circuit-tracer's ``Node``."""
     kind, layer, pos, idx = graph.node(i)
@@ -88,8 +92,10 @@ def to_json(
     """The pruned graph as circuit-tracer's ``Model`` (module docstring)."""
     shares = cumulative_shares(pruned.influence).tolist()
     keep = pruned.nodes.nonzero().flatten().tolist()
-    nodes = {i: node_doc(graph, i, influence=shares[i], logit_text=logit_text)
-             for i in keep}  # fmt: skip
+    nodes = {}
+    for i in keep:  # each in the schema's field order
+        node = node_doc(graph, i, influence=shares[i], logit_text=logit_text)
+        nodes[i] = {key: node[key] for key in FIELDS}
     targets, sources = pruned.edges.nonzero(as_tuple=True)
     weights = graph.adjacency[targets, sources].tolist()
     links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}

@@ -159,17 +159,15 @@ def attribute(
         chosen = list(range(n_a))
         feat_rows = rows(feat_specs)
     else:
-        chosen, feat_rows = _grow(logit_rows, probs.to(dtype), n_a, cap, batch_size,
+        chosen, feat_rows = _grow(logit_rows, probs.to(logit_rows.device, dtype), n_a, cap, batch_size,
                                   lambda idx: rows([feat_specs[i] for i in idx]))  # fmt: skip
     sel = torch.tensor(chosen, dtype=torch.long)
     n_f, n_l = len(chosen), len(ids)
     N = n_f + L * T + T + n_l
-    A = torch.zeros(N, N, dtype=dtype)
-    keep_cols = torch.cat(
-        [sel, torch.arange(n_a, n_a + L * T + T)]
-    )  # chosen features, errors, tokens
-    A[:n_f, : n_f + L * T + T] = feat_rows[:, keep_cols]
-    A[N - n_l :, : n_f + L * T + T] = logit_rows[:, keep_cols]
+    A = torch.zeros(N, N, dtype=dtype)  # on the host, whatever the model's device
+    keep_cols = torch.cat([sel, torch.arange(n_a, n_a + L * T + T)])  # features, errors, tokens
+    A[:n_f, : n_f + L * T + T] = feat_rows[:, keep_cols.to(feat_rows.device)].cpu()
+    A[N - n_l :, : n_f + L * T + T] = logit_rows[:, keep_cols.to(logit_rows.device)].cpu()
     specs = [feat_specs[i] for i in chosen] + logit_specs
     inputs = torch.zeros(N, dtype=torch.float64)
     bias = torch.zeros(N, dtype=torch.float64)
@@ -208,7 +206,7 @@ def _rows(
             if g is None or not len(a):
                 continue
             P = g @ W.detach()[idx].T.to(g.dtype)  # [B, T, n_active at source]
-            c = c + P[:, pos, torch.arange(len(a))] * values[source]
+            c = c + P[:, pos, torch.arange(len(a), device=P.device)] * values[source]
         cols.append(c)
     errs = [(g * fz.errors[l]).sum(-1) if (g := g_mlp[l]) is not None else embed.new_zeros(B, T)
             for l in range(L)]  # fmt: skip
@@ -248,7 +246,7 @@ def _grow(
     while len(chosen) < cap:
         influence = _partial_influence(feat_rows, chosen, logit_rows, probs)[:n_a]
         if chosen:
-            influence[torch.tensor(chosen)] = -1
+            influence[torch.tensor(chosen, device=influence.device)] = -1
         take = influence.topk(min(batch, cap - len(chosen))).indices.tolist()
         feat_rows = torch.cat([feat_rows, compute(take)])
         chosen += take
@@ -259,14 +257,15 @@ def _partial_influence(feat_rows: Tensor, chosen: list[int], logit_rows: Tensor,
     """Influence on the weighted logits of every column, through the computed rows only."""
     rows = torch.cat([logit_rows, feat_rows]).abs()
     rows = rows / rows.sum(1, keepdim=True).clamp_min(1e-10)
-    weight = torch.cat([probs, torch.zeros(len(chosen), dtype=probs.dtype)])
-    col_of_row = torch.tensor(chosen, dtype=torch.long)
-    influence = torch.zeros(rows.shape[1], dtype=rows.dtype)
+    dev = rows.device
+    weight = torch.cat([probs, torch.zeros(len(chosen), dtype=probs.dtype, device=dev)])
+    col_of_row = torch.tensor(chosen, dtype=torch.long, device=dev)
+    influence = torch.zeros(rows.shape[1], dtype=rows.dtype, device=dev)
     for _ in range(1000):
         step = weight @ rows  # [n_cols]
         influence += step
         weight = step[col_of_row] if len(chosen) else step.new_zeros(0)
-        weight = torch.cat([torch.zeros(len(probs), dtype=rows.dtype), weight])
+        weight = torch.cat([torch.zeros(len(probs), dtype=rows.dtype, device=dev), weight])
         if not bool(weight.any()):
             break
     return influence

@@ -260,7 +260,7 @@ def test_a_direction_is_read_like_a_logit_difference() -> None:
     assert diff.logit_tokens == [model.config.n_vocab] and float(diff.logit_probs[0]) == 1.0
     row = diff.adjacency[-1, : diff.logit_start]
     assert (row - (each.adjacency[-2, : each.logit_start] - each.adjacency[-1, : each.logit_start])).abs().max() < 1e-10  # fmt: skip
-    logits = model(torch.tensor([PROMPT]))[0, -1]
+    logits = model(torch.tensor([PROMPT]))[0, -1].detach()
     # input + the bias b_U would add: the logit difference itself (no b_U in this model)
     assert abs(float(diff.inputs[-1]) - float(logits[a] - logits[b])) < 1e-10
     with pytest.raises(GlassError, match="shape"):

@@ -32,6 +32,7 @@ from glassgpt.errors import GlassError
 from glassgpt.features.replacement import Frozen, Transcoders, freeze, norm_linear, run_frozen
 from glassgpt.model import GPT
 
+CHUNK = 4096  # source features gathered per einsum in a batch of rows
 Spec = tuple[int | None, int, Tensor]  # (layer read, or None for the final residual; pos; vector)
 
 
@@ -199,14 +200,15 @@ def _rows(
     g_embed, g_mlp = grads[0], grads[1:]
     cols = []
     for source, a in enumerate(active):
-        pos, idx = a[:, 0], a[:, 1]
         c = embed.new_zeros(B, len(a))
         for target, W in tc.decoders(source):
             g = g_mlp[target]
-            if g is None or not len(a):
+            if g is None:
                 continue
-            P = g @ W.detach()[idx].T.to(g.dtype)  # [B, T, n_active at source]
-            c = c + P[:, pos, torch.arange(len(a), device=P.device)] * values[source]
+            for i in range(0, len(a), CHUNK):  # [B, chunk, d] at a time
+                pos, idx = a[i : i + CHUNK, 0], a[i : i + CHUNK, 1]
+                D = W.detach()[idx].to(g.dtype) * values[source][i : i + CHUNK, None]  # a_s W_dec,s
+                c[:, i : i + CHUNK] += torch.einsum("bnd,nd->bn", g[:, pos], D)
         cols.append(c)
     errs = [(g * fz.errors[l]).sum(-1) if (g := g_mlp[l]) is not None else embed.new_zeros(B, T)
             for l in range(L)]  # fmt: skip

@@ -44,6 +44,7 @@ COMMANDS = (
     Command("patch", "patch", "activation patching heat maps (clean into corrupted)"),
     Command("ablate", "ablate", "the effect of ablating heads, MLPs or neurons on a prompt"),
     Command("sae", "sae", "sparse autoencoders and transcoders on a model's activations"),
+    Command("graph", "graph", "the attribution graph of a prompt through transcoders (circuit-tracer's JSON)"),
     Command("sweep", "sweep", "train a grid of runs (sizes × token budgets × any config field × seeds)"),
     Command("scaling", "scaling", "fit L(N, D) to a sweep and predict loss"),
     Command("export", "export", "write a checkpoint as an HF model folder or a .tiktoken file"),

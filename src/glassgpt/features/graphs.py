@@ -1,0 +1,363 @@
+"""Attribution graphs: the direct effect of every source node on every target node of a
+prompt's local replacement model (:mod:`glassgpt.features.replacement`).
+
+    A[t, s] = a_s Σ_l' W_dec[l_s → l'][i_s] · ∂r_t/∂mlp_out_l'[p_s]     s a feature (l_s, p_s, i_s)
+            = e_l[p] · ∂r_t/∂mlp_out_l[p]                               s the error (l, p)
+            = s·W_E[x_p] · ∂r_t/∂embed[p]                                s the token at p
+
+where r_t is target t's linear read: a feature's pre-activation z_t = u_l[p] W_enc[:, i] +
+b_enc[i], or a logit target's x̂_f[T−1] · (W_U[:, k] − mean_j W_U[:, j]) (x̂_f the residual
+the unembedding reads; any direction v in place of the demeaned column). The gradients are
+taken in the frozen model, where every source is a constant write, so they carry only direct
+effects; a node's input is the sum of its incoming edges plus its bias term (``bias``: its
+read with every source set to 0). Nodes in circuit-tracer's order: [features, errors (layer
+major, L·T), tokens (T), logit targets]; rows are targets, columns sources.
+
+Targets are computed in batches of ``batch_size`` backward passes (the prompt repeated, one
+target per row), as circuit-tracer does. With ``max_feature_nodes`` only that many feature rows
+are computed, chosen as they are found influential (the logit rows first, then the features
+of most influence on what was computed so far), so memory is O(rows × active features).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from glassgpt.errors import GlassError
+from glassgpt.features.replacement import Frozen, Transcoders, freeze, norm_linear, run_frozen
+from glassgpt.model import GPT
+
+CHUNK = 4096  # source features gathered per einsum in a batch of rows
+Spec = tuple[int | None, int, Tensor]  # (layer read, or None for the final residual; pos; vector)
+
+
+@dataclass
+class Graph:
+    """An attribution graph of one prompt (module docstring); N = n_features + L·T + T + n_logits."""
+
+    prompt: str
+    tokens: Tensor  # [T]
+    n_layers: int
+    n_vocab: int
+    features: Tensor  # [n_features, 3] (layer, pos, feature index)
+    activations: Tensor  # [n_features]
+    logit_tokens: list[int]  # vocabulary ids; n_vocab + k for the k-th direction target
+    logit_probs: Tensor  # [n_logits] the targets' weights (their probabilities)
+    adjacency: Tensor  # [N, N] rows: targets, columns: sources
+    inputs: Tensor  # [N] each node's input (features: z; logits: their read; others 0)
+    bias: Tensor  # [N] each node's input with every source at 0
+    n_active: int = 0  # active features on the prompt (≥ n_features when capped)
+    frozen: Frozen | None = field(default=None, repr=False)
+    transcoders: Transcoders | None = field(default=None, repr=False)
+    specs: list[Spec] = field(default_factory=list, repr=False)  # per row with a read
+
+    @property
+    def n_features(self) -> int:
+        return len(self.features)
+
+    @property
+    def n_pos(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def error_start(self) -> int:
+        return self.n_features
+
+    @property
+    def token_start(self) -> int:
+        return self.n_features + self.n_layers * self.n_pos
+
+    @property
+    def logit_start(self) -> int:
+        return self.token_start + self.n_pos
+
+    @property
+    def n_nodes(self) -> int:
+        return self.logit_start + len(self.logit_tokens)
+
+    def node(self, i: int) -> tuple[str, int, int, int]:
+        """(kind, layer, pos, index) of node i: ``feature`` (layer, pos, feature), ``error``
+        (layer, pos, -1), ``token`` (-1, pos, token id), ``logit`` (n_layers, T−1, vocab id)."""
+        if i < self.error_start:
+            layer, pos, idx = (int(v) for v in self.features[i])
+            return "feature", layer, pos, idx
+        if i < self.token_start:
+            layer, pos = divmod(i - self.error_start, self.n_pos)
+            return "error", layer, pos, -1
+        if i < self.logit_start:
+            pos = i - self.token_start
+            return "token", -1, pos, int(self.tokens[pos])
+        return "logit", self.n_layers, self.n_pos - 1, self.logit_tokens[i - self.logit_start]
+
+
+def salient_logits(logits: Tensor, *, max_logits: int = 10, prob: float = 0.95) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(ids, probabilities) of the fewest top tokens whose probabilities sum to ≥ ``prob``,
+    at most ``max_logits``.
+
+    >>> ids, p = salient_logits(torch.tensor([0.0, 3.0, 2.9, -5.0]), prob=0.5)
+    >>> ids.tolist()
+    [1]
+    """
+    probs = torch.softmax(logits.double(), -1)
+    top = probs.topk(min(max_logits, len(probs)))
+    n = int(torch.searchsorted(top.values.cumsum(0), torch.tensor(prob, dtype=torch.float64))) + 1
+    n = min(n, len(top.values))
+    return top.indices[:n], top.values[:n]
+
+
+def attribute(
+    model: GPT, transcoders: Transcoders, tokens: Tensor | Sequence[int], *, prompt: str = "",
+    max_logits: int = 10, logit_prob: float = 0.95, logits: Sequence[int] | None = None,
+    directions: Sequence[Tensor] | None = None,
+    max_feature_nodes: int | None = None, batch_size: int = 32,
+    dtype: torch.dtype = torch.float32,
+) -> Graph:  # fmt: skip
+    """The attribution graph of ``tokens`` (module docstring). ``directions``: vectors
+    [d_model] read from the final residual at the last position (e.g. W_U[:, a] − W_U[:, b],
+    a logit difference), in place of the top logits, each weighted 1/len; ``logits``: these
+    token ids' (demeaned) logits in place of the top ones, weighted likewise."""
+    if batch_size < 1:
+        raise GlassError(f"--batch-size: must be ≥ 1, got {batch_size}")
+    fz = freeze(model, transcoders, tokens)
+    L, T = model.config.n_layers, len(fz.tokens)
+    W_U = model.W_U.detach()
+    if directions:
+        vecs = [torch.as_tensor(v, dtype=W_U.dtype, device=W_U.device) for v in directions]
+        for v in vecs:
+            if v.shape != (model.config.d_model,):
+                raise GlassError(f"a direction must have shape [d_model={model.config.d_model}], got {tuple(v.shape)}")  # fmt: skip
+        ids = [model.config.n_vocab + k for k in range(len(vecs))]
+        probs = torch.full((len(vecs),), 1.0 / len(vecs), dtype=torch.float64)
+    else:
+        top, probs = salient_logits(fz.logits[-1], max_logits=max_logits, prob=logit_prob)
+        if logits:
+            top = torch.tensor(list(logits), dtype=torch.long)
+            probs = torch.full((len(top),), 1.0 / len(top), dtype=torch.float64)
+        demeaned = W_U - W_U.mean(1, keepdim=True)
+        vecs, ids = [demeaned[:, k] for k in top.tolist()], top.tolist()
+    logit_specs: list[Spec] = [(None, T - 1, v) for v in vecs]
+    active = [a.nonzero() for a in fz.acts]  # per layer [n_l, 2] (pos, idx)
+    feats = torch.cat([torch.cat([torch.full_like(a[:, :1], l), a], 1) for l, a in enumerate(active)])  # fmt: skip
+    values = torch.cat([fz.acts[l][a[:, 0], a[:, 1]] for l, a in enumerate(active)])
+    n_a = len(feats)
+    enc = {l: transcoders.encoder(l).detach() for l in range(L) if transcoders.width(l)}
+    feat_specs: list[Spec] = [(int(l), int(p), enc[int(l)][:, int(i)]) for l, p, i in feats.tolist()]  # fmt: skip
+
+    def rows(specs: list[Spec]) -> Tensor:
+        out = [_rows(model, transcoders, fz, specs[i : i + batch_size], active, values_by_layer)
+               for i in range(0, len(specs), batch_size)]  # fmt: skip
+        return torch.cat(out).to(dtype) if out else torch.zeros(0, n_a + L * T + T, dtype=dtype)
+
+    values_by_layer = [fz.acts[l][a[:, 0], a[:, 1]] for l, a in enumerate(active)]
+    logit_rows = rows(logit_specs)
+    cap = n_a if max_feature_nodes is None else min(max_feature_nodes, n_a)
+    if cap == n_a:
+        chosen = list(range(n_a))
+        feat_rows = rows(feat_specs)
+    else:
+        chosen, feat_rows = _grow(logit_rows, probs.to(logit_rows.device, dtype), n_a, cap, batch_size,
+                                  lambda idx: rows([feat_specs[i] for i in idx]))  # fmt: skip
+    sel = torch.tensor(chosen, dtype=torch.long)
+    n_f, n_l = len(chosen), len(ids)
+    N = n_f + L * T + T + n_l
+    A = torch.zeros(N, N, dtype=dtype)  # on the host, whatever the model's device
+    keep_cols = torch.cat([sel, torch.arange(n_a, n_a + L * T + T)])  # features, errors, tokens
+    A[:n_f, : n_f + L * T + T] = feat_rows[:, keep_cols.to(feat_rows.device)].cpu()
+    A[N - n_l :, : n_f + L * T + T] = logit_rows[:, keep_cols.to(logit_rows.device)].cpu()
+    specs = [feat_specs[i] for i in chosen] + logit_specs
+    inputs = torch.zeros(N, dtype=torch.float64)
+    bias = torch.zeros(N, dtype=torch.float64)
+    reads = _reads(model, transcoders, fz, specs, zero=False)
+    zero = _reads(model, transcoders, fz, specs, zero=True)
+    where = torch.cat([torch.arange(n_f), torch.arange(N - n_l, N)])
+    inputs[where], bias[where] = reads, zero
+    return Graph(prompt, fz.tokens.cpu(), L, model.config.n_vocab, feats[sel].cpu(),
+                 values[sel].detach().cpu().double(), ids, probs, A, inputs, bias, n_a, fz,
+                 transcoders, specs)  # fmt: skip
+
+
+def _rows(
+    model: GPT, tc: Transcoders, fz: Frozen, specs: list[Spec], active: list[Tensor],
+    values: list[Tensor],
+) -> Tensor:  # fmt: skip
+    """One batch of rows: the direct effects on each spec's read of every active feature,
+    error and token [len(specs), n_active + L·T + T], from one backward pass."""
+    B, (L, T, d) = len(specs), fz.writes.shape
+    embed = fz.embed.expand(B, T, d).clone().requires_grad_(True)
+    writes = [fz.writes[l].expand(B, T, d).clone().requires_grad_(True) for l in range(L)]
+    with torch.enable_grad():
+        lin = run_frozen(model, fz, embed, writes)
+        obj = embed.new_zeros(())
+        for b, (layer, pos, vec) in enumerate(specs):
+            x = lin.final if layer is None else lin.u[layer]
+            obj = obj + x[b, pos] @ vec.detach().to(x.dtype)
+        grads = torch.autograd.grad(obj, [embed, *writes], allow_unused=True)
+    g_embed, g_mlp = grads[0], grads[1:]
+    cols = []
+    for source, a in enumerate(active):
+        c = embed.new_zeros(B, len(a))
+        for target, W in tc.decoders(source):
+            g = g_mlp[target]
+            if g is None:
+                continue
+            for i in range(0, len(a), CHUNK):  # [B, chunk, d] at a time
+                pos, idx = a[i : i + CHUNK, 0], a[i : i + CHUNK, 1]
+                D = W.detach()[idx].to(g.dtype) * values[source][i : i + CHUNK, None]  # a_s W_dec,s
+                c[:, i : i + CHUNK] += torch.einsum("bnd,nd->bn", g[:, pos], D)
+        cols.append(c)
+    errs = [(g * fz.errors[l]).sum(-1) if (g := g_mlp[l]) is not None else embed.new_zeros(B, T)
+            for l in range(L)]  # fmt: skip
+    toks = (g_embed * fz.embed).sum(-1) if g_embed is not None else embed.new_zeros(B, T)
+    return torch.cat([*cols, torch.cat(errs, 1), toks], 1).detach()
+
+
+def _reads(model: GPT, tc: Transcoders, fz: Frozen, specs: list[Spec], *, zero: bool) -> Tensor:
+    """Each spec's read in the frozen model [len(specs)] float64: with the prompt's sources,
+    or (``zero``) with every source at 0 (the MLP outputs then b_dec alone): the bias terms."""
+    L = fz.writes.shape[0]
+    if zero:
+        embed = torch.zeros_like(fz.embed)[None]
+        writes = [_b_dec(tc, l, fz.writes[l])[None] for l in range(L)]
+    else:
+        embed, writes = fz.embed[None], [fz.writes[l][None] for l in range(L)]
+    with torch.no_grad():
+        lin = run_frozen(model, fz, embed, writes)
+    out = [((lin.final if layer is None else lin.u[layer])[0, pos] @ vec.to(embed.dtype))
+           for layer, pos, vec in specs]  # fmt: skip
+    return torch.stack(out).double().cpu() if out else torch.zeros(0, dtype=torch.float64)
+
+
+def _b_dec(tc: Transcoders, layer: int, like: Tensor) -> Tensor:
+    """What the MLP output of ``layer`` is with every source at 0: b_dec (or 0) [T, d]."""
+    b = tc.b_dec(layer)
+    return torch.zeros_like(like) if b is None else b.detach().to(like.dtype).expand_as(like)
+
+
+def _grow(
+    logit_rows: Tensor, probs: Tensor, n_a: int, cap: int, batch: int, compute: Any
+) -> tuple[list[int], Tensor]:  # fmt: skip
+    """Feature rows chosen by influence: repeatedly the ``batch`` unvisited features of most
+    influence on the logits through the rows computed so far, until ``cap``."""
+    chosen: list[int] = []
+    feat_rows = logit_rows.new_zeros(0, logit_rows.shape[1])
+    while len(chosen) < cap:
+        influence = _partial_influence(feat_rows, chosen, logit_rows, probs)[:n_a]
+        if chosen:
+            influence[torch.tensor(chosen, device=influence.device)] = -1
+        take = influence.topk(min(batch, cap - len(chosen))).indices.tolist()
+        feat_rows = torch.cat([feat_rows, compute(take)])
+        chosen += take
+    return chosen, feat_rows
+
+
+def _partial_influence(feat_rows: Tensor, chosen: list[int], logit_rows: Tensor, probs: Tensor) -> Tensor:  # fmt: skip
+    """Influence on the weighted logits of every column, through the computed rows only."""
+    rows = torch.cat([logit_rows, feat_rows]).abs()
+    rows = rows / rows.sum(1, keepdim=True).clamp_min(1e-10)
+    dev = rows.device
+    weight = torch.cat([probs, torch.zeros(len(chosen), dtype=probs.dtype, device=dev)])
+    col_of_row = torch.tensor(chosen, dtype=torch.long, device=dev)
+    influence = torch.zeros(rows.shape[1], dtype=rows.dtype, device=dev)
+    for _ in range(1000):
+        step = weight @ rows  # [n_cols]
+        influence += step
+        weight = step[col_of_row] if len(chosen) else step.new_zeros(0)
+        weight = torch.cat([torch.zeros(len(probs), dtype=rows.dtype, device=dev), weight])
+        if not bool(weight.any()):
+            break
+    return influence
+
+
+def source_writes(graph: Graph, source: int) -> list[tuple[int, int, Tensor]]:
+    """What source node ``source`` adds to the residual stream: [(after layer (−1: the
+    embedding), pos, vector [d])] (a CLT feature writes to several layers)."""
+    fz, tc = graph.frozen, graph.transcoders
+    assert fz is not None and tc is not None
+    kind, layer, pos, idx = graph.node(source)
+    if kind == "feature":
+        a = graph.activations[source].to(fz.embed.dtype)
+        return [(t, pos, a * W.detach()[idx].to(a.dtype)) for t, W in tc.decoders(layer)]
+    if kind == "error":
+        return [(layer, pos, fz.errors[layer, pos])]
+    if kind == "token":
+        return [(-1, pos, fz.embed[pos])]
+    raise GlassError(f"node {source} is a logit target: it has no outgoing edges")
+
+
+def edge_heads(model: GPT, graph: Graph, target: int, source: int) -> dict[str, float]:
+    """The edge A[target, source] split by head (:func:`head_split`)."""
+    return head_split(model, graph, target, [source])[0]
+
+
+def head_split(model: GPT, graph: Graph, target: int, sources: Sequence[int]) -> list[dict[str, float]]:  # fmt: skip
+    """Each edge A[target, s], s in ``sources``, split by the first attention head its paths pass through:
+    {"resid": the part through the residual stream alone (same position), "L.H": the part
+    whose first head is head H of layer L (its value read at the source's position, the
+    pattern frozen, then on through the frozen model)}; the parts sum to the edge.
+
+    Pre-norm models only (in a post-norm one the residual itself passes through the norms)."""
+    fz = graph.frozen
+    if fz is None or not graph.specs:
+        raise GlassError("this graph holds no replacement model (made by attribute, not loaded)")
+    if model.config.norm_placement == "post":
+        raise GlassError("edges split by head need a pre-norm model; this one is post-norm")
+    row = target if target < graph.n_features else target - graph.logit_start + graph.n_features
+    if graph.error_start <= target < graph.logit_start:
+        raise GlassError(f"node {target} is an error or token node: it has no incoming edges")
+    read_layer, read_pos, vec = graph.specs[row]
+    vec = vec.detach()
+    L = fz.writes.shape[0]
+    embed = fz.embed[None].clone()
+    writes = [fz.writes[l][None].clone() for l in range(L)]
+    with torch.enable_grad():
+        lin = run_frozen(model, fz, embed, writes, attn_out=True)
+        x = lin.final if read_layer is None else lin.u[read_layer]
+        obj = x[0, read_pos] @ vec.detach().to(x.dtype)
+        grads = torch.autograd.grad(obj, lin.attn_out, allow_unused=True)
+    return [_parts(model, graph, grads, read_layer, read_pos, vec, s) for s in sources]
+
+
+@torch.no_grad()
+def _parts(
+    model: GPT, graph: Graph, grads: Sequence[Tensor | None], read_layer: int | None,
+    read_pos: int, vec: Tensor, source: int,
+) -> dict[str, float]:  # fmt: skip
+    """One source's edge split by head, from the target's gradients at each attention output."""
+    fz = graph.frozen
+    assert fz is not None
+    L = fz.writes.shape[0]
+    parts: dict[str, float] = {"resid": 0.0}
+    H = model.config.n_heads
+    per_group = H // model.config.kv_heads
+    for after, pos, w in source_writes(graph, source):
+        if pos == read_pos and (read_layer is None or after < read_layer):
+            parts["resid"] += float(_read(model, fz, read_layer, pos, w) @ vec.to(w.dtype))
+        for layer in range(after + 1, L):
+            g = grads[layer]
+            if g is None:
+                continue
+            block = model.blocks[layer]
+            xn = norm_linear(model, f"blocks.{layer}.ln1", w, pos, fz)  # [d]
+            pattern = fz.patterns[f"blocks.{layer}.attn.pattern"][0, :, :, pos]  # [H, T_q]
+            for h in range(H):
+                v = xn @ block.attn.W_V[h // per_group].detach().to(w.dtype)  # [d_head]
+                out = (pattern[h][:, None] * v) @ block.attn.W_O[h].detach().to(w.dtype)  # [T, d]
+                if block.ln1_post is not None:
+                    out = norm_linear(model, f"blocks.{layer}.ln1_post", out, slice(None), fz)
+                key = f"{layer}.{h}"
+                parts[key] = parts.get(key, 0.0) + float((g[0] * out).sum())
+    return parts
+
+
+def _read(model: GPT, fz: Frozen, layer: int | None, pos: int, w: Tensor) -> Tensor:
+    """w [d] as the target at ``layer`` reads it at ``pos`` (through the frozen N₂, or N_f)."""
+    if layer is not None:
+        return norm_linear(model, f"blocks.{layer}.ln2", w, pos, fz)
+    if model.config.final_norm:
+        return norm_linear(model, "ln_final", w, pos, fz)
+    return w

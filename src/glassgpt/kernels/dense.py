@@ -28,10 +28,12 @@ import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import _disable_current_modes
 
 from glassgpt.kernels import bf16, custom_ops, onednn, replay
 from glassgpt.kernels.extensions import extension
@@ -59,6 +61,7 @@ class _Packed:
     version: int  # the weight's version counter when packed (0 for inference tensors)
     transposed: bool
     fn: Product
+    mixed: bool = False  # fn also takes float32 x for a bf16 W (y float32)
 
 
 _PACKED: dict[int, _Packed] = {}  # id(W) → its packed copy
@@ -72,7 +75,9 @@ def _packed(x: Tensor, W: Tensor, transposed: bool) -> Product | None:
     entry = _PACKED.get(id(W))
     if entry is None or entry.weight() is not W or entry.transposed != transposed:
         return None
-    if x.dtype != W.dtype or entry.version != _version(W):
+    if entry.version != _version(W):
+        return None
+    if x.dtype != W.dtype and not (entry.mixed and x.dtype == torch.float32):
         return None
     return entry.fn
 
@@ -139,39 +144,55 @@ def _streamed(
     """``fn(x, W, b) = x W + b`` by ``_gemv`` for up to ``SMALL_BATCH`` rows of x, streaming
     W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
     a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x. A bfloat16
-    W (and so x, whose dtype a packed product matches) takes ``gemv_rows_bf16_io``: x and b
-    widened to float32, float32 sums, y rounded to bf16, all in the kernel. One row of x
-    (a decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads W from its
+    W takes ``gemv_rows_bf16_io`` for bf16 x (x and b widened to float32, float32 sums, y
+    rounded to bf16, all in the kernel) and ``gemv_rows_bf16`` for float32 x (bf16 weights
+    under float32 activations: y float32, :func:`pack`'s mixed products). One row of x (a
+    decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads W from its
     panel copy (:func:`panels`, float32 or bf16) where one was made (:func:`_panel_copy`;
-    none without ``with_panels``: a caller whose own kernel takes those rows). Without
-    ``rows_form`` only the panels serve (a bf16 W on a CPU with bf16 arithmetic, whose
-    packed products ``fallback`` are faster for more rows)."""
+    none without ``with_panels``: a caller whose own kernel takes those rows); a bf16 W's
+    panel copy is made at its first such product, not at packing (a loaded model holds its
+    weights once until it decodes). Without ``rows_form`` only the panels serve (a bf16 W
+    on a CPU with bf16 arithmetic, whose ``fallback`` is faster for more rows)."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
     W_io = None
     if rows_form and not out_in.T.is_contiguous():
         W_io = huge_page_copy(out_in.T)  # [d_in, d_out]
     half = out_in.dtype == torch.bfloat16
-    kernel = _gemv.gemv_rows_bf16_io if half else _gemv.gemv_rows
-    P = _panel_copy(out_in.T) if with_panels else None
+    lazy = [half and with_panels]  # the panel copy is still to be made
+    made = [_panel_copy(out_in.T) if with_panels and not lazy[0] else None]
+
+    def panel_copy() -> Tensor | None:
+        if lazy[0]:
+            lazy[0] = False
+            with _outside_modes():  # (a recording's first step: not one of its operations)
+                made[0] = _panel_copy(out_in.T)
+        return made[0]
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in
         if M > SMALL_BATCH or M == 0 or (b is not None and not b.is_contiguous()):
             return fallback(x, W, b)
-        panel_rows = _gemv.panels_rows() if P is not None else 0  # (asked each call: tests)
+        panel_rows = _gemv.panels_rows() if with_panels else 0  # (asked each call: tests)
         if not rows_form and panel_rows < M:
+            return fallback(x, W, b)
+        P = panel_copy() if panel_rows >= M else None
+        if P is None and not rows_form:
             return fallback(x, W, b)
         if b is not None and b.dtype != x.dtype:
             b = b.to(x.dtype)
         x2 = x.contiguous()
         y = torch.empty(*x.shape[:-1], d_out, dtype=x.dtype)
         b_ptr, threads = 0 if b is None else b.data_ptr(), torch.get_num_threads()
-        if panel_rows >= M:
-            panel_kernel = _gemv.gemv_panels_bf16_io if half else _gemv.gemv_panels
+        io = half and x.dtype == torch.bfloat16  # else float32 activations
+        if P is not None:
+            panel_kernel = (_gemv.gemv_panels_bf16_io if io else _gemv.gemv_panels_bf16) if half \
+                else _gemv.gemv_panels  # fmt: skip
             call, args = panel_kernel, (x2.data_ptr(), P.data_ptr(), b_ptr, y.data_ptr(),
                                         M, d_in, d_out, threads)  # fmt: skip
         else:
+            kernel = (_gemv.gemv_rows_bf16_io if io else _gemv.gemv_rows_bf16) if half \
+                else _gemv.gemv_rows  # fmt: skip
             rows = W if W_io is None else W_io
             call, args = kernel, (x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in,
                                   d_out, threads)  # fmt: skip
@@ -181,6 +202,11 @@ def _streamed(
         return y
 
     return fn
+
+
+def _outside_modes() -> Any:
+    """A context in which PyTorch operations bypass any dispatch mode (a recording's)."""
+    return _disable_current_modes()
 
 
 def panels(W: Tensor, out: Tensor | None = None) -> Tensor:
@@ -289,10 +315,11 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     with torch.inference_mode(False), torch.no_grad():
         out_in = out_in_view(W, transposed=transposed)  # [d_out, d_in]
         float32 = W.dtype == torch.float32
-        if not float32 and bf16.native():
-            fn: Product | None = _onednn_packed(out_in)
-            if fn is not None and _gemv is not None:  # decoding's rows: the bf16 panels
-                fn = _streamed(out_in, transposed, fn, rows_form=False)
+        if not float32 and bf16.native() and _gemv is not None:
+            # oneDNN's bf16 products for many rows read W itself (no packed copy: a loaded
+            # model holds its weights once), the panels decoding's rows
+            fn: Product | None = _streamed(out_in, transposed, _bf16_many(transposed),
+                                           rows_form=False)  # fmt: skip
         elif _gemv is not None and W.is_contiguous():
             if out_in.T.is_contiguous() and not W.is_inference():  # streamed live: move it
                 W.data = huge_page_copy(W.data)
@@ -305,17 +332,49 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
             fn = _row_major(out_in, transposed) if float32 else _upcast(transposed)
         if fn is None:
             return False
-    register(W, fn, transposed=transposed)
+    register(W, fn, transposed=transposed, mixed=not float32)
     return True
 
 
-def register(W: Tensor, fn: Product, *, transposed: bool = False) -> None:
+def _bf16_many(transposed: bool) -> Product:
+    """``fn(x, W, b) = x W + b`` for a bf16 W on a CPU with bf16 arithmetic, more rows than
+    the panels take: bf16 x by PyTorch's bf16 product (oneDNN), float32 x by
+    :func:`_upcast` (bf16 weights under float32 activations)."""
+    upcast = _upcast(transposed)
+
+    def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        if x.dtype == torch.float32:
+            return upcast(x, W, b)
+        return F.linear(x, out_in_view(W, transposed=transposed), b)
+
+    return fn
+
+
+def alias(W: Tensor, source: Tensor, *, transposed: bool = False) -> bool:
+    """Make W's inference products those registered for ``source`` (W's values rounded as
+    ``source`` holds them; float32 x of a bf16 ``source`` allowed): a float32 W_E whose
+    unembedding reads its bf16 twin's panels (``glassgpt.model.precision.decoding_copy``).
+    Returns whether ``source`` has such products."""
+    entry = _PACKED.get(id(source))
+    if entry is None or entry.weight() is not source or entry.transposed != transposed:
+        return False
+    fn = entry.fn
+
+    def aliased(x: Tensor, _W: Tensor, b: Tensor | None) -> Tensor:
+        return fn(x, source, b)
+
+    aliased.source = source  # type: ignore[attr-defined]  (kept alive with W's entry)
+    register(W, aliased, transposed=transposed)
+    return True
+
+
+def register(W: Tensor, fn: Product, *, transposed: bool = False, mixed: bool = False) -> None:
     """Make ``fn(x, W, b)`` compute W's inference products from now on (until W changes in
     place or :func:`unpack`); the registry holds W weakly. ``pack`` and
     ``glassgpt.kernels.int8.pack_int8`` register through it."""
     key = id(W)
     ref = weakref.ref(W, lambda _, key=key: _PACKED.pop(key, None))
-    _PACKED[key] = _Packed(ref, _version(W), transposed, fn)
+    _PACKED[key] = _Packed(ref, _version(W), transposed, fn, mixed)
 
 
 def has_small_batch_kernel() -> bool:

@@ -130,6 +130,52 @@ def attach_kernels(model: GPT) -> int:
     return 1 + sum(kernels.pack(W) for W in _projections(model))
 
 
+# Below this many projection weights a bf16 model decodes in float32 on a CPU: its float32
+# weights (4 bytes each) still stream from the caches, where halving the bytes gains nothing
+# and the widening costs (bench/generate.py: the README's default model, 10.7M, decoded 1.1x
+# slower in bf16 than in float32; GPT-2 small's 85M 1.7x faster).
+BF16_MIN_WEIGHTS = 16_000_000
+
+
+def decoding_copy(model: GPT) -> tuple[GPT, str] | None:
+    """For a bf16 model on a CPU, a copy that decodes the same weights with float32
+    activations, and in a few words what it computes; None for other models.
+
+        x_{l+1} = Block_l(x_l) in float32,  every product x W̃ + b with W̃ = round_bf16(W)
+
+    The projections (W_QKV, W_O, W_in, W_gate, W_out, an untied W_U) are the model's own bf16
+    tensors, shared, not copied; their products take float32 x (``glassgpt.kernels.pack``'s
+    bf16 panels); the rest (embeddings, norms, biases) are float32 copies of the bf16
+    values, and the tied unembedding reads the bf16 W_E's panels. Every operation of its
+    one-token step is then one that a replayed step records (``glassgpt.sample.replay``).
+    A model with fewer than :data:`BF16_MIN_WEIGHTS` projection weights gets a float32 copy
+    instead (``cast(model, "float32")``), faster there.
+    """
+    W_E = model.embed.W_E
+    if W_E.device.type != "cpu" or W_E.dtype != torch.bfloat16:
+        return None
+    tied = model.unembed.W_U is None
+    shared = _projections(model) + ([] if tied else [model.unembed.W_U])
+    n = sum(W.numel() for W in shared)
+    if n < BF16_MIN_WEIGHTS:
+        return cast(model, "float32"), f"float32 (a model of {n / 1e6:.1f}M projection weights " \
+            "decodes faster in float32 than in bf16 on a CPU)"  # fmt: skip
+    for W in shared:
+        if not kernels.is_packed(W):
+            kernels.pack(W)
+    if tied and not kernels.is_packed(W_E, transposed=True):
+        kernels.pack(W_E, transposed=True)
+    twin = copy.deepcopy(model, {id(W): W for W in shared}).eval()
+    ids = {id(W) for W in shared}
+    with torch.no_grad():
+        for t in (*twin.parameters(), *twin.buffers()):
+            if id(t) not in ids and t.is_floating_point() and t.dtype != torch.float32:
+                t.data = t.data.float()
+    if tied:
+        kernels.alias(twin.embed.W_E, W_E, transposed=True)
+    return twin, "bf16 weights with float32 activations"
+
+
 def _blocks(model: GPT) -> list[Block]:
     return [typing.cast("Block", block) for block in model.blocks]
 

@@ -130,11 +130,12 @@ def attach_kernels(model: GPT) -> int:
     return 1 + sum(kernels.pack(W) for W in _projections(model))
 
 
-# Below this many projection weights a bf16 model decodes in float32 on a CPU: its float32
-# weights (4 bytes each) still stream from the caches, where halving the bytes gains nothing
-# and the widening costs (bench/generate.py: the README's default model, 10.7M, decoded 1.1x
-# slower in bf16 than in float32; GPT-2 small's 85M 1.7x faster).
-BF16_MIN_WEIGHTS = 16_000_000
+# Below this many projection weights a bf16 model decodes in float32 on a CPU: its weights
+# stream from the core's own caches, where halving the bytes gains nothing and widening each
+# bf16 weight costs (bench/generate.py --dtypes, 2 threads of a Zen 4 EPYC under load: 0.8M
+# weights decoded 1.5x slower in bf16 than in float32, 3.1M 1.4x faster, the README's
+# default model (10.6M) 1.9x faster, GPT-2 small 2.1x).
+BF16_MIN_WEIGHTS = 2_000_000
 
 
 def decoding_copy(model: GPT) -> tuple[GPT, str] | None:

@@ -282,7 +282,7 @@ def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A CPU without bf16 arithmetic; returns the M of each bf16 ``_gemv`` call."""
     monkeypatch.setattr(bf16, "native", lambda: False)
     calls: list[int] = []
-    for name in ("gemv_rows_bf16", "gemv_rows_bf16_io", "gemv_panels_bf16_io"):
+    for name in ("gemv_rows_bf16", "gemv_rows_bf16_io", "gemv_panels_bf16", "gemv_panels_bf16_io"):
         real, tag = getattr(_gemv, name), "panels" if "panels" in name else None
         spy = lambda *a, real=real, tag=tag: calls.append(tag or a[4]) or real(*a)  # noqa: E731
         monkeypatch.setattr(dense._gemv, name, spy)
@@ -315,33 +315,42 @@ def test_packed_bf16_weight_streams_up_to_small_batch(
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_cpu_with_native_bf16_keeps_onednn_but_for_the_panels_rows(
-    monkeypatch: pytest.MonkeyPatch, transposed: bool
+@pytest.mark.parametrize("activations", [torch.bfloat16, torch.float32])
+def test_cpu_with_native_bf16_takes_the_panels_for_their_rows_and_pytorch_past_them(
+    monkeypatch: pytest.MonkeyPatch, transposed: bool, activations: torch.dtype
 ) -> None:
-    """On a CPU with bf16 arithmetic oneDNN's packed copy serves every product but those of
-    the rows the bf16 panels take (a decoding step): never the rows kernels."""
+    """On a CPU with bf16 arithmetic a packed bf16 weight keeps no packed copy but its panels,
+    made at its first product of the rows they take (a decoding step), not at packing:
+    those rows read them (bf16 x, or float32 x: bf16 weights under float32 activations,
+    y float32), more rows PyTorch's bf16 product of W itself (float32 x: of widened copies);
+    never the rows kernels, never oneDNN's packed copy."""
     monkeypatch.setattr(bf16, "native", lambda: True)
     made, calls = [], []
-    real = dense._onednn_packed
-    monkeypatch.setattr(dense, "_onednn_packed", lambda W: made.append(W.shape) or real(W))
+    real = dense._panel_copy
+    monkeypatch.setattr(dense, "_panel_copy", lambda W: made.append(W.shape) or real(W))
+    monkeypatch.setattr(dense, "_onednn_packed", lambda W: pytest.fail("a oneDNN copy"))
     monkeypatch.setattr(dense._gemv, "gemv_rows_bf16", lambda *a: calls.append("rows"))
     monkeypatch.setattr(dense._gemv, "gemv_rows_bf16_io", lambda *a: calls.append("rows"))
-    panels = _gemv.gemv_panels_bf16_io
-    spy = lambda *a: calls.append(a[4]) or panels(*a)  # noqa: E731
-    monkeypatch.setattr(dense._gemv, "gemv_panels_bf16_io", spy)
+    for name in ("gemv_panels_bf16", "gemv_panels_bf16_io"):
+        panels = getattr(_gemv, name)
+        spy = lambda *a, p=panels, n=name: calls.append((n, a[4])) or p(*a)  # noqa: E731
+        monkeypatch.setattr(dense._gemv, name, spy)
     W = torch.randn(64, 48).to(torch.bfloat16)  # [d_in, d_out]
     stored = W.T.contiguous() if transposed else W
-    if not pack(stored, transposed=transposed):
-        pytest.skip("oneDNN cannot pack bf16 here")
+    assert pack(stored, transposed=transposed)
+    assert made == []  # nothing at packing
     top = _gemv.panels_rows()
-    for rows in (1, top, top + 1, 40):
-        x = torch.randn(rows, 64).to(torch.bfloat16)
+    kernel = "gemv_panels_bf16_io" if activations == torch.bfloat16 else "gemv_panels_bf16"
+    for rows in (top + 1, 40, 1, top):
+        x = torch.randn(rows, 64).to(activations)
         with torch.no_grad():
             got = matmul(x, stored, transposed=transposed)
-        want = (x.double() @ W.double()).to(torch.bfloat16)
-        torch.testing.assert_close(got.double(), want.double(), rtol=2**-7, atol=1e-3)
+        assert got.dtype == activations
+        want = x.double() @ W.double()
+        tol = 2**-7 if activations == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
     unpack(stored)
-    assert made == [(48, 64)] and calls == [1, top]
+    assert made == [(64, 48)] and calls == [(kernel, 1), (kernel, top)]
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -394,8 +403,13 @@ def test_native_bf16_answers_what_torch_says() -> None:
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_bf16_gpt_on_the_kernel_matches_float64_of_its_weights(
-    no_native_bf16: list[int], tie: bool
+    no_native_bf16: list[int], tie: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """bf16 activations in the model's own forward; its decoding (generate: the decoding
+    copy, float32 activations over the same bf16 weights) on the panels."""
+    from glassgpt.model import precision
+
+    monkeypatch.setattr(precision, "BF16_MIN_WEIGHTS", 0)  # (tiny: bf16 all the same)
     torch.manual_seed(0)
     cfg = GPTConfig(n_vocab=101, n_ctx=48, d_model=48, n_layers=2, n_heads=4, bias=True,
                     tie_embeddings=tie)  # fmt: skip

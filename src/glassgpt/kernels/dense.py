@@ -5,7 +5,8 @@ W is [d_in, d_out] (a 3-D W such as W_O [H, d_head, d_model] is read as [H·d_he
 The kernel, first that applies:
 
 1. a packed copy of W registered by :func:`pack` or ``glassgpt.kernels.int8.pack_int8``
-   (inference only: no autograd, x in W's dtype, W unchanged since it was packed); for
+   (inference only: no autograd, x in W's dtype, or float32 x for a bf16 W, W unchanged
+   since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
    (``glassgpt.kernels._gemv``), which streams W once for all rows, and for bfloat16 too on
    CPUs without bf16 arithmetic (``glassgpt.kernels.bf16.native``), and on those with it
@@ -289,16 +290,22 @@ def _row_major(out_in: Tensor, transposed: bool) -> Product:
 def pack(W: Tensor, *, transposed: bool = False) -> bool:
     """Register a packed copy of a CPU weight for inference products; returns whether one was made.
 
-    - bfloat16 on a CPU with bf16 arithmetic (``glassgpt.kernels.bf16.native``): oneDNN's
-      pre-packed layout (plain bf16 GEMV re-packs the weight every call), and for the rows
-      of a decoding step (1, or up to 8 with AVX-512F) a bf16 panel copy that ``_gemv``
-      streams, widening each weight exactly to float32 (faster than oneDNN's packed GEMV);
+    - bfloat16 on a CPU with bf16 arithmetic (``glassgpt.kernels.bf16.native``): for the
+      rows of a decoding step (1, or up to 8 with AVX-512F) a bf16 panel copy that ``_gemv``
+      streams, widening each weight exactly to float32 (faster than oneDNN's packed GEMV),
+      made at the first such product (a model loaded for a prompt, or not yet decoding,
+      holds its weights once); more rows take PyTorch's bf16 product of W itself (oneDNN,
+      which re-packs W per call: a prompt's cost, not a step's). No oneDNN packed copy is
+      kept: it doubled a loaded model's memory and took most of its load time;
     - bfloat16 elsewhere (bf16 products there run many times slower than float32 ones): as for
       float32 below, ``_gemv`` streams the bf16 W (read live or copied) for up to
       ``SMALL_BATCH`` rows of x, widening each weight (and x and b) exactly to float32 as it
-      reads it and rounding y to bf16; more rows (a long prompt) take a
-      float32 ``F.linear`` of float32 copies of x, W and b made per call (:func:`_upcast`).
-      Either way: products and sums in float32, the result rounded to bf16;
+      reads it and rounding y to bf16 (the panels, made at the first decoding step, for
+      its rows); more rows (a long prompt) take a float32 ``F.linear`` of float32 copies of
+      x, W and b made per call (:func:`_upcast`).
+      Either way: products and sums in float32, the result rounded to bf16. Either way too,
+      the products also take float32 x (y float32, not rounded): bf16 weights under float32
+      activations, as ``glassgpt.model.precision.decoding_copy`` decodes a bf16 model;
     - float32: W read as a row-major [d_in, d_out] matrix, the layout in which x W streams
       fastest: W itself, or a contiguous copy where W is stored the other way round (the
       tied W_E); glassgpt's own kernel (``_gemv``) streams it for up to ``SMALL_BATCH`` rows

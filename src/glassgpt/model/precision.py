@@ -8,6 +8,9 @@
            norms, embeddings (W_E, W_P) and biases stay float32. A CPU product reads q:
            y = (x q)·s + b (``glassgpt.kernels.int8``).
 
+On a CPU a bf16 model decodes with float32 activations over its bf16 weights
+(:func:`decoding_copy`), which its replayed steps need; small models in float32.
+
 At batch 1 a decoding step reads every weight once and does two flops per weight read, so its
 time is bounded by memory bandwidth: bf16 halves the bytes read per token, int8 quarters
 them. The price is rounding, measured as the perplexity change on held-out text
@@ -104,11 +107,11 @@ def attach_kernels(model: GPT) -> int:
     """Register packed copies of an inference model's projections (CPU) with the kernel seam
     (``glassgpt.kernels.pack``); returns how many.
 
-    - bfloat16: every projection (W_QKV, W_O, W_in, W_gate, W_out, the unembedding) gets
-      oneDNN's pre-packed copy where the CPU has bf16 arithmetic (plain bf16 GEMV re-packs the
-      weight on every call); elsewhere glassgpt's small-batch kernel streams the bf16 weight
-      with float32 sums (a long prompt: a float32 product of float32 copies), as the bf16
-      GEMM there is many times slower than float32 (``glassgpt.kernels.dense.pack``).
+    - bfloat16: every projection (W_QKV, W_O, W_in, W_gate, W_out, the unembedding) gets a
+      bf16 panel copy that glassgpt's small-batch kernel streams for a decoding step's rows,
+      made at the first such product (loading holds the weights once); prompts take
+      PyTorch's bf16 products where the CPU has bf16 arithmetic, else float32 products
+      (``glassgpt.kernels.dense.pack``). Decoding runs on :func:`decoding_copy`.
     - float32: every projection takes glassgpt's own small-batch kernel when it is built
       (decoding streams each weight once, in its stored layout); without it, only the
       unembedding is packed: a contiguous copy of W_U (= W_Eᵀ when tied), the layout in

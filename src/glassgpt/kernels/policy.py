@@ -178,8 +178,9 @@ def cpu_paths() -> dict[str, str]:
       decoding is bound by reading the weights, and float32 products keep the activations
       float32), and for prompts PyTorch's bf16 products (oneDNN: AVX512_BF16 or AMX) where
       the CPU has bf16 arithmetic, float32 products of widened copies elsewhere;
-    - int8: ``_int8``'s AVX-512VL or AVX2 kernels (16-bit pairs by ``vpmaddwd``), or the
-      portable loop. AMX tiles are not used (no AMX CPU to test them on).
+    - int8: ``_int8``'s AVX512-VNNI kernels (16-bit pairs by ``vpdpwssd``), its AVX-512VL or
+      AVX2 ones (``vpmaddwd``), or the portable loop. AMX tiles are not used (no AMX CPU to
+      test them on).
     """
     gemv, int8 = extension("_gemv"), extension("_int8")
     if gemv is None:

@@ -320,7 +320,7 @@ def test_cpu_with_native_bf16_takes_the_panels_for_their_rows_and_pytorch_past_t
     monkeypatch: pytest.MonkeyPatch, transposed: bool, activations: torch.dtype
 ) -> None:
     """On a CPU with bf16 arithmetic a packed bf16 weight keeps no packed copy but its panels,
-    made at its first product of the rows they take (a decoding step), not at packing:
+    made at its first decoding step (one token a row), not at packing nor for a prompt:
     those rows read them (bf16 x, or float32 x: bf16 weights under float32 activations,
     y float32), more rows PyTorch's bf16 product of W itself (float32 x: of widened copies);
     never the rows kernels, never oneDNN's packed copy."""
@@ -340,6 +340,9 @@ def test_cpu_with_native_bf16_takes_the_panels_for_their_rows_and_pytorch_past_t
     assert pack(stored, transposed=transposed)
     assert made == []  # nothing at packing
     top = _gemv.panels_rows()
+    with torch.no_grad():  # a short prompt (one row of tokens): PyTorch's product, no panels
+        prompt = matmul(torch.randn(1, top, 64).to(activations), stored, transposed=transposed)
+    assert made == [] and calls == [] and prompt.shape == (1, top, 48)
     kernel = "gemv_panels_bf16_io" if activations == torch.bfloat16 else "gemv_panels_bf16"
     for rows in (top + 1, 40, 1, top):
         x = torch.randn(rows, 64).to(activations)

@@ -151,8 +151,9 @@ def _streamed(
     decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads W from its
     panel copy (:func:`panels`, float32 or bf16) where one was made (:func:`_panel_copy`;
     none without ``with_panels``: a caller whose own kernel takes those rows); a bf16 W's
-    panel copy is made at its first such product, not at packing (a loaded model holds its
-    weights once until it decodes). Without ``rows_form`` only the panels serve (a bf16 W
+    panel copy is made at its first decoding step's product (x [..., 1, d_in]: one token a
+    row), not at packing nor at a prompt's (a loaded model holds its weights once until it
+    decodes). Without ``rows_form`` only the panels serve (a bf16 W
     on a CPU with bf16 arithmetic, whose ``fallback`` is faster for more rows)."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
@@ -163,8 +164,10 @@ def _streamed(
     lazy = [half and with_panels]  # the panel copy is still to be made
     made = [_panel_copy(out_in.T) if with_panels and not lazy[0] else None]
 
-    def panel_copy() -> Tensor | None:
-        if lazy[0]:
+    def panel_copy(x: Tensor) -> Tensor | None:
+        # made at a decoding step (one token a row), not at a short prompt's product: a
+        # model that only reads prompts holds its weights once
+        if lazy[0] and x.ndim >= 2 and x.shape[-2] == 1:
             lazy[0] = False
             with _outside_modes():  # (a recording's first step: not one of its operations)
                 made[0] = _panel_copy(out_in.T)
@@ -177,7 +180,7 @@ def _streamed(
         panel_rows = _gemv.panels_rows() if with_panels else 0  # (asked each call: tests)
         if not rows_form and panel_rows < M:
             return fallback(x, W, b)
-        P = panel_copy() if panel_rows >= M else None
+        P = panel_copy(x) if panel_rows >= M else None
         if P is None and not rows_form:
             return fallback(x, W, b)
         if b is not None and b.dtype != x.dtype:
@@ -293,14 +296,14 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     - bfloat16 on a CPU with bf16 arithmetic (``glassgpt.kernels.bf16.native``): for the
       rows of a decoding step (1, or up to 8 with AVX-512F) a bf16 panel copy that ``_gemv``
       streams, widening each weight exactly to float32 (faster than oneDNN's packed GEMV),
-      made at the first such product (a model loaded for a prompt, or not yet decoding,
+      made at its first decoding step (a model loaded for a prompt, or not yet decoding,
       holds its weights once); more rows take PyTorch's bf16 product of W itself (oneDNN,
       which re-packs W per call: a prompt's cost, not a step's). No oneDNN packed copy is
       kept: it doubled a loaded model's memory and took most of its load time;
     - bfloat16 elsewhere (bf16 products there run many times slower than float32 ones): as for
       float32 below, ``_gemv`` streams the bf16 W (read live or copied) for up to
       ``SMALL_BATCH`` rows of x, widening each weight (and x and b) exactly to float32 as it
-      reads it and rounding y to bf16 (the panels, made at the first decoding step, for
+      reads it and rounding y to bf16 (the panels, made at its first decoding step, for
       its rows); more rows (a long prompt) take a float32 ``F.linear`` of float32 copies of
       x, W and b made per call (:func:`_upcast`).
       Either way: products and sums in float32, the result rounded to bf16. Either way too,

@@ -109,7 +109,7 @@ def attach_kernels(model: GPT) -> int:
 
     - bfloat16: every projection (W_QKV, W_O, W_in, W_gate, W_out, the unembedding) gets a
       bf16 panel copy that glassgpt's small-batch kernel streams for a decoding step's rows,
-      made at the first such product (loading holds the weights once); prompts take
+      made at its first decoding step (loading holds the weights once); prompts take
       PyTorch's bf16 products where the CPU has bf16 arithmetic, else float32 products
       (``glassgpt.kernels.dense.pack``). Decoding runs on :func:`decoding_copy`.
     - float32: every projection takes glassgpt's own small-batch kernel when it is built

@@ -129,3 +129,22 @@ def test_hooks_or_a_changed_weight_are_seen(
     with model.hooks({"blocks.0.attn.q": lambda x, hook: seen.append(1)}):
         generate(model, [1, 2, 3], max_new_tokens=3, temperature=0)
     assert decoders[-1].model is model and decoders[-1].kind == "eager" and seen
+
+
+def test_a_decoded_bf16_model_is_freed_with_its_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither the packed products (their panels made at decoding) nor the decoding copy
+    keep a dropped model's weights alive."""
+    import gc
+    import weakref
+
+    from glassgpt.kernels import dense
+
+    monkeypatch.setattr(precision, "BF16_MIN_WEIGHTS", 0)
+    model = bf16_model()
+    generate(model, [1, 2, 3], max_new_tokens=4, temperature=0)
+    W = weakref.ref(model.blocks[0].attn.W_QKV)
+    keys = {id(p) for p in model.parameters()} & set(dense._PACKED)
+    assert keys
+    del model
+    gc.collect()
+    assert W() is None and not keys & set(dense._PACKED)

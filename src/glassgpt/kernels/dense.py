@@ -164,13 +164,14 @@ def _streamed(
     lazy = [half and with_panels]  # the panel copy is still to be made
     made = [_panel_copy(out_in.T) if with_panels and not lazy[0] else None]
 
-    def panel_copy(x: Tensor) -> Tensor | None:
+    def panel_copy(x: Tensor, W: Tensor) -> Tensor | None:
         # made at a decoding step (one token a row), not at a short prompt's product: a
-        # model that only reads prompts holds its weights once
+        # model that only reads prompts holds its weights once. (From the W of the call:
+        # holding W here would keep it alive, and its registry entry, for good.)
         if lazy[0] and x.ndim >= 2 and x.shape[-2] == 1:
             lazy[0] = False
             with _outside_modes():  # (a recording's first step: not one of its operations)
-                made[0] = _panel_copy(out_in.T)
+                made[0] = _panel_copy(out_in_view(W, transposed=transposed).T)
         return made[0]
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
@@ -180,7 +181,7 @@ def _streamed(
         panel_rows = _gemv.panels_rows() if with_panels else 0  # (asked each call: tests)
         if not rows_form and panel_rows < M:
             return fallback(x, W, b)
-        P = panel_copy(x) if panel_rows >= M else None
+        P = panel_copy(x, W) if panel_rows >= M else None
         if P is None and not rows_form:
             return fallback(x, W, b)
         if b is not None and b.dtype != x.dtype:

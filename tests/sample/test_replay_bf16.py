@@ -148,3 +148,16 @@ def test_a_decoded_bf16_model_is_freed_with_its_copy(monkeypatch: pytest.MonkeyP
     del model
     gc.collect()
     assert W() is None and not keys & set(dense._PACKED)
+
+
+def test_without_the_kernels_a_bf16_model_decodes_itself(decoders: list) -> None:
+    """No compiled kernels (an install without a C compiler): no decoding copy is made, the
+    bf16 model decodes eagerly, as before."""
+    from glassgpt.kernels import hidden
+
+    model = bf16_model()
+    engine._COPIES.clear()
+    with hidden("_rowwise", "_gemv", "_attend"):
+        ids = generate(model, [1, 2, 3], max_new_tokens=4, temperature=0)
+    assert decoders[-1].model is model and decoders[-1].kind == "eager"
+    assert len(ids) == 4 and model not in engine._COPIES

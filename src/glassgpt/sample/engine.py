@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from glassgpt import kernels
 from glassgpt.console import say
 from glassgpt.model.gpt import GPT
 from glassgpt.model.precision import decoding_copy
@@ -209,6 +210,8 @@ def _bf16_replayed(model: GPT, choice: Choice) -> tuple[GPT, Choice]:
     weights under float32 activations, or float32 for a small model, which says so once) and
     its replayed engine; the model and ``choice`` themselves where there is none."""
     if model._hook_fns or next(model.parameters()).device.type != "cpu":
+        return model, choice
+    if not kernels.OPS["record_step"].built():  # (no copy that could not be replayed)
         return model, choice
     versions = tuple(0 if p.is_inference() else p._version for p in model.parameters())
     made = _COPIES.get(model)

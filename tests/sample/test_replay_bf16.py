@@ -157,7 +157,7 @@ def test_without_the_kernels_a_bf16_model_decodes_itself(decoders: list) -> None
 
     model = bf16_model()
     engine._COPIES.clear()
-    with hidden("_rowwise", "_gemv", "_attend"):
+    with hidden("_rowwise"):  # (what a recording needs)
         ids = generate(model, [1, 2, 3], max_new_tokens=4, temperature=0)
     assert decoders[-1].model is model and decoders[-1].kind == "eager"
     assert len(ids) == 4 and model not in engine._COPIES

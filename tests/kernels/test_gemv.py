@@ -322,8 +322,9 @@ def test_cpu_with_native_bf16_takes_the_panels_for_their_rows_and_pytorch_past_t
     """On a CPU with bf16 arithmetic a packed bf16 weight keeps no packed copy but its panels,
     made at its first decoding step (one token a row), not at packing nor for a prompt:
     those rows read them (bf16 x, or float32 x: bf16 weights under float32 activations,
-    y float32), more rows PyTorch's bf16 product of W itself (float32 x: of widened copies);
-    never the rows kernels, never oneDNN's packed copy."""
+    y float32), more rows PyTorch's bf16 product of W itself; float32 x (a decoding copy's)
+    makes them at its prompt and reads them for every row count up to PANEL_PROMPT_ROWS, a
+    few rows a call; never the rows kernels, never oneDNN's packed copy."""
     monkeypatch.setattr(bf16, "native", lambda: True)
     made, calls = [], []
     real = dense._panel_copy
@@ -340,9 +341,13 @@ def test_cpu_with_native_bf16_takes_the_panels_for_their_rows_and_pytorch_past_t
     assert pack(stored, transposed=transposed)
     assert made == []  # nothing at packing
     top = _gemv.panels_rows()
-    with torch.no_grad():  # a short prompt (one row of tokens): PyTorch's product, no panels
+    with torch.no_grad():  # a short prompt (one row of tokens)
         prompt = matmul(torch.randn(1, top, 64).to(activations), stored, transposed=transposed)
-    assert made == [] and calls == [] and prompt.shape == (1, top, 48)
+    assert prompt.shape == (1, top, 48)
+    if activations == torch.bfloat16:  # the model's own: PyTorch's product, no panels
+        assert made == [] and calls == []
+    else:  # a decoding copy's: the panels, made now (its steps follow)
+        assert made == [(64, 48)] and calls == [("gemv_panels_bf16", top)]
     kernel = "gemv_panels_bf16_io" if activations == torch.bfloat16 else "gemv_panels_bf16"
     for rows in (top + 1, 40, 1, top):
         x = torch.randn(rows, 64).to(activations)
@@ -353,7 +358,12 @@ def test_cpu_with_native_bf16_takes_the_panels_for_their_rows_and_pytorch_past_t
         tol = 2**-7 if activations == torch.bfloat16 else 1e-5
         torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
     unpack(stored)
-    assert made == [(64, 48)] and calls == [(kernel, 1), (kernel, top)]
+    assert made == [(64, 48)]
+    if activations == torch.bfloat16:
+        assert calls == [(kernel, 1), (kernel, top)]
+    else:  # every row on the panels, a block of at most `top` rows a call
+        assert {k for k, _ in calls} == {kernel} and all(m <= top for _, m in calls)
+        assert sum(m for _, m in calls) == top + (top + 1) + 40 + 1 + top
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -434,3 +444,20 @@ def test_bf16_gpt_on_the_kernel_matches_float64_of_its_weights(
     chosen = want.gather(-1, torch.tensor(ids)[:, None])[:, 0]
     # each greedy id is float64's argmax, or within bf16's error of it (a near tie)
     assert ((best - chosen) <= 0.015 * want.abs().max()).all()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_float32_x_of_a_bf16_weight_past_the_panels_prompt_rows(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """Float32 x against a packed bf16 W for more rows than PANEL_PROMPT_ROWS: a float32
+    product of widened copies, float32 y, equal to float64 of the bf16 values."""
+    monkeypatch.setattr(bf16, "native", lambda: native)
+    W = torch.randn(64, 48).to(torch.bfloat16)
+    assert pack(W)
+    x = torch.randn(dense.PANEL_PROMPT_ROWS + 3, 64)
+    with torch.no_grad():
+        got = matmul(x, W)
+    unpack(W)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), x.double() @ W.double(), rtol=1e-5, atol=1e-5)

@@ -168,7 +168,8 @@ def _streamed(
         # made at a decoding step (one token a row), not at a short prompt's product: a
         # model that only reads prompts holds its weights once. (From the W of the call:
         # holding W here would keep it alive, and its registry entry, for good.)
-        if lazy[0] and x.ndim >= 2 and x.shape[-2] == 1:
+        # A decoding copy's float32 x (its prompt, then its steps) makes them at once.
+        if lazy[0] and (x.dtype == torch.float32 or (x.ndim >= 2 and x.shape[-2] == 1)):
             lazy[0] = False
             with _outside_modes():  # (a recording's first step: not one of its operations)
                 made[0] = _panel_copy(out_in_view(W, transposed=transposed).T)
@@ -176,9 +177,15 @@ def _streamed(
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in
-        if M > SMALL_BATCH or M == 0 or (b is not None and not b.is_contiguous()):
+        if M == 0 or (b is not None and not b.is_contiguous()):
             return fallback(x, W, b)
         panel_rows = _gemv.panels_rows() if with_panels else 0  # (asked each call: tests)
+        if half and x.dtype == torch.float32 and panel_rows < M <= PANEL_PROMPT_ROWS:
+            P = panel_copy(x, W)  # a decoding copy's prompt: its rows a few at a time
+            if P is not None:
+                return _in_row_blocks(x, P, b, d_out, panel_rows)
+        if M > SMALL_BATCH:
+            return fallback(x, W, b)
         if not rows_form and panel_rows < M:
             return fallback(x, W, b)
         P = panel_copy(x, W) if panel_rows >= M else None
@@ -207,6 +214,32 @@ def _streamed(
         return y
 
     return fn
+
+
+# Up to this many rows of float32 x, a bf16 W's panels serve a prompt (a few rows at a time,
+# each block one pass over W): for more, one float32 product of widened copies is faster.
+PANEL_PROMPT_ROWS = 256
+
+
+def _in_row_blocks(x: Tensor, P: Tensor, b: Tensor | None, d_out: int, block: int) -> Tensor:
+    """x W + b for float32 x [..., d_in] and bf16 panels P, ``block`` rows of x a call to
+    ``gemv_panels_bf16`` (y float32; recorded, a server's many rows, while recording)."""
+    d_in = x.shape[-1]
+    x2 = x.contiguous().view(-1, d_in)
+    M = x2.shape[0]
+    if b is not None and b.dtype != torch.float32:
+        b = b.float()
+    y = torch.empty(*x.shape[:-1], d_out, dtype=torch.float32)
+    y2 = y.view(M, d_out)
+    b_ptr, threads = 0 if b is None else b.data_ptr(), torch.get_num_threads()
+    for m0 in range(0, M, block):
+        rows = min(block, M - m0)
+        args = (x2[m0].data_ptr(), P.data_ptr(), b_ptr, y2[m0].data_ptr(), rows, d_in, d_out,
+                threads)  # fmt: skip
+        _gemv.gemv_panels_bf16(*args)
+        if replay.RECORDING:
+            replay.add(_gemv.gemv_panels_bf16, args)
+    return y
 
 
 def _outside_modes() -> Any:

@@ -488,6 +488,64 @@ def train_char_model(text: str, steps: int) -> tuple[torch.nn.Module, object]:
     return model.eval(), tok
 
 
+# the flags that decide glassgpt's CPU kernels (``glassgpt.kernels.policy.cpu_paths``)
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+                "amx_tile", "amx_bf16", "amx_int8", "avx_vnni")  # fmt: skip
+
+
+def cpu_line() -> str:
+    """The CPU's model name and the flags among :data:`KERNEL_FLAGS` it has (Linux's
+    /proc/cpuinfo), and the paths glassgpt's kernels take there."""
+    from glassgpt.kernels import cpu_paths
+
+    name, flags = "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name == "unknown CPU":
+                name = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    have = [f for f in KERNEL_FLAGS if f in flags]
+    paths = ", ".join(f"{k} {v}" for k, v in cpu_paths().items())
+    return f"CPU: {name}; flags: {' '.join(have) or 'none of ' + ' '.join(KERNEL_FLAGS)}; " \
+        f"glassgpt's paths: {paths}"  # fmt: skip
+
+
+def dtype_table(args: argparse.Namespace) -> None:
+    """glassgpt alone at float32, bf16 and int8 on each preset of ``--dtypes`` (batch 1,
+    random weights): median ms per decoding step over the repeats, each repeat's step
+    (t_N − t_1)/(N − 1) from the new tokens' arrivals, the dtypes interleaved in each
+    repeat; and each precision's speed over float32 (target: bf16 ≥ 1.6× where the CPU
+    has bf16 arithmetic, none below 1.0×)."""
+    from glassgpt.model import GPT, GPTConfig
+
+    print("| model | parameters | dtype | ms/step | × float32 |")
+    print("|---|---|---|---|---|")
+    g = torch.Generator().manual_seed(4)
+    for preset in args.dtypes.split(","):
+        torch.manual_seed(0)
+        base = GPT(GPTConfig.preset(preset)).eval()
+        models = {d: cast(base, d) for d in ("float32", "bf16", "int8")}
+        prompt = torch.randint(0, base.config.n_vocab, (1, args.prompt), generator=g)
+        n = min(args.new_tokens, base.config.n_ctx - args.prompt)
+        steps: dict[str, list[float]] = {d: [] for d in models}
+        for m in models.values():
+            ours_times(m, prompt, 4)  # warm up (and the decoding copies made)
+        for _ in range(args.repeats):
+            for d, m in models.items():
+                t = ours_times(m, prompt, n)
+                steps[d].append((t[-1] - t[0]) / (n - 1) * 1e3)
+        n_params = sum(p.numel() for p in base.parameters())
+        ms32 = statistics.median(steps["float32"])
+        for d, v in steps.items():
+            ms = statistics.median(v)
+            print(f"| {preset} | {n_params / 1e6:.1f}M | {d} | {ms:.2f} | {ms32 / ms:.2f}× |")
+            sys.stdout.flush()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=os.cpu_count())
@@ -505,11 +563,20 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=600)
     p.add_argument("--val-tokens", type=int, default=50_000)
     p.add_argument("--shakespeare", default=str(REPO.parent / "shared/data/tinyshakespeare.txt"))
+    p.add_argument("--dtypes", default=None, metavar="PRESETS",
+                   help="only glassgpt at float32, bf16 and int8 on these presets (comma-"
+                        "separated, e.g. gpt2,shakespeare-char: GPT-2 small and the default "
+                        "model), then exit")  # fmt: skip
     p.set_defaults(ct2=importlib.util.find_spec("ctranslate2") is not None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"torch {torch.__version__}, {args.threads} threads, load average {load}")
+    if args.device == "cpu":
+        print(cpu_line())
+    if args.dtypes:
+        dtype_table(args)
+        return
     if not args.skip_speed:
         speed_table(args)
     if not args.skip_quality:

@@ -282,7 +282,7 @@ def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A CPU without bf16 arithmetic; returns the M of each bf16 ``_gemv`` call."""
     monkeypatch.setattr(bf16, "native", lambda: False)
     calls: list[int] = []
-    for name in ("gemv_rows_bf16", "gemv_rows_bf16_io", "gemv_panels_bf16_io"):
+    for name in ("gemv_rows_bf16", "gemv_rows_bf16_io", "gemv_panels_bf16", "gemv_panels_bf16_io"):
         real, tag = getattr(_gemv, name), "panels" if "panels" in name else None
         spy = lambda *a, real=real, tag=tag: calls.append(tag or a[4]) or real(*a)  # noqa: E731
         monkeypatch.setattr(dense._gemv, name, spy)
@@ -315,33 +315,55 @@ def test_packed_bf16_weight_streams_up_to_small_batch(
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_cpu_with_native_bf16_keeps_onednn_but_for_the_panels_rows(
-    monkeypatch: pytest.MonkeyPatch, transposed: bool
+@pytest.mark.parametrize("activations", [torch.bfloat16, torch.float32])
+def test_cpu_with_native_bf16_takes_the_panels_for_their_rows_and_pytorch_past_them(
+    monkeypatch: pytest.MonkeyPatch, transposed: bool, activations: torch.dtype
 ) -> None:
-    """On a CPU with bf16 arithmetic oneDNN's packed copy serves every product but those of
-    the rows the bf16 panels take (a decoding step): never the rows kernels."""
+    """On a CPU with bf16 arithmetic a packed bf16 weight keeps no packed copy but its panels,
+    made at its first decoding step (one token a row), not at packing nor for a prompt:
+    those rows read them (bf16 x, or float32 x: bf16 weights under float32 activations,
+    y float32), more rows PyTorch's bf16 product of W itself; float32 x (a decoding copy's)
+    makes them at its prompt and reads them for every row count up to PANEL_PROMPT_ROWS, a
+    few rows a call; never the rows kernels, never oneDNN's packed copy."""
     monkeypatch.setattr(bf16, "native", lambda: True)
     made, calls = [], []
-    real = dense._onednn_packed
-    monkeypatch.setattr(dense, "_onednn_packed", lambda W: made.append(W.shape) or real(W))
+    real = dense._panel_copy
+    monkeypatch.setattr(dense, "_panel_copy", lambda W: made.append(W.shape) or real(W))
+    monkeypatch.setattr(dense, "_onednn_packed", lambda W: pytest.fail("a oneDNN copy"))
     monkeypatch.setattr(dense._gemv, "gemv_rows_bf16", lambda *a: calls.append("rows"))
     monkeypatch.setattr(dense._gemv, "gemv_rows_bf16_io", lambda *a: calls.append("rows"))
-    panels = _gemv.gemv_panels_bf16_io
-    spy = lambda *a: calls.append(a[4]) or panels(*a)  # noqa: E731
-    monkeypatch.setattr(dense._gemv, "gemv_panels_bf16_io", spy)
+    for name in ("gemv_panels_bf16", "gemv_panels_bf16_io"):
+        panels = getattr(_gemv, name)
+        spy = lambda *a, p=panels, n=name: calls.append((n, a[4])) or p(*a)  # noqa: E731
+        monkeypatch.setattr(dense._gemv, name, spy)
     W = torch.randn(64, 48).to(torch.bfloat16)  # [d_in, d_out]
     stored = W.T.contiguous() if transposed else W
-    if not pack(stored, transposed=transposed):
-        pytest.skip("oneDNN cannot pack bf16 here")
+    assert pack(stored, transposed=transposed)
+    assert made == []  # nothing at packing
     top = _gemv.panels_rows()
-    for rows in (1, top, top + 1, 40):
-        x = torch.randn(rows, 64).to(torch.bfloat16)
+    with torch.no_grad():  # a short prompt (one row of tokens)
+        prompt = matmul(torch.randn(1, top, 64).to(activations), stored, transposed=transposed)
+    assert prompt.shape == (1, top, 48)
+    if activations == torch.bfloat16:  # the model's own: PyTorch's product, no panels
+        assert made == [] and calls == []
+    else:  # a decoding copy's: the panels, made now (its steps follow)
+        assert made == [(64, 48)] and calls == [("gemv_panels_bf16", top)]
+    kernel = "gemv_panels_bf16_io" if activations == torch.bfloat16 else "gemv_panels_bf16"
+    for rows in (top + 1, 40, 1, top):
+        x = torch.randn(rows, 64).to(activations)
         with torch.no_grad():
             got = matmul(x, stored, transposed=transposed)
-        want = (x.double() @ W.double()).to(torch.bfloat16)
-        torch.testing.assert_close(got.double(), want.double(), rtol=2**-7, atol=1e-3)
+        assert got.dtype == activations
+        want = x.double() @ W.double()
+        tol = 2**-7 if activations == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
     unpack(stored)
-    assert made == [(48, 64)] and calls == [1, top]
+    assert made == [(64, 48)]
+    if activations == torch.bfloat16:
+        assert calls == [(kernel, 1), (kernel, top)]
+    else:  # every row on the panels, a block of at most `top` rows a call
+        assert {k for k, _ in calls} == {kernel} and all(m <= top for _, m in calls)
+        assert sum(m for _, m in calls) == top + (top + 1) + 40 + 1 + top
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -394,8 +416,13 @@ def test_native_bf16_answers_what_torch_says() -> None:
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_bf16_gpt_on_the_kernel_matches_float64_of_its_weights(
-    no_native_bf16: list[int], tie: bool
+    no_native_bf16: list[int], tie: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """bf16 activations in the model's own forward; its decoding (generate: the decoding
+    copy, float32 activations over the same bf16 weights) on the panels."""
+    from glassgpt.model import precision
+
+    monkeypatch.setattr(precision, "BF16_MIN_WEIGHTS", 0)  # (tiny: bf16 all the same)
     torch.manual_seed(0)
     cfg = GPTConfig(n_vocab=101, n_ctx=48, d_model=48, n_layers=2, n_heads=4, bias=True,
                     tie_embeddings=tie)  # fmt: skip
@@ -417,3 +444,20 @@ def test_bf16_gpt_on_the_kernel_matches_float64_of_its_weights(
     chosen = want.gather(-1, torch.tensor(ids)[:, None])[:, 0]
     # each greedy id is float64's argmax, or within bf16's error of it (a near tie)
     assert ((best - chosen) <= 0.015 * want.abs().max()).all()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_float32_x_of_a_bf16_weight_past_the_panels_prompt_rows(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """Float32 x against a packed bf16 W for more rows than PANEL_PROMPT_ROWS: a float32
+    product of widened copies, float32 y, equal to float64 of the bf16 values."""
+    monkeypatch.setattr(bf16, "native", lambda: native)
+    W = torch.randn(64, 48).to(torch.bfloat16)
+    assert pack(W)
+    x = torch.randn(dense.PANEL_PROMPT_ROWS + 3, 64)
+    with torch.no_grad():
+        got = matmul(x, W)
+    unpack(W)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), x.double() @ W.double(), rtol=1e-5, atol=1e-5)

@@ -59,12 +59,12 @@ def test_quantization_error_is_at_most_half_a_step() -> None:
     d_out=st.integers(1, 140),  # partial groups of 32 and of panels of 8
     bias=st.booleans(),
     threads=st.sampled_from([1, 2, 3]),
-    kernel=st.sampled_from(["portable", "avx2", "widest"]),
+    kernel=st.sampled_from(["portable", "avx2", "avx512vl", "widest"]),
     seed=st.integers(0, 2**16),
 )
 def test_kernel_is_x_w_tilde_plus_b(M, d_in, d_out, bias, threads, kernel, seed) -> None:
     """The portable loop, the AVX2 kernels (16 registers) and, on a CPU with AVX-512VL, the
-    kernels on 32 registers."""
+    kernels on 32 registers, with AVX512-VNNI's vpdpwssd where it has that too ("widest")."""
     gen = torch.Generator().manual_seed(seed)
     W = torch.randn(d_out, d_in, generator=gen)
     x = torch.randn(M, d_in, generator=gen)
@@ -74,7 +74,9 @@ def test_kernel_is_x_w_tilde_plus_b(M, d_in, d_out, bias, threads, kernel, seed)
     if kernel == "portable":
         assert ext.use_portable(True) == "scalar"
     else:
-        assert ext.wide_registers(kernel == "widest") == ext.kernel()
+        assert ext.wide_registers(kernel != "avx2") == ext.kernel()
+        if kernel == "avx512vl":
+            assert ext.vnni(False) == ext.kernel() != "avx512vnni"
     try:
         if M > int8.MAX_ROWS:
             with pytest.raises(ValueError, match="gemv"):
@@ -102,6 +104,30 @@ def test_kernel_on_model_shapes_and_threads(
     got = int8.gemv(x, q, s, b, threads)
     want, bound = _oracle_and_bound(x, int8.dequantize(q, s), b)
     assert ((got.double() - want).abs() <= bound).all()
+
+
+@needs_ext
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 7, 8])
+def test_vnni_kernels_equal_the_avx2_ones_bit_for_bit(M: int) -> None:
+    """vpdpwssd adds the same exact int32 pair sums as vpmaddwd + vpaddd, in the same order:
+    every variant's y is the same, bit for bit."""
+    ext = int8.compiled()
+    if ext.kernel() == "scalar":
+        pytest.skip("no AVX2 kernels here")
+    gen = torch.Generator().manual_seed(M)
+    W, x, b = torch.randn(200, 130, generator=gen), torch.randn(M, 130, generator=gen), None
+    q, s = int8.quantize(W)
+    got = {}
+    try:
+        for name in ("avx2", "avx512vl", "widest"):
+            ext.wide_registers(name != "avx2")
+            if name == "avx512vl":
+                ext.vnni(False)
+            got[ext.kernel()] = int8.gemv(x, q, s, b, 2)
+    finally:
+        ext.wide_registers(True)
+    first = next(iter(got.values()))
+    assert all(torch.equal(first, y) for y in got.values()), list(got)
 
 
 def test_panels_hold_each_weight_once_in_order() -> None:

@@ -155,15 +155,17 @@ def test_replayed_slot_steps_of_a_family_equal_eager_ones_and_whole_sequences(na
 
 
 @pytest.mark.parametrize("name", ["qwen3-qknorm", "gemma2-softcaps-window"])
-def test_a_bf16_family_model_decodes_eagerly_what_its_forward_gives(name: str) -> None:
-    """bf16 weights take the eager engine (as GPT-2's do); its steps over the cache (grouped
-    heads repeated by the kernel seam, PyTorch's rotation) give the whole forward's logits."""
+def test_a_bf16_family_model_decodes_replayed_what_its_forward_gives(name: str) -> None:
+    """bf16 weights are not replayed as they are (the model computes in bf16), but on their
+    decoding copy (float32 activations over the same bf16 weights: this tiny one, float32),
+    whose replayed steps give the bf16 forward's logits to bf16's rounding."""
     model = model_of("bf16", **FAMILIES[name])
     assert choose(model).why == "the model is not float32 on a CPU"
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     decoder = Decoder.start(model, batch_size=1, capacity=16)
+    assert decoder.kind == "replayed" and decoder.model is not model
     with torch.inference_mode():
-        model(ids[:, :2], cache=decoder.cache)
+        decoder.model(ids[:, :2], cache=decoder.cache)  # the prompt: on the decoding copy
         for t in range(2, 5):
             got = decoder.step(ids[:, t : t + 1]).float()
             whole = model(ids[:, : t + 1])[:, -1:].float()

@@ -36,6 +36,9 @@
  *                   saves a bf16 decoding step's three conversions per product in Python
  *   gemv_panels(x, P, b or 0, y, M, K, N, threads)  W float32 in panels (above):
  *                   y [M, N] = x [M, K] W + b, for M = 1, or M ≤ 8 where panels_rows() says
+ *   gemv_panels_bf16(x, P, b or 0, y, M, K, N, threads)  the same with P bfloat16, x, b
+ *                   and y float32: bf16 weights under float32 activations (a replayed
+ *                   bf16 decoding step, glassgpt.model.precision.decoding_copy)
  *   gemv_panels_bf16_io(x, P, b or 0, y, M, K, N, threads)  the same with P, x, b and y
  *                   bfloat16, as gemv_rows_bf16_io takes them (a bf16 decoding step)
  *   panels_rows() -> the most rows of x gemv_panels takes (8 with AVX-512F, else 1)
@@ -485,8 +488,9 @@ static PyObject *py_rows_bf16_io(PyObject *self, PyObject *const *args, Py_ssize
 static int panel_rows(void) { return use_avx512 ? PANEL_ROWS_MAX : 1; }
 
 /* gemv_panels(x, P, b, y, M, K, N, threads): y [M, N] = x [M, K] W + b, W in panels P;
- * half: P, x, b and y bfloat16 (x and b widened before, y rounded to nearest after). */
-static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half) {
+ * half: P bfloat16; io: x, b and y bfloat16 too (x and b widened before, y rounded to
+ * nearest after), else float32. */
+static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half, int io) {
     long long a[8];
     if (!int_args(args, nargs, 8, a, "gemv_panels(x, P, b, y, M, K, N, threads)"))
         return NULL;
@@ -507,13 +511,13 @@ static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half) 
     threads = threads > panels ? panels : threads;
     Widened wide = {NULL, NULL, NULL};
     uint16_t *y16 = (uint16_t *)(uintptr_t)a[3];
-    if (half && !widen_inputs(&job, &wide, (const uint16_t *)(uintptr_t)a[0],
+    if (io && !widen_inputs(&job, &wide, (const uint16_t *)(uintptr_t)a[0],
                               (const uint16_t *)(uintptr_t)a[2], (size_t)(M * K),
                               (size_t)(M * N)))
         return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     run_parts(panels_part, &job, (int)threads);
-    for (size_t i = 0; half && i < (size_t)(M * N); i++)
+    for (size_t i = 0; io && i < (size_t)(M * N); i++)
         y16[i] = float_to_bf16(job.y[i]);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(wide.x);
@@ -521,11 +525,15 @@ static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half) 
 }
 
 static PyObject *py_panels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return panels_call(args, nargs, 0);
+    return panels_call(args, nargs, 0, 0);
+}
+
+static PyObject *py_panels_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return panels_call(args, nargs, 1, 0);
 }
 
 static PyObject *py_panels_bf16_io(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return panels_call(args, nargs, 1);
+    return panels_call(args, nargs, 1, 1);
 }
 
 static PyObject *py_panel_rows(PyObject *self, PyObject *args) { return PyLong_FromLong(panel_rows()); }
@@ -561,6 +569,8 @@ static PyMethodDef methods[] = {
      "y[M, N] = x[M, K] W[K, N] (+ b): W, x, b, y bfloat16, float32 sums, y rounded"},
     {"gemv_panels", (PyCFunction)(void (*)(void))py_panels, METH_FASTCALL,
      "y[M, N] = x[M, K] W[K, N] (+ b): W float32 in panels [ceil(N/64), K, 64]"},
+    {"gemv_panels_bf16", (PyCFunction)(void (*)(void))py_panels_bf16, METH_FASTCALL,
+     "gemv_panels with P bfloat16, x, b, y float32: bf16 weights, float32 activations"},
     {"gemv_panels_bf16_io", (PyCFunction)(void (*)(void))py_panels_bf16_io, METH_FASTCALL,
      "gemv_panels with P, x, b, y bfloat16: float32 sums, y rounded"},
     {"panels_rows", py_panel_rows, METH_NOARGS, "the most rows of x gemv_panels takes"},

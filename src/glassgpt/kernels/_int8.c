@@ -27,6 +27,9 @@
  * at more rows (the line then read again from the cache, a group being 24-96 KB at GPT-2's
  * widths); with AVX-512VL's 32 all four up to M = 6 and two at 7 and 8 (GPT-2 small's int8
  * products at M = 8: 8.8 ms against 14.3 on 16 registers).
+ * Where the CPU has AVX512-VNNI, the AVX-512VL kernels add each pair sum with vpdpwssd (one
+ * instruction for vpmaddwd + vpaddd, the same exact int32 sums). AMX tiles are not used
+ * (no CPU with them to test on).
  * The AVX2 kernel is chosen at run time (__builtin_cpu_supports); a portable loop computes
  * the same integer sums otherwise.
  *
@@ -142,7 +145,8 @@ TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const 
 /* P panels (p .. p+P-1, one group's: p % 4 + P ≤ 4) against all M rows of x: P·M 8-wide
  * 32-bit accumulators in registers (the loops over P and M have constant bounds and unroll),
  * emptied every BLOCK pairs into float32 sums in memory. */
-#define PANELS_AS(NAME, ATTR, REG, M, P)                                                      \
+#define PANELS_AS(NAME, ATTR, REG, M, P) PANELS_WITH(NAME, ATTR, REG, M, P, MADD)
+#define PANELS_WITH(NAME, ATTR, REG, M, P, ACC)                                                \
     ATTR static void NAME##_##M##_##P(const Job *J, Py_ssize_t p) {                           \
         const Py_ssize_t n2 = J->n2;                                                          \
         const int32_t *x = J->x;                                                              \
@@ -158,10 +162,10 @@ TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const 
             for (; t + 4 <= t1; t += 4) { /* four lines of the group per turn */             \
                 _Pragma("GCC unroll 4") for (Py_ssize_t u = t; u < t + 4; u++) {              \
                     _mm_prefetch((const char *)(q + LINE * (u + 32)), _MM_HINT_T0);           \
-                    STEP(M, P, u, REG);                                                       \
+                    STEP(M, P, u, REG, ACC);                                                  \
                 }                                                                             \
             }                                                                                 \
-            for (; t < t1; t++) STEP(M, P, t, REG);                                           \
+            for (; t < t1; t++) STEP(M, P, t, REG, ACC);                                      \
             _Pragma("GCC unroll 8") for (int r = 0; r < P; r++)                               \
             _Pragma("GCC unroll 8") for (int m = 0; m < M; m++)                               \
                 _mm256_storeu_ps(sums[r][m], _mm256_add_ps(_mm256_loadu_ps(sums[r][m]),       \
@@ -170,7 +174,7 @@ TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const 
         for (int r = 0; r < P; r++)                                                           \
             for (int m = 0; m < M; m++) store(J, p + r, m, sums[r][m]);                       \
     }
-#define STEP(M, P, u, REG)                                                                    \
+#define STEP(M, P, u, REG, ACC)                                                               \
     do {                                                                                      \
         __m256i w[P];                                                                         \
         _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) w[r] = _mm256_cvtepi8_epi16(      \
@@ -178,11 +182,16 @@ TARGET static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const 
         _Pragma("GCC unroll 8") for (int m = 0; m < M; m++) {                                 \
             __m256i xv = _mm256_set1_epi32(x[(u) * M + m]);                                   \
             _Pragma("GCC unroll 8") for (int r = 0; r < P; r++) {                             \
-                acc[r][m] = _mm256_add_epi32(acc[r][m], _mm256_madd_epi16(w[r], xv));         \
+                acc[r][m] = ACC(acc[r][m], w[r], xv);                                         \
                 __asm__("" : REG(acc[r][m])); /* in this order: no reassociated sums */       \
             }                                                                                 \
         }                                                                                     \
     } while (0)
+
+/* acc + Σ pairs of 16-bit products: AVX2's vpmaddwd then vpaddd, or AVX512-VNNI's vpdpwssd
+ * (one instruction, the same exact int32 sums: neither saturates) */
+#define MADD(acc, w, x) _mm256_add_epi32((acc), _mm256_madd_epi16((w), (x)))
+#define VNNI(acc, w, x) _mm256_dpwssd_epi32((acc), (w), (x))
 
 /* AVX2: 16 vector registers, so P·M + P + 1 ≤ 16 ("+x": one of them) */
 #define PANELS(M, P) PANELS_AS(panels, TARGET, "+x", M, P)
@@ -211,8 +220,28 @@ PANELS_VL(5, 4)
 PANELS_VL(6, 4)
 PANELS_VL(7, 2)
 PANELS_VL(8, 2)
+/* AVX512-VNNI (with VL): the AVX-512VL kernels with vpdpwssd */
+#define TARGET_VNNI __attribute__((target("avx2,avx512f,avx512vl,avx512vnni")))
+#define PANELS_VNNI(M, P) PANELS_WITH(panels_vnni, TARGET_VNNI, "+v", M, P, VNNI)
+PANELS_VNNI(1, 4)
+PANELS_VNNI(2, 4)
+PANELS_VNNI(3, 4)
+PANELS_VNNI(4, 4)
+PANELS_VNNI(5, 4)
+PANELS_VNNI(6, 4)
+PANELS_VNNI(7, 2)
+PANELS_VNNI(8, 2)
+PANELS_VNNI(1, 1)
+PANELS_VNNI(2, 1)
+PANELS_VNNI(3, 1)
+PANELS_VNNI(4, 1)
+PANELS_VNNI(5, 1)
+PANELS_VNNI(6, 1)
+PANELS_VNNI(7, 1)
+PANELS_VNNI(8, 1)
 
-static int use_vl; /* the CPU has AVX-512F and VL: the wide kernels on 32 registers */
+static int use_vl;   /* the CPU has AVX-512F and VL: the wide kernels on 32 registers */
+static int use_vnni; /* ... and AVX512-VNNI: those kernels with vpdpwssd */
 
 /* quantize_row with 8 entries at a time (float32 1 / r: the same x16 up to a tie in the
  * rounding); rows whose largest |x| is tiny (1 / r near float32's range) or not finite, and
@@ -267,11 +296,18 @@ TARGET static void rows_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
                                                   panels_vl_4_4, panels_vl_5_4, panels_vl_6_4,
                                                   panels_vl_7_2, panels_vl_8_2};
     static const int width_vl[MAX_ROWS + 1] = {0, 4, 4, 4, 4, 4, 4, 2, 2};
+    static const PanelFn wide_vnni[MAX_ROWS + 1] = {
+        NULL, panels_vnni_1_4, panels_vnni_2_4, panels_vnni_3_4, panels_vnni_4_4,
+        panels_vnni_5_4, panels_vnni_6_4, panels_vnni_7_2, panels_vnni_8_2};
+    static const PanelFn one_vnni[MAX_ROWS + 1] = {
+        NULL, panels_vnni_1_1, panels_vnni_2_1, panels_vnni_3_1, panels_vnni_4_1,
+        panels_vnni_5_1, panels_vnni_6_1, panels_vnni_7_1, panels_vnni_8_1};
     const int P = (use_vl ? width_vl : width)[J->M];
-    const PanelFn many = (use_vl ? wide_vl : wide)[J->M];
+    const PanelFn many = (use_vnni ? wide_vnni : use_vl ? wide_vl : wide)[J->M];
+    const PanelFn single = (use_vnni ? one_vnni : one)[J->M];
     Py_ssize_t p = p0;
     for (; p + P <= p1; p += P) many(J, p);
-    for (; p < p1; p++) one[J->M](J, p);
+    for (; p < p1; p++) single(J, p);
 }
 #endif
 
@@ -280,7 +316,8 @@ static Kernel pick_kernel(const char **name) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) {
         use_vl = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-        *name = use_vl ? "avx2+avx512vl" : "avx2";
+        use_vnni = use_vl && __builtin_cpu_supports("avx512vnni");
+        *name = use_vnni ? "avx512vnni" : use_vl ? "avx2+avx512vl" : "avx2";
         return rows_avx2;
     }
 #endif
@@ -354,9 +391,21 @@ static PyObject *wide_registers(PyObject *self, PyObject *flag) { /* tests: the 
     if (on < 0) return NULL;
     KERNEL = pick_kernel(&KERNEL_NAME); /* tests only: no call may be in flight */
 #if HAVE_X86
-    if (!on && use_vl) use_vl = 0, KERNEL_NAME = "avx2";
+    if (!on && use_vl) use_vl = use_vnni = 0, KERNEL_NAME = "avx2";
 #else
     (void)on; /* no wide registers to turn off: the portable loop */
+#endif
+    return PyUnicode_FromString(KERNEL_NAME);
+}
+
+static PyObject *vnni(PyObject *self, PyObject *flag) { /* tests: the AVX-512VL kernels */
+    int on = PyObject_IsTrue(flag);
+    if (on < 0) return NULL;
+    KERNEL = pick_kernel(&KERNEL_NAME); /* tests only: no call may be in flight */
+#if HAVE_X86
+    if (!on && use_vnni) use_vnni = 0, KERNEL_NAME = "avx2+avx512vl";
+#else
+    (void)on;
 #endif
     return PyUnicode_FromString(KERNEL_NAME);
 }
@@ -370,10 +419,14 @@ static PyMethodDef methods[] = {
      "gemv(x, p, s, b, y, M, d_in, d_out, threads): y = (x qᵀ)·s + b, q in groups p [d_out/32 "
      "(rounded up), d_in/2 (rounded up), 32, 2]; addresses as ints, b 0 for none (the GIL is "
      "released)"},
-    {"kernel", kernel_name, METH_NOARGS, "the kernel in use: 'avx2' or 'scalar'"},
+    {"kernel", kernel_name, METH_NOARGS,
+     "the kernel in use: 'avx512vnni', 'avx2+avx512vl', 'avx2' or 'scalar'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loop (tests)"},
     {"wide_registers", wide_registers, METH_O,
      "wide_registers(flag): the AVX-512VL kernels where the CPU has them (True), or the AVX2 "
+     "ones (tests); returns the kernel now in use"},
+    {"vnni", vnni, METH_O,
+     "vnni(flag): the AVX512-VNNI kernels where the CPU has them (True), or the AVX-512VL "
      "ones (tests); returns the kernel now in use"},
     {NULL},
 };

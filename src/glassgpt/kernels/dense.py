@@ -5,7 +5,8 @@ W is [d_in, d_out] (a 3-D W such as W_O [H, d_head, d_model] is read as [H·d_he
 The kernel, first that applies:
 
 1. a packed copy of W registered by :func:`pack` or ``glassgpt.kernels.int8.pack_int8``
-   (inference only: no autograd, x in W's dtype, W unchanged since it was packed); for
+   (inference only: no autograd, x in W's dtype, or float32 x for a bf16 W, W unchanged
+   since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
    (``glassgpt.kernels._gemv``), which streams W once for all rows, and for bfloat16 too on
    CPUs without bf16 arithmetic (``glassgpt.kernels.bf16.native``), and on those with it
@@ -28,10 +29,12 @@ import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import _disable_current_modes
 
 from glassgpt.kernels import bf16, custom_ops, onednn, replay
 from glassgpt.kernels.extensions import extension
@@ -59,6 +62,7 @@ class _Packed:
     version: int  # the weight's version counter when packed (0 for inference tensors)
     transposed: bool
     fn: Product
+    mixed: bool = False  # fn also takes float32 x for a bf16 W (y float32)
 
 
 _PACKED: dict[int, _Packed] = {}  # id(W) → its packed copy
@@ -72,7 +76,9 @@ def _packed(x: Tensor, W: Tensor, transposed: bool) -> Product | None:
     entry = _PACKED.get(id(W))
     if entry is None or entry.weight() is not W or entry.transposed != transposed:
         return None
-    if x.dtype != W.dtype or entry.version != _version(W):
+    if entry.version != _version(W):
+        return None
+    if x.dtype != W.dtype and not (entry.mixed and x.dtype == torch.float32):
         return None
     return entry.fn
 
@@ -139,39 +145,66 @@ def _streamed(
     """``fn(x, W, b) = x W + b`` by ``_gemv`` for up to ``SMALL_BATCH`` rows of x, streaming
     W row by row as a row-major [d_in, d_out] matrix: the live W where it is stored so, else
     a copy on 2 MiB pages (the tied unembedding W_Eᵀ); ``fallback`` for larger x. A bfloat16
-    W (and so x, whose dtype a packed product matches) takes ``gemv_rows_bf16_io``: x and b
-    widened to float32, float32 sums, y rounded to bf16, all in the kernel. One row of x
-    (a decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads W from its
+    W takes ``gemv_rows_bf16_io`` for bf16 x (x and b widened to float32, float32 sums, y
+    rounded to bf16, all in the kernel) and ``gemv_rows_bf16`` for float32 x (bf16 weights
+    under float32 activations: y float32, :func:`pack`'s mixed products). One row of x (a
+    decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads W from its
     panel copy (:func:`panels`, float32 or bf16) where one was made (:func:`_panel_copy`;
-    none without ``with_panels``: a caller whose own kernel takes those rows). Without
-    ``rows_form`` only the panels serve (a bf16 W on a CPU with bf16 arithmetic, whose
-    packed products ``fallback`` are faster for more rows)."""
+    none without ``with_panels``: a caller whose own kernel takes those rows); a bf16 W's
+    panel copy is made at its first decoding step's product (x [..., 1, d_in]: one token a
+    row), not at packing nor at a prompt's (a loaded model holds its weights once until it
+    decodes). Without ``rows_form`` only the panels serve (a bf16 W
+    on a CPU with bf16 arithmetic, whose ``fallback`` is faster for more rows)."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
     W_io = None
     if rows_form and not out_in.T.is_contiguous():
         W_io = huge_page_copy(out_in.T)  # [d_in, d_out]
     half = out_in.dtype == torch.bfloat16
-    kernel = _gemv.gemv_rows_bf16_io if half else _gemv.gemv_rows
-    P = _panel_copy(out_in.T) if with_panels else None
+    lazy = [half and with_panels]  # the panel copy is still to be made
+    made = [_panel_copy(out_in.T) if with_panels and not lazy[0] else None]
+
+    def panel_copy(x: Tensor, W: Tensor) -> Tensor | None:
+        # made at a decoding step (one token a row), not at a short prompt's product: a
+        # model that only reads prompts holds its weights once. (From the W of the call:
+        # holding W here would keep it alive, and its registry entry, for good.)
+        # A decoding copy's float32 x (its prompt, then its steps) makes them at once.
+        if lazy[0] and (x.dtype == torch.float32 or (x.ndim >= 2 and x.shape[-2] == 1)):
+            lazy[0] = False
+            with _outside_modes():  # (a recording's first step: not one of its operations)
+                made[0] = _panel_copy(out_in_view(W, transposed=transposed).T)
+        return made[0]
 
     def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         M = x.numel() // d_in
-        if M > SMALL_BATCH or M == 0 or (b is not None and not b.is_contiguous()):
+        if M == 0 or (b is not None and not b.is_contiguous()):
             return fallback(x, W, b)
-        panel_rows = _gemv.panels_rows() if P is not None else 0  # (asked each call: tests)
+        panel_rows = _gemv.panels_rows() if with_panels else 0  # (asked each call: tests)
+        if half and x.dtype == torch.float32 and panel_rows < M <= PANEL_PROMPT_ROWS:
+            P = panel_copy(x, W)  # a decoding copy's prompt: its rows a few at a time
+            if P is not None:
+                return _in_row_blocks(x, P, b, d_out, panel_rows)
+        if M > SMALL_BATCH:
+            return fallback(x, W, b)
         if not rows_form and panel_rows < M:
+            return fallback(x, W, b)
+        P = panel_copy(x, W) if panel_rows >= M else None
+        if P is None and not rows_form:
             return fallback(x, W, b)
         if b is not None and b.dtype != x.dtype:
             b = b.to(x.dtype)
         x2 = x.contiguous()
         y = torch.empty(*x.shape[:-1], d_out, dtype=x.dtype)
         b_ptr, threads = 0 if b is None else b.data_ptr(), torch.get_num_threads()
-        if panel_rows >= M:
-            panel_kernel = _gemv.gemv_panels_bf16_io if half else _gemv.gemv_panels
+        io = half and x.dtype == torch.bfloat16  # else float32 activations
+        if P is not None:
+            panel_kernel = (_gemv.gemv_panels_bf16_io if io else _gemv.gemv_panels_bf16) if half \
+                else _gemv.gemv_panels  # fmt: skip
             call, args = panel_kernel, (x2.data_ptr(), P.data_ptr(), b_ptr, y.data_ptr(),
                                         M, d_in, d_out, threads)  # fmt: skip
         else:
+            kernel = (_gemv.gemv_rows_bf16_io if io else _gemv.gemv_rows_bf16) if half \
+                else _gemv.gemv_rows  # fmt: skip
             rows = W if W_io is None else W_io
             call, args = kernel, (x2.data_ptr(), rows.data_ptr(), b_ptr, y.data_ptr(), M, d_in,
                                   d_out, threads)  # fmt: skip
@@ -181,6 +214,37 @@ def _streamed(
         return y
 
     return fn
+
+
+# Up to this many rows of float32 x, a bf16 W's panels serve a prompt (a few rows at a time,
+# each block one pass over W): for more, one float32 product of widened copies is faster.
+PANEL_PROMPT_ROWS = 256
+
+
+def _in_row_blocks(x: Tensor, P: Tensor, b: Tensor | None, d_out: int, block: int) -> Tensor:
+    """x W + b for float32 x [..., d_in] and bf16 panels P, ``block`` rows of x a call to
+    ``gemv_panels_bf16`` (y float32; recorded, a server's many rows, while recording)."""
+    d_in = x.shape[-1]
+    x2 = x.contiguous().view(-1, d_in)
+    M = x2.shape[0]
+    if b is not None and b.dtype != torch.float32:
+        b = b.float()
+    y = torch.empty(*x.shape[:-1], d_out, dtype=torch.float32)
+    y2 = y.view(M, d_out)
+    b_ptr, threads = 0 if b is None else b.data_ptr(), torch.get_num_threads()
+    for m0 in range(0, M, block):
+        rows = min(block, M - m0)
+        args = (x2[m0].data_ptr(), P.data_ptr(), b_ptr, y2[m0].data_ptr(), rows, d_in, d_out,
+                threads)  # fmt: skip
+        _gemv.gemv_panels_bf16(*args)
+        if replay.RECORDING:
+            replay.add(_gemv.gemv_panels_bf16, args)
+    return y
+
+
+def _outside_modes() -> Any:
+    """A context in which PyTorch operations bypass any dispatch mode (a recording's)."""
+    return _disable_current_modes()
 
 
 def panels(W: Tensor, out: Tensor | None = None) -> Tensor:
@@ -263,16 +327,22 @@ def _row_major(out_in: Tensor, transposed: bool) -> Product:
 def pack(W: Tensor, *, transposed: bool = False) -> bool:
     """Register a packed copy of a CPU weight for inference products; returns whether one was made.
 
-    - bfloat16 on a CPU with bf16 arithmetic (``glassgpt.kernels.bf16.native``): oneDNN's
-      pre-packed layout (plain bf16 GEMV re-packs the weight every call), and for the rows
-      of a decoding step (1, or up to 8 with AVX-512F) a bf16 panel copy that ``_gemv``
-      streams, widening each weight exactly to float32 (faster than oneDNN's packed GEMV);
+    - bfloat16 on a CPU with bf16 arithmetic (``glassgpt.kernels.bf16.native``): for the
+      rows of a decoding step (1, or up to 8 with AVX-512F) a bf16 panel copy that ``_gemv``
+      streams, widening each weight exactly to float32 (faster than oneDNN's packed GEMV),
+      made at its first decoding step (a model loaded for a prompt, or not yet decoding,
+      holds its weights once); more rows take PyTorch's bf16 product of W itself (oneDNN,
+      which re-packs W per call: a prompt's cost, not a step's). No oneDNN packed copy is
+      kept: it doubled a loaded model's memory and took most of its load time;
     - bfloat16 elsewhere (bf16 products there run many times slower than float32 ones): as for
       float32 below, ``_gemv`` streams the bf16 W (read live or copied) for up to
       ``SMALL_BATCH`` rows of x, widening each weight (and x and b) exactly to float32 as it
-      reads it and rounding y to bf16; more rows (a long prompt) take a
-      float32 ``F.linear`` of float32 copies of x, W and b made per call (:func:`_upcast`).
-      Either way: products and sums in float32, the result rounded to bf16;
+      reads it and rounding y to bf16 (the panels, made at its first decoding step, for
+      its rows); more rows (a long prompt) take a float32 ``F.linear`` of float32 copies of
+      x, W and b made per call (:func:`_upcast`).
+      Either way: products and sums in float32, the result rounded to bf16. Either way too,
+      the products also take float32 x (y float32, not rounded): bf16 weights under float32
+      activations, as ``glassgpt.model.precision.decoding_copy`` decodes a bf16 model;
     - float32: W read as a row-major [d_in, d_out] matrix, the layout in which x W streams
       fastest: W itself, or a contiguous copy where W is stored the other way round (the
       tied W_E); glassgpt's own kernel (``_gemv``) streams it for up to ``SMALL_BATCH`` rows
@@ -289,10 +359,11 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     with torch.inference_mode(False), torch.no_grad():
         out_in = out_in_view(W, transposed=transposed)  # [d_out, d_in]
         float32 = W.dtype == torch.float32
-        if not float32 and bf16.native():
-            fn: Product | None = _onednn_packed(out_in)
-            if fn is not None and _gemv is not None:  # decoding's rows: the bf16 panels
-                fn = _streamed(out_in, transposed, fn, rows_form=False)
+        if not float32 and bf16.native() and _gemv is not None:
+            # oneDNN's bf16 products for many rows read W itself (no packed copy: a loaded
+            # model holds its weights once), the panels decoding's rows
+            fn: Product | None = _streamed(out_in, transposed, _bf16_many(transposed),
+                                           rows_form=False)  # fmt: skip
         elif _gemv is not None and W.is_contiguous():
             if out_in.T.is_contiguous() and not W.is_inference():  # streamed live: move it
                 W.data = huge_page_copy(W.data)
@@ -305,17 +376,49 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
             fn = _row_major(out_in, transposed) if float32 else _upcast(transposed)
         if fn is None:
             return False
-    register(W, fn, transposed=transposed)
+    register(W, fn, transposed=transposed, mixed=not float32)
     return True
 
 
-def register(W: Tensor, fn: Product, *, transposed: bool = False) -> None:
+def _bf16_many(transposed: bool) -> Product:
+    """``fn(x, W, b) = x W + b`` for a bf16 W on a CPU with bf16 arithmetic, more rows than
+    the panels take: bf16 x by PyTorch's bf16 product (oneDNN), float32 x by
+    :func:`_upcast` (bf16 weights under float32 activations)."""
+    upcast = _upcast(transposed)
+
+    def fn(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        if x.dtype == torch.float32:
+            return upcast(x, W, b)
+        return F.linear(x, out_in_view(W, transposed=transposed), b)
+
+    return fn
+
+
+def alias(W: Tensor, source: Tensor, *, transposed: bool = False) -> bool:
+    """Make W's inference products those registered for ``source`` (W's values rounded as
+    ``source`` holds them; float32 x of a bf16 ``source`` allowed): a float32 W_E whose
+    unembedding reads its bf16 twin's panels (``glassgpt.model.precision.decoding_copy``).
+    Returns whether ``source`` has such products."""
+    entry = _PACKED.get(id(source))
+    if entry is None or entry.weight() is not source or entry.transposed != transposed:
+        return False
+    fn = entry.fn
+
+    def aliased(x: Tensor, _W: Tensor, b: Tensor | None) -> Tensor:
+        return fn(x, source, b)
+
+    aliased.source = source  # type: ignore[attr-defined]  (kept alive with W's entry)
+    register(W, aliased, transposed=transposed)
+    return True
+
+
+def register(W: Tensor, fn: Product, *, transposed: bool = False, mixed: bool = False) -> None:
     """Make ``fn(x, W, b)`` compute W's inference products from now on (until W changes in
     place or :func:`unpack`); the registry holds W weakly. ``pack`` and
     ``glassgpt.kernels.int8.pack_int8`` register through it."""
     key = id(W)
     ref = weakref.ref(W, lambda _, key=key: _PACKED.pop(key, None))
-    _PACKED[key] = _Packed(ref, _version(W), transposed, fn)
+    _PACKED[key] = _Packed(ref, _version(W), transposed, fn, mixed)
 
 
 def has_small_batch_kernel() -> bool:

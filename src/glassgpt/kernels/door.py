@@ -27,7 +27,7 @@ from glassgpt.kernels.activations import gelu_exact, gelu_tanh, silu
 from glassgpt.kernels.attention_door import attention, step_attention
 from glassgpt.kernels.bf16 import cache_dtype
 from glassgpt.kernels.checks import id_out_of_range
-from glassgpt.kernels.dense import has_small_batch_kernel, is_packed, matmul, pack, unpack
+from glassgpt.kernels.dense import alias, has_small_batch_kernel, is_packed, matmul, pack, unpack
 from glassgpt.kernels.extensions import EXTENSIONS, built, extension, hidden
 from glassgpt.kernels.int8 import pack_int8
 from glassgpt.kernels.norms import layer_norm, rms_norm
@@ -37,6 +37,7 @@ from glassgpt.kernels.policy import (
     attention_path,
     compiled_causal,
     compiled_gelu,
+    cpu_paths,
     keeps_probabilities,
     kept_p_width,
     native_bf16,
@@ -80,6 +81,7 @@ __all__ = [
     "activation_copy_kept",
     "activation_kept",
     "advance",
+    "alias",
     "argmax_at",
     "argmax_rows",
     "attention",
@@ -89,6 +91,7 @@ __all__ = [
     "cache_dtype",
     "compiled_causal",
     "compiled_gelu",
+    "cpu_paths",
     "embed_call",
     "extension",
     "gelu_exact",

@@ -37,7 +37,7 @@ import functools
 from pathlib import Path
 from typing import Any, Literal
 
-from glassgpt.kernels.extensions import built
+from glassgpt.kernels.extensions import built, extension
 
 SMALL_HEAD = 64  # below this d_head, CPU bf16 attention avoids PyTorch's bf16 fused kernel ...
 EXPLICIT_MAX_KEYS = 128  # ... and up to this many keys runs the explicit product
@@ -146,20 +146,58 @@ def compiled_causal() -> bool:
 
 
 @functools.cache
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively: AVX-512 BF16 or AMX (x86), or the bf16
-    instructions (Arm), by the flags Linux lists in /proc/cpuinfo. Where there is no such
-    file, True: PyTorch's own bf16 kernels are kept."""
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags as Linux lists them in /proc/cpuinfo (x86 ``flags``, Arm
+    ``Features``); None where there is no such file."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
-        return True
+        return None
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
-            flags = set(value.split())
-            return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-    return True
+            return frozenset(value.split())
+    return None
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively: AVX-512 BF16 or AMX (x86), or the bf16
+    instructions (Arm), by :func:`cpu_flags`. Where they are unknown, True: PyTorch's own
+    bf16 kernels are kept."""
+    flags = cpu_flags()
+    return True if flags is None else bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_paths() -> dict[str, str]:
+    """The path each precision's decoding products take on this CPU, in words (what
+    ``bench/generate.py`` prints beside its figures):
+
+    - float32: ``_gemv``'s AVX-512F panels (up to 8 rows at a time), its AVX2 + FMA ones,
+      or the portable loops;
+    - bf16: the same float32 kernels reading bf16 weights (each widened exactly by a shift:
+      decoding is bound by reading the weights, and float32 products keep the activations
+      float32), and for prompts PyTorch's bf16 products (oneDNN: AVX512_BF16 or AMX) where
+      the CPU has bf16 arithmetic, float32 products of widened copies elsewhere;
+    - int8: ``_int8``'s AVX512-VNNI kernels (16-bit pairs by ``vpdpwssd``), its AVX-512VL or
+      AVX2 ones (``vpmaddwd``), or the portable loop. AMX tiles are not used (no AMX CPU to
+      test them on).
+    """
+    gemv, int8 = extension("_gemv"), extension("_int8")
+    if gemv is None:
+        f32 = "PyTorch (no _gemv)"
+    elif gemv.kernel() == "portable":
+        f32 = "portable loops"
+    else:
+        f32 = "AVX-512F panels" if gemv.panels_rows() > 1 else "AVX2+FMA panels"
+    prompts = "oneDNN bf16 prompts" if native_bf16() else "float32 prompts"
+    flags = cpu_flags() or frozenset()
+    amx = "present, unused" if "amx_tile" in flags else "absent"
+    return {
+        "float32": f32,
+        "bf16": f"bf16 weights in the {f32}, {prompts}",
+        "int8": "PyTorch float32 (no _int8)" if int8 is None else int8.kernel(),
+        "AMX": amx,
+    }
 
 
 def compiled_gelu() -> bool:

@@ -8,6 +8,9 @@
            norms, embeddings (W_E, W_P) and biases stay float32. A CPU product reads q:
            y = (x q)·s + b (``glassgpt.kernels.int8``).
 
+On a CPU a bf16 model decodes with float32 activations over its bf16 weights
+(:func:`decoding_copy`), which its replayed steps need; small models in float32.
+
 At batch 1 a decoding step reads every weight once and does two flops per weight read, so its
 time is bounded by memory bandwidth: bf16 halves the bytes read per token, int8 quarters
 them. The price is rounding, measured as the perplexity change on held-out text
@@ -104,11 +107,11 @@ def attach_kernels(model: GPT) -> int:
     """Register packed copies of an inference model's projections (CPU) with the kernel seam
     (``glassgpt.kernels.pack``); returns how many.
 
-    - bfloat16: every projection (W_QKV, W_O, W_in, W_gate, W_out, the unembedding) gets
-      oneDNN's pre-packed copy where the CPU has bf16 arithmetic (plain bf16 GEMV re-packs the
-      weight on every call); elsewhere glassgpt's small-batch kernel streams the bf16 weight
-      with float32 sums (a long prompt: a float32 product of float32 copies), as the bf16
-      GEMM there is many times slower than float32 (``glassgpt.kernels.dense.pack``).
+    - bfloat16: every projection (W_QKV, W_O, W_in, W_gate, W_out, the unembedding) gets a
+      bf16 panel copy that glassgpt's small-batch kernel streams for a decoding step's rows,
+      made at its first decoding step (loading holds the weights once); prompts take
+      PyTorch's bf16 products where the CPU has bf16 arithmetic, else float32 products
+      (``glassgpt.kernels.dense.pack``). Decoding runs on :func:`decoding_copy`.
     - float32: every projection takes glassgpt's own small-batch kernel when it is built
       (decoding streams each weight once, in its stored layout); without it, only the
       unembedding is packed: a contiguous copy of W_U (= W_Eᵀ when tied), the layout in
@@ -128,6 +131,53 @@ def attach_kernels(model: GPT) -> int:
     if p.dtype == torch.float32 and not kernels.has_small_batch_kernel():
         return 1
     return 1 + sum(kernels.pack(W) for W in _projections(model))
+
+
+# Below this many projection weights a bf16 model decodes in float32 on a CPU: its weights
+# stream from the core's own caches, where halving the bytes gains nothing and widening each
+# bf16 weight costs (bench/generate.py --dtypes, 2 threads of a Zen 4 EPYC under load: 0.8M
+# weights decoded 1.5x slower in bf16 than in float32, 3.1M 1.4x faster, the README's
+# default model (10.6M) 1.9x faster, GPT-2 small 2.1x).
+BF16_MIN_WEIGHTS = 2_000_000
+
+
+def decoding_copy(model: GPT) -> tuple[GPT, str] | None:
+    """For a bf16 model on a CPU, a copy that decodes the same weights with float32
+    activations, and in a few words what it computes; None for other models.
+
+        x_{l+1} = Block_l(x_l) in float32,  every product x W̃ + b with W̃ = round_bf16(W)
+
+    The projections (W_QKV, W_O, W_in, W_gate, W_out, an untied W_U) are the model's own bf16
+    tensors, shared, not copied; their products take float32 x (``glassgpt.kernels.pack``'s
+    bf16 panels); the rest (embeddings, norms, biases) are float32 copies of the bf16
+    values, and the tied unembedding reads the bf16 W_E's panels. Every operation of its
+    one-token step is then one that a replayed step records (``glassgpt.sample.replay``).
+    A model with fewer than :data:`BF16_MIN_WEIGHTS` projection weights gets a float32 copy
+    instead (``cast(model, "float32")``), faster there.
+    """
+    W_E = model.embed.W_E
+    if W_E.device.type != "cpu" or W_E.dtype != torch.bfloat16:
+        return None
+    tied = model.unembed.W_U is None
+    shared = _projections(model) + ([] if tied else [model.unembed.W_U])
+    n = sum(W.numel() for W in shared)
+    if n < BF16_MIN_WEIGHTS:
+        return cast(model, "float32"), f"float32 (a model of {n / 1e6:.1f}M projection weights " \
+            "decodes faster in float32 than in bf16 on a CPU)"  # fmt: skip
+    for W in shared:
+        if not kernels.is_packed(W):
+            kernels.pack(W)
+    if tied and not kernels.is_packed(W_E, transposed=True):
+        kernels.pack(W_E, transposed=True)
+    twin = copy.deepcopy(model, {id(W): W for W in shared}).eval()
+    ids = {id(W) for W in shared}
+    with torch.no_grad():
+        for t in (*twin.parameters(), *twin.buffers()):
+            if id(t) not in ids and t.is_floating_point() and t.dtype != torch.float32:
+                t.data = t.data.float()
+    if tied:
+        kernels.alias(twin.embed.W_E, W_E, transposed=True)
+    return twin, "bf16 weights with float32 activations"
 
 
 def _blocks(model: GPT) -> list[Block]:

@@ -16,14 +16,17 @@ choice (say, by the explorer) run the steps they see eagerly, without changing i
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from glassgpt import kernels
 from glassgpt.console import say
 from glassgpt.model.gpt import GPT
+from glassgpt.model.precision import decoding_copy
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.graphs import GraphedStep, StaticKVCache
 from glassgpt.sample.replay import ReplayedStep, uncovered, unreplayable_model
@@ -115,6 +118,8 @@ class Decoder:
     """
 
     def __init__(self, model: GPT, cache: Any, choice: Choice) -> None:
+        """(``model``: the model whose steps are taken, and whose forward the caller runs on
+        ``cache`` for a prompt: for a bf16 CPU model, :func:`_bf16_replayed`'s copy.)"""
         self.model, self.cache, self.choice = model, cache, choice
         self._step: GraphedStep | ReplayedStep | None = None
         self._to_record = choice.kind != "eager"
@@ -134,6 +139,8 @@ class Decoder:
         row's left padding), with a new cache of ``capacity`` positions of the kind the
         engine reads (only the last position's logits computed)."""
         choice = choose(model, padded=any(pad or ()), cuda_graph=cuda_graph, replay=replay)
+        if choice.kind == "eager" and replay and not any(pad or ()):
+            model, choice = _bf16_replayed(model, choice)
         kind = StaticKVCache if choice.kind == "graphed" else KVCache
         cache = kind.for_model(model, batch_size, capacity, pad=pad, last_only=True)
         return cls(model, cache, choice)
@@ -189,6 +196,38 @@ class Decoder:
         if isinstance(tokens, Tensor):
             return tokens
         return torch.tensor(tokens, device=next(self.model.parameters()).device)[:, None]
+
+
+# bf16 CPU models and their decoding copies (made at the first decoding, kept while the
+# model's parameters are unchanged)
+_COPIES: weakref.WeakKeyDictionary[GPT, tuple[tuple[int, ...], GPT, str]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _bf16_replayed(model: GPT, choice: Choice) -> tuple[GPT, Choice]:
+    """A bf16 CPU model's decoding copy (``glassgpt.model.precision.decoding_copy``: bf16
+    weights under float32 activations, or float32 for a small model, which says so once) and
+    its replayed engine; the model and ``choice`` themselves where there is none."""
+    if model._hook_fns or next(model.parameters()).device.type != "cpu":
+        return model, choice
+    if not kernels.OPS["record_step"].built():  # (no copy that could not be replayed)
+        return model, choice
+    versions = tuple(0 if p.is_inference() else p._version for p in model.parameters())
+    made = _COPIES.get(model)
+    if made is None or made[0] != versions:
+        found = decoding_copy(model)
+        if found is None:
+            return model, choice
+        made = _COPIES[model] = (versions, *found)
+    _, twin, what = made
+    replayed = choose(twin)
+    if replayed.kind != "replayed":
+        return model, choice
+    if what.startswith("float32") and what not in _SAID:
+        _SAID.add(what)
+        say(f"bf16: decoding computes in {what}")
+    return twin, Choice("replayed", f"a CPU: each step the first one's compiled calls ({what})")
 
 
 def _eager(model: GPT, tokens: Tensor, cache: Any) -> Tensor:

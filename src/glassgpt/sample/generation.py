@@ -323,7 +323,7 @@ def _steps(
                             cuda_graph=cfg.cuda_graph, replay=cfg.replay)  # fmt: skip
     on_decoder(decoder)
     cache = decoder.cache
-    logits = _forward(model, tokens, cache)
+    logits = _forward(decoder.model, tokens, cache)  # (a bf16 model's decoding copy)
     # the raw argmax is the pick: a replayed step's own pick can serve
     plain_greedy = sampling.greedy and not sampling.penalised and not sampling.logit_bias
     for step in range(cfg.max_new_tokens):
@@ -344,7 +344,7 @@ def _steps(
         if cache.length >= cache.capacity:
             tokens, pads = left_pad(slide(f"{len(hist[0])} tokens"), device)
             cache.reset(pads)
-            logits = _forward(model, tokens, cache)
+            logits = _forward(decoder.model, tokens, cache)  # (a bf16 model's decoding copy)
         else:  # a list to a replayed step: no PyTorch operation between steps
             logits = decoder.step(ids if decoder.takes_ids else _column(ids, nxt, device))
 

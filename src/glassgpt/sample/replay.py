@@ -21,7 +21,8 @@ the recorded rotations read (the sliding layers' own base has its own table).
 It records only what it can replay: a plain :class:`~glassgpt.sample.cache.KVCache` without
 padding or a server's slots (``glassgpt.serve.slots.SlotCache``, whose rows each have their
 own length n_b: its compiled calls read the lengths when they run), no hooks, float32
-activations, the decoder-only families' fields in :data:`COVERED` (grouped-query attention
+activations (a bf16 model decodes on its copy with float32 activations over its bf16
+weights, ``glassgpt.model.precision.decoding_copy``, chosen by ``glassgpt.sample.engine``), the decoder-only families' fields in :data:`COVERED` (grouped-query attention
 read in place, QK-norm, partial and scaled RoPE, the parallel residual, q/k/v biases,
 sliding windows, and Gemma's embedding scale, 1 + w gains, sandwich norms, soft caps and
 attention scale), and every operation of the blocks a compiled kernel, a view, an

@@ -32,15 +32,17 @@ class Metric:
     runs at once (``metric.batched(logits [N, B, T, n_vocab]) → [N]``).
 
     ``pos`` and ``at``, for a metric that reads the logits at one position only: that position
-    (negative: from the end) and ``at(z [N, B, n_vocab]) → [N]``, the metric from those logits.
+    (negative: from the end) and ``at(z [N, B, n_vocab]) → [N]``, the metric from those logits;
+    ``ids``: the vocabulary ids that ``at`` reads (None: any; the others may be anything).
     """
 
     def __init__(
         self, batched: Callable[[Tensor], Tensor], name: str, *, pos: int | None = None,
-        at: Callable[[Tensor], Tensor] | None = None,
+        at: Callable[[Tensor], Tensor] | None = None, ids: Tensor | None = None,
     ) -> None:  # fmt: skip
         self._batched, self.name = batched, name
         self.pos, self.at = (pos, at) if at is not None else (None, None)
+        self.ids = ids if at is not None else None
 
     def batched(self, logits: Tensor) -> Tensor:
         """[N, B, T, n_vocab] → [N]: the metric of each of N runs."""
@@ -68,8 +70,11 @@ def score_runs(metric: MetricFn, logits: Tensor) -> Tensor:
     return torch.stack([torch.as_tensor(metric(run)).reshape(()) for run in logits])
 
 
-def at_position(at: Callable[[Tensor], Tensor], pos: int, name: str) -> Metric:
-    """The metric of the logits at ``pos`` alone, ``at(z [N, B, n_vocab]) → [N]``.
+def at_position(
+    at: Callable[[Tensor], Tensor], pos: int, name: str, ids: Tensor | None = None
+) -> Metric:
+    """The metric of the logits at ``pos`` alone, ``at(z [N, B, n_vocab]) → [N]`` (reading the
+    vocabulary ``ids`` alone, where given).
 
     >>> m = at_position(lambda z: z[:, 0, 1], -1, "z[-1, 1]")
     >>> m(torch.arange(6.0).view(1, 2, 3)).item(), m.pos
@@ -82,7 +87,7 @@ def at_position(at: Callable[[Tensor], Tensor], pos: int, name: str) -> Metric:
             raise GlassError(f"{name}: position {pos} is out of range for {T} tokens")
         return at(logits[:, :, pos])
 
-    return Metric(batched, name, pos=pos, at=at)
+    return Metric(batched, name, pos=pos, at=at, ids=ids)
 
 
 def _widened(logits: Tensor) -> Tensor:
@@ -133,7 +138,8 @@ def logit_diff(
         z = _widened(z[:, :, None])
         return (_at(z, a, 0, "answer") - _at(z, b, 0, "wrong answer")).mean(-1)
 
-    return at_position(at, pos, name or f"logit_diff({a.tolist()}, {b.tolist()})")
+    ids = torch.cat([a, b]).unique()
+    return at_position(at, pos, name or f"logit_diff({a.tolist()}, {b.tolist()})", ids)
 
 
 def logprob(
@@ -208,7 +214,7 @@ def normalised(metric: MetricFn, clean_logits: Tensor, corrupted_logits: Tensor)
         def at(z: Tensor) -> Tensor:
             return (inner(z) - low.to(z.device)) / span.to(z.device)
 
-        return Metric(batched, name, pos=pos, at=at)
+        return Metric(batched, name, pos=pos, at=at, ids=metric.ids)
     return Metric(batched, name)
 
 

@@ -115,15 +115,29 @@ def run_rows(
     assert x is not None
     if model.ln_final is not None:
         x = model.ln_final(x)
-    part = softcap(model.unembed(x, model.embed.W_E), model.config.final_softcap)  # [n·B, ·, V]
     n = len(rows)
     if read is not None:
-        at = cast(Metric, metric).at
-        assert at is not None
-        return at(part[:, -1].view(n, B, -1))  # the logits at `read` [n, B, n_vocab]
+        return _score_at(model, x[:, -1], cast(Metric, metric), n, B)
+    part = softcap(model.unembed(x, model.embed.W_E), model.config.final_softcap)  # [n·B, t, V]
     before = run.logits[None, :, :start].expand(n, -1, -1, -1)  # [n, B, start, n_vocab]
     logits = torch.cat([before, part.view(n, B, T - start, -1)], 2)  # [n, B, T, n_vocab]
     return score_runs(metric, logits)
+
+
+def _score_at(model: GPT, x: Tensor, metric: Metric, n: int, B: int) -> Tensor:
+    """The metric from the final residual at its position, x [n·B, d_model] → [n]: the logits
+    of the ids it reads alone (the others left 0), or all of them."""
+    assert metric.at is not None
+    ids, cap = metric.ids, model.config.final_softcap
+    if ids is None:
+        z = softcap(model.unembed(x, model.embed.W_E), cap)  # [n·B, n_vocab]
+    else:
+        ids = ids.to(x.device)
+        b_U = model.unembed.b_U
+        part = x @ model.W_U[:, ids] + (0 if b_U is None else b_U[ids])  # [n·B, ids]
+        z = x.new_zeros(x.shape[0], model.config.n_vocab)
+        z[:, ids] = softcap(part, cap)
+    return metric.at(z.view(n, B, -1))
 
 
 def _rows(t: Tensor, n: int) -> Tensor:

@@ -70,13 +70,13 @@ def score_runs(metric: MetricFn, logits: Tensor) -> Tensor:
     return torch.stack([torch.as_tensor(metric(run)).reshape(()) for run in logits])
 
 
-def at_position(
+def _at_position(
     at: Callable[[Tensor], Tensor], pos: int, name: str, ids: Tensor | None = None
 ) -> Metric:
     """The metric of the logits at ``pos`` alone, ``at(z [N, B, n_vocab]) → [N]`` (reading the
     vocabulary ``ids`` alone, where given).
 
-    >>> m = at_position(lambda z: z[:, 0, 1], -1, "z[-1, 1]")
+    >>> m = _at_position(lambda z: z[:, 0, 1], -1, "z[-1, 1]")
     >>> m(torch.arange(6.0).view(1, 2, 3)).item(), m.pos
     (4.0, -1)
     """
@@ -139,7 +139,7 @@ def logit_diff(
         return (_at(z, a, 0, "answer") - _at(z, b, 0, "wrong answer")).mean(-1)
 
     ids = torch.cat([a, b]).unique()
-    return at_position(at, pos, name or f"logit_diff({a.tolist()}, {b.tolist()})", ids)
+    return _at_position(at, pos, name or f"logit_diff({a.tolist()}, {b.tolist()})", ids)
 
 
 def logprob(
@@ -157,7 +157,7 @@ def logprob(
     def at(z: Tensor) -> Tensor:  # [N, B, n_vocab], the logits at pos
         return _at(_widened(z[:, :, None]).log_softmax(-1), a, 0, "answer").mean(-1)
 
-    return at_position(at, pos, name or f"logprob({a.tolist()})")
+    return _at_position(at, pos, name or f"logprob({a.tolist()})")
 
 
 def loss(tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Metric:

@@ -18,8 +18,11 @@ patched run starts from the corrupted residual stream at layer l, computes posit
 p … T − 1 only, reads the corrupted run's keys and values at positions < p (a KV prefix,
 RoPE at its offset), and takes the corrupted logits at positions < p. Cells sharing p run
 as one batch, whose rows join at their own layer; batches are split to fit memory. A cell
-whose clean and corrupted values are equal is the corrupted run itself. The values equal
-an explicit loop of ``run_with_hooks(model, corrupted, {name: patch_hook(...)})``.
+whose clean and corrupted values are equal is the corrupted run itself. A metric that reads
+one position r (``metric.pos``; ``logit_diff``, ``logprob``) stops the runs at r, runs the
+last block at r alone and gets the logits at r alone (of its ids alone, ``metric.ids``):
+see ``glassgpt.inspect.patch_rows``. The values equal an explicit loop of
+``run_with_hooks(model, corrupted, {name: patch_hook(...)})``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from glassgpt.errors import GlassError
 from glassgpt.inspect import patching
 from glassgpt.inspect.cache import patch_hook, run_with_cache, run_with_hooks
 from glassgpt.inspect.metrics import logit_diff, logprob, loss, normalised
@@ -160,3 +161,14 @@ def test_every_stacks_equal_their_sweeps_with_a_one_position_metric(tiny):
         if site in ("k", "v"):  # one key/value group read by every query head
             one = one.expand(-1, config.n_heads)
         assert torch.equal(every[i], one)
+
+
+def test_an_id_out_of_range_is_named_by_the_metric(tiny):
+    config = tiny.config()
+    model = tiny.model(config)
+    clean = tiny.tokens(config, 1, 4)
+    corrupted = clean.clone()
+    corrupted[0, 1] = (clean[0, 1] + 1) % config.n_vocab
+    _, cache = run_with_cache(model, clean)
+    with pytest.raises(GlassError, match=f"token id 99 is out of range \\[0, {config.n_vocab}\\)"):
+        patching.get_act_patch_resid_pre(model, corrupted, cache, logit_diff(99, 1))

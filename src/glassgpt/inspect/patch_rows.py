@@ -128,14 +128,16 @@ def _score_at(model: GPT, x: Tensor, metric: Metric, n: int, B: int) -> Tensor:
     """The metric from the final residual at its position, x [n·B, d_model] → [n]: the logits
     of the ids it reads alone (the others left 0), or all of them."""
     assert metric.at is not None
-    ids, cap = metric.ids, model.config.final_softcap
+    ids, cap, V = metric.ids, model.config.final_softcap, model.config.n_vocab
+    if ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= V):
+        ids = None  # (the metric names the bad id itself)
     if ids is None:
         z = softcap(model.unembed(x, model.embed.W_E), cap)  # [n·B, n_vocab]
     else:
         ids = ids.to(x.device)
         b_U = model.unembed.b_U
         part = x @ model.W_U[:, ids] + (0 if b_U is None else b_U[ids])  # [n·B, ids]
-        z = x.new_zeros(x.shape[0], model.config.n_vocab)
+        z = x.new_zeros(x.shape[0], V)
         z[:, ids] = softcap(part, cap)
     return metric.at(z.view(n, B, -1))
 

@@ -1,14 +1,17 @@
 """Activation and attribution patching sweeps beside TransformerLens 4.3, same weights, same run.
 
-GPT-2 small's shape with random weights (float32), built once as glassgpt's GPT and as a
-TransformerLens ``TransformerBridge`` around transformers' GPT2LMHeadModel holding the same
-weights (``enable_compatibility_mode(no_processing=True)``: no weight folding, so both compute
-the same logits). One prompt pair of ``--seq`` tokens (default 20) that differ at the
+GPT-2 small's shape with random weights (float32), at each depth of ``--layers`` (default 12;
+``--layers 2,4,12``: GPT-2 small's width with 2, 4 and 12 blocks, one table each), built once
+as glassgpt's GPT and as a TransformerLens ``TransformerBridge`` around transformers'
+GPT2LMHeadModel holding the same weights (``enable_compatibility_mode(no_processing=True)``:
+no weight folding, so both compute the same logits). One prompt pair of ``--seq`` tokens (default 20) that differ at the
 ``--differ`` positions (default 6 and 13, as a name swap does in IOI prompts); the metric is
 the logit difference of two tokens at the last position. Rows:
 
 - ``resid_pre``: ``get_act_patch_resid_pre`` (n_layers × positions patched runs);
 - ``head_out_all_pos``: ``get_act_patch_attn_head_out_all_pos`` (n_layers × n_heads runs);
+- ``head_v_all_pos``, ``head_pattern_all_pos`` (not run unless named in ``--rows``): the
+  values' and the pattern's sweeps by layer × head;
 - ``attribution z``: attribution patching of every head and position (``attn.z``):
   ``glassgpt.inspect.attribution.attribution_patch`` beside TransformerLens's usual recipe
   (a clean cache; one corrupted forward and backward with hooks caching activations and
@@ -19,9 +22,11 @@ TransformerLens / glassgpt (>1: glassgpt faster), forward-pass equivalents (seco
 plain forward of the same prompt by the same library; ``fwd-eq/cells`` for glassgpt, a
 loop of single runs is 1.0), the extra peak memory of the call (Linux: the peak resident
 set after resetting it, minus the resident set before; CUDA: torch's peak allocation) and
-the largest difference between the two results. Run from the repository root:
+the largest difference between the two results. The CPU, the threads and the load average
+(before and after) are printed. Run from the repository root:
 
     PYTHONPATH=src python bench/patching.py                  # a few minutes on 2 cores
+    PYTHONPATH=src python bench/patching.py --layers 2,4,12  # the table of docs/performance.md
     PYTHONPATH=src python bench/patching.py --repeats 1 --rows resid_pre --clock cpu
 """
 
@@ -46,17 +51,18 @@ from glassgpt.inspect.metrics import logit_diff
 from glassgpt.interop.hf_gpt2 import config_to_hf, state_dict_to_hf
 from glassgpt.model import GPT, GPTConfig
 
-ROWS = ("resid_pre", "head_out_all_pos", "attribution z")
+ROWS = ("resid_pre", "head_out_all_pos", "head_v_all_pos", "head_pattern_all_pos", "attribution z")
+DEFAULT_ROWS = ("resid_pre", "head_out_all_pos", "attribution z")
 
 
-def build_pair(n_ctx: int, device: str) -> tuple[GPT, Any]:
-    """glassgpt's GPT (GPT-2 small's shape, random weights) and a TransformerBridge around
-    GPT2LMHeadModel holding the same weights."""
+def build_pair(n_ctx: int, device: str, n_layers: int = 12) -> tuple[GPT, Any]:
+    """glassgpt's GPT (GPT-2 small's shape, ``n_layers`` blocks, random weights) and a
+    TransformerBridge around GPT2LMHeadModel holding the same weights."""
     import transformers
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
     torch.manual_seed(0)
-    ours = GPT(GPTConfig.preset("gpt2", n_ctx=n_ctx)).eval()
+    ours = GPT(GPTConfig.preset("gpt2", n_ctx=n_ctx, n_layers=n_layers)).eval()
     hf_config = transformers.GPT2Config(**config_to_hf(ours.config))
     hf = transformers.GPT2LMHeadModel(hf_config)
     result = hf.load_state_dict(state_dict_to_hf(ours), strict=False)
@@ -121,12 +127,28 @@ def tl_attribution_z(bridge: Any, clean: Tensor, corrupted: Tensor, metric: Call
     return torch.stack([(grads[n] * (clean_cache[n] - acts[n])).sum(-1)[0] for n in names])
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the platform's."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seq", type=int, default=20, help="tokens per prompt")
     p.add_argument("--differ", type=int, nargs="+", default=[6, 13],
                    help="positions where the corrupted prompt differs from the clean one")  # fmt: skip
-    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    p.add_argument("--rows", nargs="+", default=list(DEFAULT_ROWS), choices=ROWS)
+    p.add_argument("--layers", default="12",
+                   help="depths, comma-separated (GPT-2 small's width with that many blocks)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, help="warm calls per cell (median)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
@@ -140,11 +162,25 @@ def main() -> None:
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     load = os.getloadavg()
     print(
-        f"torch {torch.__version__}, {args.threads} threads, device {args.device}; load "
-        f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores; "
-        f"{args.clock} clock, medians of {args.repeats}"
+        f"{cpu_name()}; torch {torch.__version__}, {args.threads} threads, device "
+        f"{args.device}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
+        f"{os.cpu_count()} cores; {args.clock} clock, medians of {args.repeats}"
     )
-    ours, bridge = build_pair(max(64, args.seq), args.device)
+    summary: list[str] = []
+    for depth in [int(n) for n in args.layers.split(",")]:
+        summary += run_depth(args, tlp, clock, depth)
+    print("\nsummary (ratio = TL / glassgpt, warm medians; fwd-eq/cell: glassgpt's)")
+    for line in summary:
+        print(line)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+def run_depth(
+    args: argparse.Namespace, tlp: Any, clock: Callable[[], float], depth: int
+) -> list[str]:
+    """One depth's table; returns its summary lines."""
+    print(f"\n== {depth} layers (load average {os.getloadavg()[0]:.2f}) ==")
+    ours, bridge = build_pair(max(64, args.seq), args.device, depth)
     L, H = ours.config.n_layers, ours.config.n_heads
     gen = torch.Generator().manual_seed(1)
     clean = torch.randint(0, ours.config.n_vocab, (1, args.seq), generator=gen)
@@ -160,8 +196,8 @@ def main() -> None:
 
     with torch.no_grad():
         diff = float((ours(clean) - bridge(clean)).abs().max())
-    print(f"GPT-2 small shape, random weights, float32; prompts of {args.seq} tokens differing "
-          f"at {args.differ}; max |logits(glassgpt) - logits(TL)| = {diff:.2e}")  # fmt: skip
+    print(f"GPT-2 small's width, {L} layers, random weights, float32; prompts of {args.seq} "
+          f"tokens differing at {args.differ}; max |logits(glassgpt) - logits(TL)| = {diff:.2e}")  # fmt: skip
 
     def forward_seconds(run: Callable[[], Any]) -> float:
         with torch.no_grad():
@@ -177,7 +213,7 @@ def main() -> None:
     fwd_tl = forward_seconds(lambda: bridge(corrupted))
     print(f"one plain forward: glassgpt {fwd_ours * 1e3:.1f} ms, TL {fwd_tl * 1e3:.1f} ms")
 
-    _, clean_cache = run_with_cache(ours, clean, ["resid_pre", "attn.z"])
+    _, clean_cache = run_with_cache(ours, clean, ["resid_pre", "attn.z", "attn.v", "pattern"])
     with torch.no_grad():
         _, tl_cache = bridge.run_with_cache(clean)
     rows: dict[str, tuple[Callable[[], Tensor], Callable[[], Tensor], int]] = {
@@ -189,6 +225,20 @@ def main() -> None:
         "head_out_all_pos": (
             lambda: gp.get_act_patch_attn_head_out_all_pos(ours, corrupted, clean_cache, metric),
             lambda: tlp.get_act_patch_attn_head_out_all_pos(bridge, corrupted, tl_cache, tl_metric),
+            L * H,
+        ),
+        "head_v_all_pos": (
+            lambda: gp.get_act_patch_attn_head_v_all_pos(ours, corrupted, clean_cache, metric),
+            lambda: tlp.get_act_patch_attn_head_v_all_pos(bridge, corrupted, tl_cache, tl_metric),
+            L * H,
+        ),
+        "head_pattern_all_pos": (
+            lambda: gp.get_act_patch_attn_head_pattern_all_pos(
+                ours, corrupted, clean_cache, metric
+            ),
+            lambda: tlp.get_act_patch_attn_head_pattern_all_pos(
+                bridge, corrupted, tl_cache, tl_metric
+            ),
             L * H,
         ),
     }
@@ -203,6 +253,7 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
+    summary = []
     for name in args.rows:
         if name not in rows:
             print(f"{name:<18} (glassgpt.inspect.attribution is not installed)")
@@ -233,7 +284,12 @@ def main() -> None:
                 f"{med[lib] / fwd / cells:>13.3f}{peak[lib]:>10.0f}"
                 f"{f'{gap:.1e}' if lib == 'glassgpt' else '':>12}"
             )
-    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+        summary.append(
+            f"{L:>3} layers  {name:<22}{cells:>5} cells  glassgpt {med['glassgpt']:7.3f} s  "
+            f"TL {med['TL']:7.3f} s  ratio {med['TL'] / med['glassgpt']:6.2f}  "
+            f"fwd-eq/cell {med['glassgpt'] / fwd_ours / cells:.3f}"
+        )
+    return summary
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ over), and returns a 0-d tensor, as TransformerLens's ``patching_metric`` does, 
 own function works anywhere a metric is asked for. The metrics here also take a stack of
 runs, [N, B, T, n_vocab] → [N] (``metric.batched``): a patching sweep runs N patched
 forwards in one batch and scores them with one call. ``normalised`` is 0 on the corrupted
-run and 1 on the clean run.
+run and 1 on the clean run. ``logit_diff`` and ``logprob`` (and ``normalised`` of either) read
+one position only and say so (``metric.pos``, ``metric.at``): a sweep then computes the logits
+at that position alone.
 """
 
 from __future__ import annotations
@@ -27,10 +29,20 @@ MetricFn = Callable[[Tensor], Tensor]
 
 class Metric:
     """A metric of one run (``metric(logits [B, T, n_vocab]) → 0-d``) that also scores a stack of
-    runs at once (``metric.batched(logits [N, B, T, n_vocab]) → [N]``)."""
+    runs at once (``metric.batched(logits [N, B, T, n_vocab]) → [N]``).
 
-    def __init__(self, batched: Callable[[Tensor], Tensor], name: str) -> None:
+    ``pos`` and ``at``, for a metric that reads the logits at one position only: that position
+    (negative: from the end) and ``at(z [N, B, n_vocab]) → [N]``, the metric from those logits;
+    ``ids``: the vocabulary ids that ``at`` reads (None: any; the others may be anything).
+    """
+
+    def __init__(
+        self, batched: Callable[[Tensor], Tensor], name: str, *, pos: int | None = None,
+        at: Callable[[Tensor], Tensor] | None = None, ids: Tensor | None = None,
+    ) -> None:  # fmt: skip
         self._batched, self.name = batched, name
+        self.pos, self.at = (pos, at) if at is not None else (None, None)
+        self.ids = ids if at is not None else None
 
     def batched(self, logits: Tensor) -> Tensor:
         """[N, B, T, n_vocab] → [N]: the metric of each of N runs."""
@@ -56,6 +68,26 @@ def score_runs(metric: MetricFn, logits: Tensor) -> Tensor:
     if isinstance(metric, Metric):
         return metric.batched(logits)
     return torch.stack([torch.as_tensor(metric(run)).reshape(()) for run in logits])
+
+
+def _at_position(
+    at: Callable[[Tensor], Tensor], pos: int, name: str, ids: Tensor | None = None
+) -> Metric:
+    """The metric of the logits at ``pos`` alone, ``at(z [N, B, n_vocab]) → [N]`` (reading the
+    vocabulary ``ids`` alone, where given).
+
+    >>> m = _at_position(lambda z: z[:, 0, 1], -1, "z[-1, 1]")
+    >>> m(torch.arange(6.0).view(1, 2, 3)).item(), m.pos
+    (4.0, -1)
+    """
+
+    def batched(logits: Tensor) -> Tensor:
+        T = logits.shape[2]
+        if not -T <= pos < T:
+            raise GlassError(f"{name}: position {pos} is out of range for {T} tokens")
+        return at(logits[:, :, pos])
+
+    return Metric(batched, name, pos=pos, at=at, ids=ids)
 
 
 def _widened(logits: Tensor) -> Tensor:
@@ -102,11 +134,12 @@ def logit_diff(
     """
     a, b = _ids(answer, "answer"), _ids(wrong, "wrong answer")
 
-    def batched(logits: Tensor) -> Tensor:
-        z = _widened(logits)
-        return (_at(z, a, pos, "answer") - _at(z, b, pos, "wrong answer")).mean(-1)
+    def at(z: Tensor) -> Tensor:  # [N, B, n_vocab], the logits at pos
+        z = _widened(z[:, :, None])
+        return (_at(z, a, 0, "answer") - _at(z, b, 0, "wrong answer")).mean(-1)
 
-    return Metric(batched, name or f"logit_diff({a.tolist()}, {b.tolist()})")
+    ids = torch.cat([a, b]).unique()
+    return _at_position(at, pos, name or f"logit_diff({a.tolist()}, {b.tolist()})", ids)
 
 
 def logprob(
@@ -121,10 +154,10 @@ def logprob(
     """
     a = _ids(answer, "answer")
 
-    def batched(logits: Tensor) -> Tensor:
-        return _at(_widened(logits).log_softmax(-1), a, pos, "answer").mean(-1)
+    def at(z: Tensor) -> Tensor:  # [N, B, n_vocab], the logits at pos
+        return _at(_widened(z[:, :, None]).log_softmax(-1), a, 0, "answer").mean(-1)
 
-    return Metric(batched, name or f"logprob({a.tolist()})")
+    return _at_position(at, pos, name or f"logprob({a.tolist()})")
 
 
 def loss(tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Metric:
@@ -174,7 +207,15 @@ def normalised(metric: MetricFn, clean_logits: Tensor, corrupted_logits: Tensor)
     def batched(logits: Tensor) -> Tensor:
         return (score_runs(metric, logits) - low.to(logits.device)) / span.to(logits.device)
 
-    return Metric(batched, f"normalised({getattr(metric, 'name', 'metric')})")
+    name = f"normalised({getattr(metric, 'name', 'metric')})"
+    if isinstance(metric, Metric) and metric.at is not None and metric.pos is not None:
+        inner, pos = metric.at, metric.pos
+
+        def at(z: Tensor) -> Tensor:
+            return (inner(z) - low.to(z.device)) / span.to(z.device)
+
+        return Metric(batched, name, pos=pos, at=at, ids=metric.ids)
+    return Metric(batched, name)
 
 
 SMALL_GAP = 0.25  # of the metric's scale: below it, m̂'s denominator is mostly noise

@@ -18,27 +18,32 @@ patched run starts from the corrupted residual stream at layer l, computes posit
 p … T − 1 only, reads the corrupted run's keys and values at positions < p (a KV prefix,
 RoPE at its offset), and takes the corrupted logits at positions < p. Cells sharing p run
 as one batch, whose rows join at their own layer; batches are split to fit memory. A cell
-whose clean and corrupted values are equal is the corrupted run itself. The values equal
-an explicit loop of ``run_with_hooks(model, corrupted, {name: patch_hook(...)})``.
+whose clean and corrupted values are equal is the corrupted run itself. A metric that reads
+one position r (``metric.pos``; ``logit_diff``, ``logprob``) stops the runs at r, runs the
+last block at r alone and gets the logits at r alone (of its ids alone, ``metric.ids``):
+see ``glassgpt.inspect.patch_rows``. The values equal an explicit loop of
+``run_with_hooks(model, corrupted, {name: patch_hook(...)})``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
-from glassgpt.inspect.cache import ActivationCache, as_batch, evaluating, run_with_cache
+from glassgpt.inspect.cache import ActivationCache, as_batch, evaluating
 from glassgpt.inspect.metrics import MetricFn, score_runs
+from glassgpt.inspect.patch_rows import (
+    Cell,
+    CorruptedRun,
+    read_position,
+    rows_that_fit,
+    run_rows,
+)
 from glassgpt.model import GPT
-from glassgpt.model.gpt import Block
-from glassgpt.model.layers import softcap
-from glassgpt.train.inputs import available_memory
 
 # site → (name inside a block, axis of the position in the activation without its batch axis)
 SITES: dict[str, tuple[str, int]] = {
@@ -68,17 +73,6 @@ _ALLOWED = {
     "head": ("layer", "layer_head", "layer_pos_head", "layer_head_pos"),
     "pattern": ("layer", "layer_head", "layer_pos_head", "layer_head_pos", "layer_head_dest_src"),
 }
-MEMORY_FRACTION = 0.25  # of the free memory (CPU: MemAvailable; CUDA: free device memory)
-
-
-@dataclass(frozen=True)
-class _Cell:
-    """One patched run: the layer, the index of the patch in the activation (no batch
-    axis), and the first position it changes (None: it changes nothing)."""
-
-    layer: int
-    index: tuple[Any, ...]
-    start: int | None
 
 
 def activation_patch(
@@ -104,6 +98,7 @@ def activation_patch(
     batch (default: as many as fit in a quarter of the free memory).
 
     >>> from glassgpt.model import GPTConfig
+    >>> from glassgpt.inspect.cache import run_with_cache
     >>> torch.manual_seed(0) and None
     >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=2, n_heads=2)).eval()
     >>> _, clean = run_with_cache(model, [1, 2, 3], ["resid_pre"])
@@ -132,7 +127,7 @@ def activation_patch(
     clean = [_cached(clean_cache, f"blocks.{layer}.{name}", site) for layer in range(L)]
     _check_lengths(clean[0], tokens, pos_axis)
     with evaluating(model), torch.no_grad():
-        run = _CorruptedRun(model, tokens, name)
+        run = CorruptedRun(model, tokens, name)
         heads = model.config.kv_heads if site in ("k", "v") else model.config.n_heads
         shape, cells = _cells(by, L, heads, tokens.shape[1], clean, run.site, pos_axis)
         values = _sweep(model, run, cells, name, pos_axis, clean, metric, batch_size)
@@ -165,35 +160,20 @@ def _check_lengths(clean: Tensor, tokens: Tensor, pos_axis: int) -> None:
         )
 
 
-class _CorruptedRun:
-    """The base run: logits [B, T, n_vocab]; per layer, the residual stream entering the block
-    [B, T, d_model], keys and values [B, H, T, d_head] and the patched site's activation."""
-
-    def __init__(self, model: GPT, tokens: Tensor, site_name: str) -> None:
-        names = {"resid_pre", "attn.k", "attn.v", site_name}
-        logits, cache = run_with_cache(model, tokens, sorted(names))
-        L = model.config.n_layers
-        self.tokens, self.logits = tokens, logits
-        self.resid = [cache[f"blocks.{layer}.resid_pre"] for layer in range(L)]
-        self.k = [cache[f"blocks.{layer}.attn.k"].transpose(1, 2) for layer in range(L)]
-        self.v = [cache[f"blocks.{layer}.attn.v"].transpose(1, 2) for layer in range(L)]
-        self.site = [cache[f"blocks.{layer}.{site_name}"] for layer in range(L)]
-
-
 def _cells(
     by: str, L: int, H: int, T: int, clean: list[Tensor], corrupt: list[Tensor], pos_axis: int
-) -> tuple[tuple[int, ...], list[_Cell]]:
+) -> tuple[tuple[int, ...], list[Cell]]:
     """The result's shape and its cells in row-major order, each with its first changed position."""
     axes = BYS[by]
     sizes = {"pos": T, "head": H, "dest": T, "src": T}
     shape = (L, *(sizes[a] for a in axes))
-    cells: list[_Cell] = []
+    cells: list[Cell] = []
     for layer in range(L):
         changed = clean[layer] != corrupt[layer]  # bool, the activation's shape
         for idx in _product([sizes[a] for a in axes]):
             where = dict(zip(axes, idx, strict=True))
             index = _index(where, pos_axis)
-            cells.append(_Cell(layer, index, _first_change(changed, index, pos_axis)))
+            cells.append(Cell(layer, index, _first_change(changed, index, pos_axis)))
     return shape, cells
 
 
@@ -228,124 +208,37 @@ def _first_change(changed: Tensor, index: tuple[Any, ...], pos_axis: int) -> int
     return int(nz[0, 0]) + (pos if isinstance(pos, int) else 0)
 
 
-class _PrefixKV:
-    """A layer's KV cache holding the corrupted run's positions < p for every row."""
-
-    def __init__(self, k: Tensor, v: Tensor, start: int, rows: int) -> None:
-        self.offset, self.mask = start, None  # (the LayerKV protocol)
-        self._k = k[:, :, :start].repeat(rows, 1, 1, 1)  # [rows·B, H, start, d_head]
-        self._v = v[:, :, :start].repeat(rows, 1, 1, 1)
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        return torch.cat([self._k, k], 2), torch.cat([self._v, v], 2)
-
-
 def _sweep(
     model: GPT,
-    run: _CorruptedRun,
-    cells: list[_Cell],
+    run: CorruptedRun,
+    cells: list[Cell],
     name: str,
     pos_axis: int,
     clean: list[Tensor],
     metric: MetricFn,
     batch_size: int | None,
 ) -> Tensor:
-    """Every cell's metric [n_cells]: cells that change nothing score the corrupted run, the
-    others run in batches of equal first position."""
+    """Every cell's metric [n_cells]: cells that change nothing the metric reads score the
+    corrupted run, the others run in batches of equal first position."""
     base = score_runs(metric, run.logits[None])[0]
     values = [base] * len(cells)
+    B, T = run.tokens.shape
+    read = read_position(metric, T)
     groups: dict[int, list[int]] = {}
     for i, cell in enumerate(cells):
-        if cell.start is not None:
+        if cell.start is not None and (read is None or cell.start <= read):
             groups.setdefault(cell.start, []).append(i)
-    T = run.tokens.shape[1]
+    stop = T if read is None else read + 1
     for start, members in sorted(groups.items()):
         members.sort(key=lambda i: cells[i].layer)
-        size = batch_size or rows_that_fit(model, run.tokens.shape[0], T, T - start)
+        size = batch_size or rows_that_fit(model, B, T, stop - start, None if read is None else 1)
         for lo in range(0, len(members), size):
             chunk = members[lo : lo + size]
-            scores = _run_rows(model, run, [cells[i] for i in chunk], start, name, pos_axis,
-                               clean, metric)  # fmt: skip
+            scores = run_rows(model, run, [cells[i] for i in chunk], start, read, name, pos_axis,
+                              clean, metric)  # fmt: skip
             for i, s in zip(chunk, scores, strict=True):
                 values[i] = s
     return torch.stack(values)
-
-
-def _run_rows(
-    model: GPT,
-    run: _CorruptedRun,
-    rows: list[_Cell],
-    start: int,
-    name: str,
-    pos_axis: int,
-    clean: list[Tensor],
-    metric: MetricFn,
-) -> Tensor:
-    """One batch of patched runs from position ``start`` on (rows sorted by layer) → [rows]."""
-    B, T = run.tokens.shape
-    t = T - start
-    rope = local = None
-    ref = run.resid[0]
-    if model.rotary is not None:
-        rope = local = model.rotary(t, start, dtype=ref.dtype, device=ref.device)
-    if model.rotary_local is not None:  # the sliding layers' own base (Gemma)
-        local = model.rotary_local(t, start, dtype=ref.dtype, device=ref.device)
-    x: Tensor | None = None
-    for layer in range(rows[0].layer, model.config.n_layers):
-        new = [c for c in rows if c.layer == layer]
-        if new:
-            fresh = run.resid[layer][:, start:].repeat(len(new), 1, 1)  # [new·B, t, d_model]
-            x = fresh if x is None else torch.cat([x, fresh])
-        assert x is not None
-        n = x.shape[0] // B
-        kv = _PrefixKV(run.k[layer], run.v[layer], start, n)
-        source = clean[layer].narrow(pos_axis + 1, start, t)  # [B, ..., t, ...]
-        hook = _patcher(new, n - len(new), B, start, pos_axis, source)
-        point = f"blocks.{layer}.{name}"
-        block = cast(Block, model.blocks[layer])
-        with model.hooks({point: hook}) if new else nullcontext():
-            x = block(x, local if block.kind == "sliding" else rope, kv)
-    assert x is not None
-    if model.ln_final is not None:
-        x = model.ln_final(x)
-    part = softcap(model.unembed(x, model.embed.W_E), model.config.final_softcap)  # [n·B, t, V]
-    n = len(rows)
-    before = run.logits[None, :, :start].expand(n, -1, -1, -1)  # [n, B, start, n_vocab]
-    logits = torch.cat([before, part.view(n, B, t, -1)], 2)  # [n, B, T, n_vocab]
-    return score_runs(metric, logits)
-
-
-def _patcher(
-    new: list[_Cell], first: int, B: int, start: int, pos_axis: int, source: Tensor
-) -> Callable[[Tensor, str], Tensor]:
-    """A hook putting ``source`` into rows first, first + 1, … (one per new cell, B prompts
-    each) at each cell's index, positions counted from ``start``."""
-
-    def hook(act: Tensor, _: str) -> Tensor:
-        out = act.clone()
-        for r, cell in enumerate(new):
-            index = list(cell.index)
-            pos = index[pos_axis]
-            if isinstance(pos, int):
-                index[pos_axis] = pos - start
-            rows = slice((first + r) * B, (first + r + 1) * B)
-            out[(rows, *index)] = source[(slice(None), *index)]
-        return out
-
-    return hook
-
-
-def rows_that_fit(model: GPT, B: int, T: int, t: int) -> int:
-    """Patched runs per batch under the memory budget, from an estimate of one run's bytes:
-    its logits (all T positions, and the t recomputed) and a block's activations at t
-    positions (q, k, v, z, the MLP's hidden layer, the scores and pattern, a few residuals)."""
-    c = model.config
-    d_mlp = 0 if c.attn_only else cast(int, c.d_mlp)
-    ref = model.embed.W_E
-    per_position = 2 * c.n_vocab + 3 * d_mlp + 12 * c.d_model + 3 * c.n_heads * T
-    row = B * (T * c.n_vocab + t * per_position) * ref.element_size()
-    free = available_memory(ref.device) or 2**30  # (unknown: assume 1 GiB)
-    return max(1, int(free * MEMORY_FRACTION) // row)
 
 
 # -- TransformerLens's names ---------------------------------------------------------------

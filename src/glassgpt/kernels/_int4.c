@@ -254,6 +254,86 @@ static void run(const Job *J, int threads) {
     run_parts(part, J, threads);
 }
 
+/* ---- quantization (int4.quantize's arithmetic, fast) ---------------------------------- */
+
+/* float → float16 bits, round to nearest even (|f| ≤ 65504 or NaN) */
+static uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, a = x & 0x7fffffff;
+    if (a > 0x7f800000) return (uint16_t)(sign | 0x7e00);
+    if (a >= 0x47800000) return (uint16_t)(sign | 0x7c00);
+    if (a < 0x38800000) /* a float16 subnormal (or zero): multiples of 2^-24 */
+        return (uint16_t)(sign | (uint32_t)lrintf(fabsf(f) * 16777216.0f));
+    uint32_t r = a - 0x38000000, h = r >> 13, rest = r & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+typedef struct {
+    const float *W; /* [d_out, G * 32], zeros past d_in */
+    int8_t *q;      /* [d_out, G * 32] */
+    uint16_t *d;    /* [d_out, G] */
+    const float *c; /* candidates: d = c m */
+    int n_c;
+    Py_ssize_t d_out, G;
+} QJob;
+
+/* Each group: of the candidates d = fp16(c · m), m the signed largest-magnitude weight (the
+ * first), the one of least Σ (W − q d)², q = clamp(rint(W / d), −8, 7) (0 for d = 0); the
+ * first on ties. */
+static void quantize_part(const void *job, int k, int parts) {
+    const QJob *Q = job;
+    int r0, r1;
+    share((int)Q->d_out, 1, k, parts, &r0, &r1);
+    for (Py_ssize_t gi = (Py_ssize_t)r0 * Q->G; gi < (Py_ssize_t)r1 * Q->G; gi++) {
+        const float *w = Q->W + gi * GROUP;
+        float m = 0.0f;
+        for (int i = 0; i < GROUP; i++)
+            if (fabsf(w[i]) > fabsf(m)) m = w[i];
+        double best = INFINITY;
+        uint16_t best_h = 0;
+        for (int c = 0; c < Q->n_c; c++) {
+            float v = Q->c[c] * m;
+            v = v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
+            uint16_t h = float_to_half(v);
+            float d = half_to_float(h);
+            double err = 0.0;
+            for (int i = 0; i < GROUP; i++) {
+                float q = d != 0.0f ? rintf(w[i] / d) : 0.0f;
+                q = q > 7.0f ? 7.0f : q < -8.0f ? -8.0f : q;
+                double e = (double)w[i] - (double)(q * d);
+                err += e * e;
+            }
+            if (err < best) best = err, best_h = h;
+        }
+        float d = half_to_float(best_h);
+        for (int i = 0; i < GROUP; i++) {
+            float q = d != 0.0f ? rintf(w[i] / d) : 0.0f;
+            Q->q[gi * GROUP + i] = (int8_t)(q > 7.0f ? 7.0f : q < -8.0f ? -8.0f : q);
+        }
+        Q->d[gi] = best_h;
+    }
+}
+
+static PyObject *quantize(PyObject *self, PyObject *args) {
+    unsigned long long W, q, d, c;
+    Py_ssize_t d_out, G;
+    int n_c, threads;
+    if (!PyArg_ParseTuple(args, "KKKKinni", &W, &q, &d, &c, &n_c, &d_out, &G, &threads))
+        return NULL;
+    if (!W || !q || !d || !c || n_c < 1 || d_out < 0 || G < 0) {
+        PyErr_SetString(PyExc_ValueError, "quantize: bad arguments");
+        return NULL;
+    }
+    QJob Q = {(const float *)(uintptr_t)W, (int8_t *)(uintptr_t)q, (uint16_t *)(uintptr_t)d,
+              (const float *)(uintptr_t)c, n_c, d_out, G};
+    if (threads > d_out) threads = d_out > 1 ? (int)d_out : 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    Py_BEGIN_ALLOW_THREADS run_parts(quantize_part, &Q, threads);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 /* ---- Python ------------------------------------------------------------------------- */
 
 static PyObject *gemv(PyObject *self, PyObject *args) {
@@ -299,6 +379,8 @@ static PyMethodDef methods[] = {
     {"gemv", gemv, METH_VARARGS,
      "gemv(x, w, b, y, M, d_in, d_out, threads): y = x W̃ + b, W̃ in blocks w [d_out/16, "
      "d_in/32 (rounded up), 288 bytes]; addresses as ints, b 0 for none (GIL released)"},
+    {"quantize", quantize, METH_VARARGS,
+     "quantize(W, q, d, c, n_c, d_out, G, threads): int4.quantize's groups (addresses as ints)"},
     {"kernel", kernel_name, METH_NOARGS, "the kernel in use: 'avx512', 'avx2' or 'scalar'"},
     {"use", use, METH_O, "use(name or None): force a kernel (tests); returns the one in use"},
     {NULL},

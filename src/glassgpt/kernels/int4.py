@@ -6,10 +6,11 @@ consecutive inputs g (the last one padded with zero weights when d_in is not a m
 
     q[i, j] = clamp(round(W[i, j] / d[j, g]), −8, 7),    W̃[i, j] = q[i, j] · d[j, g]
 
-Round to nearest; the scale is the best by squared error of 32 candidates, −c · m / 8 and
-c · m / 7 for c = 1, 0.98, …, 0.70, where m is the group's largest-magnitude weight (with its
-sign). −m / 8 is llama.cpp's Q4_0 choice (m lands on −8 exactly), so no group is rounded
-worse than Q4_0 rounds it; over Gaussian weights the squared error is 10% lower. 4.5 bits a
+Round to nearest; the scale is the best by squared error of 8 candidates, −c · m / 8 and
+c · m / 7 for c = 1, 0.96, 0.92, 0.88, where m is the group's largest-magnitude weight (with
+its sign). −m / 8 is llama.cpp's Q4_0 choice (m lands on −8 exactly), so no group is rounded
+worse than Q4_0 rounds it; over Gaussian weights the squared error is 9.5% lower (32
+candidates: 10.5%). The compiled extension runs the search (a PyTorch loop otherwise). 4.5 bits a
 weight: a decoding step at batch 1 reads 7.1× fewer bytes than float32 (1.8× fewer than
 int8).
 
@@ -64,13 +65,21 @@ def quantize(W_out_in: Tensor) -> tuple[Tensor, Tensor]:
     Wp = torch.zeros(d_out, G * GROUP)
     Wp[:, :d_in] = W
     Wg = Wp.view(d_out, G, GROUP)
+    ext = compiled()
+    if ext is not None:
+        q = torch.empty(d_out, G * GROUP, dtype=torch.int8)
+        d = torch.empty(d_out, G, dtype=torch.float16)
+        c = torch.tensor(CANDIDATES, dtype=torch.float32)
+        ext.quantize(Wp.data_ptr(), q.data_ptr(), d.data_ptr(), c.data_ptr(), len(CANDIDATES),
+                     d_out, G, torch.get_num_threads())  # fmt: skip
+        return q, d
     m = Wg.gather(-1, Wg.abs().argmax(dim=-1, keepdim=True))[..., 0]
-    best_err = torch.full((d_out, G), float("inf"))
+    best_err = torch.full((d_out, G), float("inf"), dtype=torch.float64)
     best_d = torch.zeros(d_out, G, dtype=torch.float16)
     for c in CANDIDATES:
-        d = (m * c).clamp(-65504.0, 65504.0).to(torch.float16)
+        d = (m * torch.tensor(c, dtype=torch.float32)).clamp(-65504.0, 65504.0).half()
         q = _round(Wg, d)
-        err = (Wg - q * d.float()[..., None]).square().sum(dim=-1)
+        err = (Wg.double() - (q * d.float()[..., None]).double()).square().sum(dim=-1)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_d = torch.where(better, d, best_d)

@@ -125,7 +125,9 @@ def table(name: str, model: GPT, tok: Any, val: torch.Tensor, L: int, threads: i
         rows.append((f"glassgpt {dtype}", perplexity(low, val, L), f"{note}; cast {cast_s:.1f} s"))
     every = cast(model, torch.float32, pack=False)
     quantize_int4(every, unembed="int4")
-    rows.append(("glassgpt int4, int4 unembedding", perplexity(every, val, L), "4.5 bits everywhere"))
+    rows.append(
+        ("glassgpt int4, int4 unembedding", perplexity(every, val, L), "4.5 bits everywhere")
+    )
     try:
         import llama_cpp  # noqa: F401
     except ImportError as e:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.sample.test_replay import prefilled, replay_against_eager
 
 from glassgpt.cli import main
 from glassgpt.errors import GlassError
@@ -17,7 +18,6 @@ from glassgpt.model.precision import cast, parse_dtype, perplexity, quantize_int
 from glassgpt.sample import generate
 from glassgpt.sample.replay import ReplayedStep
 from glassgpt.tokenizer import CharTokenizer
-from tests.sample.test_replay import prefilled, replay_against_eager
 
 PROJECTIONS = ("attn.W_QKV", "attn.W_O", "mlp.W_in", "mlp.W_out")
 

@@ -65,7 +65,8 @@ def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True, inplace: bo
     ``int8`` (CPU only): a float32 copy whose projections are W̃ = q·s (module docstring), so
     every reader of the weights (hooks, inspection, the tied embedding) computes the same
     function; each projection's inference product is registered with the kernel seam as
-    y = (x q)·s + b, read from int8 weights whatever ``pack`` says.
+    y = (x q)·s + b, read from int8 weights whatever ``pack`` says. ``int4`` likewise, with
+    4-bit block projections (:func:`quantize_int4`).
     """
     dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     p = next(model.parameters())
@@ -74,7 +75,9 @@ def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True, inplace: bo
     if dtype in (torch.int8, torch.quint4x2):
         name = "int8" if dtype == torch.int8 else "int4"
         if p.device.type != "cpu":
-            raise GlassError(f"{name} weights run on a CPU only (got {p.device}); use bf16 on a GPU")
+            raise GlassError(
+                f"{name} weights run on a CPU only (got {p.device}); use bf16 on a GPU"
+            )
         copy_ = (model if inplace else copy.deepcopy(model)).to(torch.float32).eval()
         (quantize_int8 if dtype == torch.int8 else quantize_int4)(copy_)
         return copy_

@@ -149,3 +149,26 @@ def test_int4_perplexity_within_budget(shakespeare_text: str) -> None:
     assert p32 < 20.0  # trained: far below the 65-way uniform
     print(f"perplexity float32 {p32:.4f}, int4 {p4:.4f}")
     assert abs(p4 - p32) / p32 < PPL_BUDGET, (p32, p4)
+
+
+def test_serve_int4_serves_the_int4_copy(
+    char_run: tuple[Path, GPT, CharTokenizer], monkeypatch
+) -> None:
+    """``glassgpt serve --dtype int4``: the served model is cast's int4 copy."""
+    import sys
+
+    import uvicorn
+
+    run, model, _ = char_run
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    monkeypatch.setattr(sys, "setswitchinterval", lambda _: None)
+    threads = torch.get_num_threads()
+    try:
+        assert main(["serve", "--checkpoint", str(run), "--dtype", "int4"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    got = served[0].state.glassgpt.model
+    assert dense.is_packed(got.blocks[0].attn.W_QKV)
+    want = generate(cast(model, "int4"), [1, 2, 3], max_new_tokens=10, temperature=0)
+    assert generate(got, [1, 2, 3], max_new_tokens=10, temperature=0) == want

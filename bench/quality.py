@@ -70,7 +70,7 @@ def train_model(text: str, steps: int, seq: int) -> tuple[GPT, Tokenizer]:
         opt.step()
         sched.step()
         if step % 100 == 0 or step == steps - 1:
-            print(f"  step {step}: loss {float(loss):.3f} ({time.perf_counter() - t0:.0f} s)")
+            print(f"  step {step}: loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)")
     return model.eval(), tok
 
 

@@ -323,7 +323,7 @@ def llama_q4(base: torch.nn.Module, threads: int) -> dict[str, tuple]:
     from glassgpt.interop.gguf_export import export_gguf
     from glassgpt.tokenizer import Tokenizer
 
-    files = REPO.parent / "shared/data/gpt2"
+    files = Path(os.environ.get("GLASSGPT_SHARED_DATA", REPO.parent / "shared/data")) / "gpt2"
     try:
         import llama_cpp
     except ImportError as e:

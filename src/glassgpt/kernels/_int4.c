@@ -155,6 +155,20 @@ T2 static void rows_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
 
 /* acc chains: an FMA's latency is 4 cycles, so one row needs 4 independent sums (lo/hi
  * nibbles × even/odd pairs) to keep the FMA units busy; two rows 2 each, more rows 1 pair */
+/* input pair t of the block: nibbles → floats, the FMAs into accumulators ka (lo), kb (hi) */
+#define PAIR512(M, t, ka, kb)                                                                 \
+    do {                                                                                      \
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + (t) * PANEL))); \
+        __m512 lo = _mm512_permutexvar_ps(v, table);                                          \
+        __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);                    \
+        _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                                 \
+            const float *x = xg + r * W + 2 * (t);                                            \
+            acc[ka][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[0]), acc[ka][r]);               \
+            acc[kb][r] = _mm512_fmadd_ps(hi, _mm512_set1_ps(x[1]), acc[kb][r]);               \
+            __asm__("" : "+v"(acc[ka][r]), "+v"(acc[kb][r])); /* kept in registers */         \
+        }                                                                                     \
+    } while (0)
+
 #define ROWS512(M, C)                                                                         \
     T5 static void rows512_##M(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {                  \
         const Py_ssize_t G = J->G, W = G * GROUP;                                             \
@@ -175,17 +189,9 @@ T2 static void rows_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
                 _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                           \
                     acc[k][r] = _mm512_setzero_ps();                                          \
                 const float *xg = J->x + g * GROUP;                                           \
-                _Pragma("GCC unroll 16") for (int t = 0; t < GROUP / 2; t++) {                \
-                    __m512i v = _mm512_cvtepu8_epi32(                                         \
-                        _mm_loadu_si128((const __m128i *)(blk + t * PANEL)));                 \
-                    __m512 lo = _mm512_permutexvar_ps(v, table);                              \
-                    __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);        \
-                    const int k0 = C == 4 ? 2 * (t & 1) : 0, k1 = C == 1 ? 0 : k0 + 1;        \
-                    _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                     \
-                        const float *x = xg + r * W + 2 * t;                                  \
-                        acc[k0][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[0]), acc[k0][r]);   \
-                        acc[k1][r] = _mm512_fmadd_ps(hi, _mm512_set1_ps(x[1]), acc[k1][r]);   \
-                    }                                                                         \
+                for (int t = 0; t < GROUP / 2; t += 2) { /* accumulators by constant index */ \
+                    PAIR512(M, t, 0, (C > 1 ? 1 : 0));                                        \
+                    PAIR512(M, t + 1, (C == 4 ? 2 : 0), (C == 4 ? 3 : C > 1 ? 1 : 0));         \
                 }                                                                             \
                 __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + NIBBLES))); \
                 _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                         \

@@ -4,6 +4,7 @@
 - ``glassgpt.kernels._gemv``: small-batch float32 products for decoding;
 - ``glassgpt.kernels._attend``: attention for a few queries over a KV cache (decoding);
 - ``glassgpt.kernels._int8``: the int8 weight-only product for decoding;
+- ``glassgpt.kernels._int4``: the int4 (groups of 32, float16 scales) product for decoding;
 - ``glassgpt.kernels._rowwise``: the small kernels around the products, one header a family
   (``kernels/_norms.h``, ``_gelu.h``, ``_kvcache.h``, ``_residual.h``, ``_rope.h``, ``_clip.h``,
   ``_transpose.h``, ``_argmax.h``): a decoding step's norms, GELUs and KV-cache writes on its
@@ -53,6 +54,6 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,
         ),
-        *(kernel(name) for name in ("_gemv", "_attend", "_int8", "_rowwise", "_flash")),
+        *(kernel(name) for name in ("_gemv", "_attend", "_int8", "_int4", "_rowwise", "_flash")),
     ]
 )

@@ -23,6 +23,14 @@ output channel (``glassgpt.kernels.int8``), beside CTranslate2's int8 with the r
 them. ``--skip-bf16`` leaves the bf16 rows (and bf16 quality) out: without AVX-512 BF16 or
 AMX, bf16 decoding on a CPU takes minutes.
 
+``--dtype int4``: glassgpt int4 (``cast(model, "int4")``: 4-bit weights in groups of 32 with
+float16 scales, int8 unembedding; ``glassgpt.kernels.int4``) beside llama.cpp's Q4_K_M and Q4_0
+of the same weights (glassgpt's ``export_gguf`` F32 with GPT-2's tokenizer, quantized by
+llama.cpp's ``llama_model_quantize``, run through ``llama_cpp`` with its prompt evaluated every
+call), glassgpt float32 and int8 for reference, batch 1 only, and int4's tok/s ratio to each
+llama.cpp row (target ≥ 1.2× Q4_K_M); perplexity at every precision beside llama.cpp's is
+``bench/quality.py``.
+
 Then a quality check: perplexity on held-out tinyshakespeare of a small character model
 (trained here for --train-steps, or --checkpoint DIR) in float32, bf16 and int8; and, for
 the GPT-2-shape model with random weights (whose perplexity means nothing), the logits'
@@ -270,7 +278,7 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int, dict[
         "glassgpt bf16": (lambda x, n: ours_call(obf, x, n), "bf16", 2),
         "transformers bf16": (lambda x, n: hf_call(hbf, x, n), "bf16", 2),
     }
-    if args.skip_bf16:
+    if args.skip_bf16 or args.dtype == "int4":
         del engines["glassgpt bf16"], engines["transformers bf16"]
     # the same generate without its CUDA graph or its replayed steps, in the same interleaved run
     engines["glassgpt float32 eager"] = (lambda x, n: eager_call(o32, x, n), "float32", 4)
@@ -290,6 +298,12 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int, dict[
     }
     if "glassgpt int8" in engines:
         times["glassgpt int8"] = lambda x, n: ours_times(o8, x, n)
+    if args.dtype == "int4":
+        del engines[API]
+        o4 = cast(base, "int4")
+        engines["glassgpt int4"] = (lambda x, n: ours_call(o4, x, n), "int4", 4.5 / 8)
+        engines.update(llama_q4(base, args.threads))
+        return engines, sum(p.numel() for p in base.parameters()), {}
     if dev == "cpu" and args.ct2:
         import tempfile
 
@@ -299,6 +313,54 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int, dict[
             engines[f"ctranslate2 {q}"] = (ct, q, nbytes)
             times[f"ctranslate2 {q}"] = ct.times
     return engines, sum(p.numel() for p in base.parameters()), {k: times[k] for k in engines}
+
+
+def llama_q4(base: torch.nn.Module, threads: int) -> dict[str, tuple]:
+    """llama.cpp Q4_K_M and Q4_0 engines of ``base`` (batch 1: the first row of the prompts);
+    none, with a line saying why, without ``llama_cpp`` or GPT-2's tokenizer files."""
+    import tempfile
+
+    from glassgpt.interop.gguf_export import export_gguf
+    from glassgpt.tokenizer import Tokenizer
+
+    files = Path(os.environ.get("GLASSGPT_SHARED_DATA", REPO.parent / "shared/data")) / "gpt2"
+    try:
+        import llama_cpp
+    except ImportError as e:
+        print(f"llama.cpp skipped: llama_cpp does not import ({e})")
+        return {}
+    if not (files / "encoder.json").is_file():
+        print(f"llama.cpp skipped: GPT-2's tokenizer files are not in {files}")
+        return {}
+    work = Path(tempfile.mkdtemp(prefix="glassgpt-q4-"))
+    tok = Tokenizer.from_gpt2(files / "encoder.json", files / "vocab.bpe")
+    f32 = export_gguf(base, tok, work / "f32.gguf", dtype="f32")
+    engines: dict[str, tuple] = {}
+    for label, bits in (("Q4_K_M", 4.85), ("Q4_0", 4.5)):
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.nthread, params.ftype = threads, getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{label}")
+        out = work / f"{label}.gguf"
+        if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), params) != 0:
+            print(f"llama.cpp {label} skipped: llama_model_quantize failed")
+            continue
+        llm = llama_cpp.Llama(model_path=str(out), n_ctx=512, n_threads=threads,
+                              n_threads_batch=threads, n_batch=64, verbose=False)  # fmt: skip
+        LLAMAS.append(llm)
+
+        def call(prompts: torch.Tensor, n: int, llm: Any = llm) -> list[list[int]]:
+            ids: list[int] = []
+            llm.reset()  # else generate keeps the cached prompt: no prompt evaluated
+            for t in llm.generate(prompts[0].tolist(), temp=0.0, top_k=1, reset=True):
+                ids.append(t)
+                if len(ids) == n:
+                    break
+            return [ids]
+
+        engines[f"llama.cpp {label}"] = (call, label, bits / 8)
+    return engines
+
+
+LLAMAS: list[Any] = []  # closed before exit (their finalizers fail at interpreter shutdown)
 
 
 def measure(  # type: ignore[no-untyped-def]
@@ -342,7 +404,7 @@ def speed_table(args: argparse.Namespace) -> None:
     header = ("| batch | engine | tok/s | ms/step | GB/s | share of limit | "
               "vs ctranslate2 same dtype | vs transformers float32 | same ids |")  # fmt: skip
     tables = []
-    for batch in (1, args.batch):
+    for batch in (1,) if args.dtype == "int4" else (1, args.batch):
         prompts = torch.randint(0, 50257, (batch, args.prompt), generator=g).to(dev)
         med, ids, rec = measure(engines, prompts, N, args.repeats, probe)
         tables.append((batch, med, ids, rec))
@@ -365,6 +427,13 @@ def speed_table(args: argparse.Namespace) -> None:
                   f"{gbs / bw:.0%} | {vs_ct} | {rate[name] / rate['transformers float32']:.2f}× | "
                   f"{agree:.0%} |")  # fmt: skip
             sys.stdout.flush()
+    if args.dtype == "int4":
+        _, med, _, _ = tables[0]
+        rate = {k: N / t_n for k, (_, t_n) in med.items()}
+        for other in ("llama.cpp Q4_K_M", "llama.cpp Q4_0", "glassgpt int8", "glassgpt float32"):
+            if other in rate:
+                print(f"glassgpt int4 vs {other}: {rate['glassgpt int4'] / rate[other]:.2f}× tok/s")
+        print("target: int4 ≥ 1.2× llama.cpp Q4_K_M (perplexities: bench/quality.py)")
     if dev == "cpu":
         from glassgpt.sample.replay import ReplayedStep
 
@@ -375,8 +444,10 @@ def speed_table(args: argparse.Namespace) -> None:
         "targets: float32 ≥ 1.0× ctranslate2 float32 and ≥ 80% of the float32 limit; "
         "int8 ≥ 1.0× ctranslate2 int8; same ids 100% in float32 (batch 1)"
     )
-    if args.contexts:
+    if args.contexts and args.dtype != "int4":
         context_table(times, args)
+    for llm in LLAMAS:
+        llm.close()
 
 
 def context_table(times: dict[str, TokenTimes], args: argparse.Namespace) -> None:
@@ -439,7 +510,9 @@ def quality(args: argparse.Namespace) -> None:
 def low_precisions(args: argparse.Namespace) -> list[str]:
     """The precisions compared with float32: bf16 (unless --skip-bf16), int8 on a CPU."""
     dtypes = [] if args.skip_bf16 else ["bf16"]
-    return dtypes + (["int8"] if args.device == "cpu" else [])
+    return dtypes + (
+        ["int8"] + (["int4"] if args.dtype == "int4" else []) if args.device == "cpu" else []
+    )
 
 
 def gpt2_shape_quality(args: argparse.Namespace, dtypes: list[str]) -> None:
@@ -559,6 +632,8 @@ def main() -> None:
     p.add_argument("--contexts", default="64,256,1024", help="'' to skip the context table")
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-bf16", action="store_true", help="leave bf16 rows and quality out")
+    p.add_argument("--dtype", choices=["int4"], default=None,
+                   help="int4: glassgpt int4 beside llama.cpp Q4_K_M and Q4_0 (batch 1)")  # fmt: skip
     p.add_argument("--checkpoint", default=None, help="a trained model for the quality check")
     p.add_argument("--train-steps", type=int, default=600)
     p.add_argument("--val-tokens", type=int, default=50_000)

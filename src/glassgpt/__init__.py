@@ -19,7 +19,7 @@ __all__ = ["GlassError", "__version__", "load"]
 
 def load(path: Any, *, dtype: Any = "float32", **options: Any) -> Any:
     """``model, tokenizer = glassgpt.load(path)``: a checkpoint folder or an exported HF folder,
-    the model ready for fast inference in ``dtype`` (``"float32"``, ``"bf16"``, ``"int8"``:
+    the model ready for fast inference in ``dtype`` (``"float32"``, ``"bf16"``, ``"int8"``, ``"int4"``:
     what ``glassgpt sample --dtype`` means, and decoded by the same engine).
 
     ``options``: ``tokenizer=`` (a file, when the folder has none), ``device=``. To train or

@@ -24,7 +24,7 @@ from typing import Any
 from glassgpt.errors import InputFileError
 
 DEVICE_HELP = "cpu, cuda, cuda:N or mps"
-DTYPE_HELP = "float32, bf16 (weights and compute) or int8 (weights; CPU)"
+DTYPE_HELP = "float32, bf16 (weights and compute), int8 or int4 (weights; CPU)"
 
 
 def add_checkpoint(p: Any, *, required: bool = True, help: str | None = None) -> None:

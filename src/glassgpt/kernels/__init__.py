@@ -2,7 +2,7 @@
 
 ``glassgpt.model`` states the math and calls these functions here for its products:
 
-    matmul(x, W, b)             x W + b          (packed copy | int8 | oneDNN | F.linear)
+    matmul(x, W, b)             x W + b          (packed copy | int8 | int4 | oneDNN | F.linear)
     attention(q, k, v, offset)  softmax(q kᵀ/√d_head + M) v   (fused | explicit bf16 |
                                                              few queries | …)
     gelu_tanh(x)                ½ x (1 + tanh(√(2/π)(x + 0.044715 x³)))   (few rows | σ form |
@@ -15,7 +15,8 @@ thresholds, live in :mod:`glassgpt.kernels.policy` (pure Python), which
 takes on the device it is made for. Packed inference weights are registered explicitly
 with :func:`pack` (``glassgpt.model.precision.cast`` does it for an inference copy);
 ``glassgpt.kernels.int8.pack_int8`` turns a weight into W̃ = q·s (int8, one scale per output
-channel) and registers its int8 product, a compiled kernel (``kernels/_int8.c``). A decoding
+channel) and registers its int8 product, a compiled kernel (``kernels/_int8.c``);
+``glassgpt.kernels.int4.pack_int4`` likewise with 4-bit groups of 32 inputs (``_int4.c``). A decoding
 step's attention (a few queries, float32, no autograd; grouped key/value heads read in place,
 and with a scale, soft cap or sliding window through ``step_attention``) takes
 ``kernels/_attend.c``; its norms, GELUs, SiLUs, RoPE rotations and KV-cache writes take the

@@ -29,6 +29,7 @@ from glassgpt.kernels.bf16 import cache_dtype
 from glassgpt.kernels.checks import id_out_of_range
 from glassgpt.kernels.dense import alias, has_small_batch_kernel, is_packed, matmul, pack, unpack
 from glassgpt.kernels.extensions import EXTENSIONS, built, extension, hidden
+from glassgpt.kernels.int4 import pack_int4
 from glassgpt.kernels.int8 import pack_int8
 from glassgpt.kernels.norms import layer_norm, rms_norm
 from glassgpt.kernels.policy import (
@@ -107,6 +108,7 @@ __all__ = [
     "native_bf16",
     "norm_kept",
     "pack",
+    "pack_int4",
     "pack_int8",
     "register_custom_ops",
     "rms_norm",
@@ -208,6 +210,9 @@ OPS: dict[str, Op] = {
         Op("pack_int8", "int8:pack_int8", "_int8",
            "a float32 CPU weight: W̃ = q·s, products read q (float ones where not built)",
            PYTORCH, INFERENCE),
+        Op("pack_int4", "int4:pack_int4", "_int4",
+           "a float32 CPU weight: W̃ = q·d (groups of 32 inputs, float16 d), products read the "
+           "nibbles (float ones where not built)", PYTORCH, INFERENCE),
         Op("record_step", "replay:Recorder", "_rowwise",
            "a float32 CPU decoding step whose every operation is a compiled call, a view, "
            "an allocation or a float32 residual sum", "not recorded", INFERENCE),

@@ -7,6 +7,9 @@
            channel, s_j = max_i |W[i, j]| / 127 and q = round(W / s) ∈ int8; activations,
            norms, embeddings (W_E, W_P) and biases stay float32. A CPU product reads q:
            y = (x q)·s + b (``glassgpt.kernels.int8``).
+    int4:  each block projection becomes W̃ = q·d, q ∈ [−8, 7] with one float16 scale per
+           group of 32 inputs (``glassgpt.kernels.int4``); the unembedding int8 (see
+           :func:`quantize_int4`); the rest as int8.
 
 On a CPU a bf16 model decodes with float32 activations over its bf16 weights
 (:func:`decoding_copy`), which its replayed steps need; small models in float32.
@@ -41,12 +44,14 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "fp16": torch.float16,
     "int8": torch.int8,  # weights only: see cast
+    "int4": torch.quint4x2,  # weights only (4-bit groups): see cast
 }
 
 
 def parse_dtype(name: str) -> torch.dtype:
     """``"bf16"`` → torch.bfloat16 (and float32, float16 under their usual names; ``"int8"``
-    → torch.int8, int8 weights with float32 compute)."""
+    → torch.int8, int8 weights with float32 compute; ``"int4"`` → torch.quint4x2, its
+    marker: 4-bit weights with float32 compute)."""
     try:
         return DTYPES[name.lower()]
     except KeyError:
@@ -63,17 +68,21 @@ def cast(model: GPT, dtype: torch.dtype | str, *, pack: bool = True, inplace: bo
     ``int8`` (CPU only): a float32 copy whose projections are W̃ = q·s (module docstring), so
     every reader of the weights (hooks, inspection, the tied embedding) computes the same
     function; each projection's inference product is registered with the kernel seam as
-    y = (x q)·s + b, read from int8 weights whatever ``pack`` says.
+    y = (x q)·s + b, read from int8 weights whatever ``pack`` says. ``int4`` likewise, with
+    4-bit block projections (:func:`quantize_int4`).
     """
     dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     p = next(model.parameters())
     if dtype == torch.float16 and p.device.type == "cpu":
         raise GlassError("float16 inference needs a GPU; use bf16 on a CPU")
-    if dtype == torch.int8:
+    if dtype in (torch.int8, torch.quint4x2):
+        name = "int8" if dtype == torch.int8 else "int4"
         if p.device.type != "cpu":
-            raise GlassError(f"int8 weights run on a CPU only (got {p.device}); use bf16 on a GPU")
+            raise GlassError(
+                f"{name} weights run on a CPU only (got {p.device}); use bf16 on a GPU"
+            )
         copy_ = (model if inplace else copy.deepcopy(model)).to(torch.float32).eval()
-        quantize_int8(copy_)
+        (quantize_int8 if dtype == torch.int8 else quantize_int4)(copy_)
         return copy_
     copy_ = (model if inplace else copy.deepcopy(model)).to(dtype).eval()
     if pack:
@@ -90,6 +99,20 @@ def quantize_int8(model: GPT) -> int:
     assert unembed is not None
     n = int(kernels.pack_int8(unembed, transposed=tied))
     return n + sum(kernels.pack_int8(W) for W in _projections(model))
+
+
+def quantize_int4(model: GPT, *, unembed: str = "int8") -> int:
+    """Replace a float32 CPU model's block projections by int4 W̃ = q·d in place (groups of 32
+    inputs, ``glassgpt.kernels.pack_int4``) and the unembedding (W_E when tied) by int8 or,
+    with ``unembed="int4"``, int4 too; returns how many. The unembedding stays int8 by
+    default: it sets every logit, and int4 there costs more perplexity than all the blocks'
+    (docs/performance.md, "int4")."""
+    tied = model.unembed.W_U is None
+    W_U = model.embed.W_E if tied else model.unembed.W_U
+    assert W_U is not None
+    pack_unembed = kernels.pack_int4 if unembed == "int4" else kernels.pack_int8
+    n = int(pack_unembed(W_U, transposed=tied))
+    return n + sum(kernels.pack_int4(W) for W in _projections(model))
 
 
 def _projections(model: GPT) -> list[Tensor]:

@@ -109,8 +109,8 @@ def test_load_dtype_means_the_clis_dtype(run: Path, dtype: str, decoders: list) 
     generate(model, [1, 2], max_new_tokens=3)
     # int8: float32 activations; bf16: its decoding copy's (here, a small model, float32)
     assert decoders[-1].kind == ("replayed" if rowwise.built() else "eager")
-    with pytest.raises(ConfigError, match="'int4'"):
-        glassgpt.load(run, dtype="int4")
+    with pytest.raises(ConfigError, match="'int3'"):
+        glassgpt.load(run, dtype="int3")
 
 
 def test_a_loaded_model_fine_tunes_as_the_plain_one(run: Path) -> None:

@@ -154,6 +154,21 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+class Table:
+    """A frozen config dataclass's table methods: ``from_dict`` (unknown keys raise naming the
+    key), ``to_dict`` and ``replace`` (a copy, re-validated)."""
+
+    @classmethod
+    def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:
+        return from_dict(cls, data, prefix=prefix)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def replace(self: T, **changes: Any) -> T:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
 def coerce(value: Any, hint: Any, field: str) -> Any:
     """Convert ``value`` to the annotated type ``hint`` or raise ``ConfigError(field, ...)``."""
     origin = get_origin(hint)

@@ -24,7 +24,6 @@ Saved beside the SAE folder format: ``clt.json`` (format, config, extra) and
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
-from glassgpt.config import check, from_dict, to_dict
+from glassgpt.config import Table, check
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.features.sparse import jumprelu, topk_relu
 from glassgpt.formats import check_format
@@ -50,7 +49,7 @@ CONFIG_FILE, WEIGHTS_FILE = "clt.json", "clt.safetensors"
 
 
 @dataclass(frozen=True)
-class CLTConfig:
+class CLTConfig(Table):
     """The shape and objective of one CLT; validated on construction (errors name the field).
 
     >>> CLTConfig(d_model=8, d_sae=16, n_layers=3, arch="topk", k=4).n_decoders
@@ -97,16 +96,6 @@ class CLTConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, prefix: str = "") -> CLTConfig:
-        return from_dict(cls, data, prefix=prefix)
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
-
-    def replace(self, **changes: Any) -> CLTConfig:
-        return dataclasses.replace(self, **changes)
 
 
 class CLT(nn.Module):

@@ -33,7 +33,6 @@ Every architecture but ``relu`` keeps the decoder rows at unit norm
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
-from glassgpt.config import check, from_dict, to_dict
+from glassgpt.config import Table, check
 from glassgpt.errors import ConfigError, GlassError, InputFileError
 from glassgpt.features.sparse import (
     batch_topk_relu,
@@ -67,7 +66,7 @@ CONFIG_FILE, WEIGHTS_FILE = "sae.json", "sae.safetensors"
 
 
 @dataclass(frozen=True)
-class SAEConfig:
+class SAEConfig(Table):
     """The shape and objective of one SAE; validated on construction (errors name the field).
 
     >>> SAEConfig(d_in=8, d_sae=32, arch="topk", k=4).activation
@@ -143,16 +142,6 @@ class SAEConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, prefix: str = "") -> SAEConfig:
-        return from_dict(cls, data, prefix=prefix)
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
-
-    def replace(self, **changes: Any) -> SAEConfig:
-        return dataclasses.replace(self, **changes)
 
 
 def sae_folder(sae_dir: str | Path) -> Path:

@@ -39,13 +39,7 @@ from glassgpt.tokenizer.display import token_texts, visible
 
 def encode_prompt(model: GPT, tokenizer: Any, prompt: str) -> list[int]:
     """The prompt's ids; an empty prompt or one longer than the context raises GlassError."""
-    if hasattr(tokenizer, "encode_prompt"):  # a family's BOS first, as the model was trained
-        ids = list(tokenizer.encode_prompt(prompt))
-    else:
-        try:
-            ids = list(tokenizer.encode(prompt, allowed_special="all"))
-        except TypeError:
-            ids = list(tokenizer.encode(prompt))
+    ids = list(tokenizer.encode_prompt(prompt))  # a family's BOS first, as it was trained
     if not ids:
         raise GlassError("the prompt is empty: give some text to inspect")
     n_ctx = model.config.n_ctx

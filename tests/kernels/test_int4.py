@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glassgpt.kernels import hidden, int4, is_packed, matmul
+from glassgpt.kernels import extensions, hidden, int4, is_packed, matmul
 
 needs_ext = pytest.mark.skipif(int4.compiled() is None, reason="the _int4 extension is not built")
 
@@ -174,7 +174,7 @@ def test_seam_product_few_and_many_rows(transposed: bool, hide: bool, monkeypatc
     """pack_int4 turns W into W̃ in place; the seam's products are x W̃ + b for 1..8 rows (the
     kernel) and for more (float32), with the extension or without it (a warning, once). The
     width, 40, is not a multiple of the group: the last group is padded with zeros."""
-    monkeypatch.setattr(int4, "_warned", False)
+    monkeypatch.setattr(extensions, "_warned", set())
     if not hide and int4.compiled() is None:
         pytest.skip("the _int4 extension is not built")
     gen = torch.Generator().manual_seed(3)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glassgpt.kernels import int8, is_packed, matmul
+from glassgpt.kernels import extensions, int8, is_packed, matmul
 
 EPS32 = 2.0**-24  # float32 unit roundoff
 
@@ -187,7 +187,7 @@ def test_seam_product_few_and_many_rows(transposed: bool, hide: bool, monkeypatc
     kernel) and for more (float32), with the extension or without it (a warning, once)."""
     if hide:
         monkeypatch.setattr(int8, "compiled", lambda: None)
-        monkeypatch.setattr(int8, "_warned", False)
+        monkeypatch.setattr(extensions, "_warned", set())
     elif int8.compiled() is None:
         pytest.skip("the _int8 extension is not built")
     gen = torch.Generator().manual_seed(3)

@@ -12,7 +12,7 @@ from tests.sample.test_replay import prefilled, replay_against_eager
 
 from glassgpt.cli import main
 from glassgpt.errors import GlassError
-from glassgpt.kernels import dense, int4, int8, rowwise
+from glassgpt.kernels import dense, extensions, int4, int8, rowwise
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import cast, parse_dtype, quantize_int4
 from glassgpt.sample import generate
@@ -96,7 +96,7 @@ def test_int4_runs_on_a_cpu_only_and_falls_back_with_a_note(monkeypatch) -> None
             cast(model.cuda(), "int4")
     with_ext = cast(model, "int4")
     monkeypatch.setattr(int4, "compiled", lambda: None)
-    monkeypatch.setattr(int4, "_warned", False)
+    monkeypatch.setattr(extensions, "_warned", set())
     with pytest.warns(RuntimeWarning, match="int4 kernel glassgpt.kernels._int4 is not built"):
         without = cast(model, "int4")
         with torch.inference_mode():

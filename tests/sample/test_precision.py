@@ -7,7 +7,7 @@ import torch
 
 from glassgpt import kernels
 from glassgpt.errors import ConfigError, GlassError
-from glassgpt.kernels import dense
+from glassgpt.kernels import dense, extensions
 from glassgpt.kernels.dense import out_in_view
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import attach_kernels, cast, parse_dtype, perplexity
@@ -242,7 +242,7 @@ def test_int8_without_the_extension_is_the_same_function(monkeypatch) -> None:
     model = model_of()
     with_ext = logits(cast(model, "int8"), TOKENS[:1, :4])
     monkeypatch.setattr(int8, "compiled", lambda: None)
-    monkeypatch.setattr(int8, "_warned", False)
+    monkeypatch.setattr(extensions, "_warned", set())
     with pytest.warns(RuntimeWarning, match="int8 kernel glassgpt.kernels._int8 is not built"):
         without = logits(cast(model, "int8"), TOKENS[:1, :4])
     torch.testing.assert_close(without, with_ext, rtol=0, atol=1e-4 * with_ext.abs().max().item())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -35,6 +36,23 @@ def extension(name: str) -> ModuleType | None:
 def built(name: str) -> bool:
     """Whether the extension ``name`` (one of :data:`EXTENSIONS`) is built and not hidden."""
     return extension(name) is not None
+
+
+_warned: set[str] = set()
+
+
+def warn_unbuilt(name: str, dtype: str) -> None:
+    """Warn, once per extension, that ``dtype``'s products run in float32 because the
+    extension ``name`` is not built (the caller's caller is named, as the seam's user)."""
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"the {dtype} kernel glassgpt.kernels.{name} is not built (installed without a C "
+            f"compiler?): {dtype} products run in float32 from the same weights (same results, "
+            "float32 speed)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 @contextmanager

@@ -22,14 +22,13 @@ without the extension compute x W̃ + b in float32 from W̃ itself (a note says 
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from glassgpt.kernels import dense, replay
-from glassgpt.kernels.extensions import extension
+from glassgpt.kernels.extensions import extension, warn_unbuilt
 from glassgpt.kernels.int8 import float_product
 from glassgpt.kernels.pages import huge_page_copy
 
@@ -124,22 +123,6 @@ def blocks(q: Tensor, d: Tensor) -> Tensor:
     return torch.cat([nib, scales.view(P, G, 2 * PANEL)], dim=-1).contiguous()
 
 
-_warned = False
-
-
-def _warn_missing() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(
-            "the int4 kernel glassgpt.kernels._int4 is not built (installed without a C "
-            "compiler?): int4 products run in float32 from the same weights (same results, "
-            "float32 speed)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
 def gemv(x: Tensor, q: Tensor, d: Tensor, b: Tensor | None, threads: int) -> Tensor:
     """x W̃ᵀ + b by the compiled kernel, for x [M, d_in] float32 (M ≤ MAX_ROWS), q, d from
     :func:`quantize` of a [d_out, d_in] weight, b [d_out] or None → [M, d_out]. Packs the
@@ -196,7 +179,7 @@ def product(q: Tensor, d: Tensor, *, many: Any) -> Any:
         ok = d_in and -(-d_in // GROUP) * GROUP == q.shape[1] and x.dtype == torch.float32
         if ext is None or not ok or not 1 <= rows <= MAX_ROWS or not x.is_cpu or not _bias_ok(b):
             if ext is None:
-                _warn_missing()
+                warn_unbuilt("_int4", "int4")
             return many(x, W, b)
         x = x if x.is_contiguous() else x.contiguous()
         y = x.new_empty((*x.shape[:-1], d_out))

@@ -23,14 +23,13 @@ x W̃ + b in float32 from W̃ itself (a warning says once that the extension is 
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from glassgpt.kernels import dense, replay
-from glassgpt.kernels.extensions import extension
+from glassgpt.kernels.extensions import extension, warn_unbuilt
 from glassgpt.kernels.pages import huge_page_copy
 
 MAX_ROWS = 8  # rows of x (batch × tokens) that the compiled kernel takes
@@ -77,22 +76,6 @@ def panels(q: Tensor) -> Tensor:
     padded = torch.zeros(n * GROUP, n2 * 2, dtype=torch.int8)
     padded[:d_out, :d_in] = q
     return padded.view(n, GROUP, n2, 2).transpose(1, 2).contiguous()
-
-
-_warned = False
-
-
-def _warn_missing() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(
-            "the int8 kernel glassgpt.kernels._int8 is not built (installed without a C "
-            "compiler?): int8 products run in float32 from the same weights (same results, "
-            "float32 speed)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
 
 
 def gemv(x: Tensor, q: Tensor, s: Tensor, b: Tensor | None, threads: int) -> Tensor:
@@ -166,7 +149,7 @@ def product(q: Tensor, s: Tensor, *, many: Any) -> Any:
         rows = x.numel() // d_in if d_in and x.shape[-1] == d_in else 0
         if ext is None or not 1 <= rows <= MAX_ROWS or not x.is_cpu or not _bias_ok(b):
             if ext is None:
-                _warn_missing()
+                warn_unbuilt("_int8", "int8")
             return many(x, W, b)
         x = x if x.is_contiguous() else x.contiguous()  # float32: the seam's packed products
         y = x.new_empty((*x.shape[:-1], d_out))  # see only x of W's dtype

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.inspect.test_patching import HOOK, TL_NAMES
 
 from glassgpt.errors import GlassError
 from glassgpt.inspect import patching
@@ -19,24 +20,6 @@ from glassgpt.inspect.cache import patch_hook, run_with_cache, run_with_hooks
 from glassgpt.inspect.metrics import logit_diff, logprob, loss, normalised
 
 ALL = slice(None)
-HOOK = {"z": "attn.z", "q": "attn.q", "k": "attn.k", "v": "attn.v", "pattern": "attn.pattern"}
-FUNCTIONS = {  # TransformerLens's name → (site, by)
-    "get_act_patch_resid_pre": ("resid_pre", "layer_pos"),
-    "get_act_patch_resid_mid": ("resid_mid", "layer_pos"),
-    "get_act_patch_attn_out": ("attn_out", "layer_pos"),
-    "get_act_patch_mlp_out": ("mlp_out", "layer_pos"),
-    "get_act_patch_attn_head_out_by_pos": ("z", "layer_pos_head"),
-    "get_act_patch_attn_head_q_by_pos": ("q", "layer_pos_head"),
-    "get_act_patch_attn_head_k_by_pos": ("k", "layer_pos_head"),
-    "get_act_patch_attn_head_v_by_pos": ("v", "layer_pos_head"),
-    "get_act_patch_attn_head_pattern_by_pos": ("pattern", "layer_head_pos"),
-    "get_act_patch_attn_head_pattern_dest_src_pos": ("pattern", "layer_head_dest_src"),
-    "get_act_patch_attn_head_out_all_pos": ("z", "layer_head"),
-    "get_act_patch_attn_head_q_all_pos": ("q", "layer_head"),
-    "get_act_patch_attn_head_k_all_pos": ("k", "layer_head"),
-    "get_act_patch_attn_head_v_all_pos": ("v", "layer_head"),
-    "get_act_patch_attn_head_pattern_all_pos": ("pattern", "layer_head"),
-}
 
 
 def index_of(site: str, by: str, idx: tuple[int, ...]) -> tuple[Any, ...]:
@@ -76,12 +59,12 @@ def metrics(corrupted: torch.Tensor, clean_logits, corrupt_logits) -> dict[str, 
     }
 
 
-def check(model, clean, corrupted, names=FUNCTIONS) -> None:
+def check(model, clean, corrupted, names=TL_NAMES) -> None:
     clean_logits, cache = run_with_cache(model, clean)
     corrupt_logits = run_with_hooks(model, corrupted, {})
     ms = metrics(corrupted, clean_logits, corrupt_logits)
     for name in names:
-        site, by = FUNCTIONS[name]
+        site, by = TL_NAMES[name]
         if site == "mlp_out" and model.config.attn_only:
             continue
         if site == "resid_mid" and model.config.parallel_residual:
@@ -113,7 +96,7 @@ def test_every_sweep_equals_the_loop_of_patched_runs_at_each_depth(tiny, n_layer
     corrupted = clean.clone()
     corrupted[0, 1] = (clean[0, 1] + 3) % config.n_vocab
     corrupted[B - 1, 2] = (clean[B - 1, 2] + 5) % config.n_vocab
-    check(model, clean, corrupted, list(FUNCTIONS) if n_layers < 12 else DEEP)
+    check(model, clean, corrupted, list(TL_NAMES) if n_layers < 12 else DEEP)
 
 
 FAMILIES = {

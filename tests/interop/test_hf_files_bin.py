@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from tests.interop.hf_cases import CASES, make, tokens
+from tests.interop.test_hf_bad_input import WEIGHTS  # the change and its one line
 
 from glassgpt.checkpoint import open_run
 from glassgpt.cli import main
@@ -65,17 +66,6 @@ def test_a_sharded_bin_folder_loads_the_same_weights(case: str, tmp_path: Path) 
         torch.testing.assert_close(ours(x), theirs(x).logits, rtol=1e-5, atol=1e-5)
     run = open_run(folder)  # -c and glassgpt.load see an HF folder too
     assert run.model is not None and torch.equal(run.model(x), ours(x))
-
-
-WEIGHTS = {  # change to the state dict, the one line expected
-    "missing": (lambda t: t.pop("model.layers.1.mlp.up_proj.weight"),
-                r"missing tensor model\.layers\.1\.mlp\.up_proj\.weight \(of a LlamaForCausalLM\)$"),
-    "unexpected": (lambda t: t.update({"model.layers.2.mlp.up_proj.weight": torch.zeros(1)}),
-                   r"unexpected tensor model\.layers\.2\.mlp\.up_proj\.weight \(not of a LlamaForCausalLM\)$"),
-    "misshapen": (lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(32, 32)}),
-                  r"model\.layers\.0\.self_attn\.k_proj\.weight has shape \(32, 32\); config\.json "
-                  r"implies \(16, 32\)$"),
-}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(WEIGHTS))

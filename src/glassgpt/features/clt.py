@@ -31,16 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 from glassgpt.config import Table, check
-from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.errors import GlassError, InputFileError
+from glassgpt.features.sae import config_of, load_weights, write_folder
 from glassgpt.features.sparse import jumprelu, topk_relu
 from glassgpt.formats import check_format
-from glassgpt.storage import atomic_write
 
 CLT_ARCHS = ("jumprelu", "topk")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -218,13 +215,8 @@ class CLT(nn.Module):
     # -- files ------------------------------------------------------------------------------
     def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
         """Write ``clt.json`` (format, config, ``extra``) and ``clt.safetensors`` atomically."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        atomic_write(folder / WEIGHTS_FILE, st_save(tensors))
         doc = {"format": FORMAT, "version": VERSION, "config": self.cfg.to_dict(), **(extra or {})}
-        atomic_write(folder / CONFIG_FILE, (json.dumps(doc, indent=1) + "\n").encode())
-        return folder
+        return write_folder(folder, (CONFIG_FILE, doc), (WEIGHTS_FILE, self.state_dict()))
 
     @classmethod
     def load(cls, folder: str | Path, *, device: str | torch.device | None = None) -> CLT:
@@ -238,18 +230,6 @@ class CLT(nn.Module):
         except (OSError, ValueError) as e:
             raise InputFileError(f"{path}: unreadable ({e})") from None
         doc = check_format(doc, path, FORMAT, VERSION, what="CLT format", not_ours="not a glassgpt CLT file")  # fmt: skip
-        try:
-            cfg = CLTConfig.from_dict(doc["config"], prefix="config.")
-        except KeyError:
-            raise InputFileError(f"{path}: has no config") from None
-        except ConfigError as e:
-            raise InputFileError(f"{path}: {e}") from None
-        clt = cls(cfg)
-        try:
-            clt.load_state_dict(st_load((folder / WEIGHTS_FILE).read_bytes()))
-        except (OSError, SafetensorError) as e:
-            raise InputFileError(f"{folder / WEIGHTS_FILE}: unreadable ({e})") from None
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()[0]
-            raise InputFileError(f"{folder / WEIGHTS_FILE}: does not fit {path}: {first}") from None
+        clt = cls(config_of(CLTConfig, doc, path))
+        load_weights(clt, folder / WEIGHTS_FILE, path)
         return (clt.to(device) if device is not None else clt).eval()

@@ -37,7 +37,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -63,6 +63,7 @@ ACTIVATIONS: tuple[str, ...] = ("topk", "batchtopk", "jumprelu", "relu")  # σ o
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 FORMAT, VERSION = "glassgpt-sae", 1
 CONFIG_FILE, WEIGHTS_FILE = "sae.json", "sae.safetensors"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,45 @@ def read_sae_json(folder: str | Path) -> tuple[Path, Any]:
 
 
 # -- the shared equations -------------------------------------------------------------------
+
+
+def write_folder(
+    folder: str | Path, config: tuple[str, dict[str, Any]], weights: tuple[str, dict[str, Tensor]]
+) -> Path:
+    """Write a feature dictionary's folder atomically: ``config`` = (file name, its JSON
+    document), ``weights`` = (file name, its tensors, saved as safetensors)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    name, tensors = weights
+    atomic_write(
+        folder / name, st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+    )
+    name, doc = config
+    atomic_write(folder / name, (json.dumps(doc, indent=1) + "\n").encode())
+    return folder
+
+
+def config_of(cls: type[T], doc: dict[str, Any], path: Path) -> T:
+    """The config table ``doc["config"]`` of the file at ``path`` as ``cls``; one line naming
+    the file where it is missing or invalid."""
+    try:
+        return cls.from_dict(doc["config"], prefix="config.")  # type: ignore[attr-defined]
+    except KeyError:
+        raise InputFileError(f"{path}: has no config") from None
+    except ConfigError as e:
+        raise InputFileError(f"{path}: {e}") from None
+
+
+def load_weights(module: nn.Module, weights: Path, config: Path) -> None:
+    """Fill ``module`` from the safetensors file ``weights``; one line naming the file where
+    it is unreadable or does not fit the ``config`` file's shapes."""
+    try:
+        module.load_state_dict(st_load(weights.read_bytes()))
+    except (OSError, SafetensorError) as e:
+        raise InputFileError(f"{weights}: unreadable ({e})") from None
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise InputFileError(f"{weights}: does not fit {config}: {first}") from None
 
 
 class SAE(nn.Module):
@@ -344,13 +384,8 @@ class SAE(nn.Module):
 
     def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
         """Write ``sae.json`` (format, config, ``extra``) and ``sae.safetensors`` atomically."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.cpu().contiguous() for k, v in self.state().items()}
-        atomic_write(folder / WEIGHTS_FILE, st_save(tensors))
         doc = {"format": FORMAT, "version": VERSION, "config": self.cfg.to_dict(), **(extra or {})}
-        atomic_write(folder / CONFIG_FILE, (json.dumps(doc, indent=1) + "\n").encode())
-        return folder
+        return write_folder(folder, (CONFIG_FILE, doc), (WEIGHTS_FILE, self.state()))
 
     @classmethod
     def load(cls, folder: str | Path, *, device: str | torch.device | None = None) -> SAE:
@@ -358,21 +393,8 @@ class SAE(nn.Module):
         folder = sae_folder(folder)
         path, doc = read_sae_json(folder)
         doc = check_format(doc, path, FORMAT, VERSION, what="SAE format", not_ours="not a glassgpt SAE file")  # fmt: skip
-        try:
-            cfg = SAEConfig.from_dict(doc["config"], prefix="config.")
-        except KeyError:
-            raise InputFileError(f"{path}: has no config") from None
-        except ConfigError as e:
-            raise InputFileError(f"{path}: {e}") from None
-        sae = SAE(cfg)
-        try:
-            tensors = st_load((folder / WEIGHTS_FILE).read_bytes())
-            sae.load_state_dict(tensors)
-        except (OSError, SafetensorError) as e:
-            raise InputFileError(f"{folder / WEIGHTS_FILE}: unreadable ({e})") from None
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()[0]
-            raise InputFileError(f"{folder / WEIGHTS_FILE}: does not fit {path}: {first}") from None
+        sae = SAE(config_of(SAEConfig, doc, path))
+        load_weights(sae, folder / WEIGHTS_FILE, path)
         if device is not None:
             sae = sae.to(device)
         return sae.eval()

@@ -1,6 +1,7 @@
 """``glassgpt sae``: sparse autoencoders and transcoders on one activation of a trained model.
 
     glassgpt sae train -c RUN --hook blocks.1.resid_post --width 512 --arch topk -k 32 -o DIR
+    glassgpt sae train -c RUN --arch clt [--clt-arch jumprelu|topk] [-k K] --width 512 -o DIR
     glassgpt sae eval -c DIR [--json]
     glassgpt sae features -c DIR [--data PATH…] [-o FILE] [--tokens N] [--top K]
     glassgpt sae export -c DIR --format saelens -o OUT
@@ -26,6 +27,7 @@ from glassgpt.cli.arguments import (
     add_output,
     add_overrides,
 )
+from glassgpt.features.clt import CLT_ARCHS
 from glassgpt.features.folders import eval_sae, export_sae, import_sae, write_pages
 from glassgpt.features.job import train_command
 from glassgpt.features.metrics import EVAL_TOKENS
@@ -48,14 +50,18 @@ def register(parser: argparse.ArgumentParser) -> None:
         "streamed from the run's data shards through a shuffling buffer (nothing written to "
         "disk). Checkpoints in -o DIR/ckpt; the SAE in DIR/sae (with the model's identity, "
         "which serve --sae and sae features check); metrics in DIR/metrics.jsonl; the closing "
-        "line is sae eval's measurement (DIR/eval.json).",
+        "line is sae eval's measurement (DIR/eval.json). --arch clt trains a cross-layer "
+        "transcoder instead: features reading every layer's MLP input, each writing to its "
+        "own and every later layer's MLP output (DIR/clt; no --hook).",
     )
     add_checkpoint(p, required=False, help="the run (or checkpoint) whose model the SAE reads")
     p.add_argument("--hook", help="the activation, e.g. blocks.1.resid_post (or blocks.1.hook_resid_post); a transcoder: blocks.L.mlp_out")  # fmt: skip
-    p.add_argument("--width", type=int, help="latents (d_sae)")
-    p.add_argument("--arch", choices=ARCHS,
-                   help="the architecture (transcoder: reads the MLP's input, predicts its output)")  # fmt: skip
-    p.add_argument("-k", type=int, default=None, help="latents kept per token (topk, batchtopk, transcoder)")  # fmt: skip
+    p.add_argument("--width", type=int, help="latents (d_sae; a CLT: features per layer)")
+    p.add_argument("--arch", choices=(*ARCHS, "clt"),
+                   help="the architecture (transcoder: reads the MLP's input, predicts its output; clt: a cross-layer transcoder over every layer)")  # fmt: skip
+    p.add_argument("--clt-arch", choices=CLT_ARCHS, default=None,
+                   help="a CLT's activation (default: topk with -k, else jumprelu with the tanh penalty)")  # fmt: skip
+    p.add_argument("-k", type=int, default=None, help="latents kept per token (topk, batchtopk, transcoder; a topk CLT: per token and layer)")  # fmt: skip
     add_output(p, metavar="DIR", help="the SAE's folder")
     p.add_argument("--tokens", type=int, default=None, help="training tokens (train.tokens)")
     p.add_argument("--data", metavar="PATH", nargs="+", action="extend",
@@ -155,7 +161,7 @@ def summary(r: dict[str, Any]) -> str:
 def run_train(args: argparse.Namespace) -> int:
     result = train_command(
         checkpoint=args.checkpoint, hook=args.hook, width=args.width, arch=args.arch, k=args.k,
-        out=args.output, tokens=args.tokens, overrides=args.overrides, data=args.data,
+        clt_arch=args.clt_arch, out=args.output, tokens=args.tokens, overrides=args.overrides, data=args.data,
         resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
         argv=sys.argv,
     )  # fmt: skip
@@ -163,6 +169,12 @@ def run_train(args: argparse.Namespace) -> int:
         return 130
     print(summary(result))
     out = Path(result["folder"])
+    if "fvu_layers" in result:  # a CLT: each target layer
+        print("per layer: " + " | ".join(
+            f"{l}: FVU {f:.4f}, L0 {z:.1f}"
+            for l, (f, z) in enumerate(zip(result["fvu_layers"], result["l0_layers"]))))  # fmt: skip
+        print(f"wrote {out / 'clt'} (the CLT), {out / 'eval.json'} and {out / 'metrics.jsonl'}")
+        return 0
     print(f"wrote {out / 'sae'} (the SAE), {out / 'eval.json'} and {out / 'metrics.jsonl'}")
     return 0
 

@@ -1,7 +1,8 @@
 """Activations streamed from a run's token shards through a shuffling buffer, never to disk.
 
     round r:  windows w₁ … w_M ~ the run's BatchSampler (seeded, uniform over the split)
-              A_r = [a_site(w₁); …; a_site(w_M)]     [M·T, d_in]  (the model's forward, no grad)
+              A_r = [a_site(w₁); …; a_site(w_M)]     [M·T, d_in]  (the model's forward, no grad;
+                                                    a CLT's site: [M·T, L, d_model], every layer)
               π_r = a permutation of the M·T rows     (PCG64 seeded by (seed, r))
               batches  A_r[π_r[0:b]], A_r[π_r[b:2b]], …   (b = ``batch_tokens``; a tail < b dropped)
 
@@ -15,8 +16,9 @@ trainer recomputes the round and continues with the very same batches.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,11 +31,14 @@ from glassgpt.errors import GlassError
 from glassgpt.features.sites import Site, read
 from glassgpt.model import GPT
 
+Reader = Callable[[GPT, Tensor], tuple[Tensor, Tensor | None]]  # (model, tokens [B, T]) → (x, y)
+
 
 class ActivationBuffer:
     """``next_batch() -> (x [b, d_in], y [b, d_out] or None)``: shuffled activations of a site.
 
-    ``buffer_tokens`` is rounded down to whole windows of ``seq_len`` (at least one model
+    ``site``: a :class:`Site`, or a reader of (x [B, T, ...], y or None) from the model and
+    tokens. ``buffer_tokens`` is rounded down to whole windows of ``seq_len`` (at least one model
     batch of ``model_batch`` windows); ``autocast``: the dtype the model runs under (None:
     as its weights), activations kept in float32.
     """
@@ -41,7 +46,7 @@ class ActivationBuffer:
     def __init__(
         self,
         model: GPT,
-        site: Site,
+        site: Site | Reader,
         stream: TokenStream,
         *,
         batch_tokens: int,
@@ -60,7 +65,8 @@ class ActivationBuffer:
                 f"buffer_tokens={buffer_tokens} holds fewer tokens than one batch of "
                 f"{batch_tokens}; raise train.buffer_tokens"
             )
-        self.model, self.site, self.seed = model, site, seed
+        self.model, self.seed = model, seed
+        self.read: Reader = site if callable(site) else partial(read, site=site)
         self.batch_tokens, self.seq_len, self.model_batch = batch_tokens, seq_len, model_batch
         self.windows, self.autocast = windows, autocast
         self.sampler = BatchSampler(stream, "train", batch_size=model_batch, seq_len=seq_len, seed=seed)  # fmt: skip
@@ -88,10 +94,10 @@ class ActivationBuffer:
         with torch.no_grad(), cast:
             for _ in range(self.windows // self.model_batch):
                 tokens, _ = self.sampler.next_batch()
-                x, y = read(self.model, tokens.to(self.device), self.site)
-                xs.append(x.reshape(-1, x.shape[-1]).float())
+                x, y = self.read(self.model, tokens.to(self.device))
+                xs.append(x.flatten(0, 1).float())  # a row per token
                 if y is not None:
-                    ys.append(y.reshape(-1, y.shape[-1]).float())
+                    ys.append(y.flatten(0, 1).float())
         self.x = torch.cat(xs)
         self.y = torch.cat(ys) if ys else None
         rng = np.random.Generator(np.random.PCG64([self.seed, self.round]))

@@ -190,6 +190,27 @@ class CLT(nn.Module):
         """‖W_dec,l,i‖ over all of feature (l, i)'s target layers [L, d_sae]."""
         return torch.stack([W.pow(2).sum((0, 2)).sqrt() for W in self.W_dec])
 
+    @torch.no_grad()
+    def rescaled(self, s_in: Tensor, s_out: Tensor) -> CLT:
+        """The CLT on raw activations equivalent to this one trained on (s_in[l]·u_l,
+        s_out[l]·y_l): W_enc[l] ← s_in[l] W_enc[l], W_dec[s][t − s] ← W_dec[s][t − s] / s_out[t],
+        b_dec[t] ← b_dec[t] / s_out[t]; z, hence a and θ, unchanged.
+
+        >>> clt = CLT(CLTConfig(d_model=3, d_sae=5, n_layers=2), seed=0)
+        >>> u, s, t = torch.randn(4, 2, 3), torch.tensor([2.0, 3.0]), torch.tensor([0.5, 4.0])
+        >>> y_hat, a = clt.rescaled(s, t)(u)
+        >>> bool(torch.allclose(y_hat, clt(u * s[:, None])[0] / t[:, None], atol=1e-6))
+        True
+        """
+        s_in, s_out = torch.as_tensor(s_in).to(self.b_dec), torch.as_tensor(s_out).to(self.b_dec)
+        copy = CLT(self.cfg).to(self.b_dec.device)
+        copy.load_state_dict(self.state_dict())
+        copy.W_enc.mul_(s_in[:, None, None])
+        for source, W in enumerate(copy.W_dec):
+            W.div_(s_out[source:, None, None])
+        copy.b_dec.div_(s_out[:, None])
+        return copy.train(self.training)
+
     def loss(self, u: Tensor, y: Tensor) -> dict[str, Tensor]:
         """The objective's terms (module docstring), each a 0-d mean over tokens: ``mse``,
         ``sparsity``, their sum ``loss``; and ``y_hat``, ``acts``. u, y [..., L, d_model]."""

@@ -24,8 +24,11 @@ from glassgpt.config import apply_overrides, from_dict
 from glassgpt.console import say
 from glassgpt.data import DataDir, prepare
 from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.features.clt import CLT_ARCHS, CLTConfig
+from glassgpt.features.clt_train import CLTFit
 from glassgpt.features.identity import model_identity
-from glassgpt.features.sae import CONFIG_FILE, SAEConfig
+from glassgpt.features.sae import SAEConfig
+from glassgpt.features.sae_fit import SAEFit
 from glassgpt.features.sites import resolve_site
 from glassgpt.features.training import RUN_FILE, SAERun, SAETrainConfig, Trainer
 from glassgpt.storage import atomic_write
@@ -36,10 +39,11 @@ from glassgpt.train.lock import LOCK_NAME, RunLock
 def plan(
     *,
     checkpoint: str,
-    hook: str,
+    hook: str | None,
     width: int,
     arch: str,
     k: int | None,
+    clt_arch: str | None = None,
     tokens: int | None,
     overrides: Sequence[str],
     data: Sequence[str] | None,
@@ -47,15 +51,61 @@ def plan(
     argv: Sequence[str],
 ) -> SAERun:
     """Check every argument against the model before anything starts."""
-    if arch not in ("topk", "batchtopk", "jumprelu", "relu", "transcoder"):
-        raise ConfigError("--arch", f"must be topk, batchtopk, jumprelu, relu or transcoder, got {arch!r}")  # fmt: skip
-    site = resolve_site(model, hook, transcoder=arch == "transcoder")
-    if width < 1 or width * max(site.d_in, site.d_out or 0) > 2**31:
-        raise ConfigError("--width", f"must be in [1, {2**31 // site.d_in:,}] for {site.hook} of width {site.d_in}, got {width}")  # fmt: skip
+    if arch not in ("topk", "batchtopk", "jumprelu", "relu", "transcoder", "clt"):
+        raise ConfigError("--arch", f"must be topk, batchtopk, jumprelu, relu, transcoder or clt, got {arch!r}")  # fmt: skip
+    if clt_arch is not None and arch != "clt":
+        raise ConfigError("--clt-arch", f"chooses a CLT's activation; it needs --arch clt, not --arch {arch}")  # fmt: skip
     raw: dict[str, Any] = apply_overrides({}, overrides)
     unknown = sorted(set(raw) - {"sae", "train"})
     if unknown:
         raise ConfigError(unknown[0], "unknown section; --set takes sae.KEY=VALUE or train.KEY=VALUE")  # fmt: skip
+    if arch == "clt":
+        dict_cfg: SAEConfig | CLTConfig = _clt_config(model, hook, width, k, clt_arch, raw)
+    else:
+        if hook is None:
+            raise GlassError("sae train needs --hook (or --resume DIR)")
+        dict_cfg = _sae_config(model, hook, width, arch, k, raw)
+    train_raw = dict(raw.get("train", {}))
+    if tokens is not None:
+        train_raw["tokens"] = tokens
+    train_cfg = from_dict(SAETrainConfig, train_raw, prefix="train.")
+    if train_cfg.seq_len is not None and train_cfg.seq_len > model.config.n_ctx:
+        raise ConfigError("train.seq_len", f"must be ≤ n_ctx={model.config.n_ctx}, got {train_cfg.seq_len}")  # fmt: skip
+    return SAERun(str(Path(checkpoint).resolve()), _data_folder(checkpoint, data), dict_cfg,
+                  train_cfg, list(argv))  # fmt: skip
+
+
+def _clt_config(model: Any, hook: str | None, width: int, k: int | None, clt_arch: str | None,
+                raw: dict[str, Any]) -> CLTConfig:  # fmt: skip
+    """A CLT over every layer: its activation ``--clt-arch`` (default: topk with -k, else
+    jumprelu)."""
+    m = model.config
+    if hook is not None:
+        raise ConfigError("--hook", f"--arch clt reads every layer's blocks.L.mlp.in and predicts every blocks.L.mlp_out; drop --hook {hook}")  # fmt: skip
+    if m.attn_only:
+        raise GlassError("--arch clt: this model is attention-only: it has no MLP to replace")
+    limit = 2**31 // (m.n_layers * m.d_model)
+    if not 1 <= width <= limit:
+        raise ConfigError("--width", f"must be in [1, {limit:,}] (features per layer of a CLT over {m.n_layers} layers of d_model={m.d_model}), got {width}")  # fmt: skip
+    act = clt_arch or raw.get("sae", {}).get("arch") or ("topk" if k is not None else "jumprelu")
+    if act not in CLT_ARCHS:
+        raise ConfigError("--clt-arch", f"must be one of {', '.join(CLT_ARCHS)}, got {act!r}")
+    if act == "topk" and k is None and raw.get("sae", {}).get("k") is None:
+        raise ConfigError("-k", "--arch clt --clt-arch topk needs -k (features kept per token and layer), e.g. -k 16")  # fmt: skip
+    if k is not None and not 1 <= k <= width:
+        raise ConfigError("-k", f"must be in [1, --width={width}], got {k}")
+    if k is not None and act != "topk":
+        raise ConfigError("-k", f"keeps the k largest features of a topk CLT; --clt-arch {act} has none")  # fmt: skip
+    clt_raw = {"d_model": m.d_model, "d_sae": width, "n_layers": m.n_layers, **raw.get("sae", {}),
+               "arch": act, **({"k": k} if k is not None else {})}  # fmt: skip
+    return CLTConfig.from_dict(clt_raw, prefix="sae.")
+
+
+def _sae_config(model: Any, hook: str, width: int, arch: str, k: int | None,
+                raw: dict[str, Any]) -> SAEConfig:  # fmt: skip
+    site = resolve_site(model, hook, transcoder=arch == "transcoder")
+    if width < 1 or width * max(site.d_in, site.d_out or 0) > 2**31:
+        raise ConfigError("--width", f"must be in [1, {2**31 // site.d_in:,}] for {site.hook} of width {site.d_in}, got {width}")  # fmt: skip
     sae_raw = {"d_in": site.d_in, "d_sae": width, "arch": arch, "hook": site.hook,
                "out_hook": site.out_hook, "d_out": site.d_out, **raw.get("sae", {})}  # fmt: skip
     if k is not None:
@@ -66,15 +116,7 @@ def plan(
             raise ConfigError("-k", f"--arch {arch} needs -k (latents kept per token), e.g. -k 32")
     if k is not None and not 1 <= k <= width:
         raise ConfigError("-k", f"must be in [1, --width={width}], got {k}")
-    sae_cfg = SAEConfig.from_dict(sae_raw, prefix="sae.")
-    train_raw = dict(raw.get("train", {}))
-    if tokens is not None:
-        train_raw["tokens"] = tokens
-    train_cfg = from_dict(SAETrainConfig, train_raw, prefix="train.")
-    if train_cfg.seq_len is not None and train_cfg.seq_len > model.config.n_ctx:
-        raise ConfigError("train.seq_len", f"must be ≤ n_ctx={model.config.n_ctx}, got {train_cfg.seq_len}")  # fmt: skip
-    return SAERun(str(Path(checkpoint).resolve()), _data_folder(checkpoint, data), sae_cfg,
-                  train_cfg, list(argv))  # fmt: skip
+    return SAEConfig.from_dict(sae_raw, prefix="sae.")
 
 
 def _data_folder(checkpoint: str, data: Sequence[str] | None) -> str:
@@ -120,6 +162,7 @@ def train_command(
     width: int | None,
     arch: str | None,
     k: int | None = None,
+    clt_arch: str | None = None,
     out: str | None,
     tokens: int | None = None,
     overrides: Sequence[str] = (),
@@ -135,13 +178,13 @@ def train_command(
         path = folder / RUN_FILE
         if not path.is_file():
             raise InputFileError(f"--resume {folder}: not an SAE training folder (no {RUN_FILE})")
-        if any(v is not None for v in (checkpoint, hook, width, arch, k, tokens)) or overrides or data:  # fmt: skip
+        if any(v is not None for v in (checkpoint, hook, width, arch, k, clt_arch, tokens)) or overrides or data:  # fmt: skip
             raise GlassError("--resume continues the saved job as it was asked; drop the other arguments")  # fmt: skip
         job = SAERun.from_json(path.read_bytes(), path)
         out_dir = Path(out) if out else folder
     else:
-        missing = [f for f, v in (("-c", checkpoint), ("--hook", hook), ("--width", width),
-                                  ("--arch", arch), ("-o", out)) if v is None]  # fmt: skip
+        missing = [f for f, v in (("-c", checkpoint), ("--width", width), ("--arch", arch),
+                                  ("-o", out)) if v is None]  # fmt: skip
         if missing:
             raise GlassError(f"sae train needs {', '.join(missing)} (or --resume DIR)")
         out_dir = Path(out)  # type: ignore[arg-type]
@@ -156,9 +199,10 @@ def train_command(
             f"{model_path}: no tokenizer found; working with token ids only", stacklevel=2
         )
     if resume is None:
-        assert hook is not None and width is not None and arch is not None
-        job = plan(checkpoint=model_path, hook=hook, width=width, arch=arch, k=k, tokens=tokens,
-                   overrides=overrides, data=data, model=model, argv=argv)  # fmt: skip
+        assert width is not None and arch is not None
+        job = plan(checkpoint=model_path, hook=hook, width=width, arch=arch, k=k,
+                   clt_arch=clt_arch, tokens=tokens, overrides=overrides, data=data, model=model,
+                   argv=argv)  # fmt: skip
     if job.train.threads is not None:
         torch.set_num_threads(job.train.threads)
     with RunLock(out_dir, note=say):
@@ -172,8 +216,11 @@ def train_command(
         datadir = DataDir.open(job.data)
         if tok is not None:
             datadir.check_tokenizer(tok)
+        device = torch.device(job.train.device)
+        fit = (CLTFit(job.sae, seed=job.train.seed, device=device) if isinstance(job.sae, CLTConfig)
+               else SAEFit(job.sae, seed=job.train.seed, device=device))  # fmt: skip
         trainer = Trainer(job, out_dir, model, datadir, progress=progress, note=say,
-                          run_config=run.config, identity=model_identity(run))  # fmt: skip
+                          run_config=run.config, identity=model_identity(run), fit=fit)  # fmt: skip
         if resume is None:
             trainer.init_b_dec()
         else:
@@ -187,7 +234,7 @@ def train_command(
                 trainer.init_b_dec()
             else:
                 trainer.load(found)
-                if trainer.step >= job.train.steps and (out_dir / "sae" / CONFIG_FILE).is_file():
+                if trainer.step >= job.train.steps and (out_dir / fit.folder / fit.config_file).is_file():  # fmt: skip
                     say(f"{out_dir} is already finished (step {trainer.step})")
                     return {**json.loads((out_dir / "eval.json").read_text()), "folder": str(out_dir)}  # fmt: skip
         print(header(job, out_dir, trainer.step), flush=True)
@@ -203,8 +250,18 @@ def header(job: SAERun, out: Path, step: int = 0) -> str:
     'sae train: topk × 64 on blocks.1.resid_post of runs/a; 9,216 tokens in 9 steps of 1,024 → saes/a'
     >>> header(job, Path("saes/a"), 4)
     'sae train: topk × 64 on blocks.1.resid_post of runs/a; 9,216 tokens in 9 steps of 1,024 → saes/a (resuming at step 4)'
+    >>> clt = SAERun("runs/a", "runs/a/data", CLTConfig(d_model=8, d_sae=64, n_layers=2),
+    ...              SAETrainConfig(tokens=10_000, batch_size=1024), [])
+    >>> header(clt, Path("saes/c"))[:80]
+    'sae train: clt (jumprelu) × 64 per layer on blocks.0-1.mlp.in → blocks.0-1.mlp_out'
     """
     cfg, sae = job.train, job.sae
-    line = (f"sae train: {sae.arch} × {sae.d_sae:,} on {sae.hook} of {job.model}; "
+    if isinstance(sae, CLTConfig):
+        top = sae.n_layers - 1
+        what = (f"clt ({sae.arch}{f', k={sae.k}' if sae.k else ''}) × {sae.d_sae:,} per layer on "
+                f"blocks.0-{top}.mlp.in → blocks.0-{top}.mlp_out")  # fmt: skip
+    else:
+        what = f"{sae.arch} × {sae.d_sae:,} on {sae.hook}"
+    line = (f"sae train: {what} of {job.model}; "
             f"{cfg.steps * cfg.batch_size:,} tokens in {cfg.steps:,} steps of {cfg.batch_size:,} → {out}")  # fmt: skip
     return line + (f" (resuming at step {step})" if step else "")

@@ -19,7 +19,7 @@ thousand tokens, a rare latent looks dead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -158,20 +158,22 @@ def eval_split(data: DataDir, seq_len: int) -> str:
 
 def measure(
     model: GPT,
-    sae: SAE,
+    sae: Any,
     stream: Any,
     *,
     seq_len: int,
     tokens: int = EVAL_TOKENS,
     device: torch.device | str | None = None,
     dense: float = DENSE,
+    how: Callable[..., dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """:func:`evaluate` on the first ``tokens`` tokens of ``stream`` (whole windows of
-    ``seq_len``, ``EVAL_BATCH`` to a forward; at least one batch)."""
+    """:func:`evaluate` (or ``how``, with its arguments: a CLT's) on the first ``tokens``
+    tokens of ``stream`` (whole windows of ``seq_len``, ``EVAL_BATCH`` to a forward; at least
+    one batch)."""
     if tokens < 1:
         raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
     max_batches = max(1, tokens // (EVAL_BATCH * seq_len))
     batches = ((x.to(device), y.to(device)) if device is not None else (x, y)
                for x, y in iter_eval_batches(stream, batch_size=EVAL_BATCH, seq_len=seq_len,
                                              max_batches=max_batches))  # fmt: skip
-    return evaluate(model, sae, batches, dense=dense)
+    return (how or evaluate)(model, sae, batches, dense=dense)

@@ -15,10 +15,16 @@
               ``decay_fraction`` of the steps
         dead: latents that fired in none of the last ``dead_tokens`` tokens (AuxK reads them)
 
+What is fitted is a *fit*: sae_fit's ``SAEFit`` (an SAE or a per-layer transcoder: one site, its
+x and y), or glassgpt.features.clt_train's ``CLTFit`` (a cross-layer transcoder: every layer's
+MLP input and output at once). The fit owns the module, its batch's scales, its loss and its
+measurements; :class:`Trainer` owns the loop, the buffer, Adam, the counters, the log and the
+checkpoints, the same for both.
+
 The folder ``-o DIR`` holds ``sae_run.json`` (what was asked: the model, site, SAE and
 trainer configs, data), ``metrics.jsonl``, ``ckpt/step_*`` (SAE, Adam state, counters,
 the buffer's position; written atomically by glassgpt.checkpoint) and, at the end,
-``sae/`` (``SAE.load`` reads it; its sae.json records the model's identity,
+``sae/`` (``SAE.load`` reads it; a CLT: ``clt/``, ``CLT.load``; its sae.json records the model's identity,
 glassgpt.features.identity) and ``eval.json`` (``sae eval``'s measurement, on the same
 tokens: glassgpt.features.metrics.measure). It is locked while a trainer runs
 (glassgpt.train.lock). ``--resume DIR`` continues from the newest checkpoint with the very
@@ -44,10 +50,10 @@ from glassgpt.config import check, from_dict, to_dict
 from glassgpt.data import iter_eval_batches
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.features.buffer import ActivationBuffer
+from glassgpt.features.clt import CLTConfig
 from glassgpt.features.identity import KEY as IDENTITY
-from glassgpt.features.metrics import eval_split, eval_window, evaluate, measure
-from glassgpt.features.sae import SAE, BatchTopK, SAEConfig
-from glassgpt.features.sites import Site
+from glassgpt.features.metrics import eval_split, eval_window
+from glassgpt.features.sae import BatchTopK, SAEConfig
 from glassgpt.formats import check_format
 from glassgpt.storage import atomic_write
 from glassgpt.train.adamw import AdamW
@@ -192,13 +198,14 @@ class SAERun:
 
     model: str
     data: str
-    sae: SAEConfig
+    sae: SAEConfig | CLTConfig  # a CLT is recorded under "clt"
     train: SAETrainConfig
     argv: list[str]
 
     def to_json(self) -> bytes:
+        key = "clt" if isinstance(self.sae, CLTConfig) else "sae"
         doc = {"format": FORMAT, "version": VERSION, "model": self.model, "data": self.data,
-               "sae": self.sae.to_dict(), "train": to_dict(self.train), "argv": self.argv}  # fmt: skip
+               key: self.sae.to_dict(), "train": to_dict(self.train), "argv": self.argv}  # fmt: skip
         return (json.dumps(doc, indent=1) + "\n").encode()
 
     @classmethod
@@ -206,21 +213,43 @@ class SAERun:
         try:
             doc = check_format(json.loads(raw), source, FORMAT, VERSION, what="SAE run format",
                                not_ours="not a glassgpt SAE training folder")  # fmt: skip
-            return cls(doc["model"], doc["data"], SAEConfig.from_dict(doc["sae"], prefix="sae."),
+            cfg: SAEConfig | CLTConfig = (
+                CLTConfig.from_dict(doc["clt"], prefix="sae.") if "clt" in doc
+                else SAEConfig.from_dict(doc["sae"], prefix="sae.")
+            )  # fmt: skip
+            return cls(doc["model"], doc["data"], cfg,
                        from_dict(SAETrainConfig, doc["train"], prefix="train."), list(doc["argv"]))  # fmt: skip
         except (ValueError, KeyError, TypeError) as e:
             raise InputFileError(f"{source}: malformed ({e})") from None
+
+
+# -- what is fitted --------------------------------------------------------------------------
+
+
+def fit_scale(target: torch.Tensor, y_hat: torch.Tensor) -> float:
+    """s = ⟨t, ŷ⟩ / ‖ŷ‖², the scale of ŷ that fits t best (both centred on b_dec); where ŷ is
+    uncorrelated with t (a transcoder's random map), ‖s ŷ‖ = ‖t‖ / 10: start near ŷ = b_dec.
+
+    >>> fit_scale(torch.tensor([[2.0, 4.0]]), torch.tensor([[1.0, 2.0]]))
+    2.0
+    """
+    norm = float(y_hat.double().pow(2).sum())
+    if norm == 0:
+        return 1.0
+    scale = float((target.double() * y_hat.double()).sum()) / norm
+    return scale if scale > 0 else 0.1 * math.sqrt(float(target.double().pow(2).sum()) / norm)
 
 
 # -- the trainer ---------------------------------------------------------------------------------
 
 
 class Trainer:
-    """The loop of the module docstring, with its checkpoints."""
+    """The loop of the module docstring, with its checkpoints, around ``fit`` (an SAEFit of
+    glassgpt.features.sae_fit, a CLTFit of glassgpt.features.clt_train)."""
 
     def __init__(self, job: SAERun, out: Path, model: Any, data: Any, *, progress: bool,
                  note: Callable[[str], None], run_config: Mapping[str, Any] | None = None,
-                 identity: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+                 identity: Mapping[str, Any] | None = None, fit: Any) -> None:  # fmt: skip
         cfg = job.train
         self.job, self.out, self.cfg, self.note = job, out, cfg, note
         self.identity = dict(identity) if identity is not None else None  # the model, for sae.json
@@ -228,28 +257,25 @@ class Trainer:
         self.model = model.to(self.device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
-        self.site = Site(job.sae.hook, job.sae.d_in, job.sae.out_hook, job.sae.d_out)
-        self.sae = SAE(job.sae, seed=cfg.seed).to(self.device).train()
+        self.fitted = fit
         self.data = data
         seq_len = cfg.seq_len or run_seq_len(self.model.config.n_ctx, run_config or {})
         self.seq_len = seq_len
         self.buffer = ActivationBuffer(
-            self.model, self.site, data.stream("train"), batch_tokens=cfg.batch_size,
+            self.model, fit.site, data.stream("train"), batch_tokens=cfg.batch_size,
             buffer_tokens=cfg.buffer_tokens, seq_len=seq_len, model_batch=cfg.model_batch,
             seed=cfg.seed,
         )  # fmt: skip
-        params = list(self.sae.named_parameters())
+        params = list(fit.module.named_parameters())
         kind = {"fused": True} if fused_available(self.device) else {"foreach": True}
         self.opt = AdamW(  # Adam: the train stage's AdamW with no weight decay
             [{"params": [p for _, p in params], "names": [n for n, _ in params]}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=0.0, **kind,
         )  # fmt: skip
-        d_sae = job.sae.d_sae
-        self.since_fired = torch.zeros(d_sae, dtype=torch.int64, device=self.device)
-        self.window = torch.zeros(d_sae, dtype=torch.int64, device=self.device)  # fires since log
-        self.sums = {"n": 0, "tokens": 0, "nonzero": 0.0, "fvu": 0.0, "loss": 0.0, "mse": 0.0,
-                     "sparsity": 0.0, "aux": 0.0}  # fmt: skip
-        self.scale_x, self.scale_y = 1.0, 1.0  # x ← s x so that E‖s x‖² = d (set at init)
+        n = fit.n_latents
+        self.since_fired = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self.window = torch.zeros(n, dtype=torch.int64, device=self.device)  # fires since log
+        self.sums: dict[str, Any] = fresh_sums()
         self.step = 0
         self.manager = ckpt.CheckpointManager(out / "ckpt", keep_last=cfg.keep_last)
         self.stop: int | None = None
@@ -257,39 +283,12 @@ class Trainer:
 
     # -- state ------------------------------------------------------------------------------
     def init_b_dec(self) -> None:
-        """b_dec ← the geometric median of the first round's first rows (y for a transcoder);
-        then W_enc ← s W_enc with s = ⟨y − b_dec, ŷ − b_dec⟩ / ‖ŷ − b_dec‖² on those rows, the
-        scale that fits the first reconstructions best (exact for topk and relu, whose ŷ − b_dec
-        is linear in s while b_enc = 0): unit-norm directions otherwise overshoot at first;
-        where ŷ is uncorrelated with y, ‖ŷ − b_dec‖ starts at a tenth of ‖y − b_dec‖."""
-        x, y = self.buffer.sample(self.cfg.median_samples)
-        self.scale_x = unit_scale(x)
-        self.scale_y = unit_scale(y) if y is not None else self.scale_x
-        x, y = self.scaled(x, y)
-        target = y if y is not None else x
-        sae = self.sae
-        with torch.no_grad():
-            sae.b_dec.copy_(geometric_median(target, self.cfg.median_iters))
-            was = sae.training
-            sae.eval()
-            y_hat = sae(x)[0] - sae.b_dec
-            sae.train(was)
-            y_c = target - sae.b_dec
-            norm = float(y_hat.double().pow(2).sum())
-            if norm > 0:
-                scale = float((y_c.double() * y_hat.double()).sum()) / norm
-                if scale <= 0:  # uncorrelated (a transcoder's random map): start near ŷ = b_dec
-                    scale = 0.1 * math.sqrt(float(y_c.double().pow(2).sum()) / norm)
-                sae.W_enc.mul_(scale)
+        """The fit's start (scales, b_dec, W_enc's scale) from the first round's first rows."""
+        self.fitted.init(*self.buffer.sample(self.cfg.median_samples), self.cfg.median_iters)
 
-    def scaled(
-        self, x: torch.Tensor, y: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return x * self.scale_x, (y * self.scale_y if y is not None else None)
-
-    def raw_sae(self) -> SAE:
-        """The SAE on the model's own activations (the normalising scales folded in)."""
-        return self.sae.rescaled(self.scale_x, self.scale_y)
+    def raw_sae(self) -> Any:
+        """The trained module on the model's own activations (the scales folded in)."""
+        return self.fitted.raw()
 
     def save(self) -> Path:
         opt_tensors, groups = optimizer_tensors(self.opt)
@@ -297,7 +296,9 @@ class Trainer:
         return self.manager.save(
             self.step,
             tensors={
-                "sae.safetensors": self.sae.state(),
+                "sae.safetensors": {
+                    k: t.detach() for k, t in self.fitted.module.state_dict().items()
+                },
                 "optimizer.safetensors": opt_tensors,
                 "counters.safetensors": counters,
             },
@@ -307,22 +308,21 @@ class Trainer:
                     "buffer": self.buffer.state_dict(),
                     "groups": groups,
                     "sums": self.sums,
-                    "scale_x": self.scale_x,
-                    "scale_y": self.scale_y,
+                    **self.fitted.scales(),
                 }
             },
         )
 
     def load(self, found: ckpt.Checkpoint) -> None:
         try:
-            self.sae.load_state_dict(found.tensors("sae.safetensors"))
+            self.fitted.module.load_state_dict(found.tensors("sae.safetensors"))
             trainer = found.state["trainer"]
             load_optimizer_tensors(self.opt, found.tensors("optimizer.safetensors"), trainer["groups"])  # fmt: skip
             counters = found.tensors("counters.safetensors")
             self.since_fired.copy_(counters["since_fired"])
             self.window.copy_(counters["window"])
             self.sums = dict(trainer["sums"])
-            self.scale_x, self.scale_y = float(trainer["scale_x"]), float(trainer["scale_y"])
+            self.fitted.load_scales(trainer)
             self.buffer.load_state_dict(trainer["buffer"])
         except (KeyError, RuntimeError, TypeError, ValueError) as e:
             raise ckpt.CheckpointError(f"{found.path}: not an SAE checkpoint of this run ({e})") from None  # fmt: skip
@@ -330,47 +330,48 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def one_step(self) -> None:
-        cfg, sae = self.cfg, self.sae
-        x, y = self.scaled(*self.buffer.next_batch())
+        cfg, fit = self.cfg, self.fitted
+        x, y = fit.scaled(*self.buffer.next_batch())
         lr = lr_at(self.step, cfg)
         for group in self.opt.param_groups:
             group["lr"] = lr
         dead = self.since_fired >= cfg.dead_after
-        terms = sae.loss(x, y, dead=dead)
-        if isinstance(sae, BatchTopK):  # θ for evaluation: the trainer's running mean
-            update_threshold(sae, terms["least"])
+        terms = fit.terms(x, y, dead)
         ramp = cfg.sparsity_warmup * cfg.steps
         c = min(1.0, (self.step + 1) / ramp) if ramp > 0 else 1.0
         loss = terms["mse"] + c * terms["sparsity"] + terms["aux"]
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        sae.remove_parallel_grad()
+        fit.after_backward()
         self.opt.step()
-        sae.normalize_decoder()
+        fit.after_step()
         with torch.no_grad():
-            fired = terms["acts"] != 0  # [b, d_sae]
+            fired = terms["acts"] != 0  # [b, latents]
             any_fired = fired.any(0)
             self.since_fired += x.shape[0]
             self.since_fired[any_fired] = 0
             self.window += fired.sum(0)
-            target = x if y is None else y
-            var = (target - target.mean(0)).pow(2).sum()
             s = self.sums
             s["n"] += 1
             s["tokens"] += x.shape[0]
             s["nonzero"] += float(fired.sum())
-            s["fvu"] += float((target - terms["x_hat"]).pow(2).sum() / var) if var > 0 else 0.0
-            for key in ("loss", "mse", "sparsity", "aux"):
-                s[key] += float(terms[key]) if key != "loss" else float(loss)
+            for key in ("mse", "sparsity", "aux"):
+                s[key] += float(terms[key])
+            s["loss"] += float(loss)
+            for key, value in fit.stats(terms).items():
+                if isinstance(value, list):
+                    s[key] = [a + b for a, b in zip(s.get(key) or [0.0] * len(value), value)]
+                else:
+                    s[key] = s.get(key, 0.0) + value
         if not math.isfinite(float(loss.detach())):
             raise GlassError(
-                f"the SAE's loss is {float(loss.detach())} at step {self.step + 1}; lower train.lr "
+                f"the loss is {float(loss.detach())} at step {self.step + 1}; lower train.lr "
                 f"(now {cfg.lr}) and resume from the last checkpoint, or start again"
             )
         self.step += 1
 
     def log_record(self, tok_s: float) -> dict[str, Any]:
-        s, d_sae = self.sums, self.job.sae.d_sae
+        s = self.sums
         n, tokens = max(1, s["n"]), max(1, s["tokens"])
         record = {
             "step": self.step,
@@ -382,15 +383,15 @@ class Trainer:
             "aux": s["aux"] / n,
             "l0": s["nonzero"] / tokens,
             "fvu": s["fvu"] / n,
+            **self.fitted.record(s, n, tokens),
             "dead_fraction": float((self.since_fired >= self.cfg.dead_after).double().mean()),
             "dense_fraction": float(
                 (self.window.double() / tokens > self.cfg.dense).double().mean()
             ),
             "tok_s": tok_s,
         }
-        self.sums = dict.fromkeys(s, 0) | {k: 0.0 for k in s if k not in ("n", "tokens")}
+        self.sums = fresh_sums()
         self.window.zero_()
-        del d_sae
         return record
 
     def evaluate(self) -> dict[str, Any]:
@@ -406,15 +407,15 @@ class Trainer:
                 max_batches=self.cfg.eval_batches,
             )
         )
-        return evaluate(self.model, self.raw_sae(), batches, dense=self.cfg.dense)
+        return self.fitted.evaluate(self.model, batches, dense=self.cfg.dense)
 
     def closing(self) -> dict[str, Any]:
         """The closing measurement: ``sae eval``'s (glassgpt.features.metrics.measure), on the
         same windows and tokens, so the two print the same figures for the same SAE."""
         T = eval_window(self.model.config.n_ctx)
         stream = self.data.stream(eval_split(self.data, T))
-        return measure(self.model, self.raw_sae(), stream, seq_len=T, device=self.device,
-                       dense=self.cfg.dense)  # fmt: skip
+        return self.fitted.measure(self.model, stream, seq_len=T, device=self.device,
+                                dense=self.cfg.dense)  # fmt: skip
 
     def fit(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -461,9 +462,15 @@ class Trainer:
         extra = {"model": self.job.model, "data": self.job.data, "tokens": self.step * cfg.batch_size}  # fmt: skip
         if self.identity is not None:
             extra[IDENTITY] = self.identity
-        self.raw_sae().save(self.out / "sae", extra=extra)
+        self.fitted.save(self.out / self.fitted.folder, extra)
         atomic_write(self.out / "eval.json", (json.dumps(result, indent=1) + "\n").encode())
         return {"ended": "done", "step": self.step, **result}
+
+
+def fresh_sums() -> dict[str, Any]:
+    """The log's running sums, empty (a fit's per-layer lists are added as they come)."""
+    return {"n": 0, "tokens": 0, "nonzero": 0.0, "fvu": 0.0, "loss": 0.0, "mse": 0.0,
+            "sparsity": 0.0, "aux": 0.0}  # fmt: skip
 
 
 def resume_command(out: Path) -> str:

@@ -27,7 +27,9 @@ from glassgpt.cli.arguments import (
     add_output,
     add_overrides,
 )
+from glassgpt.errors import GlassError
 from glassgpt.features.clt import CLT_ARCHS
+from glassgpt.features.clt_pages import export_circuit_tracer, is_clt, write_clt_pages
 from glassgpt.features.folders import eval_sae, export_sae, import_sae, write_pages
 from glassgpt.features.job import train_command
 from glassgpt.features.metrics import EVAL_TOKENS
@@ -95,7 +97,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         description="Compute, for every latent of an SAE, its top-activating contexts (with the "
         "activation at every token), a histogram of its nonzero activations (log-spaced bins), "
         "its density and its logit effect (the decoder direction through the final norm and "
-        "W_U), from one pass over a corpus; written to one file the explorer reads.",
+        "W_U), from one pass over a corpus; written to one file the explorer reads. A CLT "
+        "folder: every layer's features, each page with its decoder norm per target layer.",
     )
     add_checkpoint(f, help=SAE_DIR)
     f.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on; it must be that model, e.g. moved)")  # fmt: skip
@@ -121,7 +124,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "model with HookedTransformer.from_pretrained_no_processing).",
     )
     add_checkpoint(x, help=SAE_DIR)
-    x.add_argument("--format", choices=("saelens",), default="saelens", help="saelens (the only one)")  # fmt: skip
+    x.add_argument("--format", choices=("saelens", "circuit-tracer"), default="saelens",
+                   help="saelens (an SAE or transcoder), or circuit-tracer (a JumpReLU CLT: its load_clt reads the folder)")  # fmt: skip
     add_output(x, required=True, metavar="DIR", help="the folder to write")
     x.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on; a transcoder needs it)")  # fmt: skip
     x.add_argument("--model-name", metavar="NAME", help="metadata.model_name (e.g. gpt2)")
@@ -188,18 +192,28 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def run_features(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    out, pages = write_pages(
+    out, pages = (write_clt_pages if is_clt(args.checkpoint) else write_pages)(
         args.checkpoint, model=args.model, data=args.data, split=args.split, tokens=args.tokens,
         seq_len=args.seq_len, batch=args.batch, top=args.top, context=tuple(args.context),
         device=args.device, output=args.output,
     )  # fmt: skip
     alive = int((pages.count > 0).sum())
-    print(f"{pages.d_sae:,} latents over {pages.tokens:,} tokens ({alive:,} active) in "
+    clt = pages.meta.get("clt")
+    what = f"{clt['n_layers']} layers × {clt['d_sae']:,} features" if clt else f"{pages.d_sae:,} latents"  # fmt: skip
+    print(f"{what} over {pages.tokens:,} tokens ({alive:,} active) in "
           f"{time.perf_counter() - t0:.1f} s → {out}")  # fmt: skip
     return 0
 
 
 def run_export(args: argparse.Namespace) -> int:
+    if args.format == "circuit-tracer" or is_clt(args.checkpoint):
+        if not is_clt(args.checkpoint):
+            raise GlassError(f"--format circuit-tracer: {args.checkpoint} holds no CLT (clt.json); circuit-tracer's format is for cross-layer transcoders")  # fmt: skip
+        if args.format != "circuit-tracer":
+            raise GlassError(f"-c {args.checkpoint}: a CLT; export it with --format circuit-tracer (SAELens has no CLT format)")  # fmt: skip
+        out = export_circuit_tracer(args.checkpoint, args.output, overwrite=args.overwrite)
+        print(f"wrote {out} (circuit-tracer: load_clt({str(out)!r}))")
+        return 0
     out = export_sae(args.checkpoint, args.output, model=args.model,
                      model_name=args.model_name, overwrite=args.overwrite)  # fmt: skip
     print(f"wrote {out} (SAELens: SAE.load_from_disk({str(out)!r}))")

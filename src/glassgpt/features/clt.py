@@ -45,6 +45,12 @@ FORMAT, VERSION = "glassgpt-clt", 1
 CONFIG_FILE, WEIGHTS_FILE = "clt.json", "clt.safetensors"
 
 
+def clt_folder(path: str | Path) -> Path:
+    """The folder holding clt.json: ``path``, or its ``clt/`` (a training folder)."""
+    d = Path(path)
+    return d / "clt" if not (d / CONFIG_FILE).is_file() and (d / "clt" / CONFIG_FILE).is_file() else d  # fmt: skip
+
+
 @dataclass(frozen=True)
 class CLTConfig(Table):
     """The shape and objective of one CLT; validated on construction (errors name the field).
@@ -241,8 +247,8 @@ class CLT(nn.Module):
 
     @classmethod
     def load(cls, folder: str | Path, *, device: str | torch.device | None = None) -> CLT:
-        """The CLT saved in ``folder`` by :meth:`save`."""
-        folder = Path(folder)
+        """The CLT saved in ``folder`` by :meth:`save` (or a training folder's ``clt/``)."""
+        folder = clt_folder(folder)
         path = folder / CONFIG_FILE
         if not path.is_file():
             raise InputFileError(f"{folder}: not a CLT folder (no {CONFIG_FILE})")

@@ -26,7 +26,9 @@ their k entries per token, never as a dense [B·T, d_sae] tensor. Memory: one ba
 
 Store (:func:`save_pages`, :func:`load_pages`): one safetensors file per SAE (default
 ``SAE_DIR/features.safetensors``), written atomically; its JSON metadata under
-``glassgpt`` ({"format": "glassgpt-features", "version": 1, ...}).
+``glassgpt`` ({"format": "glassgpt-features", "version": 1, ...}). A CLT's pages
+(glassgpt.features.clt_pages) number feature i of layer l as l · d_sae + i and add
+``decoder_norms`` [L · d_sae, L]: ‖W_dec[l][t − l][i]‖ for each target layer t ≥ l (0 below l).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ class FeaturePages:
     logit_bottom_ids: Tensor
     logit_bottom_values: Tensor
     meta: dict[str, Any] = field(default_factory=dict)  # tokens, before, after, binning, sae, …
+    decoder_norms: Tensor | None = None  # a CLT's [L · d_sae, L]; None for an SAE
 
     @property
     def d_sae(self) -> int:
@@ -149,13 +152,19 @@ class FeaturePages:
             return [{"id": int(t), "text": texts[int(t)], "value": round(float(v), 5)}
                     for t, v in zip(ids[i], values[i])]  # fmt: skip
 
-        return {
+        page = {
             "id": i, "density": float(self.density[i]), "count": int(self.count[i]),
             "tokens": self.tokens, "max": float(self.top_values[i, 0]) if contexts else 0.0,
             "contexts": contexts, "histogram": hist,
             "logit_top": logits(self.logit_top_ids, self.logit_top_values),
             "logit_bottom": logits(self.logit_bottom_ids, self.logit_bottom_values),
         }  # fmt: skip
+        if self.decoder_norms is not None:  # a CLT's feature: its layer and its writes
+            S, norms = int(self.meta["clt"]["d_sae"]), self.decoder_norms[i].tolist()
+            layer = i // S
+            page.update(layer=layer, index=i % S, decoder_norms=[
+                {"layer": t, "norm": float(f"{norms[t]:.6g}")} for t in range(layer, len(norms))])  # fmt: skip
+        return page
 
 
 class TopContexts:
@@ -295,8 +304,12 @@ def residual_directions(model: GPT, sae: SAE) -> Tensor | None:
 def logit_effect(model: GPT, sae: SAE, n: int = 10, chunk: int = 256) -> tuple[Tensor, ...]:
     """(top ids, top values, bottom ids, bottom values), each [d_sae, n]: the largest and
     smallest entries of N_f'(d_i) W_U (module docstring); [d_sae, 0] when the site has none."""
-    dirs = residual_directions(model, sae)
-    S = sae.cfg.d_sae
+    return logit_effect_of(model, residual_directions(model, sae), sae.cfg.d_sae, n, chunk)
+
+
+@torch.no_grad()
+def logit_effect_of(model: GPT, dirs: Tensor | None, S: int, n: int = 10, chunk: int = 256) -> tuple[Tensor, ...]:  # fmt: skip
+    """:func:`logit_effect` of the residual directions ``dirs`` [S, d_model] (None: none)."""
     if dirs is None or n < 1:
         e = torch.zeros(S, 0)
         return e.long(), e, e.long(), e
@@ -373,6 +386,8 @@ def save_pages(path: str | Path, pages: FeaturePages) -> Path:
     """Write ``pages`` to one safetensors file (arrays + JSON metadata), atomically."""
     path = Path(path)
     tensors = {name: getattr(pages, name).contiguous() for name in ARRAYS}
+    if pages.decoder_norms is not None:
+        tensors["decoder_norms"] = pages.decoder_norms.float().contiguous()
     doc = {"format": FORMAT, "version": VERSION, **pages.meta}
     atomic_write(path, st_save(tensors, metadata={"glassgpt": json.dumps(doc)}))
     return path
@@ -382,7 +397,7 @@ def load_pages(path: str | Path) -> FeaturePages:
     """The pages in ``path`` (a file, or an SAE folder holding ``features.safetensors``)."""
     path = Path(path)
     if path.is_dir():
-        path = next((p / FILE for p in (path, path / "sae") if (p / FILE).is_file()), path / FILE)
+        path = next((p / FILE for p in (path, path / "sae", path / "clt") if (p / FILE).is_file()), path / FILE)  # fmt: skip
     if not path.is_file():
         raise InputFileError(f"{path}: no feature pages (make them with glassgpt sae features)")
     try:
@@ -391,9 +406,10 @@ def load_pages(path: str | Path) -> FeaturePages:
             doc = check_format(doc, path, FORMAT, VERSION, what="feature pages format",
                                not_ours="not a glassgpt feature pages file")  # fmt: skip
             arrays = {name: f.get_tensor(name) for name in ARRAYS}
+            norms = f.get_tensor("decoder_norms") if "decoder_norms" in f.keys() else None  # noqa: SIM118 (safe_open has no __contains__)
     except (SafetensorError, OSError, ValueError) as e:
         raise InputFileError(f"{path}: unreadable ({str(e).splitlines()[0]})") from None
     except KeyError as e:
         raise InputFileError(f"{path}: lacks the array {e}") from None
     meta = {k: v for k, v in doc.items() if k not in ("format", "version")}
-    return FeaturePages(**arrays, meta=meta)
+    return FeaturePages(**arrays, meta=meta, decoder_norms=norms)

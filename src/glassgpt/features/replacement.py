@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
-from glassgpt.features.clt import CLT
+from glassgpt.features.clt import CLT, clt_folder
 from glassgpt.features.clt import CONFIG_FILE as CLT_FILE
 from glassgpt.features.sae import CONFIG_FILE as SAE_FILE
 from glassgpt.features.sae import SAE, sae_folder
@@ -127,7 +127,7 @@ def open_transcoders(path: str | Path, *, device: str | torch.device | None = No
     folder = Path(path)
     if not folder.is_dir():
         raise GlassError(f"--transcoders {path}: no such folder")
-    if (folder / CLT_FILE).is_file():
+    if (clt_folder(folder) / CLT_FILE).is_file():
         return Transcoders(clt=CLT.load(folder, device=device))
     inner = [folder] if (sae_folder(folder) / SAE_FILE).is_file() else sorted(
         d for d in folder.iterdir() if d.is_dir() and (sae_folder(d) / SAE_FILE).is_file())  # fmt: skip

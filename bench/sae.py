@@ -18,6 +18,15 @@ same batches in the same order from memory:
   transformer-lens < 4), reading the same array from a file; once with its defaults (dense
   TopK) and once with ``use_sparse_activations`` (its sparse decoder).
 
+``--clt`` measures a cross-layer transcoder instead: ``glassgpt sae train --arch clt``'s
+trainer (TopK, ``--width`` features per layer, ``-k`` per token and layer, every layer's MLP
+input → every MLP output) against the SAE trainer on ``--hook`` (TopK, ``--width``, ``-k``),
+both from memory on the same tokens, and prints the ratio of their tokens/s (SAELens and the
+pages are left out). The shakespeare-char shape (6 × 384, the default model):
+
+    PYTHONPATH=src python bench/sae.py --clt --d-model 384 --layers 6 --vocab 65 --seq-len 256 \
+        --hook blocks.0.mlp_out --width 1536 -k 16 --tokens 65536 --batch 2048
+
 The pages row times ``glassgpt.features.pages.compute_pages`` for the trained SAE (``--width``
 latents) over ``--pages-tokens`` tokens (model forward, encode, top contexts, histograms,
 logit effects). Run from the repository root:
@@ -142,8 +151,9 @@ def saelens_side(folder: Path) -> None:
 # -- the glassgpt side ---------------------------------------------------------------------------
 
 
-def activations(args: argparse.Namespace) -> tuple[Any, torch.Tensor]:
-    """The model and the shuffled activations of its ``--hook`` [N, d] (float32)."""
+def activations(args: argparse.Namespace, rows_only: bool = False) -> tuple[Any, torch.Tensor]:
+    """The model and the shuffled activations of its ``--hook`` [N, d] (float32); with
+    ``rows_only``, the model alone."""
     from glassgpt.features.sites import read, resolve_site
     from glassgpt.model import GPT, GPTConfig
 
@@ -156,6 +166,8 @@ def activations(args: argparse.Namespace) -> tuple[Any, torch.Tensor]:
         cfg = GPTConfig(n_vocab=args.vocab, n_ctx=args.seq_len, d_model=args.d_model,
                         n_layers=args.layers, n_heads=max(1, args.d_model // 64))  # fmt: skip
         model = GPT(cfg).to(args.device).eval()
+    if rows_only:
+        return model, torch.empty(0)
     site = resolve_site(model, args.hook)
     need = args.tokens + args.eval_tokens
     T = min(args.seq_len, model.config.n_ctx)
@@ -170,40 +182,51 @@ def activations(args: argparse.Namespace) -> tuple[Any, torch.Tensor]:
 
 
 class Replay:
-    """The trainer's activation buffer, reading a fixed array in order."""
+    """The trainer's activation buffer, reading a fixed array (and its targets) in order."""
 
     data: torch.Tensor
+    targets: torch.Tensor | None = None
 
     def __init__(self, *_: Any, batch_tokens: int, **__: Any) -> None:
         self.batch, self.i = batch_tokens, 0
 
-    def next_batch(self) -> tuple[torch.Tensor, None]:
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(self.data) // self.batch
-        rows = self.data[(self.i % n) * self.batch : (self.i % n + 1) * self.batch]
+        rows = slice((self.i % n) * self.batch, (self.i % n + 1) * self.batch)
         self.i += 1
-        return rows, None
+        return self.data[rows], (self.targets[rows] if self.targets is not None else None)
 
-    def sample(self, n: int) -> tuple[torch.Tensor, None]:
-        return self.data[:n], None
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.data[:n], (self.targets[:n] if self.targets is not None else None)
 
 
 def glassgpt_train(args: argparse.Namespace, model: Any, train: torch.Tensor, held: torch.Tensor,
-                   steps: int) -> dict[str, Any]:  # fmt: skip
+                   steps: int, targets: torch.Tensor | None = None) -> dict[str, Any]:  # fmt: skip
+    """The SAE trainer on ``train``; with ``targets`` [N, L, d] (``train`` [N, L, d] too), the
+    CLT's."""
     import glassgpt.features.training as training
+    from glassgpt.features.clt import CLTConfig
+    from glassgpt.features.clt_train import CLTFit
     from glassgpt.features.sae import SAEConfig
+    from glassgpt.features.sae_fit import SAEFit
 
-    sae_cfg = SAEConfig(d_in=train.shape[1], d_sae=args.width, arch="topk", k=args.k, hook=args.hook)  # fmt: skip
+    if targets is None:
+        sae_cfg: Any = SAEConfig(d_in=train.shape[1], d_sae=args.width, arch="topk", k=args.k, hook=args.hook)  # fmt: skip
+    else:
+        sae_cfg = CLTConfig(d_model=train.shape[-1], d_sae=args.width, n_layers=train.shape[1], arch="topk", k=args.k)  # fmt: skip
     train_cfg = training.SAETrainConfig(
         tokens=steps * args.batch, batch_size=args.batch, lr=args.lr, warmup_steps=warmup(steps),
         decay_fraction=0.2, seq_len=min(args.seq_len, model.config.n_ctx), device=args.device,
         buffer_tokens=args.batch, model_batch=1, median_samples=min(4096, len(train)),
     )  # fmt: skip
-    Replay.data = train
+    Replay.data, Replay.targets = train, (targets[: len(train)] if targets is not None else None)
     real, training.ActivationBuffer = training.ActivationBuffer, Replay
     try:
         with tempfile.TemporaryDirectory() as tmp:
             job = training.SAERun("(bench)", "(bench)", sae_cfg, train_cfg, [])
-            trainer = training.Trainer(job, Path(tmp), model, _NoData(), progress=False, note=print)  # fmt: skip
+            kind = SAEFit if targets is None else CLTFit
+            fit = kind(sae_cfg, seed=0, device=torch.device(args.device))
+            trainer = training.Trainer(job, Path(tmp), model, _NoData(), progress=False, note=print, fit=fit)  # fmt: skip
             before = peak_start(args.device)
             start = time.perf_counter()
             trainer.init_b_dec()
@@ -216,9 +239,56 @@ def glassgpt_train(args: argparse.Namespace, model: Any, train: torch.Tensor, he
     finally:
         training.ActivationBuffer = real
     with torch.no_grad():
-        f = sae.encode(held)
-        fvu, l0 = fvu_l0(held, sae.decode(f), f)
+        if targets is None:
+            f = sae.encode(held)
+            fvu, l0 = fvu_l0(held, sae.decode(f), f)
+        else:  # FVU pooled over the layers, L0 summed over them
+            y = targets[len(train) :]
+            y_hat, f = sae(held)
+            fvu, l0 = fvu_l0(y.flatten(1), y_hat.flatten(1), f.flatten(1))
     return {"seconds": seconds, "peak": peak, "fvu": fvu, "l0": l0, "sae": sae}
+
+
+def clt_rows(args: argparse.Namespace, steps: int) -> None:
+    """The CLT trainer against the SAE trainer on ``--hook``, from the same tokens."""
+    from glassgpt.features.clt_train import read_layers
+    from glassgpt.features.sites import resolve_site
+
+    model, _ = activations(args, rows_only=True)
+    hook = resolve_site(model, args.hook, transcoder=args.hook.endswith("mlp_out"))
+    layer = hook.layer
+    need = args.tokens + args.eval_tokens
+    T = min(args.seq_len, model.config.n_ctx)
+    gen = torch.Generator().manual_seed(1)
+    us, ys = [], []
+    with torch.no_grad():
+        for _ in range(-(-need // (32 * T))):
+            tokens = torch.randint(0, model.config.n_vocab, (32, T), generator=gen)
+            u, y = read_layers(model, tokens.to(args.device))
+            us.append(u.flatten(0, 1).float())
+            ys.append(y.flatten(0, 1).float())
+    order = torch.randperm(sum(len(x) for x in us), generator=gen)[:need]
+    u, y = torch.cat(us)[order], torch.cat(ys)[order]
+    del us, ys
+    n = steps * args.batch
+    print(f"activations: u, y {tuple(u.shape)}; SAE on layer {layer}'s mlp_out, width "
+          f"{args.width}, k {args.k}; CLT width {args.width} per layer, k {args.k} per layer; "
+          f"batch {args.batch}, {steps} steps, {args.threads} threads; uptime: "
+          f"{os.getloadavg()[0]:.1f} load", flush=True)  # fmt: skip
+    sae_x = y[:, layer].contiguous()  # the SAE reconstructs the layer's MLP output
+    rows = {}
+    rows["SAE"] = glassgpt_train(args, model, sae_x[:n], sae_x[n:], steps)
+    rows["CLT"] = glassgpt_train(args, model, u[:n], u[n:], steps, targets=y)
+    print("\n| trainer | tokens/s | FVU | L0 | peak MiB | seconds |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {n / r['seconds']:,.0f} | {r['fvu']:.4f} | {r['l0']:.1f} | "
+              f"{r['peak']:.0f} | {r['seconds']:.1f} |")  # fmt: skip
+    ratio = rows["SAE"]["seconds"] / rows["CLT"]["seconds"]
+    print(
+        f"CLT tokens/s ÷ SAE tokens/s: {ratio:.3f} (the CLT fits {model.config.n_layers} "
+        f"layers: {ratio * model.config.n_layers:.2f} per layer fitted)"
+    )
 
 
 class _NoData:
@@ -275,12 +345,16 @@ def main() -> None:
     p.add_argument("--pages-tokens", type=int, default=1_000_000, help="0: no pages row")
     p.add_argument("--saelens-python", help="the interpreter with sae_lens (default .venv-saelens)")
     p.add_argument("--saelens-side", metavar="DIR", help=argparse.SUPPRESS)
+    p.add_argument("--clt", action="store_true", help="the CLT trainer against the SAE trainer (module docstring)")  # fmt: skip
     args = p.parse_args()
     if args.saelens_side:
         saelens_side(Path(args.saelens_side))
         return
     torch.set_num_threads(args.threads)
     steps = args.tokens // args.batch
+    if args.clt:
+        clt_rows(args, steps)
+        return
     t0 = time.perf_counter()
     model, acts = activations(args)
     train, held = acts[: steps * args.batch], acts[steps * args.batch :]

@@ -123,3 +123,21 @@ def test_a_fitted_clt_explains_the_mlps() -> None:
     assert fvu < 0.3
     fz = freeze(model, Transcoders(clt=clt.eval()), tokens[0])
     assert float(fz.errors.pow(2).sum()) < 0.5 * float(fz.writes.pow(2).sum())
+
+
+def test_the_sparse_topk_loss_equals_the_dense_one_with_its_gradients() -> None:
+    dense, sparse = make("topk"), make("topk")
+    sparse.load_state_dict(dense.state_dict())
+    gen = torch.Generator().manual_seed(5)
+    u = torch.randn(9, 3, 6, dtype=torch.float64, generator=gen)
+    y = torch.randn(9, 3, 6, dtype=torch.float64, generator=gen)
+    y_hat, acts = dense(u)  # autograd through the dense equations is the oracle
+    want = (y - y_hat).pow(2).sum((-2, -1)).mean()
+    want.backward()
+    got = sparse.loss(u, y)
+    got["loss"].backward()
+    assert torch.allclose(got["loss"], want, atol=1e-12, rtol=0)
+    assert torch.equal(got["acts"] != 0, acts != 0)
+    assert torch.allclose(got["acts"], acts.detach(), atol=1e-12, rtol=0)
+    for (name, a), b in zip(dense.named_parameters(), sparse.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-10, rtol=0), name

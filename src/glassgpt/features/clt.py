@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from glassgpt.config import Table, check
 from glassgpt.errors import GlassError, InputFileError
 from glassgpt.features.sae import config_of, load_weights, write_folder
-from glassgpt.features.sparse import jumprelu, topk_relu
+from glassgpt.features.sparse import jumprelu, sparse_decode, topk_encode, topk_relu
 from glassgpt.formats import check_format
 
 CLT_ARCHS = ("jumprelu", "topk")
@@ -221,7 +221,7 @@ class CLT(nn.Module):
         """The objective's terms (module docstring), each a 0-d mean over tokens: ``mse``,
         ``sparsity``, their sum ``loss``; and ``y_hat``, ``acts``. u, y [..., L, d_model]."""
         self._check(y, None, what="target")
-        y_hat, acts = self(u)
+        y_hat, acts = self._sparse_forward(u) if self.cfg.arch == "topk" else self(u)
         mse = (y.to(y_hat.dtype) - y_hat).pow(2).sum((-2, -1)).mean()
         sparsity = mse.new_zeros(())
         if self.cfg.arch == "jumprelu" and self.cfg.sparsity_coeff > 0:
@@ -229,6 +229,25 @@ class CLT(nn.Module):
             sparsity = self.cfg.sparsity_coeff * weighted.sum((-2, -1)).mean()
         return {"loss": mse + sparsity, "mse": mse, "sparsity": sparsity, "y_hat": y_hat,
                 "acts": acts}  # fmt: skip
+
+    def _sparse_forward(self, u: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`forward` of a topk CLT by its k codes per (token, layer): the encoder's
+        backward and every decoder's forward and backward read only the selected rows
+        (glassgpt.features.sparse), O(k) where the dense path is O(d_sae); ``acts`` dense and
+        detached (the loss does not read them)."""
+        self._check(u, None)
+        lead, (L, d) = u.shape[:-2], (self.cfg.n_layers, self.cfg.d_model)
+        assert self.cfg.k is not None
+        flat = u.to(self.W_enc.dtype).reshape(-1, L, d)
+        ys = [self.b_dec[t].expand(len(flat), d) for t in range(L)]
+        acts = flat.new_zeros(len(flat), L, self.cfg.d_sae)
+        for source in range(L):
+            values, index = topk_encode(flat[:, source], self.W_enc[source], self.b_enc[source], self.cfg.k)  # fmt: skip
+            values = values.relu()
+            acts[:, source].scatter_(-1, index, values.detach())
+            for target in range(source, L):
+                ys[target] = ys[target] + sparse_decode(values, index, self.decoder(source, target))
+        return torch.stack(ys, dim=-2).reshape(*lead, L, d), acts.reshape(*lead, L, -1)
 
     def _check(self, x: Tensor, layer: int | None, what: str = "input") -> None:
         L, d = self.cfg.n_layers, self.cfg.d_model

@@ -5,8 +5,6 @@ it resumes bit-exactly, its folder drives ``glassgpt graph``, and its bad input 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from tests.features.test_graph_cli import circuit_tracer_python
-from tests.features.test_training import FAST
+from tests.features.test_training import FAST, cut_and_resume, same_logs
 
 from glassgpt.checkpoint import load
 from glassgpt.cli import main
@@ -120,41 +118,14 @@ def test_the_folder_drives_glassgpt_graph(tiny_run: Path, trained: Path, tmp_pat
     assert summary["feature_nodes"] > 0 and 0 < summary["replacement_score"] <= 1
 
 
-class Killed(Exception):
-    """Stands in for SIGKILL: the process ends mid-step, with no checkpoint of its own."""
-
-
 @pytest.mark.parametrize("how", ["signal", "kill"])
 def test_resume_after_an_interrupt_is_bit_exact(
     tiny_run: Path, trained: Path, tmp_path: Path, monkeypatch, how: str
 ) -> None:
-    original = ActivationBuffer.next_batch
-    calls = {"n": 0}
-
-    def interrupting(self):
-        calls["n"] += 1
-        if calls["n"] == 17 and how == "signal":  # mid-round, between checkpoints
-            os.kill(os.getpid(), signal.SIGINT)
-        if calls["n"] == 14 and how == "kill":  # steps 11-13 done, lost: step_000010 remains
-            raise Killed
-        return original(self)
-
-    monkeypatch.setattr(ActivationBuffer, "next_batch", interrupting)
-    if how == "signal":
-        assert clt_train(tiny_run, tmp_path / "cut") == 130
-    else:
-        with pytest.raises(Killed):
-            clt_train(tiny_run, tmp_path / "cut")
-    monkeypatch.setattr(ActivationBuffer, "next_batch", original)
-    assert not (tmp_path / "cut" / "clt").exists()
-    step = 17 if how == "signal" else 10
-    assert (tmp_path / "cut" / "ckpt" / "latest").read_text().strip() == f"step_{step:06d}"
-    # the same command again continues (sae train --resume DIR is the other way)
-    assert main(["sae", "train", "--resume", str(tmp_path / "cut"), "--no-progress"]) == 0
+    cut_and_resume(lambda out: clt_train(tiny_run, out), tmp_path / "cut", monkeypatch, how)
     a = (trained / "clt" / "clt.safetensors").read_bytes()
     assert a == (tmp_path / "cut" / "clt" / "clt.safetensors").read_bytes()
-    drop = lambda r: {k: v for k, v in r.items() if k != "tok_s"}  # noqa: E731
-    assert [drop(r) for r in records(trained)] == [drop(r) for r in records(tmp_path / "cut")]
+    assert same_logs(trained, tmp_path / "cut")
 
 
 def test_bad_input_is_one_line(tiny_run: Path, tmp_path: Path, capsys) -> None:

@@ -67,11 +67,9 @@ class Killed(Exception):
     """Stands in for SIGKILL: the process ends mid-step, with no checkpoint of its own."""
 
 
-@pytest.mark.parametrize("how", ["signal", "kill"])
-def test_resume_after_an_interrupt_is_bit_exact(
-    tiny_run: Path, tmp_path: Path, monkeypatch, how: str
-) -> None:
-    assert sae_train(tiny_run, tmp_path / "whole", tokens=7680) == 0  # 30 steps
+def cut_and_resume(train, folder: Path, monkeypatch, how: str) -> None:
+    """``train(folder)`` stopped by SIGINT at batch 17 (``how`` "signal") or killed at batch 14
+    (steps 11-13 done, lost: step_000010 remains), then resumed with ``sae train --resume``."""
     original = ActivationBuffer.next_batch
     calls = {"n": 0}
 
@@ -79,31 +77,43 @@ def test_resume_after_an_interrupt_is_bit_exact(
         calls["n"] += 1
         if calls["n"] == 17 and how == "signal":  # mid-round, between checkpoints
             os.kill(os.getpid(), signal.SIGINT)
-        if calls["n"] == 14 and how == "kill":  # steps 11-13 done, lost: step_000010 remains
+        if calls["n"] == 14 and how == "kill":
             raise Killed
         return original(self)
 
     monkeypatch.setattr(ActivationBuffer, "next_batch", interrupting)
     if how == "signal":
-        assert sae_train(tiny_run, tmp_path / "cut", tokens=7680) == 130
+        assert train(folder) == 130
     else:
         with pytest.raises(Killed):
-            sae_train(tiny_run, tmp_path / "cut", tokens=7680)
+            train(folder)
     monkeypatch.setattr(ActivationBuffer, "next_batch", original)
-    assert not (tmp_path / "cut" / "sae").exists()
+    assert not (folder / "sae").exists() and not (folder / "clt").exists()
     step = 17 if how == "signal" else 10
-    latest = (tmp_path / "cut" / "ckpt" / "latest").read_text().strip()
-    assert latest == f"step_{step:06d}"
-    assert main(["sae", "train", "--resume", str(tmp_path / "cut"), "--no-progress"]) == 0
+    assert (folder / "ckpt" / "latest").read_text().strip() == f"step_{step:06d}"
+    assert main(["sae", "train", "--resume", str(folder), "--no-progress"]) == 0
+
+
+def same_logs(a: Path, b: Path) -> bool:
+    """The two folders' metrics.jsonl agree but for the measured speed."""
+    logs = [
+        [{k: v for k, v in json.loads(x).items() if k != "tok_s"}
+         for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for d in (a, b)
+    ]  # fmt: skip
+    return logs[0] == logs[1]
+
+
+@pytest.mark.parametrize("how", ["signal", "kill"])
+def test_resume_after_an_interrupt_is_bit_exact(
+    tiny_run: Path, tmp_path: Path, monkeypatch, how: str
+) -> None:
+    assert sae_train(tiny_run, tmp_path / "whole", tokens=7680) == 0  # 30 steps
+    cut_and_resume(lambda out: sae_train(tiny_run, out, tokens=7680), tmp_path / "cut", monkeypatch, how)  # fmt: skip
     a = (tmp_path / "whole" / "sae" / "sae.safetensors").read_bytes()
     b = (tmp_path / "cut" / "sae" / "sae.safetensors").read_bytes()
     assert a == b
-    logs = [
-        [{k: v for k, v in json.loads(x).items() if k != "tok_s"}
-         for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-        for d in ("whole", "cut")
-    ]  # fmt: skip
-    assert logs[0] == logs[1]
+    assert same_logs(tmp_path / "whole", tmp_path / "cut")
 
 
 def test_the_buffer_is_a_permutation_of_the_windows_activations(tiny_run: Path) -> None:

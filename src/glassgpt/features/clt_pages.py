@@ -32,9 +32,8 @@ from glassgpt.errors import GlassError
 from glassgpt.features.clt import CLT, clt_folder
 from glassgpt.features.clt import CONFIG_FILE as CLT_FILE
 from glassgpt.features.clt_train import check_clt, read_layers
-from glassgpt.features.folders import _corpus, _free
+from glassgpt.features.folders import _free, page_windows
 from glassgpt.features.identity import check_identity
-from glassgpt.features.metrics import eval_window
 from glassgpt.features.pages import (
     FILE,
     Binning,
@@ -42,7 +41,6 @@ from glassgpt.features.pages import (
     TopContexts,
     logit_effect_of,
     save_pages,
-    windows,
 )
 from glassgpt.model import GPT
 from glassgpt.storage import atomic_write
@@ -127,16 +125,9 @@ def write_clt_pages(
     """Compute and write the pages of the CLT in ``folder`` (default file:
     ``CLT_DIR/features.safetensors``): (the file, the pages)."""
     clt, net, tok, doc = open_clt(folder, model=model, device=device)
-    if tokens < 1:
-        raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
-    T = eval_window(net.config.n_ctx, seq_len)
-    B = batch or max(1, 4096 // T)
-    if B < 1:
-        raise GlassError(f"--batch: must be ≥ 1, got {B}")
-    stream, source = _corpus(folder, data, split, doc.get("data"), tok)
-    meta = {"source": source, "model": str(model or doc["model"]), "seq_len": T}
-    pages = compute_clt_pages(net, clt, windows(stream, seq_len=T, batch=B, tokens=tokens),
-                              top=top, before=context[0], after=context[1], meta=meta)  # fmt: skip
+    batches, meta = page_windows(folder, net, tok, doc, model=model, data=data, split=split,
+                                 tokens=tokens, seq_len=seq_len, batch=batch)  # fmt: skip
+    pages = compute_clt_pages(net, clt, batches, top=top, before=context[0], after=context[1], meta=meta)  # fmt: skip
     out = Path(output) if output else clt_folder(folder) / FILE
     return save_pages(out, pages), pages
 

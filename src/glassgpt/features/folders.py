@@ -108,19 +108,28 @@ def write_pages(
     ``SAE_DIR/features.safetensors``): (the file, the pages)."""
     # pages of another model would show its tokens and activations as this SAE's: refused
     sae, net, tok, extra = open_sae(sae_dir, model=model, device=device)
-    model_path = model or extra["model"]
+    batches, meta = page_windows(sae_dir, net, tok, extra, model=model, data=data, split=split,
+                                 tokens=tokens, seq_len=seq_len, batch=batch)  # fmt: skip
+    pages = compute_pages(net, sae, batches, top=top, before=context[0], after=context[1], meta=meta)  # fmt: skip
+    out = Path(output) if output else sae_folder(sae_dir) / FILE
+    return save_pages(out, pages), pages
+
+
+def page_windows(
+    folder: str, net: GPT, tok: Any, extra: dict[str, Any], *, model: str | None,
+    data: Sequence[str] | None, split: str, tokens: int, seq_len: int | None, batch: int | None,
+) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """(the windows pages are computed on, the pages' metadata), for the dictionary in
+    ``folder`` whose JSON is ``extra`` (an SAE's, a CLT's)."""
     if tokens < 1:
         raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
     T = eval_window(net.config.n_ctx, seq_len)
     B = batch or max(1, 4096 // T)
     if B < 1:
         raise GlassError(f"--batch: must be ≥ 1, got {B}")
-    stream, source = _corpus(sae_dir, data, split, extra.get("data"), tok)
-    meta = {"source": source, "model": str(model_path), "seq_len": T}
-    pages = compute_pages(net, sae, windows(stream, seq_len=T, batch=B, tokens=tokens),
-                          top=top, before=context[0], after=context[1], meta=meta)  # fmt: skip
-    out = Path(output) if output else sae_folder(sae_dir) / FILE
-    return save_pages(out, pages), pages
+    stream, source = _corpus(folder, data, split, extra.get("data"), tok)
+    meta = {"source": source, "model": str(model or extra["model"]), "seq_len": T}
+    return windows(stream, seq_len=T, batch=B, tokens=tokens), meta
 
 
 def _corpus(sae_dir: str, data: Sequence[str] | None, split: str, own: Any, tok: Any) -> tuple[Any, str]:  # fmt: skip

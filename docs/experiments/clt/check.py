@@ -60,7 +60,7 @@ def main() -> None:
     else:
         feats.sort(key=lambda n: n["influence"])
     chosen = feats[: args.top]
-    print(f"prompt {visible(prompt)!r}; target {texts[target]} (p={logit['token_prob']:.3f}); "
+    print(f"prompt {visible(prompt)}; target {texts[target]} (p={logit['token_prob']:.3f}); "
           f"{len(feats)} feature nodes kept")  # fmt: skip
     for n in chosen:
         layer, index, pos = (int(v) for v in n["node_id"].split("_"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -109,24 +109,14 @@ def open_clt(folder: str, *, model: str | None = None, device: str = "cpu") -> t
 
 
 def write_clt_pages(
-    folder: str,
-    *,
-    model: str | None = None,
-    data: Sequence[str] | None = None,
-    split: str = "train",
-    tokens: int = 1_000_000,
-    seq_len: int | None = None,
-    batch: int | None = None,
-    top: int = 20,
-    context: tuple[int, int] = (12, 4),
-    device: str = "cpu",
-    output: str | None = None,
-) -> tuple[Path, FeaturePages]:
+    folder: str, *, model: str | None = None, top: int = 20, context: tuple[int, int] = (12, 4),
+    device: str = "cpu", output: str | None = None, **corpus: Any,
+) -> tuple[Path, FeaturePages]:  # fmt: skip
     """Compute and write the pages of the CLT in ``folder`` (default file:
-    ``CLT_DIR/features.safetensors``): (the file, the pages)."""
+    ``CLT_DIR/features.safetensors``): (the file, the pages). ``corpus``: ``data``, ``split``,
+    ``tokens``, ``seq_len``, ``batch``, as glassgpt.features.folders.write_pages takes them."""
     clt, net, tok, doc = open_clt(folder, model=model, device=device)
-    batches, meta = page_windows(folder, net, tok, doc, model=model, data=data, split=split,
-                                 tokens=tokens, seq_len=seq_len, batch=batch)  # fmt: skip
+    batches, meta = page_windows(folder, net, tok, doc, model=model, **corpus)
     pages = compute_clt_pages(net, clt, batches, top=top, before=context[0], after=context[1], meta=meta)  # fmt: skip
     out = Path(output) if output else clt_folder(folder) / FILE
     return save_pages(out, pages), pages

@@ -252,7 +252,7 @@ def header(job: SAERun, out: Path, step: int = 0) -> str:
     'sae train: topk × 64 on blocks.1.resid_post of runs/a; 9,216 tokens in 9 steps of 1,024 → saes/a (resuming at step 4)'
     >>> clt = SAERun("runs/a", "runs/a/data", CLTConfig(d_model=8, d_sae=64, n_layers=2),
     ...              SAETrainConfig(tokens=10_000, batch_size=1024), [])
-    >>> header(clt, Path("saes/c"))[:80]
+    >>> header(clt, Path("saes/c"))[:82]
     'sae train: clt (jumprelu) × 64 per layer on blocks.0-1.mlp.in → blocks.0-1.mlp_out'
     """
     cfg, sae = job.train, job.sae

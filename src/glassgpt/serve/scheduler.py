@@ -107,19 +107,25 @@ class Scheduler:
         self.model, self.tokenizer = model, tokenizer
         self.steering = dict(steering or {})  # hooks attached around every forward
         self.config = model.config
-        p = next(model.parameters())
+        # the model the steps and prompts run on: a bf16 CPU model's decoding copy (float32
+        # activations over its bf16 weights, replayed, as generate decodes it); with steering,
+        # whose hooks go on ``model``, the model itself
+        self.decoding = model if self.steering else engine.decoding_model(model, replay=replay)
+        p = next(self.decoding.parameters())
         self.device = p.device
         self.n_valid = min(self.config.n_vocab, getattr(tokenizer, "n_vocab", 10**12))
         dtype = cache_dtype(p.dtype, p.device)
         # the server's context C ≤ n_ctx: what each slot holds, the longest prompt, the window
         self.n_ctx = served_context(self.config, slots, max_context, dtype=dtype,
                                     available=None if max_context else available_memory(p.device))  # fmt: skip
-        self.cache = SlotCache.for_model(model, slots, self.n_ctx)
+        self.cache = SlotCache.for_model(self.decoding, slots, self.n_ctx)
         self.rows = Rows(slots, self.config.n_vocab, self.device)  # row b: slot b's sampling
         if prefix_bytes is None:  # a quarter of the slots' memory, at most DEFAULT_BYTES
             held = sum(2 * layer.k.numel() * layer.k.element_size() for layer in self.cache.layers)
             prefix_bytes = min(DEFAULT_BYTES, held // 4)
-        self.prefix = PrefixCache.for_model(model, max_bytes=prefix_bytes)  # prompt blocks seen
+        self.prefix = PrefixCache.for_model(
+            self.decoding, max_bytes=prefix_bytes
+        )  # prompt blocks seen
         self.lock = threading.Lock()
         self.inbox: queue.Queue[Job | None] = queue.Queue()
         self.active: list[_Seq] = []  # active[b] lives in slot b
@@ -238,13 +244,13 @@ class Scheduler:
         chooses it (``glassgpt.sample.engine``): on a CPU replayed from the step recorded
         for B (the same logits bit for bit), else the model's forward (hooks attached, say by
         the explorer or steering, decode eagerly)."""
-        B = fed.shape[0]
+        B, model = fed.shape[0], self.decoding
         decoder = self.decoders.get(B)
         if decoder is None:
-            if self.model._hook_fns:  # choose when the model is as it is between requests
-                return self.model(fed, cache=self.cache)
-            choice = engine.choose(self.model, slots=True, replay=self.replay)
-            decoder = self.decoders[B] = engine.Decoder(self.model, self.cache, choice)
+            if model._hook_fns:  # choose when the model is as it is between requests
+                return model(fed, cache=self.cache)
+            choice = engine.choose(model, slots=True, replay=self.replay)
+            decoder = self.decoders[B] = engine.Decoder(model, self.cache, choice)
         return decoder.step(fed)
 
     def _slide(self, b: int) -> None:
@@ -261,12 +267,13 @@ class Scheduler:
         """``ids`` encoded alone: the logits [V] after the last one, and their cache. A
         cached prefix (``serve.prefix``) is loaded, not encoded; not with steering, whose
         hooks change the keys and values."""
-        cache = KVCache.for_model(self.model, 1, capacity, last_only=True)
+        model = self.decoding
+        cache = KVCache.for_model(model, 1, capacity, last_only=True)
         with self.lock, torch.inference_mode(), self.steered():
-            plain = not self.steering and not self.model._hook_fns
+            plain = not self.steering and not model._hook_fns
             n = self.prefix.load(ids, cache) if plain else 0
             tokens = torch.tensor([ids[n:]], dtype=torch.long, device=self.device)
-            logits = self.model(tokens, cache=cache)  # [1, 1, V]
+            logits = model(tokens, cache=cache)  # [1, 1, V]
             if plain:
                 self.prefix.store(ids, cache)
         return logits[0, -1], cache

@@ -1,7 +1,7 @@
 """Continuous batching: one thread decodes every active sequence in one forward per step.
 
-    loop:  admit   each new request: prefill its prompt alone, sample its first token,
-                   copy its keys and values into a free slot
+    loop:  admit   each new request: prefill its prompt alone, its keys and values written
+                   straight into a free slot, and sample its first token
            step    feed every active sequence its last token in one batch [B, 1]
                    (``SlotCache``: each row at its own position), sample one token per row
            slide   a sequence whose context is full re-encodes its last ⌊3·C/4⌋ tokens (C: the
@@ -43,7 +43,6 @@ from torch import Tensor
 
 from glassgpt.kernels import cache_dtype
 from glassgpt.sample import engine
-from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig, mask_padded
 from glassgpt.sample.rows import Rows
 from glassgpt.sample.stops import StopMatcher
@@ -215,16 +214,13 @@ class Scheduler:
         seq = _Seq(job, self.tokenizer)
         slot = len(self.active)
         self.rows.set(slot, job.sampling, job.seed, job.prompt)
-        T, n_ctx = len(job.prompt), self.n_ctx
-        capacity = max(min(n_ctx, T + job.max_tokens - 1), T)  # as generate sizes its cache
         self.admitting = job
         try:
-            logits, prefill = self._prefill(job.prompt, capacity)
+            logits = self._prefill(job.prompt, slot)
         finally:
             self.admitting = None
         if self._sample([seq], logits[None], slot)[0]:
             return
-        self.cache.load(slot, prefill)
         self.active.append(seq)
 
     def _step(self) -> None:
@@ -258,17 +254,17 @@ class Scheduler:
         (as ``generate`` slides, window = ⌊3·C/4⌋) and sample from their logits."""
         seq = self.active[b]
         window = seq.history[-max(1, 3 * self.n_ctx // 4) :]
-        logits, prefill = self._prefill(window, self.n_ctx)
-        self.cache.load(b, prefill)
+        logits = self._prefill(window, b)
         if self._sample([seq], logits[None], b)[0]:
             self._free(b)
 
-    def _prefill(self, ids: list[int], capacity: int) -> tuple[Tensor, KVCache]:
-        """``ids`` encoded alone: the logits [V] after the last one, and their cache. A
-        cached prefix (``serve.prefix``) is loaded, not encoded; not with steering, whose
-        hooks change the keys and values."""
+    def _prefill(self, ids: list[int], slot: int) -> Tensor:
+        """``ids`` encoded alone into ``slot`` (its keys and values written in place, as a
+        new ``KVCache`` would hold them): the logits [V] after the last one. A cached prefix
+        (``serve.prefix``) is loaded, not encoded; not with steering, whose hooks change the
+        keys and values."""
         model = self.decoding
-        cache = KVCache.for_model(model, 1, capacity, last_only=True)
+        cache = self.cache.prompt_cache(slot, model)
         with self.lock, torch.inference_mode(), self.steered():
             plain = not self.steering and not model._hook_fns
             n = self.prefix.load(ids, cache) if plain else 0
@@ -276,7 +272,8 @@ class Scheduler:
             logits = model(tokens, cache=cache)  # [1, 1, V]
             if plain:
                 self.prefix.store(ids, cache)
-        return logits[0, -1], cache
+        self.cache.admit(slot, cache)
+        return logits[0, -1]
 
     def _retire_cancelled(self) -> None:
         for b in reversed(range(len(self.active))):

@@ -25,6 +25,7 @@ import operator
 from collections.abc import Callable, Sequence
 from functools import reduce
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -41,6 +42,8 @@ SMALL = 1024  # up to this vocabulary a step filters every row (an off setting i
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # SplitMix64's constants, as signed int64
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _M2 = 0x94D049BB133111EB - (1 << 64)
+_GAMMA_U, _M1_U, _M2_U = (np.uint64(c % (1 << 64)) for c in (_GAMMA, _M1, _M2))
+_ONE, _S11, _S31 = np.uint64(1), np.uint64(11), np.uint64(31)
 
 
 def wrap64(x: int) -> int:
@@ -77,7 +80,17 @@ def uniforms(seeds: Tensor, counters: Tensor) -> Tensor:
 
 
 def _stream(states: Tensor, counters: Tensor) -> Tensor:
-    """:func:`uniforms` from the streams' states mix(s) (kept per row: half the operations)."""
+    """:func:`uniforms` from the streams' states mix(s) (kept per row: half the operations);
+    on a CPU in NumPy's uint64 over the batch, the same bits in a tenth of a step's sampling
+    time (a [B] tensor operation costs microseconds, a dozen of them per draw)."""
+    if states.is_cpu and counters.is_cpu:
+        with np.errstate(over="ignore"):  # products wrap modulo 2⁶⁴, as SplitMix64's do
+            n = counters.long().numpy().view(np.uint64)
+            x = states.numpy().view(np.uint64) + (n + _ONE) * _GAMMA_U
+            for shift, factor in ((30, _M1_U), (27, _M2_U)):
+                x = (x ^ (x >> shift)) * factor
+            x = x ^ (x >> _S31)
+        return torch.from_numpy((x >> _S11).astype(np.float64) * 2.0**-53)
     x = states + (counters.long() + 1) * _GAMMA
     return _shr(_mix(x), 11).double() * 2.0**-53
 

@@ -29,8 +29,8 @@ from glassgpt.cli.arguments import (
     add_overrides,
     add_seed,
 )
-from glassgpt.features.folders import eval_sae, export_sae, import_sae, write_pages
 from glassgpt.errors import GlassError
+from glassgpt.features.folders import eval_sae, export_sae, import_sae, write_pages
 from glassgpt.features.job import train_command
 from glassgpt.features.label_job import label_folder
 from glassgpt.features.metrics import EVAL_TOKENS
@@ -256,8 +256,9 @@ def run_label(args: argparse.Namespace) -> int:
         split=args.split, seed=args.seed, timeout=args.timeout, device=args.device,
     )  # fmt: skip
     scores = r["scores"]
-    mean = f", mean detection {sum(scores) / len(scores):.3f}" if scores else ""
-    unread = f", {r['unread']} answers unread (counted wrong)" if r.get("unread") else ""
-    print(f"{r['labelled']:,} features labelled{mean}{unread}; {r['skipped']:,} labelled before, "
-          f"{r['dead']:,} never active, skipped ({time.perf_counter() - t0:.1f} s) → {r['file']}")  # fmt: skip
+    notes = [f"mean detection {sum(scores) / len(scores):.3f}"] if scores else []
+    notes += [f"{r['unread']:,} answers unread, counted wrong"] if r.get("unread") else []
+    print(f"{r['labelled']:,} features labelled" + (f" ({'; '.join(notes)})" if notes else "")
+          + f"; skipped: {r['skipped']:,} labelled before, {r['dead']:,} never active "
+          f"({time.perf_counter() - t0:.1f} s) → {r['file']}")  # fmt: skip
     return 0

@@ -141,7 +141,9 @@ def label_folder(
     if not todo:
         return summary
     ep = Endpoint(base_url(endpoint), model, api_key, timeout)
-    if model is None:  # also the first word with the endpoint: a dead one fails before the model loads
+    if (
+        model is None
+    ):  # also the first word with the endpoint: a dead one fails before the model loads
         ep = Endpoint(ep.url, ep.first_model(), api_key, timeout)
     sae, net, tok, extra = open_sae(str(folder), model=None, device=device)
     if tok is None:

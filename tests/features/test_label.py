@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import string
 import threading
@@ -23,11 +24,12 @@ from tests.serve.conftest import start_server
 from glassgpt.checkpoint import load, open_run
 from glassgpt.cli import main
 from glassgpt.data import DataDir
+from glassgpt.errors import GlassError
 from glassgpt.features.identity import KEY, model_identity
 from glassgpt.features.label_client import Endpoint, EndpointError
 from glassgpt.features.label_contexts import quiet_contexts
 from glassgpt.features.label_job import label_feature
-from glassgpt.features.labels import read_labels
+from glassgpt.features.labels import key, read_labels, write_labels
 from glassgpt.features.pages import load_pages
 from glassgpt.features.sae import SAE, SAEConfig
 from glassgpt.model import GPT, GPTConfig
@@ -286,3 +288,43 @@ def test_a_folder_without_pages(tiny_run: Path, tmp_path: Path, capsys: Any) -> 
     SAE(SAEConfig(d_in=model.config.d_model, d_sae=4, arch="relu", hook="embed")).save(tmp_path / "s")  # fmt: skip
     assert main(["sae", "label", str(tmp_path / "s"), "--endpoint", "http://127.0.0.1:9/v1"]) == 2
     assert "no feature pages (make them with glassgpt sae features)" in capsys.readouterr().err
+
+
+# -- labels.json, and the explorer showing it ---------------------------------------------------
+
+
+def test_the_labels_file(tmp_path: Path) -> None:
+    assert read_labels(tmp_path) == {}
+    one = {"label": "closing brackets", "detection": 0.9, "unread": 1}
+    write_labels(tmp_path, {key(10): one, key(2): {"label": "x", "detection": None}}, model="m")
+    write_labels(tmp_path, {key(3, layer=1): {"label": "y", "detection": 0.5}}, model="n")
+    doc = json.loads((tmp_path / "labels.json").read_text())
+    assert doc["model"] == "n" and list(doc["features"]) == ["1/3", "2", "10"]  # merged, in order
+    back = read_labels(tmp_path)
+    assert back["10"] == one and back["2"]["detection"] is None and back["1/3"]["label"] == "y"
+    (tmp_path / "labels.json").write_text('{"features": {"1": {"detection": 1}}}')
+    with pytest.raises(GlassError, match=r"labels\.json: not a labels file \(KeyError"):
+        read_labels(tmp_path)
+
+
+def test_the_explorer_shows_and_finds_labels(tiny_run: Path, sae_dir: Path, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from glassgpt.serve.app import create_app
+    from glassgpt.serve.features import load_sae
+
+    model, tok = load(tiny_run)
+    bare = tmp_path / "bare"
+    shutil.copytree(sae_dir, bare)
+    (bare / "labels.json").unlink(missing_ok=True)
+    sae, pages = load_sae(str(bare), model)
+    assert pages.page(0, token_texts(tok, range(model.config.n_vocab)))["label"] is None
+    write_labels(bare, {"5": {"label": "Vowels After Spaces", "detection": 0.75}}, model="m")
+    sae, pages = load_sae(str(bare), model)
+    with TestClient(create_app(model, tok, sae=sae, pages=pages)) as client:
+        page = client.get("/api/features/page/5").json()
+        assert page["label"] == {"label": "Vowels After Spaces", "detection": 0.75}
+        assert client.get("/api/features/page/4").json()["label"] is None
+        found = client.post("/api/features/search", json={"query": "vowels after"}).json()
+        assert found["results"][0] == {**found["results"][0], "id": 5, "why": "label",
+                                       "label": "Vowels After Spaces"}  # fmt: skip

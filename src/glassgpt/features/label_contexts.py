@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
-from glassgpt.features.pages import FeaturePages
 from glassgpt.features.sae import SAE
 from glassgpt.features.sites import check_model, read
 from glassgpt.model import GPT
@@ -40,19 +39,6 @@ def split_ranks(available: int, explain: int, holdout: int) -> tuple[list[int], 
     held = [1 + int(j * step + step / 2) for j in range(h)]
     rest = [r for r in range(available) if r not in held]
     return rest[:explain], held
-
-
-def top_contexts(pages: FeaturePages, i: int, texts: Sequence[str]) -> list[tuple[list[str], list[float]]]:  # fmt: skip
-    """Feature ``i``'s top contexts, strongest first: (each token's text, f_i there), tokens
-    beyond the window dropped."""
-    out = []
-    for k in range(pages.top_values.shape[1]):
-        if int(pages.top_where[i, k]) < 0:
-            break
-        ids, acts = pages.top_tokens[i, k].tolist(), pages.top_acts[i, k].tolist()
-        keep = [j for j, t in enumerate(ids) if t >= 0]
-        out.append(([texts[ids[j]] for j in keep], [acts[j] for j in keep]))
-    return out
 
 
 @torch.no_grad()

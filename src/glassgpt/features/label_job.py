@@ -29,7 +29,7 @@ from glassgpt.errors import GlassError
 from glassgpt.features.clt import CONFIG_FILE as CLT_FILE
 from glassgpt.features.folders import _corpus, open_sae
 from glassgpt.features.label_client import Endpoint, base_url
-from glassgpt.features.label_contexts import quiet_contexts, split_ranks, top_contexts
+from glassgpt.features.label_contexts import quiet_contexts, split_ranks
 from glassgpt.features.label_prompts import (
     detect_messages,
     detection,
@@ -166,7 +166,8 @@ def label_folder(
             while queue and len(running) < 2 * concurrency:  # a short queue: an error stops soon
                 i = queue.pop()
                 q = [[texts[t] for t in ids] for ids in quiet.get(i, [])]
-                running[pool.submit(label_feature, ep, top_contexts(pages, i, texts), q,
+                tops = [(c["tokens"], c["acts"]) for c in pages.page(i, texts)["contexts"]]
+                running[pool.submit(label_feature, ep, tops, q,
                                     explain=contexts, holdout=holdout, seed=seed * 1_000_003 + i)] = i  # fmt: skip
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:

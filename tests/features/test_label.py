@@ -72,6 +72,7 @@ def answerer(policy: Callable[[list[str]], str], delay: float = 0.0, status: int
             self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": reply}}]})  # fmt: skip
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.handle_error = lambda *a: None  # a client that timed out and left: nothing to print
     threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
     ).start()

@@ -75,6 +75,15 @@ def detect_messages(label: str, contexts: Sequence[str]) -> list[dict[str, str]]
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ask}]
 
 
+def _said(answer: str) -> str:
+    """The answer without a reasoning model's ``<think>…</think>`` (an unclosed one: all of it).
+
+    >>> _said("<think>[1, 1]</think>[0, 1]"), _said("<think>still thinking")
+    ('[0, 1]', '')
+    """
+    return re.sub(r"<think>.*?(?:</think>|\Z)", "", answer, flags=re.S)
+
+
 def parse_label(answer: str) -> str:
     """The label in an explanation answer: its first non-empty line, without a leading
     "Explanation:" or "Label:", quotes and markup; cut to :data:`LABEL_CHARS`; "" when there is
@@ -85,7 +94,7 @@ def parse_label(answer: str) -> str:
     >>> parse_label("  **Closing brackets.**  "), parse_label("\\n \\n")
     ('Closing brackets.', '')
     """
-    for line in answer.splitlines():
+    for line in _said(answer).splitlines():
         line = re.sub(r"^\s*(?:[-*#>]+\s*)?(?:explanation|label|feature|answer)\s*:\s*", "", line, flags=re.I)  # fmt: skip
         line = line.strip().strip("*_`").strip().strip("\"'“”‘’").strip()
         if line:
@@ -108,6 +117,7 @@ def parse_answers(answer: str, n: int) -> list[bool | None]:
     >>> parse_answers("[1, 0]", 3), parse_answers("the cat sat", 2)
     ([None, None, None], [None, None])
     """
+    answer = _said(answer)
     for items in reversed(re.findall(r"\[([^\[\]]*)\]", answer)):
         words = [w.strip().strip("\"'").lower() for w in items.split(",")] if items.strip() else []
         if len(words) == n and all(w in _WORDS for w in words):

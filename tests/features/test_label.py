@@ -120,6 +120,8 @@ def test_detection_of_known_answerers(name: str) -> None:
     ("[yes, no] ... on second thought [no, yes]", 2, [False, True]),
     ('["true", "false"]', 2, [True, False]),
     ("Excerpt 1: yes\nExcerpt 2: no", 2, [True, False]),
+    ("<think>maybe [1, 1]</think>\n[0, 1]", 2, [False, True]),
+    ("<think>[1, 1] and then I ran out of tokens", 2, [None, None]),
     ("[1, 0, 2]", 3, [None, None, None]),
     ("", 1, [None]),
 ])  # fmt: skip

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from tests.serve.conftest import start_server
 
 from glassgpt.checkpoint import load, open_run
@@ -29,10 +30,13 @@ from glassgpt.features.identity import KEY, model_identity
 from glassgpt.features.label_client import Endpoint, EndpointError
 from glassgpt.features.label_contexts import quiet_contexts
 from glassgpt.features.label_job import label_feature
+from glassgpt.features.label_prompts import parse_answers
 from glassgpt.features.labels import key, read_labels, write_labels
 from glassgpt.features.pages import load_pages
 from glassgpt.features.sae import SAE, SAEConfig
 from glassgpt.model import GPT, GPTConfig
+from glassgpt.serve.app import create_app
+from glassgpt.serve.features import load_sae
 from glassgpt.tokenizer import CharTokenizer
 from glassgpt.tokenizer.display import token_texts
 
@@ -126,8 +130,6 @@ def test_detection_of_known_answerers(name: str) -> None:
     ("", 1, [None]),
 ])  # fmt: skip
 def test_answers_are_read_or_counted_unread(answer: str, n: int, read: list[Any]) -> None:
-    from glassgpt.features.label_prompts import parse_answers
-
     assert parse_answers(answer, n) == read
 
 
@@ -137,8 +139,6 @@ def test_answers_are_read_or_counted_unread(answer: str, n: int, read: list[Any]
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """glassgpt serve over a tiny random model that can read any printable text."""
-    from glassgpt.serve.app import create_app
-
     tok = CharTokenizer(sorted(set(string.printable)), special_tokens=["<|endoftext|>"])
     torch.manual_seed(0)
     cfg = GPTConfig(n_vocab=tok.n_vocab, n_ctx=1024, d_model=32, n_layers=1, n_heads=2, positional="rope")  # fmt: skip
@@ -311,11 +311,6 @@ def test_the_labels_file(tmp_path: Path) -> None:
 
 
 def test_the_explorer_shows_and_finds_labels(tiny_run: Path, sae_dir: Path, tmp_path: Path) -> None:
-    from fastapi.testclient import TestClient
-
-    from glassgpt.serve.app import create_app
-    from glassgpt.serve.features import load_sae
-
     model, tok = load(tiny_run)
     bare = tmp_path / "bare"
     shutil.copytree(sae_dir, bare)

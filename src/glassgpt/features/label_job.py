@@ -38,8 +38,10 @@ from glassgpt.features.label_prompts import (
     parse_label,
     render,
 )
+from glassgpt.features.labels import FILE as LABELS_FILE
 from glassgpt.features.labels import key, read_labels, write_labels
 from glassgpt.features.metrics import eval_window
+from glassgpt.features.pages import FILE as PAGES_FILE
 from glassgpt.features.pages import FeaturePages, load_pages
 from glassgpt.features.sae import CONFIG_FILE as SAE_FILE
 from glassgpt.features.sae import sae_folder
@@ -137,7 +139,7 @@ def label_folder(
     todo = [i for i in chosen if overwrite or key(i) not in done]
     dead = [i for i in todo if int(pages.top_where[i, 0]) < 0]
     todo = [i for i in todo if i not in dead]
-    summary: dict[str, Any] = {"file": folder / "labels.json", "labelled": 0, "skipped": len(chosen) - len(todo) - len(dead), "dead": len(dead), "scores": []}  # fmt: skip
+    summary: dict[str, Any] = {"file": folder / LABELS_FILE, "labelled": 0, "skipped": len(chosen) - len(todo) - len(dead), "dead": len(dead), "scores": []}  # fmt: skip
     if not todo:
         return summary
     ep = Endpoint(base_url(endpoint), model, api_key, timeout)
@@ -154,7 +156,7 @@ def label_folder(
     T = eval_window(net.config.n_ctx, int(pages.meta.get("seq_len") or 0) or None)
     quiet = quiet_contexts(net, sae, stream, todo, n=holdout, width=width, seq_len=T, tokens=QUIET_TOKENS, seed=seed) if holdout else {}  # fmt: skip
     meta = {"endpoint": ep.url, "model": ep.model, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "contexts": contexts, "holdout": holdout, "pages": str(folder / "features.safetensors")}  # fmt: skip
+            "contexts": contexts, "holdout": holdout, "pages": str((folder / PAGES_FILE).resolve())}  # fmt: skip
     say(f"labelling {len(todo):,} features with {ep.model} at {ep.url} ({concurrency} at a time)")
     new: dict[str, dict[str, Any]] = {}
     last = time.monotonic()

@@ -67,13 +67,13 @@ function drawPage() {
   const p = F.page, id = F.id;
   $("feat-title").textContent = `#${id}`;
   // the label sae label wrote, and how well it let a reader find the feature (detection)
-  if (!$("feat-label")) $("feat-title").after(el("span", { id: "feat-label" }));
+  if (!$("feat-label")) $("feat-title").after(el("span", { id: "feat-label", style: "margin-left:.5em;font-weight:500" }));
   const lab = p && p.label, tag = $("feat-label");
   tag.textContent = lab ? `“${lab.label}”` : "";
   tag.title = lab ? "label written by glassgpt sae label" : "";
   if (lab && lab.detection !== null && lab.detection !== undefined)
     tag.append(el("span", { class: "muted small", title: "balanced accuracy of telling held-out activating contexts from silent ones, given the label (0.5: chance)" },
-      ` detection ${lab.detection.toFixed(2)}`));
+      ` · detection ${lab.detection.toFixed(2)}`));
   for (const k of ["feat-stats", "feat-hist", "feat-logits", "feat-contexts"]) $(k).textContent = "";
   if (!p) { $("feat-stats").textContent = "no page: run glassgpt sae features on this SAE"; return; }
   $("feat-stats").textContent = `density ${(100 * p.density).toFixed(4)}% (${p.count.toLocaleString()} of ` +

@@ -220,6 +220,11 @@ def test_sae_label_against_glassgpt_serve(tiny_run: Path, sae_dir: Path, llm: st
     assert capsys.readouterr().out.startswith(
         f"0 features labelled; skipped: {len(live)} labelled before"
     )
+    # -c DIR, as sae features takes it, is the same folder
+    assert main(["sae", "label", "-c", *args[2:], "--features", "0-7"]) == 0
+    assert capsys.readouterr().out.startswith("0 features labelled")
+    assert main(["sae", "label", *args[2:], "-c", str(sae_dir)]) == 2
+    assert "name the SAE folder once" in capsys.readouterr().err
     # the explorer's page shows the label
     model, tok = load(tiny_run)
     page = load_pages(sae_dir).page(live[0], token_texts(tok, range(model.config.n_vocab)))

@@ -221,7 +221,8 @@ def register_label(sub: Any) -> None:
         "activating contexts from random ones where the feature is silent. Written to "
         "DIR/labels.json, which the explorer shows; a second run skips the features labelled.",
     )
-    lb.add_argument("folder", metavar="DIR", help=SAE_DIR)
+    lb.add_argument("folder", metavar="DIR", nargs="?", help=SAE_DIR)
+    add_checkpoint(lb, required=False, help=f"{SAE_DIR}, as sae features takes it (or DIR)")
     lb.add_argument("--endpoint", required=True, metavar="URL",
                     help="the API's base URL, e.g. http://localhost:8000/v1 (glassgpt serve, vLLM) or http://localhost:11434/v1 (Ollama)")  # fmt: skip
     lb.add_argument("--model", metavar="NAME", help="the model to ask (default: the first the endpoint lists)")  # fmt: skip
@@ -248,9 +249,11 @@ def run_label(args: argparse.Namespace) -> int:
         key = os.environ.get(args.api_key_env)
         if not key:
             raise GlassError(f"--api-key-env {args.api_key_env}: that environment variable is not set")  # fmt: skip
+    if (args.folder is None) == (args.checkpoint is None):
+        raise GlassError("sae label: name the SAE folder once, as DIR or -c DIR")
     t0 = time.perf_counter()
     r = label_folder(
-        args.folder, endpoint=args.endpoint, model=args.model, api_key=key,
+        args.folder or args.checkpoint, endpoint=args.endpoint, model=args.model, api_key=key,
         features=args.features, contexts=args.contexts, holdout=args.holdout,
         concurrency=args.concurrency, overwrite=args.overwrite, data=args.data,
         split=args.split, seed=args.seed, timeout=args.timeout, device=args.device,

@@ -137,15 +137,14 @@ def label_folder(
     chosen = parse_features(features, pages)
     done = read_labels(folder)
     todo = [i for i in chosen if overwrite or key(i) not in done]
-    dead = [i for i in todo if int(pages.top_where[i, 0]) < 0]
+    dead = {i for i in todo if int(pages.top_where[i, 0]) < 0}
     todo = [i for i in todo if i not in dead]
     summary: dict[str, Any] = {"file": folder / LABELS_FILE, "labelled": 0, "skipped": len(chosen) - len(todo) - len(dead), "dead": len(dead), "scores": []}  # fmt: skip
     if not todo:
         return summary
     ep = Endpoint(base_url(endpoint), model, api_key, timeout)
-    if (
-        model is None
-    ):  # also the first word with the endpoint: a dead one fails before the model loads
+    # the first word with the endpoint: a dead one fails before the model loads
+    if model is None:
         ep = Endpoint(ep.url, ep.first_model(), api_key, timeout)
     sae, net, tok, extra = open_sae(str(folder), model=None, device=device)
     if tok is None:

@@ -43,10 +43,13 @@ from glassgpt.tokenizer.display import token_texts
 # -- an answerer that knows which contexts hold the feature ------------------------------------
 
 
-def answerer(policy: Callable[[list[str]], str], delay: float = 0.0, status: int = 200) -> Any:
+def answerer(
+    policy: Callable[[list[str]], str], delay: float = 0.0, status: int = 200, busy: int = 0
+) -> Any:
     """A stdlib HTTP server with OpenAI's two routes; a detection question is answered by
     ``policy`` (the numbered excerpts → the reply), an explanation by "Explanation: …"."""
     asked: list[str] = []
+    refused: list[int] = []
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a: Any) -> None:
@@ -66,6 +69,13 @@ def answerer(policy: Callable[[list[str]], str], delay: float = 0.0, status: int
         def do_POST(self) -> None:
             doc = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             time.sleep(delay)
+            if len(refused) < busy:  # a rate limit: come back in a moment
+                refused.append(1)
+                self.send_response(429)
+                self.send_header("Retry-After", "0")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if status != 200:
                 self._send(status, {"error": {"message": "the answerer is down", "type": "server_error"}})  # fmt: skip
                 return
@@ -117,6 +127,15 @@ def test_detection_of_known_answerers(name: str) -> None:
     explain, detect = server.asked
     assert explain.count("<<X>>") == 4  # the explaining contexts, marked
     assert "<<" not in detect and detect.count("X") == 5 + 1  # plain held-out ones (+ the label)
+
+
+def test_a_busy_endpoint_is_asked_again() -> None:
+    server = answerer(POLICIES["perfect"][0], busy=2)
+    try:
+        entry = label_feature(Endpoint(url_of(server), "oracle"), TOPS, QUIET, explain=4, holdout=5, seed=1)  # fmt: skip
+    finally:
+        server.shutdown()
+    assert entry["detection"] == 1.0 and len(server.asked) == 2
 
 
 @pytest.mark.parametrize(("answer", "n", "read"), [

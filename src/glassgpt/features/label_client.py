@@ -5,13 +5,16 @@ labeller needs no HTTP package. Any server with the OpenAI API answers: glassgpt
 with its key.
 
 Every failure to talk (refused, timed out, a non-200, a body that is not a chat completion)
-is one line naming the URL (:class:`EndpointError`).
+is one line naming the URL (:class:`EndpointError`). A busy server (429, 503: a hosted API's
+rate limit, a local one's full queue) is asked again after 1, 4 and 15 s, or after the
+``Retry-After`` it sends, before that counts as a failure.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -19,6 +22,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from glassgpt.errors import GlassError
+
+BACKOFF = (1.0, 4.0, 15.0)  # seconds before each retry of a busy endpoint
+MAX_WAIT = 60.0  # the longest Retry-After obeyed
 
 
 class EndpointError(GlassError):
@@ -60,8 +66,17 @@ class Endpoint:
         req = urllib.request.Request(self.url + path, data=data, headers=headers)
         where = f"--endpoint {self.url}"
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                raw = r.read()
+            for wait in (*BACKOFF, None):
+                try:
+                    with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                        raw = r.read()
+                    break
+                except urllib.error.HTTPError as e:
+                    # busy (429, 503): wait as it asks, within reason, then try again
+                    if e.code not in (429, 503) or wait is None:
+                        raise
+                    asked = _retry_after(e)
+                    time.sleep(min(wait if asked is None else asked, MAX_WAIT))
         except urllib.error.HTTPError as e:
             raise EndpointError(f"{where}: {path} answered HTTP {e.code} ({_reason(e)})") from None
         except (urllib.error.URLError, OSError) as e:  # refused, no such host, timed out
@@ -102,3 +117,11 @@ def _reason(e: urllib.error.HTTPError) -> str:
         return " ".join(str(msg).split())[:300]
     except (ValueError, KeyError, TypeError, AttributeError, OSError):
         return str(e.reason)
+
+
+def _retry_after(e: urllib.error.HTTPError) -> float | None:
+    """The seconds of a ``Retry-After`` header (None: absent, or a date)."""
+    try:
+        return max(0.0, float(e.headers.get("Retry-After", "")))
+    except (TypeError, ValueError):
+        return None

@@ -26,7 +26,8 @@ their k entries per token, never as a dense [B·T, d_sae] tensor. Memory: one ba
 
 Store (:func:`save_pages`, :func:`load_pages`): one safetensors file per SAE (default
 ``SAE_DIR/features.safetensors``), written atomically; its JSON metadata under
-``glassgpt`` ({"format": "glassgpt-features", "version": 1, ...}).
+``glassgpt`` ({"format": "glassgpt-features", "version": 1, ...}). The labels beside it
+(``labels.json``, written by ``glassgpt sae label``) are read with it and shown on each page.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.features.labels import read_labels
 from glassgpt.features.sae import SAE, TopK
 from glassgpt.features.sites import check_model, read
 from glassgpt.formats import check_format
@@ -105,6 +107,7 @@ class FeaturePages:
     logit_bottom_ids: Tensor
     logit_bottom_values: Tensor
     meta: dict[str, Any] = field(default_factory=dict)  # tokens, before, after, binning, sae, …
+    labels: dict[str, dict[str, Any]] = field(default_factory=dict)  # labels.json's, by "i"
 
     @property
     def d_sae(self) -> int:
@@ -155,6 +158,7 @@ class FeaturePages:
             "contexts": contexts, "histogram": hist,
             "logit_top": logits(self.logit_top_ids, self.logit_top_values),
             "logit_bottom": logits(self.logit_bottom_ids, self.logit_bottom_values),
+            "label": self.labels.get(str(i)),  # {"label", "detection", …} or None
         }  # fmt: skip
 
 
@@ -396,4 +400,4 @@ def load_pages(path: str | Path) -> FeaturePages:
     except KeyError as e:
         raise InputFileError(f"{path}: lacks the array {e}") from None
     meta = {k: v for k, v in doc.items() if k not in ("format", "version")}
-    return FeaturePages(**arrays, meta=meta)
+    return FeaturePages(**arrays, meta=meta, labels=read_labels(path.parent))

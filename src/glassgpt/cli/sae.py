@@ -5,7 +5,7 @@
     glassgpt sae features -c DIR [--data PATH…] [-o FILE] [--tokens N] [--top K]
     glassgpt sae export -c DIR --format saelens -o OUT
     glassgpt sae import SAELENS_DIR -o DIR [--model RUN]
-    glassgpt sae label DIR --endpoint URL [--model NAME] [--features 0-99|all-live]
+    glassgpt sae label DIR --endpoint URL [--explainer NAME] [--features 0-99|all-live]
 
 The jobs live in :mod:`glassgpt.features` (``job.train_command``, ``folders``).
 """
@@ -225,7 +225,7 @@ def register_label(sub: Any) -> None:
     add_checkpoint(lb, required=False, help=f"{SAE_DIR}, as sae features takes it (or DIR)")
     lb.add_argument("--endpoint", required=True, metavar="URL",
                     help="the API's base URL, e.g. http://localhost:8000/v1 (glassgpt serve, vLLM) or http://localhost:11434/v1 (Ollama)")  # fmt: skip
-    lb.add_argument("--model", metavar="NAME", help="the model to ask (default: the first the endpoint lists)")  # fmt: skip
+    lb.add_argument("--explainer", metavar="NAME", help="the endpoint's model that writes and judges the labels (default: the first it lists); --model in the other sae commands is the model the SAE reads")  # fmt: skip
     lb.add_argument("--api-key-env", metavar="VAR", help="the environment variable holding the API key (sent as a bearer token)")  # fmt: skip
     lb.add_argument("--features", default="all-live", metavar="SPEC",
                     help="ids and ranges (0-99, 3,7,10-12) or all-live (default: every feature active on the pages' corpus)")  # fmt: skip
@@ -253,7 +253,7 @@ def run_label(args: argparse.Namespace) -> int:
         raise GlassError("sae label: name the SAE folder once, as DIR or -c DIR")
     t0 = time.perf_counter()
     r = label_folder(
-        args.folder or args.checkpoint, endpoint=args.endpoint, model=args.model, api_key=key,
+        args.folder or args.checkpoint, endpoint=args.endpoint, model=args.explainer, api_key=key,
         features=args.features, contexts=args.contexts, holdout=args.holdout,
         concurrency=args.concurrency, overwrite=args.overwrite, data=args.data,
         split=args.split, seed=args.seed, timeout=args.timeout, device=args.device,

@@ -181,7 +181,7 @@ def test_bad_input_is_one_line_each(setup: dict[str, Any], tmp_path: Path) -> No
     retokened["metadata"]["prompt_tokens"][0] = "T"
     intervene = lambda edit: request(
         live.url, "/api/graph/intervene", {"graph": g["name"], "edits": [edit]}
-    )  # noqa: E731
+    )
     cases = {
         "unknown node": (intervene({"node": "9_9_9", "mode": "zero"}), "edits[0].node '9_9_9': no such node in graph"),
         "not a feature": (intervene({"node": token, "mode": "zero"}), "an embedding node; only features can be edited"),

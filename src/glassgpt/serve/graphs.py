@@ -126,7 +126,9 @@ class Graphs:
     def _labels(self) -> dict[int, dict[str, dict[str, Any]]]:
         """layer → its folder's labels (read afresh: ``sae label`` may write them meanwhile)."""
         try:
-            return {l: read_labels(f) for l, f in self.folders.items()}
+            return {
+                l: read_labels(sae_folder(f)) or read_labels(f) for l, f in self.folders.items()
+            }
         except GlassError as e:
             raise APIError(500, str(e), type="server_error") from None
 

@@ -179,9 +179,10 @@ def test_bad_input_is_one_line_each(setup: dict[str, Any], tmp_path: Path) -> No
             n["layer"] = "7"
     retokened = json.loads(json.dumps(doc))
     retokened["metadata"]["prompt_tokens"][0] = "T"
-    intervene = lambda edit: request(
-        live.url, "/api/graph/intervene", {"graph": g["name"], "edits": [edit]}
-    )
+
+    def intervene(edit: dict[str, Any]) -> tuple[int, Any]:
+        return request(live.url, "/api/graph/intervene", {"graph": g["name"], "edits": [edit]})
+
     cases = {
         "unknown node": (intervene({"node": "9_9_9", "mode": "zero"}), "edits[0].node '9_9_9': no such node in graph"),
         "not a feature": (intervene({"node": token, "mode": "zero"}), "an embedding node; only features can be edited"),

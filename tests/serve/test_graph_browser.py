@@ -75,7 +75,7 @@ def test_graph_tab(gserve: Server, browser: Any) -> None:
     node_id = node.get_attribute("data-id")
     node.hover()
     page.wait_for_function("() => document.querySelector('#graph-tip').textContent.includes('top activations')")  # fmt: skip
-    layer, index, _ = node_id.split("_")
+    _, index, _ = node_id.split("_")
     assert f"feature one-{index}" in page.inner_text("#graph-tip")
     node.click()
     page.wait_for_selector("#graph-page .contexts .ctx")

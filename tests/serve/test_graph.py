@@ -6,21 +6,27 @@ layer), for per-layer transcoders and a CLT; bad input one line, HTTP 400 each."
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import save_file
+from tests.features.test_graph_cli import circuit_tracer_python
 from tests.serve.conftest import Server, request, start_server, tiny_run
 
 from glassgpt.cli import main
 from glassgpt.features.clt import CLT, CLTConfig
+from glassgpt.features.graphs import attribute
 from glassgpt.features.labels import write_labels
 from glassgpt.features.replacement import Transcoders, open_transcoders
 from glassgpt.features.sae import SAE, SAEConfig
+from glassgpt.tokenizer.display import token_texts
 
 PROMPT = "the cat sat on"
+SIDE = Path(__file__).with_name("circuit_tracer_files_side.py")
 D_SAE = 24
 
 
@@ -31,7 +37,8 @@ def transcoder_folders(root: Path, d_model: int) -> Path:
                         hook=f"blocks.{layer}.mlp_out", dtype="float64")  # fmt: skip
         sae = SAE(cfg, seed=10 + layer)
         with torch.no_grad():
-            sae.b_enc.fill_(0.05)  # a few more active features
+            sae.W_enc.mul_(10.0)  # activations that move the logits
+            sae.b_enc.fill_(-0.15)  # about a fifth active: a small graph
         sae.save(root / f"L{layer}")
     write_labels(root / "L1", {str(i): {"label": f"feature one-{i}", "detection": 0.5} for i in range(D_SAE)})  # fmt: skip
     return root
@@ -165,6 +172,40 @@ def test_a_graph_made_by_the_command_opens(setup: dict[str, Any]) -> None:
     assert status == 200 and len(d["rows"]) == 10
     status, f = request(live.url, "/api/graph/feature/1/3", method="GET")
     assert status == 200 and f["label"] == "feature one-3" and f["page"] is None
+
+
+def test_circuit_tracers_own_file_opens(setup: dict[str, Any], tmp_path: Path) -> None:
+    """A graph file written by circuit-tracer's own create_graph_files (in its venv) opens and
+    its features can be edited; skipped without circuit-tracer."""
+    python = circuit_tracer_python()
+    if python is None:
+        pytest.skip("circuit-tracer is not installed (.venv-circuit-tracer, made by .ci/run, or GLASSGPT_CIRCUIT_TRACER_PYTHON)")  # fmt: skip
+    model, tok, tc = setup["model"], setup["tok"], setup["tc"]
+    graph = attribute(model, tc, tok.encode(PROMPT), prompt=PROMPT)
+    save_file(
+        {"adjacency": graph.adjacency.float().contiguous()}, tmp_path / "adjacency.safetensors"
+    )
+    cfg = model.config
+    job = {"n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_vocab": cfg.n_vocab,
+           "prompt": PROMPT, "tokens": graph.tokens.tolist(), "features": graph.features.tolist(),
+           "activations": graph.activations.tolist(), "logit_ids": graph.logit_tokens,
+           "logit_probs": graph.logit_probs.tolist(),
+           "vocab": token_texts(tok, range(cfg.n_vocab))}  # fmt: skip
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    done = subprocess.run([python, str(SIDE), str(tmp_path)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads((tmp_path / "out" / "theirs.json").read_text())
+
+    live = setup["live"]
+    status, g = request(live.url, "/api/graph/upload", {"doc": theirs})
+    assert status == 200, g
+    assert g["name"] == "upload:theirs" and g["doc"]["metadata"]["scan"] == "glassgpt-test"
+    features = [n for n in g["doc"]["nodes"] if "transcoder" in n["feature_type"]]
+    ours = {f"{l}_{i}_{p}" for l, p, i in graph.features.tolist()}
+    assert features and {n["node_id"] for n in features} <= ours  # (it drops unlinked nodes)
+    node = features[-1]["node_id"]
+    status, d = request(live.url, "/api/graph/intervene", {"graph": g["name"], "edits": [{"node": node, "mode": "scale", "value": 4}]})  # fmt: skip
+    assert status == 200 and d["edits"][0]["layer"] == int(node.split("_")[0]), d
 
 
 def test_bad_input_is_one_line_each(setup: dict[str, Any], tmp_path: Path) -> None:

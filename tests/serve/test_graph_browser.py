@@ -5,8 +5,10 @@ Skipped without Playwright or /usr/bin/chromium."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -100,4 +102,20 @@ def test_graph_tab(gserve: Server, browser: Any) -> None:
     assert any(a != b for a, b in (re.fullmatch(r"([\d.]+)% \(was ([\d.]+)%\)", t).groups() for t in moved))  # fmt: skip
     assert float(page.inner_text("#graph-kl").split("=")[1].split()[0]) > 0
     assert f"sel={node_id}" in page.evaluate("location.hash")
+
+    # pin it, group it into a supernode: the downloaded view and the URL both carry them
+    page.click("#graph-pin")
+    page.fill("#graph-super-name", "the end")
+    page.click("#graph-group")
+    assert page.text_content("#graph-svg .super-name") == "the end"
+    with page.expect_download() as got:
+        page.click("#graph-download")
+    view = json.loads(Path(got.value.path()).read_text())
+    assert view["qParams"]["pinnedIds"] == [node_id] and view["qParams"]["supernodes"] == [["the end", node_id]]  # fmt: skip
+    assert len(view["nodes"]) == page.locator("#graph-svg .node").count()
+    shared = page.url
+    page.goto("about:blank")
+    page.goto(shared)  # the same view from its URL alone
+    page.wait_for_selector(f"#graph-svg .node.pinned.selected[data-id='{node_id}']")
+    assert page.text_content("#graph-svg .super-name") == "the end"
     assert problems == []

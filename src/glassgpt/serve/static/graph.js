@@ -207,9 +207,11 @@ async function hoverNode(id, ev) {
   if (n.activation !== null && n.activation !== undefined) nums.push(`activation ${fmt(n.activation)}`);
   if (n.influence !== null && n.influence !== undefined) nums.push(`cumulative influence ${n.influence.toFixed(3)}`);
   if (nums.length) tip.append(el("div", { class: "muted" }, nums.join(" · ")));
-  tip.style.left = `${ev.clientX - wrap.left + $("graph-wrap").scrollLeft + 14}px`;
-  tip.style.top = `${ev.clientY - wrap.top + 14}px`;
+  const w = $("graph-wrap"), x = ev.clientX - wrap.left + w.scrollLeft;
+  tip.style.top = `${ev.clientY - wrap.top + w.scrollTop + 14}px`;
   tip.hidden = false;
+  // right of the pointer, or left of it where the card would clip it
+  tip.style.left = `${x + 14 + 420 > w.scrollLeft + w.clientWidth ? Math.max(0, x - 14 - tip.offsetWidth) : x + 14}px`;
   if (isFeature(n)) {
     const f = await featureInfo(n);
     if (G.hover !== id || !f) return;

@@ -53,7 +53,7 @@ def serve(model: Any, tok: Any, tc: Transcoders | None, files: dict[str, Path] |
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from glassgpt.checkpoint import load
 
     root = tmp_path_factory.mktemp("graphserve")
@@ -125,22 +125,22 @@ def check_against_hand(url: str, model: Any, tc: Transcoders, tok: Any, graph: d
         assert len(d["sample"]) > 0 and len(d["clean_sample"]) > 0
 
 
-def test_intervene_equals_the_edits_by_hand_per_layer(setup: dict[str, Any]) -> None:
-    live = setup["live"]
+def test_intervene_equals_the_edits_by_hand_per_layer(served: dict[str, Any]) -> None:
+    live = served["live"]
     status, g = request(live.url, "/api/graph/trace", {"prompt": PROMPT, "node_threshold": 1.0, "edge_threshold": 1.0})  # fmt: skip
     assert status == 200, g
     assert 0 < g["scores"]["replacement"] <= 1 and g["editable"]
     labelled = [n for n in g["doc"]["nodes"] if n["layer"] == "1" and "transcoder" in n["feature_type"]]  # fmt: skip
     assert labelled and all(n["clerp"].startswith("feature one-") for n in labelled)
-    check_against_hand(live.url, setup["model"], setup["tc"], setup["tok"], g)
+    check_against_hand(live.url, served["model"], served["tc"], served["tok"], g)
     # same seed, no edits that matter (× 1): the same continuation and a KL of 0
     node = labelled[0]["node_id"]
     _, d = request(live.url, "/api/graph/intervene", {"graph": g["name"], "edits": [{"node": node, "mode": "scale", "value": 1}], "seed": 4, "max_tokens": 8})  # fmt: skip
     assert d["sample"] == d["clean_sample"] and d["kl"] == pytest.approx(0, abs=1e-12)
 
 
-def test_intervene_equals_the_edits_by_hand_clt(setup: dict[str, Any]) -> None:
-    model, tok = setup["model"], setup["tok"]
+def test_intervene_equals_the_edits_by_hand_clt(served: dict[str, Any]) -> None:
+    model, tok = served["model"], served["tok"]
     clt = CLT(CLTConfig(d_model=32, d_sae=D_SAE, n_layers=2, arch="jumprelu", dtype="float64"), seed=2)  # fmt: skip
     with torch.no_grad():
         clt.b_enc.fill_(0.1)
@@ -155,13 +155,13 @@ def test_intervene_equals_the_edits_by_hand_clt(setup: dict[str, Any]) -> None:
         thread.join(timeout=10)
 
 
-def test_a_graph_made_by_the_command_opens(setup: dict[str, Any]) -> None:
-    live = setup["live"]
+def test_a_graph_made_by_the_command_opens(served: dict[str, Any]) -> None:
+    live = served["live"]
     _, info = request(live.url, "/api/graph/info", method="GET")
     assert info["graphs"] and info["files"] == ["made"] and info["layers"] == [0, 1]
     status, g = request(live.url, "/api/graph/open?name=made", method="GET")
     assert status == 200, g
-    on_disk = json.loads((setup["root"] / "made" / "graph.json").read_text())
+    on_disk = json.loads((served["root"] / "made" / "graph.json").read_text())
     assert [n["node_id"] for n in g["doc"]["nodes"]] == [n["node_id"] for n in on_disk["nodes"]]
     assert g["doc"]["links"] == on_disk["links"] and g["doc"]["metadata"]["prompt"] == PROMPT
     # uploaded as the browser does (the same file): opens under its own name, intervenable
@@ -174,13 +174,13 @@ def test_a_graph_made_by_the_command_opens(setup: dict[str, Any]) -> None:
     assert status == 200 and f["label"] == "feature one-3" and f["page"] is None
 
 
-def test_circuit_tracers_own_file_opens(setup: dict[str, Any], tmp_path: Path) -> None:
+def test_circuit_tracers_own_file_opens(served: dict[str, Any], tmp_path: Path) -> None:
     """A graph file written by circuit-tracer's own create_graph_files (in its venv) opens and
     its features can be edited; skipped without circuit-tracer."""
     python = circuit_tracer_python()
     if python is None:
         pytest.skip("circuit-tracer is not installed (.venv-circuit-tracer, made by .ci/run, or GLASSGPT_CIRCUIT_TRACER_PYTHON)")  # fmt: skip
-    model, tok, tc = setup["model"], setup["tok"], setup["tc"]
+    model, tok, tc = served["model"], served["tok"], served["tc"]
     graph = attribute(model, tc, tok.encode(PROMPT), prompt=PROMPT)
     save_file(
         {"adjacency": graph.adjacency.float().contiguous()}, tmp_path / "adjacency.safetensors"
@@ -196,7 +196,7 @@ def test_circuit_tracers_own_file_opens(setup: dict[str, Any], tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = json.loads((tmp_path / "out" / "theirs.json").read_text())
 
-    live = setup["live"]
+    live = served["live"]
     status, g = request(live.url, "/api/graph/upload", {"doc": theirs})
     assert status == 200, g
     assert g["name"] == "upload:theirs" and g["doc"]["metadata"]["scan"] == "glassgpt-test"
@@ -208,12 +208,12 @@ def test_circuit_tracers_own_file_opens(setup: dict[str, Any], tmp_path: Path) -
     assert status == 200 and d["edits"][0]["layer"] == int(node.split("_")[0]), d
 
 
-def test_bad_input_is_one_line_each(setup: dict[str, Any], tmp_path: Path) -> None:
-    live = setup["live"]
+def test_bad_input_is_one_line_each(served: dict[str, Any], tmp_path: Path) -> None:
+    live = served["live"]
     _, g = request(live.url, "/api/graph/trace", {"prompt": PROMPT, "node_threshold": 1.0})
     feature = next(n["node_id"] for n in g["doc"]["nodes"] if "transcoder" in n["feature_type"])
     token = next(n["node_id"] for n in g["doc"]["nodes"] if n["feature_type"] == "embedding")
-    doc = json.loads((setup["root"] / "made" / "graph.json").read_text())
+    doc = json.loads((served["root"] / "made" / "graph.json").read_text())
     deeper = json.loads(json.dumps(doc))
     for n in deeper["nodes"]:
         if n["feature_type"] == "logit":
@@ -244,8 +244,8 @@ def test_bad_input_is_one_line_each(setup: dict[str, Any], tmp_path: Path) -> No
     assert request(live.url, "/api/graph/feature/1/24", method="GET")[0] == 404
 
 
-def test_serve_command_refuses_bad_graph_flags(setup: dict[str, Any], tmp_path: Path, capsys) -> None:  # fmt: skip
-    run = str(setup["run"])
+def test_serve_command_refuses_bad_graph_flags(served: dict[str, Any], tmp_path: Path, capsys) -> None:  # fmt: skip
+    run = str(served["run"])
     other = tmp_path / "other"
     CLT(CLTConfig(d_model=24, d_sae=8, n_layers=2)).save(other)
     cases = {

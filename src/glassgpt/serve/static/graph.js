@@ -6,7 +6,7 @@
 "use strict";
 
 const G = { info: null, g: null, nodes: new Map(), pinned: new Set(), sel: new Set(), supers: [],
-  clicked: "", hover: "", pages: new Map(), seq: 0, traced: false };
+  clicked: "", hover: "", pages: new Map(), seq: 0, traced: false, tipAt: [0, 0] };
 const SVGNS = "http://www.w3.org/2000/svg";
 const MAX_EDGES = 1500;  // the heaviest links drawn (the rest are faint noise at this size)
 const ROW = 62, STEP = 15, PAD = 10;
@@ -90,7 +90,8 @@ function layout() {
     if (!cells.has(key)) cells.set(key, []);
     cells.get(key).push(n);
   }
-  const widths = Array(T).fill(54);
+  // a column: as wide as its token's label, or its widest cell of nodes
+  const widths = d.metadata.prompt_tokens.map((t) => Math.max(30, 8 * [...show(t)].length + 14));
   for (const [key, ns] of cells) {
     ns.sort((a, b) => (kindOf(a) === "error") - (kindOf(b) === "error") || (a.influence ?? 1) - (b.influence ?? 1));
     const pos = +key.split("/")[1];
@@ -207,11 +208,9 @@ async function hoverNode(id, ev) {
   if (n.activation !== null && n.activation !== undefined) nums.push(`activation ${fmt(n.activation)}`);
   if (n.influence !== null && n.influence !== undefined) nums.push(`cumulative influence ${n.influence.toFixed(3)}`);
   if (nums.length) tip.append(el("div", { class: "muted" }, nums.join(" · ")));
-  const w = $("graph-wrap"), x = ev.clientX - wrap.left + w.scrollLeft;
-  tip.style.top = `${ev.clientY - wrap.top + w.scrollTop + 14}px`;
+  G.tipAt = [ev.clientX - wrap.left, ev.clientY - wrap.top];
   tip.hidden = false;
-  // right of the pointer, or left of it where the card would clip it
-  tip.style.left = `${x + 14 + 420 > w.scrollLeft + w.clientWidth ? Math.max(0, x - 14 - tip.offsetWidth) : x + 14}px`;
+  place(tip);
   if (isFeature(n)) {
     const f = await featureInfo(n);
     if (G.hover !== id || !f) return;
@@ -220,7 +219,15 @@ async function hoverNode(id, ev) {
       tip.append(el("div", { class: "muted" }, "top activations:"));
       for (const c of f.page.contexts.slice(0, 3)) tip.append(contextLine(c, f.page.max));
     }
+    place(tip);
   }
+}
+
+function place(tip) {  // below right of the pointer, flipped left or up where the card would clip it
+  const w = $("graph-wrap"), [x, y] = G.tipAt;
+  const left = x + 14 + tip.offsetWidth > w.clientWidth ? Math.max(0, x - 14 - tip.offsetWidth) : x + 14;
+  const top = y + 14 + tip.offsetHeight > w.clientHeight ? Math.max(0, y - 14 - tip.offsetHeight) : y + 14;
+  tip.style.left = `${left + w.scrollLeft}px`; tip.style.top = `${top + w.scrollTop}px`;
 }
 
 function contextLine(c, m) {

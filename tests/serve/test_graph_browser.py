@@ -110,12 +110,18 @@ def test_graph_tab(gserve: Server, browser: Any) -> None:
     assert page.text_content("#graph-svg .super-name") == "the end"
     with page.expect_download() as got:
         page.click("#graph-download")
-    view = json.loads(Path(got.value.path()).read_text())
+    saved = Path(got.value.path())
+    view = json.loads(saved.read_text())
     assert view["qParams"]["pinnedIds"] == [node_id] and view["qParams"]["supernodes"] == [["the end", node_id]]  # fmt: skip
     assert len(view["nodes"]) == page.locator("#graph-svg .node").count()
     shared = page.url
     page.goto("about:blank")
     page.goto(shared)  # the same view from its URL alone
     page.wait_for_selector(f"#graph-svg .node.pinned.selected[data-id='{node_id}']")
+    assert page.text_content("#graph-svg .super-name") == "the end"
+    # and from the downloaded file, uploaded
+    page.set_input_files("#graph-upload", str(saved))
+    page.wait_for_function("() => document.querySelector('#graph-title').textContent.startsWith('upload:')")  # fmt: skip
+    page.wait_for_selector(f"#graph-svg .node.pinned[data-id='{node_id}']")
     assert page.text_content("#graph-svg .super-name") == "the end"
     assert problems == []

@@ -139,16 +139,22 @@ def test_intervene_equals_the_edits_by_hand_per_layer(served: dict[str, Any]) ->
     assert d["sample"] == d["clean_sample"] and d["kl"] == pytest.approx(0, abs=1e-12)
 
 
-def test_intervene_equals_the_edits_by_hand_clt(served: dict[str, Any]) -> None:
+def test_intervene_equals_the_edits_by_hand_clt(served: dict[str, Any], tmp_path: Path) -> None:
     model, tok = served["model"], served["tok"]
     clt = CLT(CLTConfig(d_model=32, d_sae=D_SAE, n_layers=2, arch="jumprelu", dtype="float64"), seed=2)  # fmt: skip
     with torch.no_grad():
         clt.b_enc.fill_(0.1)
-    tc = Transcoders(clt=clt)
+    clt.save(tmp_path / "clt")
+    write_labels(tmp_path / "clt", {f"1/{i}": {"label": f"clt one-{i}", "detection": None} for i in range(D_SAE)})  # fmt: skip
+    tc = open_transcoders(tmp_path / "clt")
     server, live, thread = serve(model, tok, tc)
     try:
         status, g = request(live.url, "/api/graph/trace", {"prompt": PROMPT, "node_threshold": 1.0, "edge_threshold": 1.0})  # fmt: skip
         assert status == 200, g
+        for n in g["doc"]["nodes"]:  # a CLT's labels are keyed "layer/index"
+            if "transcoder" in n["feature_type"]:
+                layer, index, _ = n["node_id"].split("_")
+                assert n["clerp"] == (f"clt one-{index}" if layer == "1" else ""), n
         check_against_hand(live.url, model, tc, tok, g)
     finally:
         server.should_exit = True

@@ -5,6 +5,7 @@ cached system prompt.
     python bench/serve.py                     # shakespeare and GPT-2-small shapes, 1/8/32 clients
     python bench/serve.py --seconds 3 --clients 1,8 --models shakespeare   # a quick check
     python bench/serve.py --rounds 3 --seconds 10 --clients 1,8            # levels interleaved
+    python bench/serve.py --dtype bf16 --models default --clients 1,8      # a bf16 server
 
 For each model shape (random weights, saved as a checkpoint; ``--checkpoint DIR`` serves a
 trained one instead; ``shakespeare`` is the 10.7M ``shakespeare-char`` preset's shape with
@@ -254,7 +255,7 @@ def bench_model(name: str, folder: Path, args: argparse.Namespace) -> tuple[list
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     cmd = [sys.executable, "-m", "glassgpt", "serve", "--checkpoint", str(folder), "--port",
-           str(port), "--name", "bench"]  # fmt: skip
+           str(port), "--name", "bench", "--dtype", args.dtype]  # fmt: skip
     server = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
@@ -328,6 +329,7 @@ def main() -> None:
     p.add_argument("--models", default="shakespeare,gpt2-small",
                    help="shakespeare, default and/or gpt2-small")  # fmt: skip
     p.add_argument("--checkpoint", type=Path, default=None, help="serve this one instead")
+    p.add_argument("--dtype", default="float32", help="serve --dtype: float32, bf16, int8, int4")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=32)
     args = p.parse_args()
@@ -339,7 +341,7 @@ def main() -> None:
         p.error(f"--rounds: must be ≥ 1, got {args.rounds}")
     sys.path.insert(0, str(REPO / "src"))
     print(f"bench/serve.py on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-          f"1-minute load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+          f"--dtype {args.dtype}, 1-minute load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     if args.checkpoint is not None:
         report([bench_model(args.checkpoint.name, args.checkpoint, args)], args)
         return

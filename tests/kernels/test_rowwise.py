@@ -251,6 +251,43 @@ def test_transposed_refuses_what_it_cannot_read() -> None:
         ext.transpose(0, 0, -1, 3, 1)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 45), cols=st.integers(1, 45), heads=st.sampled_from([1, 3]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+    to=st.sampled_from([None, torch.float32, torch.float64]), threads=st.integers(1, 3),
+)  # fmt: skip
+def test_contiguous_copy_is_the_views_values(rows, cols, heads, dtype, to, threads) -> None:
+    """An HF weight's views as the importer takes them (``W.T`` and ``W.T.unflatten(0, (H,
+    d))``, 16-bit or float32, cast or not), on and off the 8 × 8 blocks and split among 1-3
+    threads: the copy is contiguous and holds the view's values, bit for bit, on the SSE2/AVX2
+    blocks and the portable loops alike (a cast takes ``copy_``)."""
+    W = torch.randn(rows, cols * heads).to(dtype)
+    want_dtype = to or dtype
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for view in (W.T, W.T.unflatten(0, (heads, cols)), W[:, :cols].T):
+            want = view.to(want_dtype).contiguous()
+            for portable_loop in (False, True):
+                ext.use_portable(portable_loop)
+                got = rowwise.contiguous_copy(view, want_dtype)
+                assert got.is_contiguous() and got.dtype == want_dtype
+                assert torch.equal(got, want)
+    finally:
+        ext.use_portable(False)
+        torch.set_num_threads(before)
+
+
+def test_contiguous_copy_of_anything_else_is_copy() -> None:
+    for t in (torch.arange(12.0).view(3, 4), torch.arange(24.0).view(2, 3, 4).permute(1, 0, 2),
+              torch.arange(6, dtype=torch.int32).view(2, 3).T):  # fmt: skip
+        got = rowwise.contiguous_copy(t, t.dtype)
+        assert got.is_contiguous() and torch.equal(got, t) and got.data_ptr() != t.data_ptr()
+    with pytest.raises(ValueError, match="rows >= 0"):
+        ext.transpose16(0, 0, -1, 3, 1)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     rows=st.integers(1, 4),

@@ -104,3 +104,33 @@ def test_a_bf16_model_decodes_over_its_slots() -> None:
             alone = model(torch.tensor([[*s, t]]))[0, -1].float()
             torch.testing.assert_close(got[b], alone, atol=0.05, rtol=0.05)
     assert cache.lengths.tolist() == [4, 2]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_prompt_encoded_into_its_slot_is_a_fresh_caches(family: str) -> None:
+    """``prompt_cache``: a prompt encoded straight into a used slot gives, bit for bit, the
+    logits and keys and values of a new ``KVCache`` of the prompt's own length (as
+    ``generate`` sizes it), whatever the slot held before; the other slots are untouched."""
+    extra = {"positional": "rope", "n_kv_heads": 1, "norm": "rmsnorm", "mlp": "swiglu"}
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_vocab=23, n_ctx=24, d_model=16, n_layers=2, n_heads=2,
+                    **(extra if family == "llama" else {}))  # type: ignore[arg-type]  # fmt: skip
+    model = GPT(cfg).eval()
+    cache = SlotCache.for_model(model, slots=3)
+    for layer in cache.layers:  # what earlier sequences left behind
+        layer.k.normal_(), layer.v.normal_()
+    before = [(layer.k.clone(), layer.v.clone()) for layer in cache.layers]
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    fresh = KVCache.for_model(model, 1, prompt.shape[1], last_only=True)
+    into = cache.prompt_cache(1, model)
+    with torch.inference_mode():
+        want, got = model(prompt, cache=fresh), model(prompt, cache=into)
+    cache.admit(1, into)
+    assert torch.equal(got, want) and int(cache.lengths[1]) == prompt.shape[1] == into.length
+    for layer, theirs, (k0, v0) in zip(cache.layers, fresh.layers, before, strict=True):
+        n = prompt.shape[1]
+        assert torch.equal(layer.k[1, :, :n], theirs.k[0]) and torch.equal(
+            layer.v[1, :, :n], theirs.v[0]
+        )
+        for b in (0, 2):
+            assert torch.equal(layer.k[b], k0[b]) and torch.equal(layer.v[b], v0[b])

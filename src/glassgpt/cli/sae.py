@@ -6,6 +6,7 @@
     glassgpt sae features -c DIR [--data PATH…] [-o FILE] [--tokens N] [--top K]
     glassgpt sae export -c DIR --format saelens -o OUT
     glassgpt sae import SAELENS_DIR -o DIR [--model RUN]
+    glassgpt sae label DIR --endpoint URL [--explainer NAME] [--features 0-99|all-live]
 
 The jobs live in :mod:`glassgpt.features` (``job.train_command``, ``folders``).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,12 +28,14 @@ from glassgpt.cli.arguments import (
     add_no_progress,
     add_output,
     add_overrides,
+    add_seed,
 )
 from glassgpt.errors import GlassError
 from glassgpt.features.clt import CLT_ARCHS
 from glassgpt.features.clt_pages import export_circuit_tracer, is_clt, write_clt_pages
 from glassgpt.features.folders import eval_sae, export_sae, import_sae, write_pages
 from glassgpt.features.job import train_command
+from glassgpt.features.label_job import label_folder
 from glassgpt.features.metrics import EVAL_TOKENS
 from glassgpt.features.sae import ARCHS
 
@@ -151,6 +155,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                       help="it read unprocessed activations (from_pretrained_no_processing)")  # fmt: skip
     i.add_argument("--overwrite", action="store_true", help="replace what -o already holds")
     i.set_defaults(func=run_import)
+    register_label(sub)
 
 
 def summary(r: dict[str, Any]) -> str:
@@ -224,4 +229,64 @@ def run_import(args: argparse.Namespace) -> int:
     out = import_sae(args.source, args.output, model=args.model, processed=args.processed,
                      overwrite=args.overwrite)  # fmt: skip
     print(f"wrote {out}")
+    return 0
+
+
+# -- sae label ---------------------------------------------------------------------------------
+
+
+def register_label(sub: Any) -> None:
+    lb = sub.add_parser(
+        "label",
+        help="a short explanation of each feature, written by an LLM and scored by detection",
+        description="Ask an OpenAI-compatible endpoint (glassgpt serve, vLLM, Ollama, a hosted "
+        "API) for a short explanation of each feature from its top contexts (the feature pages: "
+        "glassgpt sae features), then score it by detection as EleutherAI's delphi does: the "
+        "balanced accuracy with which the endpoint, given only the label, tells held-out "
+        "activating contexts from random ones where the feature is silent. Written to "
+        "DIR/labels.json, which the explorer shows; a second run skips the features labelled.",
+    )
+    lb.add_argument("folder", metavar="DIR", nargs="?", help=SAE_DIR)
+    add_checkpoint(lb, required=False, help=f"{SAE_DIR}, as sae features takes it (or DIR)")
+    lb.add_argument("--endpoint", required=True, metavar="URL",
+                    help="the API's base URL, e.g. http://localhost:8000/v1 (glassgpt serve, vLLM) or http://localhost:11434/v1 (Ollama)")  # fmt: skip
+    lb.add_argument("--explainer", metavar="NAME", help="the endpoint's model that writes and judges the labels (default: the first it lists); --model in the other sae commands is the model the SAE reads")  # fmt: skip
+    lb.add_argument("--api-key-env", metavar="VAR", help="the environment variable holding the API key (sent as a bearer token)")  # fmt: skip
+    lb.add_argument("--features", default="all-live", metavar="SPEC",
+                    help="ids and ranges (0-99, 3,7,10-12) or all-live (default: every feature active on the pages' corpus)")  # fmt: skip
+    lb.add_argument("--contexts", type=int, default=10, metavar="N", help="top contexts shown to write the label (default 10)")  # fmt: skip
+    lb.add_argument("--holdout", type=int, default=5, metavar="N",
+                    help="held-out activating contexts scored, with as many silent ones (default 5; 0: no score)")  # fmt: skip
+    lb.add_argument("--concurrency", type=int, default=4, metavar="N", help="requests in flight (default 4)")  # fmt: skip
+    lb.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds one request may take (default 120)")  # fmt: skip
+    lb.add_argument("--overwrite", action="store_true", help="label again the features labelled before")  # fmt: skip
+    lb.add_argument("--data", metavar="PATH", nargs="+", action="extend",
+                    help="where the silent contexts come from: a prepared data folder or text files (default: the SAE's data)")  # fmt: skip
+    lb.add_argument("--split", default="train", help="the split of a prepared folder (default train)")  # fmt: skip
+    add_seed(lb, default=0, help="draws the silent contexts and the order they are asked in (default 0)")  # fmt: skip
+    add_device(lb)
+    lb.set_defaults(func=run_label)
+
+
+def run_label(args: argparse.Namespace) -> int:
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise GlassError(f"--api-key-env {args.api_key_env}: that environment variable is not set")  # fmt: skip
+    if (args.folder is None) == (args.checkpoint is None):
+        raise GlassError("sae label: name the SAE folder once, as DIR or -c DIR")
+    t0 = time.perf_counter()
+    r = label_folder(
+        args.folder or args.checkpoint, endpoint=args.endpoint, model=args.explainer, api_key=key,
+        features=args.features, contexts=args.contexts, holdout=args.holdout,
+        concurrency=args.concurrency, overwrite=args.overwrite, data=args.data,
+        split=args.split, seed=args.seed, timeout=args.timeout, device=args.device,
+    )  # fmt: skip
+    scores = r["scores"]
+    notes = [f"mean detection {sum(scores) / len(scores):.3f}"] if scores else []
+    notes += [f"{r['unread']:,} answers unread, counted wrong"] if r.get("unread") else []
+    print(f"{r['labelled']:,} features labelled" + (f" ({'; '.join(notes)})" if notes else "")
+          + f"; skipped: {r['skipped']:,} labelled before, {r['dead']:,} never active "
+          f"({time.perf_counter() - t0:.1f} s) → {r['file']}")  # fmt: skip
     return 0

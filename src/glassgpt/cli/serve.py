@@ -29,11 +29,13 @@ from glassgpt.console import say
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
 from glassgpt.features.identity import check_identity, sae_extra
+from glassgpt.features.replacement import open_transcoders
 from glassgpt.model.precision import cast, parse_dtype
 from glassgpt.sample.engine import is_small
 from glassgpt.sample.steering import parse_steer
 from glassgpt.serve.app import create_app
 from glassgpt.serve.features import load_sae
+from glassgpt.serve.graph_files import graph_paths
 from glassgpt.tokenizer.chat import chosen_template
 
 
@@ -69,6 +71,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--sae", metavar="DIR", default=None,
                    help="an SAE on this model (glassgpt sae train's -o): feature pages (from "
                    "glassgpt sae features), per-token activations and steering in the explorer")  # fmt: skip
+    p.add_argument("--transcoders", metavar="DIR", default=None,
+                   help="this model's transcoders (a CLT folder, a transcoder folder or a folder "
+                   "of per-layer ones): the Graph tab traces prompts and intervenes on features")  # fmt: skip
+    p.add_argument("--graph", metavar="PATH", action="append", default=[],
+                   help="a graph.json (glassgpt graph's or circuit-tracer's), or a folder of "
+                   "them, to open in the Graph tab; repeatable")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -93,9 +101,13 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or (1 if is_small(model) else torch.get_num_threads()))
     name = args.name or Path(args.checkpoint).resolve().name
     sae, pages = load_sae(args.sae, model) if args.sae else (None, None)
+    transcoders = open_transcoders(args.transcoders, device=device) if args.transcoders else None
+    if transcoders is not None:
+        transcoders.check(model)
     app = create_app(model, tok, name=name, api_key=args.api_key, slots=args.max_batch,
                      steer=steers, source=Path(args.checkpoint), sae=sae, pages=pages,
-                     chat=chat, max_context=args.max_context)  # fmt: skip
+                     chat=chat, max_context=args.max_context, transcoders=transcoders,
+                     graph_files=graph_paths(args.graph))  # fmt: skip
     # The scheduler thread and the event loop share the GIL: hand it over every 0.5 ms, not
     # every 5 ms, so that a finished token reaches its client without waiting for a step.
     sys.setswitchinterval(0.0005)

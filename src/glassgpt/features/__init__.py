@@ -10,6 +10,9 @@
 - :mod:`glassgpt.features.metrics`: L0, FVU, CE loss recovered, dead and dense latents.
 - :mod:`glassgpt.features.pages`: feature pages; :mod:`glassgpt.features.saelens`: SAELens's
   format; :mod:`glassgpt.features.folders`: an SAE folder opened with its model.
+- :mod:`glassgpt.features.labels`: ``labels.json``, one label and detection score per feature,
+  written by ``glassgpt sae label`` (:mod:`glassgpt.features.label_job`, with its prompts,
+  contexts and HTTP client in ``label_prompts``, ``label_contexts``, ``label_client``).
 """
 
 from __future__ import annotations

@@ -141,6 +141,12 @@ def load_json(path: str | Path) -> GraphFile:
         doc = json.loads(path.read_bytes())
     except (OSError, ValueError) as e:
         raise InputFileError(f"{path}: unreadable ({e})") from None
+    return from_doc(doc, str(path))
+
+
+def from_doc(doc: Any, path: str) -> GraphFile:
+    """The graph in ``doc`` (the parsed JSON of circuit-tracer's schema, read from ``path``,
+    the name the errors give); one line naming what is missing."""
     if not isinstance(doc, dict):
         raise InputFileError(f"{path}: not a graph (a JSON object with metadata, nodes, links)")
     for key in ("metadata", "nodes", "links"):

@@ -5,7 +5,10 @@ works).
 
 Keys are ``"i"`` for feature i of an SAE or a per-layer transcoder, and ``"l/i"`` for feature i
 of layer l in a CLT (:func:`key`). Each value is ``{"label": str, "detection": float | None}``,
-the detection score being a balanced accuracy in [0, 1].
+the detection score being a balanced accuracy in [0, 1]; ``sae label`` adds how it was measured
+(``activating``, ``silent``: the held-out contexts of each kind; ``unread``: answers it could
+not read, counted wrong; ``explained_by``: the contexts the label was written from). The file's
+other keys say who wrote the labels: ``endpoint``, ``model``, ``date``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def read_labels(folder: str | Path) -> dict[str, dict[str, Any]]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         features = doc["features"]
-        return {str(k): {"label": str(v["label"]), "detection": v.get("detection")} for k, v in features.items()}  # fmt: skip
+        return {str(k): {**v, "label": str(v["label"]), "detection": v.get("detection")} for k, v in features.items()}  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise GlassError(f"{path}: not a labels file ({type(e).__name__}: {e})") from None
 

@@ -28,7 +28,9 @@ Store (:func:`save_pages`, :func:`load_pages`): one safetensors file per SAE (de
 ``SAE_DIR/features.safetensors``), written atomically; its JSON metadata under
 ``glassgpt`` ({"format": "glassgpt-features", "version": 1, ...}). A CLT's pages
 (glassgpt.features.clt_pages) number feature i of layer l as l · d_sae + i and add
-``decoder_norms`` [L · d_sae, L]: ‖W_dec[l][t − l][i]‖ for each target layer t ≥ l (0 below l).
+``decoder_norms`` [L · d_sae, L]: ‖W_dec[l][t − l][i]‖ for each target layer t ≥ l (0 below
+l). The labels beside it (``labels.json``, written by ``glassgpt sae label``) are read with
+it and shown on each page (a CLT's by "l/i").
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.features.labels import read_labels
 from glassgpt.features.sae import SAE, TopK
 from glassgpt.features.sites import check_model, read
 from glassgpt.formats import check_format
@@ -108,6 +111,7 @@ class FeaturePages:
     logit_bottom_values: Tensor
     meta: dict[str, Any] = field(default_factory=dict)  # tokens, before, after, binning, sae, …
     decoder_norms: Tensor | None = None  # a CLT's [L · d_sae, L]; None for an SAE
+    labels: dict[str, dict[str, Any]] = field(default_factory=dict)  # labels.json's, by "i"
 
     @property
     def d_sae(self) -> int:
@@ -158,11 +162,12 @@ class FeaturePages:
             "contexts": contexts, "histogram": hist,
             "logit_top": logits(self.logit_top_ids, self.logit_top_values),
             "logit_bottom": logits(self.logit_bottom_ids, self.logit_bottom_values),
+            "label": self.labels.get(str(i)),  # {"label", "detection", …} or None
         }  # fmt: skip
         if self.decoder_norms is not None:  # a CLT's feature: its layer and its writes
             S, norms = int(self.meta["clt"]["d_sae"]), self.decoder_norms[i].tolist()
             layer = i // S
-            page.update(layer=layer, index=i % S, decoder_norms=[
+            page.update(layer=layer, index=i % S, label=self.labels.get(f"{layer}/{i % S}"), decoder_norms=[
                 {"layer": t, "norm": float(f"{norms[t]:.6g}")} for t in range(layer, len(norms))])  # fmt: skip
         return page
 
@@ -412,4 +417,4 @@ def load_pages(path: str | Path) -> FeaturePages:
     except KeyError as e:
         raise InputFileError(f"{path}: lacks the array {e}") from None
     meta = {k: v for k, v in doc.items() if k not in ("format", "version")}
-    return FeaturePages(**arrays, meta=meta, decoder_norms=norms)
+    return FeaturePages(**arrays, meta=meta, decoder_norms=norms, labels=read_labels(path.parent))

@@ -45,6 +45,7 @@ class Transcoders:
             raise GlassError("transcoders: give per-layer transcoders or one CLT")
         self.layers = dict(layers or {})
         self.clt = clt
+        self.folders: dict[int, Path] = {}  # layer → the folder it was read from (open_transcoders)
         for layer, sae in self.layers.items():
             if sae.cfg.arch != "transcoder":
                 raise GlassError(f"layer {layer}: {sae.cfg.hook} is an SAE of arch {sae.cfg.arch}, not a transcoder")  # fmt: skip
@@ -128,12 +129,15 @@ def open_transcoders(path: str | Path, *, device: str | torch.device | None = No
     if not folder.is_dir():
         raise GlassError(f"--transcoders {path}: no such folder")
     if (clt_folder(folder) / CLT_FILE).is_file():
-        return Transcoders(clt=CLT.load(folder, device=device))
+        found = Transcoders(clt=CLT.load(folder, device=device))
+        found.folders = dict.fromkeys(range(found.clt.cfg.n_layers), clt_folder(folder))  # type: ignore[union-attr]
+        return found
     inner = [folder] if (sae_folder(folder) / SAE_FILE).is_file() else sorted(
         d for d in folder.iterdir() if d.is_dir() and (sae_folder(d) / SAE_FILE).is_file())  # fmt: skip
     if not inner:
         raise GlassError(f"--transcoders {path}: holds no CLT ({CLT_FILE}) and no transcoder folders ({SAE_FILE})")  # fmt: skip
     layers: dict[int, SAE] = {}
+    folders: dict[int, Path] = {}
     for d in inner:
         sae = SAE.load(d, device=device)
         if sae.cfg.arch != "transcoder":
@@ -143,8 +147,10 @@ def open_transcoders(path: str | Path, *, device: str | torch.device | None = No
             raise GlassError(f"--transcoders {d}: reads {sae.cfg.hook}, not a layer's MLP")
         if layer in layers:
             raise GlassError(f"--transcoders {path}: two transcoders for layer {layer}")
-        layers[layer] = sae
-    return Transcoders(layers=layers)
+        layers[layer], folders[layer] = sae, d
+    found = Transcoders(layers=layers)
+    found.folders = folders
+    return found
 
 
 def mlp_site(model: GPT, layer: int) -> str:

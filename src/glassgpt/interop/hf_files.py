@@ -30,6 +30,7 @@ from safetensors.torch import save
 from torch import Tensor
 
 from glassgpt.errors import GlassError, InputFileError
+from glassgpt.kernels import contiguous_copy
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.storage import atomic_write, inside
 
@@ -174,9 +175,9 @@ def _load_bin(path: Path) -> tuple[dict[str, Tensor], bool]:
 
 def owned(t: Tensor, dtype: torch.dtype) -> Tensor:
     """One contiguous copy of ``t`` in ``dtype``: the parameter itself, owning its memory
-    (never a view of a file another program may rewrite)."""
-    out = torch.empty(t.shape, dtype=dtype, device=t.device)
-    return out.copy_(t)
+    (never a view of a file another program may rewrite). Most are transposed views of the
+    file's matrices: ``contiguous_copy`` moves those in blocks."""
+    return contiguous_copy(t, dtype)
 
 
 def build(config: GPTConfig, state: dict[str, Tensor]) -> GPT:

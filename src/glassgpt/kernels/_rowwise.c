@@ -66,6 +66,7 @@ static int part_count(long long threads, int items) {
 static void pick_kernels(int portable) {
     const int avx2 = !portable && cpu_has_avx2();
     pick_norms(avx2), pick_gelu(avx2), pick_clip(avx2), pick_transpose(avx2), pick_argmax(avx2);
+    pick_transpose16(avx2);
     pick_rope(avx2);
     KERNEL_NAME = avx2 ? "avx2" : "portable";
 }
@@ -104,6 +105,8 @@ static PyMethodDef methods[] = {
      "norm_train_backward(x, w, stats, g, dx, dw, db, rows, d, centred, threads)"},
     {"transpose", (PyCFunction)(void (*)(void))transpose, METH_FASTCALL,
      "transpose(x, y, rows, cols, threads): y [cols, rows] = the transpose of x [rows, cols]"},
+    {"transpose16", (PyCFunction)(void (*)(void))transpose16, METH_FASTCALL,
+     "transpose16(x, y, rows, cols, threads): the same for 16-bit values (bf16, float16)"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},
     {NULL, NULL, 0, NULL},

@@ -11,6 +11,8 @@
     sum_squares(ts)    Σ_t Σ x_t²  over many tensors in one parallel pass (‖g‖₂² for clipping)
     scale_(ts, c)      x_t ← c · x_t  for each tensor, likewise
     transposed(x)      xᵀ as a new contiguous tensor, for a contiguous 2-D float32 x
+    contiguous_copy(t, dtype)   t as a new contiguous tensor in dtype; a transposed matrix (a
+                       weight read from an HF file) by the 8 × 8 block kernels
     argmax_rows(z)     each row's first index of its largest value (greedy decoding)
     rope(x, cos, sin)  each pair (x_2i, x_2i+1), 2i < r, rotated: (a c − b s, a s + b c)
     silu(x)            x σ(x)  (SwiGLU's gate), a decoding step's few rows
@@ -214,6 +216,32 @@ def transposed(x: Tensor) -> Tensor | None:
     y = torch.empty(cols, rows, dtype=torch.float32)
     _rowwise.transpose(x.data_ptr(), y.data_ptr(), rows, cols, torch.get_num_threads())
     return y
+
+
+_BLOCKED = {torch.float32: "transpose", torch.bfloat16: "transpose16", torch.float16: "transpose16"}
+
+
+def contiguous_copy(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """A new contiguous tensor equal to ``t`` in ``dtype``.
+
+    Where t is a transposed matrix, t = M.permute(k, …, n−1, 0, …, k−1) with M contiguous
+    (``W.T``, ``W.T.unflatten(0, (H, d_head))``: an HF file's [d_out, d_in] weights seen in
+    glassgpt's [d_in, d_out] layout), the copy is one blocked transpose of the matrix
+    M [∏ leading, ∏ trailing]: PyTorch's strided ``copy_`` of such a view moves 1–1.5 GB/s,
+    the blocks several times that. Anything else, and a cast (whose temporary copy would
+    raise a load's peak memory), is ``copy_``."""
+    name = _BLOCKED.get(t.dtype)
+    if _rowwise is not None and name is not None and dtype == t.dtype and t.is_cpu and t.ndim >= 2 and not t.is_contiguous():  # fmt: skip
+        for k in range(1, t.ndim):
+            order = [*range(k, t.ndim), *range(k)]
+            M = t.permute(order)
+            if M.is_contiguous():
+                rows, cols = M.shape[: t.ndim - k].numel(), M.shape[t.ndim - k :].numel()
+                y = torch.empty(t.shape, dtype=dtype)
+                getattr(_rowwise, name)(M.data_ptr(), y.data_ptr(), rows, cols, torch.get_num_threads())  # fmt: skip
+                return y
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    return out.copy_(t)
 
 
 def argmax_rows(z: Tensor, n: int | None = None) -> list[int] | None:

@@ -198,6 +198,16 @@ class Decoder:
         return torch.tensor(tokens, device=next(self.model.parameters()).device)[:, None]
 
 
+def decoding_model(model: GPT, *, replay: bool = True) -> GPT:
+    """The model whose one-token steps the fast engine takes for ``model``: a bf16 CPU
+    model's decoding copy, replayed (as :meth:`Decoder.start` picks it for ``generate``),
+    else ``model`` itself. The server's slots and prompt caches are the copy's (float32 keys
+    and values), so it serves every dtype through the engine ``generate`` uses."""
+    if not replay:
+        return model
+    return _bf16_replayed(model, Choice("eager", "the model as it is"))[0]
+
+
 # bf16 CPU models and their decoding copies (made at the first decoding, kept while the
 # model's parameters are unchanged)
 _COPIES: weakref.WeakKeyDictionary[GPT, tuple[tuple[int, ...], GPT, str]] = (

@@ -25,6 +25,7 @@ import operator
 from collections.abc import Callable, Sequence
 from functools import reduce
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -41,6 +42,8 @@ SMALL = 1024  # up to this vocabulary a step filters every row (an off setting i
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # SplitMix64's constants, as signed int64
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _M2 = 0x94D049BB133111EB - (1 << 64)
+_GAMMA_U, _M1_U, _M2_U = (np.uint64(c % (1 << 64)) for c in (_GAMMA, _M1, _M2))
+_ONE, _S11, _S31 = np.uint64(1), np.uint64(11), np.uint64(31)
 
 
 def wrap64(x: int) -> int:
@@ -73,7 +76,22 @@ def uniforms(seeds: Tensor, counters: Tensor) -> Tensor:
     >>> bool(((u >= 0) & (u < 1)).all()), len(set(u.tolist()))
     (True, 3)
     """
-    x = _mix(seeds.long()) + (counters.long() + 1) * _GAMMA
+    return _stream(_mix(seeds.long()), counters)
+
+
+def _stream(states: Tensor, counters: Tensor) -> Tensor:
+    """:func:`uniforms` from the streams' states mix(s) (kept per row: half the operations);
+    on a CPU in NumPy's uint64 over the batch, the same bits in a tenth of a step's sampling
+    time (a [B] tensor operation costs microseconds, a dozen of them per draw)."""
+    if states.is_cpu and counters.is_cpu:
+        with np.errstate(over="ignore"):  # products wrap modulo 2⁶⁴, as SplitMix64's do
+            n = counters.long().numpy().view(np.uint64)
+            x = states.numpy().view(np.uint64) + (n + _ONE) * _GAMMA_U
+            for shift, factor in ((30, _M1_U), (27, _M2_U)):
+                x = (x ^ (x >> shift)) * factor
+            x = x ^ (x >> _S31)
+        return torch.from_numpy((x >> _S11).astype(np.float64) * 2.0**-53)
+    x = states + (counters.long() + 1) * _GAMMA
     return _shr(_mix(x), 11).double() * 2.0**-53
 
 
@@ -101,11 +119,18 @@ class Rows:
         self.top_k = full(0, torch.long)  # 0: off
         self.repetition, self.frequency, self.presence = full(1.0), full(0.0), full(0.0)
         self.seed, self.drawn = full(0, torch.long), full(0, torch.long)
+        self.state = _mix(self.seed)  # mix(seed): the stream's state (uniforms)
+        # each row's setting as a step over every row applies it (small vocabularies): the
+        # value that changes nothing where the row has it off (T = 0: 1, the argmax replaces
+        # the draw; top-k: V; top-p: 2), so a step selects none of them
+        self.t_all, self.top_p_all = full(1.0), full(2.0)
+        self.top_k_all = full(n_vocab, torch.long)
         self.counts: Tensor | None = None  # [capacity, V] once a row has penalties
         self.bias: Tensor | None = None  # [capacity, V] once a row has a logit bias
         self.uses = [0] * capacity  # row b's bits (PENALTY, BIAS, DRAW, …)
         self._state = ("temperature", "top_p", "min_p", "top_k", "repetition", "frequency",
-                       "presence", "seed", "drawn", "counts", "bias")  # fmt: skip
+                       "presence", "seed", "drawn", "counts", "bias", "state", "t_all",
+                       "top_p_all", "top_k_all")  # fmt: skip
 
     def set(self, b: int, cfg: SamplingConfig, seed: int, history: Sequence[int] = ()) -> None:
         """Row b samples with ``cfg`` from the stream of ``seed``; ``history``: the tokens it
@@ -121,7 +146,11 @@ class Rows:
         self.frequency[b] = cfg.frequency_penalty
         self.presence[b] = cfg.presence_penalty
         self.seed[b], self.drawn[b] = wrap64(seed), 0
+        self.state[b] = _mix(self.seed[b])
         k, p, m = cfg.top_k or 0, cfg.top_p or 1.0, cfg.min_p or 0.0
+        self.t_all[b] = cfg.temperature or 1.0
+        self.top_k_all[b] = k if 0 < k < self.n_vocab else self.n_vocab
+        self.top_p_all[b] = p if p < 1 else 2.0
         self.uses[b] = ((REP if cfg.repetition_penalty != 1 else 0)
                         | (FREQ if cfg.frequency_penalty != 0 else 0)
                         | (PRES if cfg.presence_penalty != 0 else 0)
@@ -169,7 +198,7 @@ class Rows:
             ids, ok = z.argmax(-1), torch.isfinite(z).any(-1)
         if hot is None:  # every row draws (a greedy row's draw is then replaced)
             ok = torch.isfinite(zs).any(-1)
-            u = uniforms(self.seed[r], self.drawn[r])
+            u = _stream(self.state[r], self.drawn[r])
             ids = draw(zs if bool(ok.all()) else zs.masked_fill(~ok[:, None], 0.0), u)
             if not reduce(operator.and_, self.uses[r], DRAW):
                 greedy = self.temperature[r] == 0
@@ -177,7 +206,7 @@ class Rows:
                 ok = torch.where(greedy, torch.isfinite(z).any(-1), ok)
         elif hot.numel() and ids is not None and ok is not None:
             fine = torch.isfinite(zs).any(-1)
-            u = uniforms(self.seed[r][hot], self.drawn[r][hot])
+            u = _stream(self.state[r][hot], self.drawn[r][hot])
             ids[hot] = draw(zs.masked_fill(~fine[:, None], 0.0), u).to(ids.device)
             ok[hot] = fine.to(ok.device)
         assert ids is not None and ok is not None
@@ -217,36 +246,24 @@ class Rows:
         if every & DRAW:
             hot, zs = None, z / T[:, None]
         elif small:  # greedy rows too, at T = 1: sample() takes their argmax instead
-            hot, zs = None, z / torch.where(T == 0, 1.0, T)[:, None]
+            hot, zs = None, z / self.t_all[r][:, None]
         else:
             hot = (T != 0).nonzero()[:, 0]
             zs = z[hot] / T[hot, None]  # [h, V]
         for bit, param, fn in ((TOP_K, self.top_k, _top_k), (TOP_P, self.top_p, _top_p),
                                (MIN_P, self.min_p, _min_p)):  # fmt: skip
-            if some & bit:
-                x = param[r] if hot is None else param[r][hot]
-                zs = _where_on(x, bit, every & bit, small, zs, fn)
+            if some & bit and (small or every & bit):  # on every row: the values that do
+                everyone = {TOP_K: self.top_k_all, TOP_P: self.top_p_all}.get(bit, param)[r]
+                zs = fn(zs, everyone if hot is None else everyone[hot])
+            elif some & bit:
+                zs = _where_on(param[r] if hot is None else param[r][hot], bit, zs, fn)
         return z, hot, zs
 
 
-def _where_on(
-    param: Tensor,
-    bit: int,
-    every: int,
-    small: bool,
-    z: Tensor,
-    fn: Callable[[Tensor, Tensor], Tensor],
-) -> Tensor:
-    """``fn(z_rows, param_rows)`` on the rows of z [h, V] whose ``param`` turns ``bit`` on;
-    the rest as they are: all rows at once when ``every`` row has it on, or when ``small``
-    (the others then with the setting that changes nothing), else on the gathered rows."""
-    if every:
-        return fn(z, param)
+def _where_on(param: Tensor, bit: int, z: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """``fn(z_rows, param_rows)`` on the rows of z [h, V] whose ``param`` turns ``bit`` on,
+    gathered; the rest as they are."""
     V = z.shape[-1]
-    if small:
-        if bit == TOP_K:
-            return fn(z, torch.where((param > 0) & (param < V), param, V))
-        return fn(z, torch.where(param < 1, param, 2.0)) if bit == TOP_P else fn(z, param)
     on = {TOP_K: lambda k: (k > 0) & (k < V), TOP_P: lambda p: p < 1,
           MIN_P: lambda m: m > 0}[bit](param)  # fmt: skip
     idx = on.nonzero()[:, 0]

@@ -22,7 +22,7 @@ from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from glassgpt.sample.steering import steering_hooks
-from glassgpt.serve import api, errors, explore, features
+from glassgpt.serve import api, errors, explore, features, graphs
 from glassgpt.serve.errors import APIError
 from glassgpt.serve.scheduler import Scheduler
 from glassgpt.serve.state import ServeState
@@ -44,6 +44,8 @@ def create_app(
     pages: Any = None,
     chat: Any = PLAIN,
     max_context: int | None = None,
+    transcoders: Any = None,
+    graph_files: dict[str, Path] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (in eval mode) with ``tokenizer``; ``steer``
     (``glassgpt.sample.steering.Steer``s) steers every request's generation; ``source`` (the
@@ -51,7 +53,9 @@ def create_app(
     (and its ``pages``) adds the feature endpoints of ``glassgpt.serve.features``; ``chat``
     renders ``/v1/chat/completions``' messages (:mod:`glassgpt.tokenizer.chat`: a model's
     ``ChatTemplate``, ``PLAIN``, or None for a 400 naming the missing template);
-    ``max_context`` is the server's context (``glassgpt.serve.slots.served_context``)."""
+    ``max_context`` is the server's context (``glassgpt.serve.slots.served_context``);
+    ``transcoders`` (``features.replacement.Transcoders``) and ``graph_files`` (name → a
+    graph.json) add the Graph tab's endpoints (``glassgpt.serve.graphs``)."""
     if tokenizer is None:
         raise APIError(500, "serving needs a tokenizer")
     model.eval()
@@ -83,6 +87,7 @@ def create_app(
     app.include_router(api.make_router(state), dependencies=guard)
     app.include_router(explore.make_router(state, guard))
     app.include_router(features.make_router(state, guard, sae, pages))
+    app.include_router(graphs.make_router(state, guard, transcoders, graph_files))
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -122,8 +122,9 @@ class Features:
         return self._index
 
     def search(self, ask: Search) -> dict[str, Any]:
-        """Latents matching ``query``: an id ("12" or "#12"); else those whose top tokens are
-        the query (most such contexts first), then those whose contexts contain it."""
+        """Latents matching ``query``: an id ("12" or "#12"); else those whose label (sae
+        label's) contains it, then those whose top tokens are the query (most such contexts
+        first), then those whose contexts contain it."""
         p = self._need_pages()
         q = ask.query
         m = re.fullmatch(r"\s*#?(\d+)\s*", q)
@@ -133,10 +134,13 @@ class Features:
         elif q:
             tops, ctxs = self._search_index()
             low = q.lower()
-            by_token = [(i, sum(t == q for t in ts)) for i, ts in enumerate(tops)]
+            by_label = sorted(int(k) for k, v in p.labels.items() if "/" not in k and low in v["label"].lower())  # fmt: skip
+            hits += [(i, "label", 1) for i in by_label if i < p.d_sae]
+            named = set(by_label)
+            by_token = [(i, sum(t == q for t in ts)) for i, ts in enumerate(tops) if i not in named]  # fmt: skip
             by_token = sorted([h for h in by_token if h[1] > 0], key=lambda h: -h[1])
             hits += [(i, "token", n) for i, n in by_token]
-            seen = {i for i, _ in by_token}
+            seen = {i for i, _ in by_token} | named
             by_text = [(i, c.lower().count(low)) for i, c in enumerate(ctxs) if i not in seen]
             hits += [(i, "context", n) for i, n in sorted(by_text, key=lambda h: -h[1]) if n > 0]
         texts = self.texts()
@@ -144,6 +148,7 @@ class Features:
         for i, why, n in hits[: ask.limit]:
             top = int(p.top_tokens[i, 0, int(p.meta["before"])])
             rows.append({"id": i, "why": why, "matches": n, "density": float(p.density[i]),
+                         "label": p.labels.get(str(i), {}).get("label"),
                          "max": float(p.top_values[i, 0]),
                          "top_token": texts[top] if top >= 0 else None})  # fmt: skip
         return {"query": q, "results": rows, "total": len(hits)}

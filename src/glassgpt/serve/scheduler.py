@@ -1,7 +1,7 @@
 """Continuous batching: one thread decodes every active sequence in one forward per step.
 
-    loop:  admit   each new request: prefill its prompt alone, sample its first token,
-                   copy its keys and values into a free slot
+    loop:  admit   each new request: prefill its prompt alone, its keys and values written
+                   straight into a free slot, and sample its first token
            step    feed every active sequence its last token in one batch [B, 1]
                    (``SlotCache``: each row at its own position), sample one token per row
            slide   a sequence whose context is full re-encodes its last ⌊3·C/4⌋ tokens (C: the
@@ -43,7 +43,6 @@ from torch import Tensor
 
 from glassgpt.kernels import cache_dtype
 from glassgpt.sample import engine
-from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig, mask_padded
 from glassgpt.sample.rows import Rows
 from glassgpt.sample.stops import StopMatcher
@@ -107,19 +106,25 @@ class Scheduler:
         self.model, self.tokenizer = model, tokenizer
         self.steering = dict(steering or {})  # hooks attached around every forward
         self.config = model.config
-        p = next(model.parameters())
+        # the model the steps and prompts run on: a bf16 CPU model's decoding copy (float32
+        # activations over its bf16 weights, replayed, as generate decodes it); with steering,
+        # whose hooks go on ``model``, the model itself
+        self.decoding = model if self.steering else engine.decoding_model(model, replay=replay)
+        p = next(self.decoding.parameters())
         self.device = p.device
         self.n_valid = min(self.config.n_vocab, getattr(tokenizer, "n_vocab", 10**12))
         dtype = cache_dtype(p.dtype, p.device)
         # the server's context C ≤ n_ctx: what each slot holds, the longest prompt, the window
         self.n_ctx = served_context(self.config, slots, max_context, dtype=dtype,
                                     available=None if max_context else available_memory(p.device))  # fmt: skip
-        self.cache = SlotCache.for_model(model, slots, self.n_ctx)
+        self.cache = SlotCache.for_model(self.decoding, slots, self.n_ctx)
         self.rows = Rows(slots, self.config.n_vocab, self.device)  # row b: slot b's sampling
         if prefix_bytes is None:  # a quarter of the slots' memory, at most DEFAULT_BYTES
             held = sum(2 * layer.k.numel() * layer.k.element_size() for layer in self.cache.layers)
             prefix_bytes = min(DEFAULT_BYTES, held // 4)
-        self.prefix = PrefixCache.for_model(model, max_bytes=prefix_bytes)  # prompt blocks seen
+        self.prefix = PrefixCache.for_model(
+            self.decoding, max_bytes=prefix_bytes
+        )  # prompt blocks seen
         self.lock = threading.Lock()
         self.inbox: queue.Queue[Job | None] = queue.Queue()
         self.active: list[_Seq] = []  # active[b] lives in slot b
@@ -209,16 +214,13 @@ class Scheduler:
         seq = _Seq(job, self.tokenizer)
         slot = len(self.active)
         self.rows.set(slot, job.sampling, job.seed, job.prompt)
-        T, n_ctx = len(job.prompt), self.n_ctx
-        capacity = max(min(n_ctx, T + job.max_tokens - 1), T)  # as generate sizes its cache
         self.admitting = job
         try:
-            logits, prefill = self._prefill(job.prompt, capacity)
+            logits = self._prefill(job.prompt, slot)
         finally:
             self.admitting = None
         if self._sample([seq], logits[None], slot)[0]:
             return
-        self.cache.load(slot, prefill)
         self.active.append(seq)
 
     def _step(self) -> None:
@@ -238,13 +240,13 @@ class Scheduler:
         chooses it (``glassgpt.sample.engine``): on a CPU replayed from the step recorded
         for B (the same logits bit for bit), else the model's forward (hooks attached, say by
         the explorer or steering, decode eagerly)."""
-        B = fed.shape[0]
+        B, model = fed.shape[0], self.decoding
         decoder = self.decoders.get(B)
         if decoder is None:
-            if self.model._hook_fns:  # choose when the model is as it is between requests
-                return self.model(fed, cache=self.cache)
-            choice = engine.choose(self.model, slots=True, replay=self.replay)
-            decoder = self.decoders[B] = engine.Decoder(self.model, self.cache, choice)
+            if model._hook_fns:  # choose when the model is as it is between requests
+                return model(fed, cache=self.cache)
+            choice = engine.choose(model, slots=True, replay=self.replay)
+            decoder = self.decoders[B] = engine.Decoder(model, self.cache, choice)
         return decoder.step(fed)
 
     def _slide(self, b: int) -> None:
@@ -252,24 +254,26 @@ class Scheduler:
         (as ``generate`` slides, window = ⌊3·C/4⌋) and sample from their logits."""
         seq = self.active[b]
         window = seq.history[-max(1, 3 * self.n_ctx // 4) :]
-        logits, prefill = self._prefill(window, self.n_ctx)
-        self.cache.load(b, prefill)
+        logits = self._prefill(window, b)
         if self._sample([seq], logits[None], b)[0]:
             self._free(b)
 
-    def _prefill(self, ids: list[int], capacity: int) -> tuple[Tensor, KVCache]:
-        """``ids`` encoded alone: the logits [V] after the last one, and their cache. A
-        cached prefix (``serve.prefix``) is loaded, not encoded; not with steering, whose
-        hooks change the keys and values."""
-        cache = KVCache.for_model(self.model, 1, capacity, last_only=True)
+    def _prefill(self, ids: list[int], slot: int) -> Tensor:
+        """``ids`` encoded alone into ``slot`` (its keys and values written in place, as a
+        new ``KVCache`` would hold them): the logits [V] after the last one. A cached prefix
+        (``serve.prefix``) is loaded, not encoded; not with steering, whose hooks change the
+        keys and values."""
+        model = self.decoding
+        cache = self.cache.prompt_cache(slot, model)
         with self.lock, torch.inference_mode(), self.steered():
-            plain = not self.steering and not self.model._hook_fns
+            plain = not self.steering and not model._hook_fns
             n = self.prefix.load(ids, cache) if plain else 0
             tokens = torch.tensor([ids[n:]], dtype=torch.long, device=self.device)
-            logits = self.model(tokens, cache=cache)  # [1, 1, V]
+            logits = model(tokens, cache=cache)  # [1, 1, V]
             if plain:
                 self.prefix.store(ids, cache)
-        return logits[0, -1], cache
+        self.cache.admit(slot, cache)
+        return logits[0, -1]
 
     def _retire_cancelled(self) -> None:
         for b in reversed(range(len(self.active))):

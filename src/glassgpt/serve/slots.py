@@ -37,6 +37,7 @@ from torch import Tensor
 from glassgpt.console import say
 from glassgpt.errors import GlassError
 from glassgpt.kernels import advance, cache_dtype, write_kv_rows
+from glassgpt.sample.cache import KVCache
 
 DEFAULT_CONTEXT = 4096  # the served context when none is asked for (if n_ctx is longer)
 MEMORY_SHARE = 0.5  # of the memory available at start-up, the most the slots may take
@@ -185,6 +186,21 @@ class SlotCache:
         p = next(model.parameters())
         return cls(model.config, slots, dtype=cache_dtype(p.dtype, p.device), device=p.device,
                    capacity=capacity)  # fmt: skip
+
+    def prompt_cache(self, slot: int, model: Any) -> KVCache:
+        """Slot ``slot`` as an empty one-row ``KVCache`` of ``capacity`` positions, for a
+        prompt encoded straight into the slot's memory (no cache allocated, zeroed and copied
+        per admission); its keys and values are those a new ``KVCache`` would hold (a prompt
+        reads columns 0..n+T−1 only). :meth:`admit` then starts the slot's sequence."""
+        cache = KVCache.for_model(model, 1, 1, last_only=True)  # (a one-position shell)
+        for shell, mine in zip(cache.layers, self.layers, strict=True):
+            shell.k, shell.v = mine.k[slot : slot + 1], mine.v[slot : slot + 1]
+        cache.capacity = self.capacity
+        return cache
+
+    def admit(self, slot: int, prompt: KVCache) -> None:
+        """Slot ``slot`` holds the ``prompt_cache(slot)`` it was handed, encoded."""
+        self.lengths[slot] = prompt.length
 
     def load(self, slot: int, prefill: Any) -> None:
         """Copy a one-row cache (``KVCache`` after its prefill) into ``slot``."""

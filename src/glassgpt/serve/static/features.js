@@ -39,7 +39,7 @@ async function featSearch() {
     box.textContent = "";
     $("feat-results-n").textContent = `${d.total} match${d.total === 1 ? "" : "es"}`;
     for (const r of d.results) {
-      const why = r.why === "id" ? "id" : r.why === "token" ? `top token ×${r.matches}` : `in context ×${r.matches}`;
+      const why = r.why === "id" ? "id" : r.why === "label" ? `label “${r.label}”` : r.why === "token" ? `top token ×${r.matches}` : `in context ×${r.matches}`;
       box.append(el("button", { class: "result", "data-id": r.id, onclick: () => openFeature(r.id) },
         el("b", {}, "#" + r.id), el("span", { class: "tok" }, r.top_token === null ? "—" : show(r.top_token)),
         el("span", { class: "muted" }, `${why} · density ${(100 * r.density).toFixed(3)}% · max ${fmt(r.max)}`)));
@@ -66,6 +66,14 @@ async function openFeature(id) {
 function drawPage() {
   const p = F.page, id = F.id;
   $("feat-title").textContent = `#${id}`;
+  // the label sae label wrote, and how well it let a reader find the feature (detection)
+  if (!$("feat-label")) $("feat-title").after(el("span", { id: "feat-label", style: "margin-left:.5em;font-weight:500" }));
+  const lab = p && p.label, tag = $("feat-label");
+  tag.textContent = lab ? `“${lab.label}”` : "";
+  tag.title = lab ? "label written by glassgpt sae label" : "";
+  if (lab && lab.detection !== null && lab.detection !== undefined)
+    tag.append(el("span", { class: "muted small", title: "balanced accuracy of telling held-out activating contexts from silent ones, given the label (0.5: chance)" },
+      ` · detection ${lab.detection.toFixed(2)}`));
   for (const k of ["feat-stats", "feat-hist", "feat-logits", "feat-contexts"]) $(k).textContent = "";
   if (!p) { $("feat-stats").textContent = "no page: run glassgpt sae features on this SAE"; return; }
   $("feat-stats").textContent = `density ${(100 * p.density).toFixed(4)}% (${p.count.toLocaleString()} of ` +

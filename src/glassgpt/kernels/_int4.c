@@ -147,97 +147,114 @@ static void int8_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
 /* ---- AVX2 kernels: 8 channels a vector (two per panel), rows in twos ------------------- */
 #define T2 __attribute__((target("avx2,fma,f16c")))
 
+/* the panels p0..p1 of an AVX2 kernel, rows in pairs (R of them): y[r] zeroed, the body run
+ * on each block blk of group g (prefetched 4 ahead), y + b stored */
+#define PANELS_ROW_PAIRS(...)                                                                 \
+    for (Py_ssize_t p = p0; p < p1; p++)                                                      \
+        for (Py_ssize_t m0 = 0; m0 < M; m0 += 2) {                                            \
+            const int R = M - m0 < 2 ? (int)(M - m0) : 2;                                     \
+            float y[2][PANEL] = {{0}};                                                        \
+            for (Py_ssize_t g = 0; g < G; g++) {                                              \
+                const uint8_t *blk = J->w + (p * G + g) * BLOCK_BYTES;                        \
+                PREFETCH_BLOCK(blk);                                                          \
+                __VA_ARGS__                                                                   \
+            }                                                                                 \
+            for (int r = 0; r < R; r++) store(J, p, m0 + r, y[r]);                            \
+        }
+
 T2 static void float_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
     const Py_ssize_t G = J->G, W = G * GROUP, M = J->M;
     const __m256i low = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
-    for (Py_ssize_t p = p0; p < p1; p++)
-        for (Py_ssize_t m0 = 0; m0 < M; m0 += 2) {
-            const int R = M - m0 < 2 ? (int)(M - m0) : 2;
-            float y[2][PANEL] = {{0}};
-            for (Py_ssize_t g = 0; g < G; g++) {
-                const uint8_t *blk = J->w + (p * G + g) * BLOCK_BYTES;
-                PREFETCH_BLOCK(blk);
-                __m256 acc[2][2][2]; /* row, half, low/high nibbles */
-                for (int r = 0; r < 2; r++)
-                    for (int h = 0; h < 2; h++)
-                        acc[r][h][0] = acc[r][h][1] = _mm256_setzero_ps();
-                for (int l = 0; l < 4; l++)
-                    for (int h = 0; h < 2; h++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * l + 32 * h));
-                        for (int k = 0; k < 4; k++) {
-                            __m256i b = _mm256_srli_epi32(v, 8 * k);
-                            __m256 wl = _mm256_cvtepi32_ps(
-                                _mm256_sub_epi32(_mm256_and_si256(b, low), eight));
-                            __m256 wh = _mm256_cvtepi32_ps(_mm256_sub_epi32(
-                                _mm256_and_si256(_mm256_srli_epi32(b, 4), low), eight));
-                            for (int r = 0; r < R; r++) {
-                                const float *x = J->x + (m0 + r) * W + g * GROUP + 8 * l + k;
-                                acc[r][h][0] = _mm256_fmadd_ps(wl, _mm256_broadcast_ss(x),
-                                                               acc[r][h][0]);
-                                acc[r][h][1] = _mm256_fmadd_ps(wh, _mm256_broadcast_ss(x + 4),
-                                                               acc[r][h][1]);
-                            }
-                        }
-                    }
-                for (int h = 0; h < 2; h++) {
-                    __m256 d = _mm256_cvtph_ps(
-                        _mm_loadu_si128((const __m128i *)(blk + NIBBLES + 16 * h)));
+    PANELS_ROW_PAIRS(
+        __m256 acc[2][2][2]; /* row, half, low/high nibbles */
+        for (int r = 0; r < 2; r++)
+            for (int h = 0; h < 2; h++)
+                acc[r][h][0] = acc[r][h][1] = _mm256_setzero_ps();
+        for (int l = 0; l < 4; l++)
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * l + 32 * h));
+                for (int k = 0; k < 4; k++) {
+                    __m256i b = _mm256_srli_epi32(v, 8 * k);
+                    __m256 wl = _mm256_cvtepi32_ps(
+                        _mm256_sub_epi32(_mm256_and_si256(b, low), eight));
+                    __m256 wh = _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                        _mm256_and_si256(_mm256_srli_epi32(b, 4), low), eight));
                     for (int r = 0; r < R; r++) {
-                        __m256 s = _mm256_add_ps(acc[r][h][0], acc[r][h][1]);
-                        _mm256_storeu_ps(y[r] + 8 * h,
-                                         _mm256_fmadd_ps(s, d, _mm256_loadu_ps(y[r] + 8 * h)));
+                        const float *x = J->x + (m0 + r) * W + g * GROUP + 8 * l + k;
+                        acc[r][h][0] = _mm256_fmadd_ps(wl, _mm256_broadcast_ss(x),
+                                                       acc[r][h][0]);
+                        acc[r][h][1] = _mm256_fmadd_ps(wh, _mm256_broadcast_ss(x + 4),
+                                                       acc[r][h][1]);
                     }
                 }
             }
-            for (int r = 0; r < R; r++) store(J, p, m0 + r, y[r]);
+        for (int h = 0; h < 2; h++) {
+            __m256 d = _mm256_cvtph_ps(
+                _mm_loadu_si128((const __m128i *)(blk + NIBBLES + 16 * h)));
+            for (int r = 0; r < R; r++) {
+                __m256 s = _mm256_add_ps(acc[r][h][0], acc[r][h][1]);
+                _mm256_storeu_ps(y[r] + 8 * h,
+                                 _mm256_fmadd_ps(s, d, _mm256_loadu_ps(y[r] + 8 * h)));
+            }
         }
+    )
 }
 
 T2 static void int8_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
     const Py_ssize_t G = J->G, W4 = G * GROUP / 4, M = J->M;
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    for (Py_ssize_t p = p0; p < p1; p++)
-        for (Py_ssize_t m0 = 0; m0 < M; m0 += 2) {
-            const int R = M - m0 < 2 ? (int)(M - m0) : 2;
-            float y[2][PANEL] = {{0}};
-            for (Py_ssize_t g = 0; g < G; g++) {
-                const uint8_t *blk = J->w + (p * G + g) * BLOCK_BYTES;
-                PREFETCH_BLOCK(blk);
-                __m256i acc[2][2]; /* row, half: Σ u x8 in 16 bits */
-                for (int r = 0; r < 2; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-                for (int l = 0; l < 4; l++)
-                    for (int h = 0; h < 2; h++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * l + 32 * h));
-                        __m256i lo = _mm256_and_si256(v, low);
-                        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                        for (int r = 0; r < R; r++) {
-                            const int32_t *x = J->xq + (m0 + r) * W4 + g * (GROUP / 4) + 2 * l;
-                            __m256i s = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x[0])),
-                                _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x[1])));
-                            acc[r][h] = _mm256_add_epi16(acc[r][h], s);
-                        }
-                    }
-                for (int h = 0; h < 2; h++) {
-                    __m256 d = _mm256_cvtph_ps(
-                        _mm_loadu_si128((const __m128i *)(blk + NIBBLES + 16 * h)));
-                    for (int r = 0; r < R; r++) {
-                        const Py_ssize_t mg = (m0 + r) * G + g;
-                        __m256i a = _mm256_add_epi32(_mm256_madd_epi16(acc[r][h], ones),
-                                                     _mm256_set1_epi32(J->corr[mg]));
-                        __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(J->sx[mg]));
-                        _mm256_storeu_ps(y[r] + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), sc,
-                                                                       _mm256_loadu_ps(y[r] + 8 * h)));
-                    }
+    PANELS_ROW_PAIRS(
+        __m256i acc[2][2]; /* row, half: Σ u x8 in 16 bits */
+        for (int r = 0; r < 2; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+        for (int l = 0; l < 4; l++)
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * l + 32 * h));
+                __m256i lo = _mm256_and_si256(v, low);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                for (int r = 0; r < R; r++) {
+                    const int32_t *x = J->xq + (m0 + r) * W4 + g * (GROUP / 4) + 2 * l;
+                    __m256i s = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x[0])),
+                        _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x[1])));
+                    acc[r][h] = _mm256_add_epi16(acc[r][h], s);
                 }
             }
-            for (int r = 0; r < R; r++) store(J, p, m0 + r, y[r]);
+        for (int h = 0; h < 2; h++) {
+            __m256 d = _mm256_cvtph_ps(
+                _mm_loadu_si128((const __m128i *)(blk + NIBBLES + 16 * h)));
+            for (int r = 0; r < R; r++) {
+                const Py_ssize_t mg = (m0 + r) * G + g;
+                __m256i a = _mm256_add_epi32(_mm256_madd_epi16(acc[r][h], ones),
+                                             _mm256_set1_epi32(J->corr[mg]));
+                __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(J->sx[mg]));
+                _mm256_storeu_ps(y[r] + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), sc,
+                                                               _mm256_loadu_ps(y[r] + 8 * h)));
+            }
         }
+    )
 }
 
 /* ---- AVX-512 kernels: 16 channels a vector, all M rows at once --------------------------- */
 #define T5 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw")))
 #define T5V __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+
+/* the panels p0..p1 of a 16-channel AVX-512 kernel of M rows: y[r] zeroed, the body run on
+ * each block blk of group g (prefetched 4 ahead), y + b stored */
+#define PANELS512(M, ...)                                                                     \
+    for (Py_ssize_t p = p0; p < p1; p++) {                                                    \
+        __m512 y[M];                                                                          \
+        _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) y[r] = _mm512_setzero_ps();        \
+        const uint8_t *blk = J->w + p * G * BLOCK_BYTES;                                      \
+        for (Py_ssize_t g = 0; g < G; g++, blk += BLOCK_BYTES) {                              \
+            PREFETCH_BLOCK(blk);                                                              \
+            __VA_ARGS__                                                                       \
+        }                                                                                     \
+        for (int r = 0; r < M; r++) {                                                         \
+            float out[PANEL];                                                                 \
+            _mm512_storeu_ps(out, y[r]);                                                      \
+            store(J, p, r, out);                                                              \
+        }                                                                                     \
+    }
 
 /* float: an FMA's latency is 4 cycles, so one row needs 4 independent sums, two rows 2 each,
  * more rows 1. Line l: byte k of each lane (shifted down by 8k) holds inputs 8l+k (low
@@ -247,46 +264,33 @@ T2 static void int8_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
         const Py_ssize_t G = J->G, W = G * GROUP;                                             \
         const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5,  \
                                             6, 7);                                            \
-        for (Py_ssize_t p = p0; p < p1; p++) {                                                \
-            __m512 y[M];                                                                      \
-            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) y[r] = _mm512_setzero_ps();    \
-            const uint8_t *blk = J->w + p * G * BLOCK_BYTES;                                  \
-            for (Py_ssize_t g = 0; g < G; g++, blk += BLOCK_BYTES) {                          \
-                PREFETCH_BLOCK(blk);                                                          \
-                __m512 acc[C][M];                                                             \
-                _Pragma("GCC unroll 4") for (int k = 0; k < C; k++)                           \
-                _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                           \
-                    acc[k][r] = _mm512_setzero_ps();                                          \
-                const float *xg = J->x + g * GROUP;                                           \
-                _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) {                         \
-                    __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * l));             \
-                    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                     \
-                        __m512i b = _mm512_srli_epi32(v, 8 * k);                              \
-                        __m512 lo = _mm512_permutexvar_ps(b, table);                          \
-                        __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);    \
-                        _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                 \
-                            const float *x = xg + r * W + 8 * l + k;                          \
-                            acc[(2 * k) % C][r] =                                             \
-                                _mm512_fmadd_ps(lo, _mm512_set1_ps(x[0]), acc[(2 * k) % C][r]); \
-                            acc[(2 * k + 1) % C][r] = _mm512_fmadd_ps(                        \
-                                hi, _mm512_set1_ps(x[4]), acc[(2 * k + 1) % C][r]);           \
-                        }                                                                     \
+        PANELS512(M, {                                                                        \
+            __m512 acc[C][M];                                                                 \
+            _Pragma("GCC unroll 4") for (int k = 0; k < C; k++)                               \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) acc[k][r] = _mm512_setzero_ps(); \
+            const float *xg = J->x + g * GROUP;                                               \
+            _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) {                             \
+                __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * l));                 \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                         \
+                    __m512i b = _mm512_srli_epi32(v, 8 * k);                                  \
+                    __m512 lo = _mm512_permutexvar_ps(b, table);                              \
+                    __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);        \
+                    _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                     \
+                        const float *x = xg + r * W + 8 * l + k;                              \
+                        acc[(2 * k) % C][r] =                                                 \
+                            _mm512_fmadd_ps(lo, _mm512_set1_ps(x[0]), acc[(2 * k) % C][r]);   \
+                        acc[(2 * k + 1) % C][r] =                                             \
+                            _mm512_fmadd_ps(hi, _mm512_set1_ps(x[4]), acc[(2 * k + 1) % C][r]); \
                     }                                                                         \
                 }                                                                             \
-                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + NIBBLES))); \
-                _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                         \
-                    __m512 a = acc[0][r];                                                     \
-                    _Pragma("GCC unroll 4") for (int k = 1; k < C; k++)                       \
-                        a = _mm512_add_ps(a, acc[k][r]);                                      \
-                    y[r] = _mm512_fmadd_ps(a, d, y[r]);                                       \
-                }                                                                             \
             }                                                                                 \
-            for (int r = 0; r < M; r++) {                                                     \
-                float out[PANEL];                                                             \
-                _mm512_storeu_ps(out, y[r]);                                                  \
-                store(J, p, r, out);                                                          \
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + NIBBLES))); \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                             \
+                __m512 a = acc[0][r];                                                         \
+                _Pragma("GCC unroll 4") for (int k = 1; k < C; k++) a = _mm512_add_ps(a, acc[k][r]); \
+                y[r] = _mm512_fmadd_ps(a, d, y[r]);                                           \
             }                                                                                 \
-        }                                                                                     \
+        })                                                                                    \
     }
 
 /* int8 x: one line's low and high nibbles against the row's two broadcast words of x8.
@@ -310,37 +314,25 @@ T2 static void int8_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
         const Py_ssize_t G = J->G, W4 = G * GROUP / 4;                                        \
         const __m512i low = _mm512_set1_epi8(15), ones = _mm512_set1_epi16(1);                \
         (void)ones;                                                                           \
-        for (Py_ssize_t p = p0; p < p1; p++) {                                                \
-            __m512 y[M];                                                                      \
-            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) y[r] = _mm512_setzero_ps();    \
-            const uint8_t *blk = J->w + p * G * BLOCK_BYTES;                                  \
-            for (Py_ssize_t g = 0; g < G; g++, blk += BLOCK_BYTES) {                          \
-                PREFETCH_BLOCK(blk);                                                          \
-                __m512i acc[C][M];                                                            \
-                _Pragma("GCC unroll 2") for (int k = 0; k < C; k++)                           \
+        PANELS512(M, {                                                                        \
+            __m512i acc[C][M];                                                                \
+            _Pragma("GCC unroll 2") for (int k = 0; k < C; k++)                               \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) acc[k][r] = _mm512_setzero_si512(); \
+            const int32_t *xg = J->xq + g * (GROUP / 4);                                      \
+            _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) {                             \
+                __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * l));                 \
+                __m512i lo = _mm512_and_si512(v, low);                                        \
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);                  \
                 _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                           \
-                    acc[k][r] = _mm512_setzero_si512();                                       \
-                const int32_t *xg = J->xq + g * (GROUP / 4);                                  \
-                _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) {                         \
-                    __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * l));             \
-                    __m512i lo = _mm512_and_si512(v, low);                                    \
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);              \
-                    _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                       \
-                        LINE(r, lo, hi, xg + r * W4 + 2 * l);                                 \
-                }                                                                             \
-                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + NIBBLES))); \
-                _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                         \
-                    __m512i a = _mm512_add_epi32(SUM(r), _mm512_set1_epi32(J->corr[r * G + g])); \
-                    __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(J->sx[r * G + g]));            \
-                    y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), s, y[r]);                   \
-                }                                                                             \
+                    LINE(r, lo, hi, xg + r * W4 + 2 * l);                                     \
             }                                                                                 \
-            for (int r = 0; r < M; r++) {                                                     \
-                float out[PANEL];                                                             \
-                _mm512_storeu_ps(out, y[r]);                                                  \
-                store(J, p, r, out);                                                          \
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + NIBBLES))); \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                             \
+                __m512i a = _mm512_add_epi32(SUM(r), _mm512_set1_epi32(J->corr[r * G + g]));  \
+                __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(J->sx[r * G + g]));                \
+                y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), s, y[r]);                       \
             }                                                                                 \
-        }                                                                                     \
+        })                                                                                    \
     }
 
 #define BY_ROWS(NAME)                                                                         \

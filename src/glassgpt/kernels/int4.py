@@ -15,9 +15,12 @@ weight: a decoding step at batch 1 reads 7.1× fewer bytes than float32 (1.8× f
 int8).
 
 Kernels (:func:`product`): rows ≤ ``MAX_ROWS`` go to the compiled ``_int4`` extension
-(``kernels/_int4.c``: AVX-512, AVX2 or a portable loop, chosen at run time), which computes
-x W̃ + b in float32 from the weights' nibbles; more rows (prefill, perplexity) and machines
-without the extension compute x W̃ + b in float32 from W̃ itself (a note says so once).
+(``kernels/_int4.c``, chosen at run time), which by default rounds x to int8 per row and group
+of 32 (:func:`round_x`) and computes x̃ W̃ + b from exact integer sums of the nibbles (AVX-512
+VNNI, AVX-512BW, AVX2 or a portable loop); its float kernels (``float-avx512``, ``float-avx2``,
+``float-scalar``, forced by ``compiled().use(name)``) compute x W̃ + b with x unrounded. More
+rows (prefill, perplexity) and machines without the extension compute x W̃ + b in float32
+from W̃ itself (a note says so once).
 """
 
 from __future__ import annotations

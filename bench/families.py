@@ -8,7 +8,8 @@ key/value heads, d_mlp 1536, vocab 49,152, tied, RoPE θ 100,000) and Qwen3-0.6B
 layers, 16 heads over 8, d_head 128, d_mlp 3,072, vocab 151,936, tied, QK-norm, θ 10⁶);
 batch 1, a 16-token prompt, greedy decoding to exactly --new-tokens tokens. Engines:
 
-- glassgpt ``cast(model, dtype)`` in float32, bf16 and int8 (``generate``: the replayed step
+- glassgpt ``cast(model, dtype)`` in float32, bf16 and int8, and int4 with
+  ``--precisions float32,int8,int4`` beside llama.cpp's Q4_K_M and Q4_0 (``generate``: the replayed step
   on a CPU; the line under each table says which engine decoded);
 - transformers (``AutoModelForCausalLM`` of the folder ``glassgpt.interop.to_hf`` wrote from
   the same weights) in float32 and bf16 (it has no int8 CPU path: int8 is compared with its
@@ -60,6 +61,9 @@ SHAPES: dict[str, tuple[dict[str, Any], str]] = {  # config, the converter's pre
                     "rope_base": 1e6, "norm_eps": 1e-6}, "qwen2"),
 }  # fmt: skip
 PRECISIONS = (("float32", "F32", "f32"), ("bf16", "F16", "f16"), ("int8", "Q8_0", "q8_0"))
+# int4 (--precisions …,int4): llama.cpp's Q4_K_M (its "vs llama.cpp") and Q4_0, quantized by
+# llama.cpp's llama_model_quantize from the converter's F32 file
+Q4 = (("Q4_K_M", "LLAMA_FTYPE_MOSTLY_Q4_K_M"), ("Q4_0", "LLAMA_FTYPE_MOSTLY_Q4_0"))
 FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
 LLAMA_SRC = (REPO.parent / "llamabuild", REPO.parent.parent / "llamabuild")  # main, a worktree
 
@@ -168,7 +172,7 @@ def engines_for(name: str, args: argparse.Namespace, work: Path) -> tuple[dict[s
     folder = to_hf(base, work / name / "hf")
     engines: dict[str, tuple] = {}
     loads: dict[str, float] = {}
-    for dtype, _, _ in PRECISIONS:
+    for dtype in args.precisions:
         t = time.perf_counter()
         ours = cast(base, dtype)
         loads[f"glassgpt {dtype}"] = time.perf_counter() - t
@@ -180,6 +184,8 @@ def engines_for(name: str, args: argparse.Namespace, work: Path) -> tuple[dict[s
         logging.disable_progress_bar()
 
         for dtype, torch_dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)):
+            if dtype not in args.precisions:
+                continue
             t = time.perf_counter()
             hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).eval()
             loads[f"transformers {dtype}"] = time.perf_counter() - t
@@ -190,15 +196,27 @@ def engines_for(name: str, args: argparse.Namespace, work: Path) -> tuple[dict[s
         print(f"  llama.cpp skipped: {why}")
         return engines, loads
     write_tokenizer(folder)
-    for dtype, label, outtype in PRECISIONS:
+    want = [(d, lb, o) for d, lb, o in PRECISIONS if d in args.precisions or
+            (d == "float32" and "int4" in args.precisions)]  # fmt: skip
+    for dtype, label, outtype in want:
         gguf = work / name / f"{label}.gguf"
         failed = convert(args.converter, folder, pre, outtype, gguf)
         if failed is not None:
             print(f"  llama.cpp {label} skipped: the converter failed: {failed}")
             continue
-        t = time.perf_counter()
-        engines[f"llama.cpp {label}"] = (llama_engine(gguf, args.threads), dtype, 0)
-        loads[f"llama.cpp {label}"] = time.perf_counter() - t
+        if dtype in args.precisions:
+            t = time.perf_counter()
+            engines[f"llama.cpp {label}"] = (llama_engine(gguf, args.threads), dtype, 0)
+            loads[f"llama.cpp {label}"] = time.perf_counter() - t
+        if dtype == "float32" and "int4" in args.precisions:
+            from quality import quantize_gguf
+
+            for q4, ftype in Q4:
+                out = work / name / f"{q4}.gguf"
+                quantize_gguf(gguf, out, ftype, args.threads)
+                t = time.perf_counter()
+                engines[f"llama.cpp {q4}"] = (llama_engine(out, args.threads), "int4", 0)
+                loads[f"llama.cpp {q4}"] = time.perf_counter() - t
     return engines, loads
 
 
@@ -227,7 +245,7 @@ def table(name: str, args: argparse.Namespace, work: Path) -> None:
               "| same ids as transformers float32 |")  # fmt: skip
     print(header)
     print("|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|")
-    labels = {dtype: label for dtype, label, _ in PRECISIONS}
+    labels = {dtype: label for dtype, label, _ in PRECISIONS} | {"int4": Q4[0][0]}
     for engine, (_, dtype, _) in engines.items():
         hf = rate.get(f"transformers {dtype}", rate.get("transformers float32"))
         lc = rate.get(f"llama.cpp {labels[dtype]}")
@@ -253,6 +271,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens")
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--precisions", default="float32,bf16,int8",
+                   help="comma-separated among float32, bf16, int8, int4")  # fmt: skip
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--no-llama", dest="llama", action="store_false")
     p.add_argument("--llama-src", type=Path, action="append",
@@ -260,6 +280,9 @@ def main() -> None:
                         "convert_hf_to_gguf.py) is looked for; default: ../llamabuild")  # fmt: skip
     args = p.parse_args()
     args.llama_src = args.llama_src or list(LLAMA_SRC)
+    args.precisions = args.precisions.split(",")
+    if not set(args.precisions) <= {"float32", "bf16", "int8", "int4"}:
+        p.error(f"--precisions: one of float32, bf16, int8, int4 each, got {args.precisions}")
     args.converter = find_converter(args.llama_src)
     torch.set_num_threads(args.threads)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())

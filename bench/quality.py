@@ -8,6 +8,8 @@ trained on) of
 
 - glassgpt at float32, bf16, int8 and int4 (``cast(model, dtype)``; int4 with the int8
   unembedding, its default, and with an int4 one: which the docs recommend is measured here);
+  int4 also as decoding computes it, one id a step on the int4 kernels (x rounded to int8
+  per group of 32, as llama.cpp's Q4 products round theirs to Q8; and the float kernels);
 - llama.cpp (``llama_cpp``, llama-cpp-python) on the same model exported by glassgpt's
   ``export_gguf`` as F32, then quantized by llama.cpp's own ``llama_model_quantize`` to Q8_0,
   Q4_0 and Q4_K_M; perplexity from its logits (``logits_all``) over the same windows.
@@ -38,6 +40,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO))  # tests.sample.test_precision's decoded_perplexity
+
+from tests.sample.test_precision import decoded_perplexity  # noqa: E402
 
 from glassgpt.interop.gguf_export import export_gguf  # noqa: E402
 from glassgpt.model import GPT, GPTConfig  # noqa: E402
@@ -110,6 +115,26 @@ def quantize_gguf(src: Path, dst: Path, ftype: str, threads: int) -> None:
         raise RuntimeError(f"llama_model_quantize {ftype} failed ({code})")
 
 
+def int4_decoded(q4: GPT, val: torch.Tensor, L: int) -> list[tuple[str, float, str]]:
+    """int4 perplexity as decoding computes it: every window one id a step (8 rows a
+    product), so the decoding kernels compute every logit, by default with x rounded to int8
+    per group of 32 (as llama.cpp's Q8 activations), and by the float kernels (x unrounded).
+    (``perplexity``'s whole windows take the float32 product from W̃.)"""
+    from glassgpt.kernels import int4
+
+    ext = int4.compiled()
+    if ext is None:
+        return []
+    rows = [("glassgpt int4, decoded", decoded_perplexity(q4, val, L), f"kernel {ext.kernel()}")]
+    try:
+        ext.use(next(k for k in ext.kernels() if k.startswith("float")))
+        rows.append(("glassgpt int4, decoded, float x", decoded_perplexity(q4, val, L),
+                     f"kernel {ext.kernel()}"))  # fmt: skip
+    finally:
+        ext.use(None)
+    return rows
+
+
 def table(name: str, model: GPT, tok: Any, val: torch.Tensor, L: int, threads: int) -> None:
     rows: list[tuple[str, float, str]] = []
     n_params = sum(p.numel() for p in model.parameters())
@@ -123,6 +148,8 @@ def table(name: str, model: GPT, tok: Any, val: torch.Tensor, L: int, threads: i
         low = cast(model, dtype)
         cast_s = time.perf_counter() - t
         rows.append((f"glassgpt {dtype}", perplexity(low, val, L), f"{note}; cast {cast_s:.1f} s"))
+        if dtype == "int4":
+            rows += int4_decoded(low, val, L)
     every = cast(model, torch.float32, pack=False)
     quantize_int4(every, unembed="int4")
     rows.append(

@@ -1,7 +1,8 @@
 """int4 weights: the rounding is within half a step and never worse than Q4_0's scale, the
-blocks hold each weight once, every compiled kernel (AVX-512, AVX2, portable loop) equals
-x W̃ + b against a float64 oracle (1e-5 relative), and the seam falls back to the same
-function without the extension."""
+blocks hold each weight once, every compiled kernel equals its function against a float64
+oracle (1e-5 relative): the int8-x kernels (AVX-512 VNNI, AVX-512BW, AVX2, portable loop)
+x̃ W̃ + b for x̃ = x rounded to int8 per group of 32, the float ones x W̃ + b; and the seam falls
+back to x W̃ + b without the extension."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _variants() -> list[str]:
     if ext is None:
         return []
     found = []
-    for name in ("avx512", "avx2", "scalar"):
+    for name in ext.kernels():
         try:
             ext.use(name)
             found.append(name)
@@ -46,9 +47,11 @@ def variant(request):
     ext.use(None)
 
 
-def _oracle(x: torch.Tensor, W_t: torch.Tensor, b: torch.Tensor | None):
-    """x W̃ᵀ + b in float64 and the magnitude Σ_i |x_i W̃_ji| + |b_j| the error is relative to."""
-    x64, W64 = x.double(), W_t.double()
+def _oracle(x: torch.Tensor, W_t: torch.Tensor, b: torch.Tensor | None, kernel: str = "float"):
+    """x W̃ᵀ + b in float64 (x̃ W̃ᵀ + b, x rounded as the int8-x kernels round it, unless the
+    kernel is a float one) and the magnitude Σ_i |x_i W̃_ji| + |b_j| the error is relative to."""
+    x64 = x.double() if kernel.startswith("float") else int4.round_x(x)
+    W64 = W_t.double()
     want, mag = x64 @ W64.T, x64.abs() @ W64.abs().T
     if b is not None:
         want, mag = want + b.double(), mag + b.double().abs()
@@ -103,9 +106,9 @@ def test_blocks_hold_each_weight_once_in_order() -> None:
     d = torch.rand(37, 2, generator=gen).to(torch.float16)
     w = int4.blocks(q, d)
     assert w.shape == (3, 2, 288) and w.dtype == torch.uint8
-    nib = w[..., :256].reshape(3, 2, 16, 16)  # [P, G, t, c]
+    nib = w[..., :256].reshape(3, 2, 4, 16, 4)  # [P, G, line, c, k]: inputs 8 l + k, + 4
     lo, hi = (nib & 15).int() - 8, (nib >> 4).int() - 8
-    got = torch.stack([lo, hi], dim=-1).permute(0, 3, 1, 2, 4).reshape(48, 64)
+    got = torch.stack([lo, hi], dim=-2).permute(0, 3, 1, 2, 4, 5).reshape(48, 64)
     assert torch.equal(got[:37], q.int()) and (got[37:] == 0).all()
     scales = w[..., 256:].contiguous().view(torch.float16).view(3, 2, 16).transpose(1, 2)
     assert torch.equal(scales.reshape(48, 2)[:37], d)
@@ -128,11 +131,11 @@ def test_every_kernel_is_x_w_tilde_plus_b(M, d_in, d_out, bias, threads, seed) -
     W_t = int4.dequantize(q, d, d_in)
     x = torch.randn(M, d_in, generator=gen) * 3
     b = torch.randn(d_out, generator=gen) if bias else None
-    want, mag = _oracle(x, W_t, b)
     ext = int4.compiled()
     try:
         for name in VARIANTS:
             ext.use(name)
+            want, mag = _oracle(x, W_t, b, name)
             got = int4.gemv(x, q, d, b, threads)
             assert ((got.double() - want).abs() <= 1e-5 * mag + 1e-30).all(), name
     finally:
@@ -147,10 +150,63 @@ def test_kernel_on_model_shapes_and_threads(variant: str, M: int, d_in: int, d_o
     q, d = int4.quantize(W)
     x = torch.randn(M, d_in, generator=gen)
     b = torch.randn(d_out, generator=gen)
-    want, mag = _oracle(x, int4.dequantize(q, d), b)
+    want, mag = _oracle(x, int4.dequantize(q, d), b, variant)
     for threads in (1, 2, 4):
         got = int4.gemv(x, q, d, b, threads)
         assert ((got.double() - want).abs() <= 1e-5 * mag).all()
+
+
+def test_round_x_is_within_half_a_step() -> None:
+    """x̃ = s x8: |x − x̃| ≤ s/2 with s = max |x| / 127 per group of 32 (the largest entry kept
+    to s's float32 rounding), zeros stay zeros, a group with a non-finite entry is NaN and the others not."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 70, generator=gen) * torch.tensor([[1.0], [1e-3], [50.0]])
+    x[1, 32:64] = 0.0
+    x[2, 5] = float("inf")
+    xr = int4.round_x(x)
+    assert xr.shape == (3, 70) and xr.dtype == torch.float64
+    xp = torch.zeros(3, 96, dtype=torch.float64)
+    xp[:, :70] = x.double()
+    s = xp.view(3, 3, 32).abs().amax(-1, keepdim=True) / 127
+    err = (xp[:, :70] - xr).view(3, -1)[:2]  # rows without the infinity
+    assert (err.abs() <= (s[:2] / 2).expand(2, 3, 32).reshape(2, 96)[:, :70] * (1 + 1e-6)).all()
+    assert (xr[1, 32:64] == 0).all() and xr[2, :32].isnan().all() and xr[2, 32:].isfinite().all()
+    big = x[0].abs().argmax()
+    assert (xr[0, big] - x[0, big].double()).abs() <= 1e-6 * x[0, big].abs()
+
+
+@needs_ext
+def test_int8_x_kernels_are_the_exact_product_within_the_rounding_of_x(variant: str) -> None:
+    """Against x W̃ + b itself (no rounding in the oracle), an int8-x kernel is within
+    Σ_g (s_g / 2) Σ_i |W̃_ij| of it, the bound of x's rounding; a float kernel within 1e-5; a
+    row of x with a NaN gives a row of NaN."""
+    gen = torch.Generator().manual_seed(6)
+    W = torch.randn(40, 200, generator=gen) * 0.02
+    q, d = int4.quantize(W)
+    W_t = int4.dequantize(q, d, 200).double()
+    x = torch.randn(3, 200, generator=gen) * 4
+    x[2, 7] = float("nan")
+    got = int4.gemv(x, q, d, None, 2).double()
+    want, mag = _oracle(x[:2], W_t, None)
+    assert got[2].isnan().all() and got[:2].isfinite().all()
+    if variant.startswith("float"):
+        assert ((got[:2] - want).abs() <= 1e-5 * mag).all()
+        return
+    xp = torch.zeros(2, 224)
+    xp[:, :200] = x[:2]
+    s = xp.view(2, 7, 32).abs().amax(-1).double() / 127  # [M, G]
+    Wg = torch.zeros(40, 224, dtype=torch.float64)
+    Wg[:, :200] = W_t
+    bound = (s / 2) @ Wg.abs().view(40, 7, 32).sum(-1).T  # [M, d_out]
+    err = (got[:2] - want).abs()
+    assert (err <= bound * (1 + 1e-4) + 1e-5 * mag).all() and (err > 1e-5 * mag).any()
+
+
+@needs_ext
+def test_the_default_kernel_is_the_best_this_cpu_runs() -> None:
+    ext = int4.compiled()
+    assert ext.use(None) == VARIANTS[0] and ext.kernel() == VARIANTS[0]
+    assert VARIANTS[-1] == "float-scalar" and "scalar" in VARIANTS  # the portable loops
 
 
 @needs_ext
@@ -192,7 +248,8 @@ def test_seam_product_few_and_many_rows(transposed: bool, hide: bool, monkeypatc
                 x = torch.randn(rows, 40, generator=gen)
                 with torch.no_grad():
                     got = matmul(x.view(1, rows, 40), W, b, transposed=transposed)
-                want, mag = _oracle(x, W_t, b)
+                kernel = "float" if hide or rows > int4.MAX_ROWS else int4.compiled().kernel()
+                want, mag = _oracle(x, W_t, b, kernel)
                 assert ((got[0].double() - want).abs() <= 1e-5 * mag).all()
     said = [w for w in caught if "int4 kernel" in str(w.message)]
     assert len(said) == (1 if hide else 0)

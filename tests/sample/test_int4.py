@@ -22,6 +22,25 @@ from glassgpt.tokenizer import CharTokenizer
 PROJECTIONS = ("attn.W_QKV", "attn.W_O", "mlp.W_in", "mlp.W_out")
 
 
+@pytest.fixture
+def float_kernel():
+    """The int4 kernels' float family, whose product is x W̃ + b to float32 rounding (the
+    default family rounds x to int8 per group: tests/kernels/test_int4.py)."""
+    ext = int4.compiled()
+    if ext is None:
+        yield
+        return
+    for name in ext.kernels():
+        if name.startswith("float"):
+            try:
+                ext.use(name)
+                break
+            except ValueError:
+                pass
+    yield
+    ext.use(None)
+
+
 def model_of(**kw: object) -> GPT:
     torch.manual_seed(0)
     cfg = {"n_vocab": 61, "n_ctx": 40, "d_model": 64, "n_layers": 2, "n_heads": 4, **kw}
@@ -34,7 +53,7 @@ def model_of(**kw: object) -> GPT:
 
 @pytest.mark.parametrize("mlp", ["gelu_tanh", "swiglu"])
 @pytest.mark.parametrize("tie", [True, False])
-def test_int4_copy_is_the_model_with_quantized_weights(mlp: str, tie: bool) -> None:
+def test_int4_copy_is_the_model_with_quantized_weights(mlp: str, tie: bool, float_kernel) -> None:
     """Each block projection is exactly W̃ = q·d (int4), the unembedding W̃ = q·s (int8); the
     copy's logits equal a float32 model holding those weights (to float32 rounding)."""
     model = model_of(mlp=mlp, tie_embeddings=tie)
@@ -77,7 +96,7 @@ def test_int4_steps_replay_bit_for_bit_and_generate_the_same_ids() -> None:
     assert generate(m, rows, replay=True, **opts) == generate(m, rows, replay=False, **opts)
 
 
-def test_a_width_not_a_multiple_of_the_group_is_padded() -> None:
+def test_a_width_not_a_multiple_of_the_group_is_padded(float_kernel) -> None:
     """d_model 40, d_mlp 72: the last group of each is padded with zero weights."""
     model = model_of(d_model=40, d_mlp=72, n_heads=2)
     q4 = cast(model, "int4")
@@ -88,7 +107,7 @@ def test_a_width_not_a_multiple_of_the_group_is_padded() -> None:
         torch.testing.assert_close(q4(tokens), plain(tokens), rtol=1e-4, atol=1e-4)
 
 
-def test_int4_runs_on_a_cpu_only_and_falls_back_with_a_note(monkeypatch) -> None:
+def test_int4_runs_on_a_cpu_only_and_falls_back_with_a_note(monkeypatch, float_kernel) -> None:
     assert parse_dtype("int4") is torch.quint4x2
     model = model_of()
     if torch.cuda.is_available():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -152,6 +154,57 @@ def test_perplexity_on_tinyshakespeare_is_within_one_percent(trained_char, dtype
     p_low = perplexity(cast(model, dtype), val)
     assert p32 < 25.0  # trained: far below the 65-way uniform
     assert abs(p_low - p32) / p32 < 0.01, (p32, p_low)
+
+
+def decoded_perplexity(model: GPT, ids: torch.Tensor, L: int = 64, rows: int = 8) -> float:
+    """exp(mean next-token cross-entropy) over windows of L ids, each decoded one id a step
+    on a KV cache, ``rows`` windows at a time: every product has ≤ 8 rows of x, so a packed
+    copy's decoding kernels compute every logit (``perplexity`` runs whole windows, whose
+    products take the float32 path)."""
+    from glassgpt.sample.cache import KVCache
+
+    n = (ids.numel() - 1) // L
+    x, y = ids[: n * L].view(n, L), ids[1 : n * L + 1].view(n, L)
+    nll = 0.0
+    with torch.inference_mode():
+        for i in range(0, n, rows):
+            cache = KVCache.for_model(model, x[i : i + rows].shape[0], L)
+            for t in range(L):
+                z = model(x[i : i + rows, t : t + 1], cache=cache)[:, 0].float()
+                nll += float(
+                    torch.nn.functional.cross_entropy(z, y[i : i + rows, t], reduction="sum")
+                )
+    return math.exp(nll / (n * L))
+
+
+@pytest.mark.slow
+def test_int4_decoding_perplexity_is_within_budget(trained_char) -> None:
+    """Decoding on the int4 kernels, which round x to int8 per group of 32 (the default
+    family), costs the held-out perplexity under 1% of float32's, and the rounding of x adds
+    under 0.2% to what the float kernels (x unrounded) give."""
+    from glassgpt.kernels import int4
+
+    ext = int4.compiled()
+    if ext is None:
+        pytest.skip("the _int4 extension is not built")
+    model, val = trained_char
+    val = val[: 16 * 64 + 1]  # 16 windows: 128 steps of 8 rows a perplexity
+    p32 = decoded_perplexity(model, val)
+    assert abs(p32 - perplexity(model, val)) / p32 < 1e-4  # the helper is the perplexity
+    q4 = cast(model, "int4")
+    assert not ext.kernel().startswith("float")
+    p4 = decoded_perplexity(q4, val)
+    try:
+        ext.use(next(k for k in ext.kernels() if k.startswith("float")))
+        p4_float = decoded_perplexity(q4, val)
+    finally:
+        ext.use(None)
+    print(
+        f"held-out perplexity, decoded: float32 {p32:.4f}, int4 {p4:.4f}, int4 float x {p4_float:.4f}"
+    )
+    assert abs(p4 - p32) / p32 < 0.01, (p32, p4)
+    assert abs(p4 - p4_float) / p4_float < 0.002, (p4_float, p4)
+    assert p4 != p4_float  # the rounding of x is there
 
 
 def test_every_bf16_projection_runs_on_its_packed_kernel(monkeypatch) -> None:

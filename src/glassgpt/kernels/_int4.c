@@ -5,21 +5,34 @@
  * q ∈ [−8, 7] in groups of 32 inputs, one float16 scale d[j, g] per group: W̃[i, j] = q d.
  * x float32 [M, d_in], b float32 [d_out] or none, y float32 [M, d_out]. The weights are
  * laid out in blocks of 16 output channels (a panel) by 32 inputs (a group), one block of
- * 288 bytes: 16 input pairs × 16 channels of one byte, u[j, 2t] | u[j, 2t+1] << 4 with
- * u = q + 8, then the block's 16 float16 scales. A panel's blocks follow each other, so a
- * thread streams its panels front to back (4.5 bits a weight).
+ * 288 bytes: four 64-byte lines, line l holding inputs 8l .. 8l+7 as byte 64 l + 4 c + k =
+ * u[c, 8l+k] | u[c, 8l+4+k] << 4 (u = q + 8, channel c of the panel, k < 4), then the
+ * block's 16 float16 scales. So a line's low nibbles are, per 32-bit lane, one channel's four
+ * consecutive inputs (what vpdpbusd multiplies), and its high nibbles the next four. A
+ * panel's blocks follow each other: a thread streams its panels front to back (4.5 bits a
+ * weight).
  *
- * Arithmetic in float32, from the dequantized weights themselves: a nibble becomes its float
- * value q (exactly), each group's sum Σ x q is taken in float32 and scaled by d once. So the
- * result is x W̃ + b up to float32 rounding (no rounding of x, unlike _int8.c), which the
- * tests check against float64. At one row the product is bound by reading the weights, at
- * 4.5 bits a weight 7.1× fewer bytes than float32.
+ * Two arithmetics, a kernel family each:
+ * - int8 x (the default; llama.cpp's Q8 activations): each row's group of 32 inputs is
+ *   rounded once per call to x8 = rint(x / s) ∈ [−127, 127] with s = max |x| / 127 (float32
+ *   division, round half to even; a group of zeros has s = 0, one with a non-finite entry
+ *   s = NaN). Σ u x8 over a group is an exact integer sum (|·| ≤ 32 · 15 · 127), from which
+ *   8 Σ x8 is taken back (u = q + 8), so y = Σ_g (d s) · Σ_i q x8 + b, in float32 after the
+ *   integer sums: x W̃ + b for x̃ = s x8, the rounded x, to float32 rounding (the tests' oracle
+ *   rounds x the same way). Decoding is then bound by memory, not by turning nibbles into
+ *   floats: 64 products an instruction (VNNI) against 16.
+ * - float (a choice, for exactness): a nibble becomes its float value q exactly, each
+ *   group's Σ x q is summed in float32 and scaled by d once: x W̃ + b to float32 rounding,
+ *   no rounding of x.
  *
  * Kernels, chosen at run time (__builtin_cpu_supports), each forced in turn by the tests:
- * - avx512: 16 channels a vector; a nibble becomes a float by one vpermps from a 16-entry
- *   table (the index's low 4 bits) and meets x in one FMA; M ≤ 8 rows share each decode.
- * - avx2: 8 channels a vector (two per panel); and/shift, subtract 8, convert, FMA.
- * - scalar: the portable loop.
+ * - vnni: AVX-512 with VNNI, int8 x: a line's nibbles masked to bytes, vpdpbusd against the
+ *   broadcast four bytes of x8; M ≤ 8 rows share each line.
+ * - avx512 (AVX-512BW) and avx2, int8 x: vpmaddubsw (pairs of u · x8, |·| ≤ 3810) summed in
+ *   16 bits over the group's 8 (|·| ≤ 30480 < 2^15), then one vpmaddwd by ones to 32 bits.
+ * - scalar: the portable loop, int8 x.
+ * - float-avx512 (16 channels a vector, a nibble → float by one vpermps from a 16-entry
+ *   table), float-avx2 (8 a vector: mask, shift, subtract 8, convert), float-scalar.
  * Threads: whole panels split over PyTorch's own OpenMP threads (_parallel.h); GIL released.
  */
 #define _GNU_SOURCE
@@ -45,12 +58,16 @@
 #define NIBBLES 256        /* bytes of a block's weights */
 #define BLOCK_BYTES 288    /* + 16 float16 scales */
 
-typedef struct {
-    const float *x; /* [M, G * 32], zero past d_in */
-    const uint8_t *w; /* [P, G, 288] */
-    const float *b;   /* or NULL */
+typedef struct Job {
+    const float *x;      /* float kernels: [M, G * 32], zero past d_in */
+    const int32_t *xq;   /* int8 kernels: x8 [M, G * 32] as bytes, four to a word */
+    const float *sx;     /* x8's scales s [M, G] */
+    const int32_t *corr; /* −8 Σ x8 over each group [M, G] (u = q + 8) */
+    const uint8_t *w;    /* [P, G, 288] */
+    const float *b;      /* or NULL */
     float *y;
     Py_ssize_t M, G, d_out;
+    void (*kernel)(const struct Job *, Py_ssize_t p0, Py_ssize_t p1);
 } Job;
 
 typedef void (*Kernel)(const Job *, Py_ssize_t p0, Py_ssize_t p1);
@@ -72,9 +89,15 @@ static inline void store(const Job *J, Py_ssize_t p, Py_ssize_t m, const float *
     }
 }
 
-/* ---- portable kernel ---------------------------------------------------------------- */
+/* the weight of channel c at input i of a block (i < 32), as u = q + 8 */
+static inline int nibble(const uint8_t *blk, int c, int i) {
+    uint8_t v = blk[64 * (i / 8) + 4 * c + i % 4];
+    return (i % 8) < 4 ? v & 15 : v >> 4;
+}
 
-static void rows_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
+/* ---- portable kernels --------------------------------------------------------------- */
+
+static void float_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
     const Py_ssize_t G = J->G, W = G * GROUP;
     for (Py_ssize_t p = p0; p < p1; p++)
         for (Py_ssize_t m = 0; m < J->M; m++) {
@@ -85,11 +108,8 @@ static void rows_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
                 const uint16_t *d = (const uint16_t *)(blk + NIBBLES);
                 for (int c = 0; c < PANEL; c++) {
                     float acc = 0.0f;
-                    for (int t = 0; t < GROUP / 2; t++) {
-                        uint8_t u = blk[t * PANEL + c];
-                        acc += x[g * GROUP + 2 * t] * (float)((int)(u & 15) - 8);
-                        acc += x[g * GROUP + 2 * t + 1] * (float)((int)(u >> 4) - 8);
-                    }
+                    for (int i = 0; i < GROUP; i++)
+                        acc += x[g * GROUP + i] * (float)(nibble(blk, c, i) - 8);
                     y[c] += acc * half_to_float(d[c]);
                 }
             }
@@ -97,150 +117,297 @@ static void rows_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
         }
 }
 
-#if HAVE_X86
-/* ---- AVX2 kernel: 8 channels a vector, rows in twos ----------------------------------- */
-#define T2 __attribute__((target("avx2,fma,f16c")))
-
-/* four sums a row (two halves × lo/hi nibbles): independent FMA chains */
-T2 static void rows_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
-    const Py_ssize_t G = J->G, W = G * GROUP, M = J->M;
-    const __m256i low = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+static void int8_scalar(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
+    const Py_ssize_t G = J->G, W = G * GROUP;
     for (Py_ssize_t p = p0; p < p1; p++)
-        for (Py_ssize_t m0 = 0; m0 < M; m0 += 2) {
-            const int R = M - m0 < 2 ? (int)(M - m0) : 2;
-            float y[2][PANEL] = {{0}};
+        for (Py_ssize_t m = 0; m < J->M; m++) {
+            float y[PANEL] = {0};
+            const int8_t *x = (const int8_t *)J->xq + m * W;
             for (Py_ssize_t g = 0; g < G; g++) {
                 const uint8_t *blk = J->w + (p * G + g) * BLOCK_BYTES;
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES), _MM_HINT_T0);
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES + 64), _MM_HINT_T0);
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES + 128), _MM_HINT_T0);
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES + 192), _MM_HINT_T0);
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES + 256), _MM_HINT_T0);
-                __m256 acc[2][4];
-                for (int r = 0; r < 2; r++)
-                    for (int k = 0; k < 4; k++) acc[r][k] = _mm256_setzero_ps();
-                for (int t = 0; t < GROUP / 2; t++) {
-                    __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + t * PANEL));
-                    __m256i v0 = _mm256_cvtepu8_epi32(bytes);
-                    __m256i v1 = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
-                    __m256 w[4] = {
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v0, low), eight)),
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v1, low), eight)),
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v0, 4), eight)),
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight))};
-                    for (int r = 0; r < R; r++) {
-                        const float *x = J->x + (m0 + r) * W + g * GROUP + 2 * t;
-                        __m256 a = _mm256_broadcast_ss(x), c = _mm256_broadcast_ss(x + 1);
-                        acc[r][0] = _mm256_fmadd_ps(w[0], a, acc[r][0]);
-                        acc[r][1] = _mm256_fmadd_ps(w[1], a, acc[r][1]);
-                        acc[r][2] = _mm256_fmadd_ps(w[2], c, acc[r][2]);
-                        acc[r][3] = _mm256_fmadd_ps(w[3], c, acc[r][3]);
-                    }
-                }
-                __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + NIBBLES)));
-                __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + NIBBLES + 16)));
-                for (int r = 0; r < R; r++) {
-                    __m256 s0 = _mm256_add_ps(acc[r][0], acc[r][2]);
-                    __m256 s1 = _mm256_add_ps(acc[r][1], acc[r][3]);
-                    _mm256_storeu_ps(y[r], _mm256_fmadd_ps(s0, d0, _mm256_loadu_ps(y[r])));
-                    _mm256_storeu_ps(y[r] + 8, _mm256_fmadd_ps(s1, d1, _mm256_loadu_ps(y[r] + 8)));
+                const uint16_t *d = (const uint16_t *)(blk + NIBBLES);
+                const float s = J->sx[m * G + g];
+                for (int c = 0; c < PANEL; c++) {
+                    int32_t acc = J->corr[m * G + g];
+                    for (int i = 0; i < GROUP; i++) acc += nibble(blk, c, i) * x[g * GROUP + i];
+                    y[c] += (float)acc * (half_to_float(d[c]) * s);
                 }
             }
-            for (int r = 0; r < R; r++) store(J, p, m0 + r, y[r]);
+            store(J, p, m, y);
         }
 }
 
-/* ---- AVX-512 kernel: 16 channels a vector, all M rows at once --------------------------- */
-#define T5 __attribute__((target("avx2,fma,f16c,avx512f")))
-
-/* acc chains: an FMA's latency is 4 cycles, so one row needs 4 independent sums (lo/hi
- * nibbles × even/odd pairs) to keep the FMA units busy; two rows 2 each, more rows 1 pair */
-/* input pair t of the block: nibbles → floats, the FMAs into accumulators ka (lo), kb (hi) */
-#define PAIR512(M, t, ka, kb)                                                                 \
+#if HAVE_X86
+#define PREFETCH_BLOCK(blk)                                                                   \
     do {                                                                                      \
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + (t) * PANEL))); \
-        __m512 lo = _mm512_permutexvar_ps(v, table);                                          \
-        __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);                    \
-        _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                                 \
-            const float *x = xg + r * W + 2 * (t);                                            \
-            acc[ka][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[0]), acc[ka][r]);               \
-            acc[kb][r] = _mm512_fmadd_ps(hi, _mm512_set1_ps(x[1]), acc[kb][r]);               \
-            __asm__("" : "+v"(acc[ka][r]), "+v"(acc[kb][r])); /* kept in registers */         \
-        }                                                                                     \
+        for (int o_ = 0; o_ < BLOCK_BYTES; o_ += 64)                                          \
+            _mm_prefetch((const char *)(blk) + 4 * BLOCK_BYTES + o_, _MM_HINT_T0);           \
     } while (0)
 
-#define ROWS512(M, C)                                                                         \
-    T5 static void rows512_##M(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {                  \
-        const Py_ssize_t G = J->G, W = G * GROUP;                                             \
-        const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5,  \
-                                            6, 7);                                            \
-        for (Py_ssize_t p = p0; p < p1; p++) {                                                \
-            __m512 y[M];                                                                      \
-            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) y[r] = _mm512_setzero_ps();    \
-            const uint8_t *blk = J->w + p * G * BLOCK_BYTES;                                  \
-            for (Py_ssize_t g = 0; g < G; g++, blk += BLOCK_BYTES) {                          \
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES), _MM_HINT_T0);             \
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES + 64), _MM_HINT_T0);        \
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES + 128), _MM_HINT_T0);       \
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES + 192), _MM_HINT_T0);       \
-                _mm_prefetch((const char *)(blk + 4 * BLOCK_BYTES + 256), _MM_HINT_T0);       \
-                __m512 acc[C][M];                                                             \
-                _Pragma("GCC unroll 4") for (int k = 0; k < C; k++)                           \
-                _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                           \
-                    acc[k][r] = _mm512_setzero_ps();                                          \
-                const float *xg = J->x + g * GROUP;                                           \
-                for (int t = 0; t < GROUP / 2; t += 2) { /* accumulators by constant index */ \
-                    PAIR512(M, t, 0, (C > 1 ? 1 : 0));                                        \
-                    PAIR512(M, t + 1, (C == 4 ? 2 : 0), (C == 4 ? 3 : C > 1 ? 1 : 0));         \
-                }                                                                             \
-                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + NIBBLES))); \
-                _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                         \
-                    __m512 a = acc[0][r];                                                     \
-                    _Pragma("GCC unroll 4") for (int k = 1; k < C; k++)                       \
-                        a = _mm512_add_ps(a, acc[k][r]);                                      \
-                    y[r] = _mm512_fmadd_ps(a, d, y[r]);                                       \
-                }                                                                             \
+/* ---- AVX2 kernels: 8 channels a vector (two per panel), rows in twos ------------------- */
+#define T2 __attribute__((target("avx2,fma,f16c")))
+
+/* the panels p0..p1 of an AVX2 kernel, rows in pairs (R of them): y[r] zeroed, the body run
+ * on each block blk of group g (prefetched 4 ahead), y + b stored */
+#define PANELS_ROW_PAIRS(...)                                                                 \
+    for (Py_ssize_t p = p0; p < p1; p++)                                                      \
+        for (Py_ssize_t m0 = 0; m0 < M; m0 += 2) {                                            \
+            const int R = M - m0 < 2 ? (int)(M - m0) : 2;                                     \
+            float y[2][PANEL] = {{0}};                                                        \
+            for (Py_ssize_t g = 0; g < G; g++) {                                              \
+                const uint8_t *blk = J->w + (p * G + g) * BLOCK_BYTES;                        \
+                PREFETCH_BLOCK(blk);                                                          \
+                __VA_ARGS__                                                                   \
             }                                                                                 \
-            for (int r = 0; r < M; r++) {                                                     \
-                float out[PANEL];                                                             \
-                _mm512_storeu_ps(out, y[r]);                                                  \
-                store(J, p, r, out);                                                          \
-            }                                                                                 \
+            for (int r = 0; r < R; r++) store(J, p, m0 + r, y[r]);                            \
+        }
+
+T2 static void float_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
+    const Py_ssize_t G = J->G, W = G * GROUP, M = J->M;
+    const __m256i low = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+    PANELS_ROW_PAIRS(
+        __m256 acc[2][2][2]; /* row, half, low/high nibbles */
+        for (int r = 0; r < 2; r++)
+            for (int h = 0; h < 2; h++)
+                acc[r][h][0] = acc[r][h][1] = _mm256_setzero_ps();
+        for (int l = 0; l < 4; l++)
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * l + 32 * h));
+                for (int k = 0; k < 4; k++) {
+                    __m256i b = _mm256_srli_epi32(v, 8 * k);
+                    __m256 wl = _mm256_cvtepi32_ps(
+                        _mm256_sub_epi32(_mm256_and_si256(b, low), eight));
+                    __m256 wh = _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                        _mm256_and_si256(_mm256_srli_epi32(b, 4), low), eight));
+                    for (int r = 0; r < R; r++) {
+                        const float *x = J->x + (m0 + r) * W + g * GROUP + 8 * l + k;
+                        acc[r][h][0] = _mm256_fmadd_ps(wl, _mm256_broadcast_ss(x),
+                                                       acc[r][h][0]);
+                        acc[r][h][1] = _mm256_fmadd_ps(wh, _mm256_broadcast_ss(x + 4),
+                                                       acc[r][h][1]);
+                    }
+                }
+            }
+        for (int h = 0; h < 2; h++) {
+            __m256 d = _mm256_cvtph_ps(
+                _mm_loadu_si128((const __m128i *)(blk + NIBBLES + 16 * h)));
+            for (int r = 0; r < R; r++) {
+                __m256 s = _mm256_add_ps(acc[r][h][0], acc[r][h][1]);
+                _mm256_storeu_ps(y[r] + 8 * h,
+                                 _mm256_fmadd_ps(s, d, _mm256_loadu_ps(y[r] + 8 * h)));
+            }
+        }
+    )
+}
+
+T2 static void int8_avx2(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
+    const Py_ssize_t G = J->G, W4 = G * GROUP / 4, M = J->M;
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    PANELS_ROW_PAIRS(
+        __m256i acc[2][2]; /* row, half: Σ u x8 in 16 bits */
+        for (int r = 0; r < 2; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+        for (int l = 0; l < 4; l++)
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * l + 32 * h));
+                __m256i lo = _mm256_and_si256(v, low);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                for (int r = 0; r < R; r++) {
+                    const int32_t *x = J->xq + (m0 + r) * W4 + g * (GROUP / 4) + 2 * l;
+                    __m256i s = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x[0])),
+                        _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x[1])));
+                    acc[r][h] = _mm256_add_epi16(acc[r][h], s);
+                }
+            }
+        for (int h = 0; h < 2; h++) {
+            __m256 d = _mm256_cvtph_ps(
+                _mm_loadu_si128((const __m128i *)(blk + NIBBLES + 16 * h)));
+            for (int r = 0; r < R; r++) {
+                const Py_ssize_t mg = (m0 + r) * G + g;
+                __m256i a = _mm256_add_epi32(_mm256_madd_epi16(acc[r][h], ones),
+                                             _mm256_set1_epi32(J->corr[mg]));
+                __m256 sc = _mm256_mul_ps(d, _mm256_set1_ps(J->sx[mg]));
+                _mm256_storeu_ps(y[r] + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), sc,
+                                                               _mm256_loadu_ps(y[r] + 8 * h)));
+            }
+        }
+    )
+}
+
+/* ---- AVX-512 kernels: 16 channels a vector, all M rows at once --------------------------- */
+#define T5 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw")))
+#define T5V __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+
+/* the panels p0..p1 of a 16-channel AVX-512 kernel of M rows: y[r] zeroed, the body run on
+ * each block blk of group g (prefetched 4 ahead), y + b stored */
+#define PANELS512(M, ...)                                                                     \
+    for (Py_ssize_t p = p0; p < p1; p++) {                                                    \
+        __m512 y[M];                                                                          \
+        _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) y[r] = _mm512_setzero_ps();        \
+        const uint8_t *blk = J->w + p * G * BLOCK_BYTES;                                      \
+        for (Py_ssize_t g = 0; g < G; g++, blk += BLOCK_BYTES) {                              \
+            PREFETCH_BLOCK(blk);                                                              \
+            __VA_ARGS__                                                                       \
+        }                                                                                     \
+        for (int r = 0; r < M; r++) {                                                         \
+            float out[PANEL];                                                                 \
+            _mm512_storeu_ps(out, y[r]);                                                      \
+            store(J, p, r, out);                                                              \
         }                                                                                     \
     }
 
-ROWS512(1, 4)
-ROWS512(2, 2)
-ROWS512(3, 2)
-ROWS512(4, 2)
-ROWS512(5, 1)
-ROWS512(6, 1)
-ROWS512(7, 1)
-ROWS512(8, 1)
+/* float: an FMA's latency is 4 cycles, so one row needs 4 independent sums, two rows 2 each,
+ * more rows 1. Line l: byte k of each lane (shifted down by 8k) holds inputs 8l+k (low
+ * nibble, which vpermps reads as its index) and 8l+4+k (high). */
+#define FLOAT512(M, C)                                                                        \
+    T5 static void float512_##M(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {                 \
+        const Py_ssize_t G = J->G, W = G * GROUP;                                             \
+        const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5,  \
+                                            6, 7);                                            \
+        PANELS512(M, {                                                                        \
+            __m512 acc[C][M];                                                                 \
+            _Pragma("GCC unroll 4") for (int k = 0; k < C; k++)                               \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) acc[k][r] = _mm512_setzero_ps(); \
+            const float *xg = J->x + g * GROUP;                                               \
+            _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) {                             \
+                __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * l));                 \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                         \
+                    __m512i b = _mm512_srli_epi32(v, 8 * k);                                  \
+                    __m512 lo = _mm512_permutexvar_ps(b, table);                              \
+                    __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);        \
+                    _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                     \
+                        const float *x = xg + r * W + 8 * l + k;                              \
+                        acc[(2 * k) % C][r] =                                                 \
+                            _mm512_fmadd_ps(lo, _mm512_set1_ps(x[0]), acc[(2 * k) % C][r]);   \
+                        acc[(2 * k + 1) % C][r] =                                             \
+                            _mm512_fmadd_ps(hi, _mm512_set1_ps(x[4]), acc[(2 * k + 1) % C][r]); \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + NIBBLES))); \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                             \
+                __m512 a = acc[0][r];                                                         \
+                _Pragma("GCC unroll 4") for (int k = 1; k < C; k++) a = _mm512_add_ps(a, acc[k][r]); \
+                y[r] = _mm512_fmadd_ps(a, d, y[r]);                                           \
+            }                                                                                 \
+        })                                                                                    \
+    }
 
-static void rows_avx512(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {
-    static const Kernel by_rows[MAX_ROWS + 1] = {NULL, rows512_1, rows512_2, rows512_3,
-                                                 rows512_4, rows512_5, rows512_6, rows512_7,
-                                                 rows512_8};
-    by_rows[J->M](J, p0, p1);
-}
+/* int8 x: one line's low and high nibbles against the row's two broadcast words of x8.
+ * VNNI: vpdpbusd into two 32-bit sums a row. BW: vpmaddubsw, summed in 16 bits. */
+#define LINE_VNNI(r, lo, hi, x)                                                               \
+    do {                                                                                      \
+        acc[0][r] = _mm512_dpbusd_epi32(acc[0][r], lo, _mm512_set1_epi32((x)[0]));           \
+        acc[1][r] = _mm512_dpbusd_epi32(acc[1][r], hi, _mm512_set1_epi32((x)[1]));           \
+    } while (0)
+#define LINE_BW(r, lo, hi, x)                                                                 \
+    do {                                                                                      \
+        acc[0][r] = _mm512_add_epi16(                                                         \
+            acc[0][r], _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32((x)[0])),  \
+                                        _mm512_maddubs_epi16(hi, _mm512_set1_epi32((x)[1])))); \
+    } while (0)
+#define SUM_VNNI(r) _mm512_add_epi32(acc[0][r], acc[1][r])
+#define SUM_BW(r) _mm512_madd_epi16(acc[0][r], ones)
+
+#define INT8_512(NAME, TGT, LINE, SUM, C, M)                                                  \
+    TGT static void NAME##_##M(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {                  \
+        const Py_ssize_t G = J->G, W4 = G * GROUP / 4;                                        \
+        const __m512i low = _mm512_set1_epi8(15), ones = _mm512_set1_epi16(1);                \
+        (void)ones;                                                                           \
+        PANELS512(M, {                                                                        \
+            __m512i acc[C][M];                                                                \
+            _Pragma("GCC unroll 2") for (int k = 0; k < C; k++)                               \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) acc[k][r] = _mm512_setzero_si512(); \
+            const int32_t *xg = J->xq + g * (GROUP / 4);                                      \
+            _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) {                             \
+                __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * l));                 \
+                __m512i lo = _mm512_and_si512(v, low);                                        \
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);                  \
+                _Pragma("GCC unroll 8") for (int r = 0; r < M; r++)                           \
+                    LINE(r, lo, hi, xg + r * W4 + 2 * l);                                     \
+            }                                                                                 \
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + NIBBLES))); \
+            _Pragma("GCC unroll 8") for (int r = 0; r < M; r++) {                             \
+                __m512i a = _mm512_add_epi32(SUM(r), _mm512_set1_epi32(J->corr[r * G + g]));  \
+                __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(J->sx[r * G + g]));                \
+                y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), s, y[r]);                       \
+            }                                                                                 \
+        })                                                                                    \
+    }
+
+#define BY_ROWS(NAME)                                                                         \
+    static void NAME(const Job *J, Py_ssize_t p0, Py_ssize_t p1) {                            \
+        static const Kernel by_rows[MAX_ROWS + 1] = {NULL,      NAME##_1, NAME##_2, NAME##_3, \
+                                                     NAME##_4, NAME##_5, NAME##_6, NAME##_7,  \
+                                                     NAME##_8};                               \
+        by_rows[J->M](J, p0, p1);                                                             \
+    }
+
+FLOAT512(1, 4)
+FLOAT512(2, 2)
+FLOAT512(3, 2)
+FLOAT512(4, 2)
+FLOAT512(5, 1)
+FLOAT512(6, 1)
+FLOAT512(7, 1)
+FLOAT512(8, 1)
+BY_ROWS(float512)
+
+#define EACH_M(NAME, TGT, LINE, SUM, C)                                                       \
+    INT8_512(NAME, TGT, LINE, SUM, C, 1)                                                      \
+    INT8_512(NAME, TGT, LINE, SUM, C, 2)                                                      \
+    INT8_512(NAME, TGT, LINE, SUM, C, 3)                                                      \
+    INT8_512(NAME, TGT, LINE, SUM, C, 4)                                                      \
+    INT8_512(NAME, TGT, LINE, SUM, C, 5)                                                      \
+    INT8_512(NAME, TGT, LINE, SUM, C, 6)                                                      \
+    INT8_512(NAME, TGT, LINE, SUM, C, 7)                                                      \
+    INT8_512(NAME, TGT, LINE, SUM, C, 8)                                                      \
+    BY_ROWS(NAME)
+
+EACH_M(vnni512, T5V, LINE_VNNI, SUM_VNNI, 2)
+EACH_M(bw512, T5, LINE_BW, SUM_BW, 1)
 #endif
 
-static Kernel KERNEL;
-static const char *KERNEL_NAME;
+/* the kernels, best first; int8: whether it reads x8 (else float x) */
+static const struct {
+    const char *name;
+    Kernel run;
+    int int8;
+} KERNELS[] = {
+#if HAVE_X86
+    {"vnni", vnni512, 1},
+    {"avx512", bw512, 1},
+    {"avx2", int8_avx2, 1},
+#endif
+    {"scalar", int8_scalar, 1},
+#if HAVE_X86
+    {"float-avx512", float512, 0},
+    {"float-avx2", float_avx2, 0},
+#endif
+    {"float-scalar", float_scalar, 0},
+};
+#define N_KERNELS ((int)(sizeof KERNELS / sizeof KERNELS[0]))
 
-/* the best kernel this CPU runs, or the one named (None if the CPU lacks it) */
-static Kernel pick(const char *want, const char **name) {
+static int KERNEL = -1; /* index into KERNELS */
+
+static int runs_here(const char *name) {
 #if HAVE_X86
     __builtin_cpu_init();
     int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __builtin_cpu_supports("f16c");
-    int has5 = has2 && __builtin_cpu_supports("avx512f");
-    if (has5 && (!want || !strcmp(want, "avx512"))) return *name = "avx512", rows_avx512;
-    if (has2 && (!want || !strcmp(want, "avx2"))) return *name = "avx2", rows_avx2;
+    int has5 = has2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    if (!strcmp(name, "vnni")) return has5 && __builtin_cpu_supports("avx512vnni");
+    if (!strcmp(name, "avx512") || !strcmp(name, "float-avx512")) return has5;
+    if (!strcmp(name, "avx2") || !strcmp(name, "float-avx2")) return has2;
 #endif
-    if (!want || !strcmp(want, "scalar")) return *name = "scalar", rows_scalar;
-    return NULL;
+    return 1;
+}
+
+/* the best kernel this CPU runs, or the one named (−1 if unknown or the CPU lacks it) */
+static int pick(const char *want) {
+    for (int i = 0; i < N_KERNELS; i++)
+        if ((!want || !strcmp(want, KERNELS[i].name)) && runs_here(KERNELS[i].name)) return i;
+    return -1;
 }
 
 /* ---- the threads ------------------------------------------------------------------ */
@@ -249,7 +416,7 @@ static void part(const void *job, int k, int parts) {
     const Job *J = job;
     int p0, p1;
     share((int)((J->d_out + PANEL - 1) / PANEL), 1, k, parts, &p0, &p1);
-    if (p0 < p1) KERNEL(J, p0, p1);
+    if (p0 < p1) J->kernel(J, p0, p1);
 }
 
 static void run(const Job *J, int threads) {
@@ -342,6 +509,33 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
 
 /* ---- Python ------------------------------------------------------------------------- */
 
+/* x8, s and −8 Σ x8 of each row's groups of 32 (zeros past d_in): s = max |x| / 127,
+ * x8 = rint(x / s); s = 0 for a group of zeros, NaN for one with a non-finite entry (x8 = 0,
+ * so that the group's products are NaN) */
+static void round_x(const float *x, Py_ssize_t M, Py_ssize_t d_in, Py_ssize_t G, int8_t *xq,
+                    float *sx, int32_t *corr) {
+    for (Py_ssize_t m = 0; m < M; m++)
+        for (Py_ssize_t g = 0; g < G; g++) {
+            const float *v = x + m * d_in + g * GROUP;
+            int8_t *o = xq + (m * G + g) * GROUP;
+            const int n = d_in - g * GROUP < GROUP ? (int)(d_in - g * GROUP) : GROUP;
+            float amax = 0.0f;
+            int finite = 1;
+            for (int i = 0; i < n; i++) {
+                finite &= isfinite(v[i]) != 0;
+                amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+            }
+            const float s = !finite ? NAN : amax / 127.0f;
+            int32_t sum = 0;
+            for (int i = 0; i < GROUP; i++) {
+                float r = i < n && s > 0.0f ? rintf(v[i] / s) : 0.0f;
+                r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+                o[i] = (int8_t)r, sum += (int32_t)r;
+            }
+            sx[m * G + g] = s, corr[m * G + g] = -8 * sum;
+        }
+}
+
 static PyObject *gemv(PyObject *self, PyObject *args) {
     unsigned long long x, w, b, y;
     Py_ssize_t M, d_in, d_out;
@@ -353,32 +547,52 @@ static PyObject *gemv(PyObject *self, PyObject *args) {
         return NULL;
     }
     const Py_ssize_t G = (d_in + GROUP - 1) / GROUP, Wd = G * GROUP;
-    /* x copied into rows of whole groups, zeros past d_in (the weights there are 0 too) */
-    float *xp = PyMem_RawCalloc((size_t)(M * Wd > 0 ? M * Wd : 1), sizeof(float));
-    if (!xp) return PyErr_NoMemory();
-    for (Py_ssize_t m = 0; m < M; m++)
-        memcpy(xp + m * Wd, (const float *)(uintptr_t)x + m * d_in, sizeof(float) * d_in);
-    Job J = {xp, (const uint8_t *)(uintptr_t)w, (const float *)(uintptr_t)b,
-             (float *)(uintptr_t)y, M, G, d_out};
+    const float *xf = (const float *)(uintptr_t)x;
+    Job J = {NULL, NULL, NULL, NULL, (const uint8_t *)(uintptr_t)w, (const float *)(uintptr_t)b,
+             (float *)(uintptr_t)y, M, G, d_out, KERNELS[KERNEL].run};
+    void *buf;
+    if (KERNELS[KERNEL].int8) { /* x8 [M, Wd] bytes, then s and −8 Σ x8 [M, G] */
+        buf = PyMem_RawMalloc((size_t)(M * Wd + 8 * M * G + 4));
+        if (!buf) return PyErr_NoMemory();
+        float *sx = (float *)((char *)buf + M * Wd);
+        int32_t *corr = (int32_t *)(sx + M * G);
+        round_x(xf, M, d_in, G, buf, sx, corr);
+        J.xq = buf, J.sx = sx, J.corr = corr;
+    } else { /* x copied into rows of whole groups, zeros past d_in (the weights are 0 too) */
+        float *xp = buf = PyMem_RawCalloc((size_t)(M * Wd > 0 ? M * Wd : 1), sizeof(float));
+        if (!xp) return PyErr_NoMemory();
+        for (Py_ssize_t m = 0; m < M; m++) memcpy(xp + m * Wd, xf + m * d_in, sizeof(float) * d_in);
+        J.x = xp;
+    }
     Py_BEGIN_ALLOW_THREADS run(&J, threads);
-    Py_END_ALLOW_THREADS PyMem_RawFree(xp);
+    Py_END_ALLOW_THREADS PyMem_RawFree(buf);
     Py_RETURN_NONE;
 }
 
 static PyObject *use(PyObject *self, PyObject *arg) { /* tests: force a kernel, None: best */
-    const char *want = NULL, *name = NULL;
+    const char *want = NULL;
     if (arg != Py_None && !(want = PyUnicode_AsUTF8(arg))) return NULL;
-    Kernel k = pick(want, &name);
-    if (!k) {
+    int k = pick(want);
+    if (k < 0) {
         PyErr_Format(PyExc_ValueError, "this CPU has no %s kernel", want);
         return NULL;
     }
-    KERNEL = k, KERNEL_NAME = name; /* tests only: no call may be in flight */
-    return PyUnicode_FromString(KERNEL_NAME);
+    KERNEL = k; /* tests only: no call may be in flight */
+    return PyUnicode_FromString(KERNELS[KERNEL].name);
 }
 
 static PyObject *kernel_name(PyObject *self, PyObject *unused) {
-    return PyUnicode_FromString(KERNEL_NAME);
+    return PyUnicode_FromString(KERNELS[KERNEL].name);
+}
+
+static PyObject *kernel_names(PyObject *self, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < N_KERNELS; i++) {
+        PyObject *name = PyUnicode_FromString(KERNELS[i].name);
+        if (!name || PyList_Append(out, name) < 0) Py_CLEAR(out);
+        Py_XDECREF(name);
+    }
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -387,7 +601,8 @@ static PyMethodDef methods[] = {
      "d_in/32 (rounded up), 288 bytes]; addresses as ints, b 0 for none (GIL released)"},
     {"quantize", quantize, METH_VARARGS,
      "quantize(W, q, d, c, n_c, d_out, G, threads): int4.quantize's groups (addresses as ints)"},
-    {"kernel", kernel_name, METH_NOARGS, "the kernel in use: 'avx512', 'avx2' or 'scalar'"},
+    {"kernel", kernel_name, METH_NOARGS, "the kernel in use ('vnni', ..., 'float-scalar')"},
+    {"kernels", kernel_names, METH_NOARGS, "every kernel compiled here, best first"},
     {"use", use, METH_O, "use(name or None): force a kernel (tests); returns the one in use"},
     {NULL},
 };
@@ -396,6 +611,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int4",
                                     "The int4 weight-only product for a few rows.", -1, methods};
 
 PyMODINIT_FUNC PyInit__int4(void) {
-    KERNEL = pick(NULL, &KERNEL_NAME);
+    KERNEL = pick(NULL);
     return PyModule_Create(&module);
 }

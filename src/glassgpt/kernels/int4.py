@@ -15,9 +15,12 @@ weight: a decoding step at batch 1 reads 7.1× fewer bytes than float32 (1.8× f
 int8).
 
 Kernels (:func:`product`): rows ≤ ``MAX_ROWS`` go to the compiled ``_int4`` extension
-(``kernels/_int4.c``: AVX-512, AVX2 or a portable loop, chosen at run time), which computes
-x W̃ + b in float32 from the weights' nibbles; more rows (prefill, perplexity) and machines
-without the extension compute x W̃ + b in float32 from W̃ itself (a note says so once).
+(``kernels/_int4.c``, chosen at run time), which by default rounds x to int8 per row and group
+of 32 (:func:`round_x`) and computes x̃ W̃ + b from exact integer sums of the nibbles (AVX-512
+VNNI, AVX-512BW, AVX2 or a portable loop); its float kernels (``float-avx512``, ``float-avx2``,
+``float-scalar``, forced by ``compiled().use(name)``) compute x W̃ + b with x unrounded. More
+rows (prefill, perplexity) and machines without the extension compute x W̃ + b in float32
+from W̃ itself (a note says so once).
 """
 
 from __future__ import annotations
@@ -102,25 +105,44 @@ def dequantize(q: Tensor, d: Tensor, d_in: int | None = None) -> Tensor:
 
 def blocks(q: Tensor, d: Tensor) -> Tensor:
     """q, d as the kernel reads them: uint8 [⌈d_out/16⌉, G, 288], one block per 16 output
-    channels × 32 inputs: byte 16 t + c = u[j, 2t] | u[j, 2t+1] << 4 (u = q + 8, j = 16 p + c),
-    then the block's 16 float16 scales (channels past d_out: zero weights, zero scales).
+    channels × 32 inputs, four lines of 64 bytes then the block's 16 float16 scales: byte
+    64 l + 4 c + k = u[j, 8l+k] | u[j, 8l+4+k] << 4 (u = q + 8, j = 16 p + c, k < 4), so that
+    a line's low nibbles are each channel's four consecutive inputs in one 32-bit lane
+    (channels past d_out: zero weights, zero scales).
 
     >>> q, d = torch.zeros(1, 32, dtype=torch.int8), torch.ones(1, 1, dtype=torch.float16)
-    >>> q[0, 1] = 7
+    >>> q[0, 1], q[0, 5], q[0, 8] = 7, -8, 1
     >>> b = blocks(q, d)
-    >>> b.shape, b[0, 0, 0].item() == 8 | 15 << 4, b[0, 0, 1].item() == 8 | 8 << 4
+    >>> b.shape, b[0, 0, 1].item() == 15 | 0 << 4, b[0, 0, 64].item() == 9 | 8 << 4
     (torch.Size([1, 1, 288]), True, True)
     """
     d_out, width = q.shape
     G, P = width // GROUP, -(-d_out // PANEL)
     u = torch.full((P * PANEL, width), 8, dtype=torch.uint8)
     u[:d_out] = (q.to(torch.int16) + 8).to(torch.uint8)
-    u = u.view(P, PANEL, G, GROUP // 2, 2).permute(0, 2, 3, 1, 4)  # [P, G, t, c, 2]
+    u = u.view(P, PANEL, G, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [P, G, l, c, k, half]
     nib = (u[..., 0] | (u[..., 1] << 4)).reshape(P, G, 16 * PANEL)
     dp = torch.zeros(P * PANEL, G, dtype=torch.float16)
     dp[:d_out] = d
     scales = dp.view(P, PANEL, G).transpose(1, 2).contiguous().view(torch.uint8)
     return torch.cat([nib, scales.view(P, G, 2 * PANEL)], dim=-1).contiguous()
+
+
+def round_x(x: Tensor) -> Tensor:
+    """x̃ = s · x8 (float64), x [M, d_in] float32 as the int8 kernels round it: per row and
+    group of 32 inputs, s = max |x| / 127 and x8 = round(x / s) (half to even; 0 where s = 0,
+    NaN where the group holds a non-finite entry). The int8 kernels compute x̃ W̃ + b."""
+    M, d_in = x.shape
+    G = -(-d_in // GROUP)
+    xp = torch.zeros(M, G * GROUP)
+    xp[:, :d_in] = x
+    xg = xp.view(M, G, GROUP)
+    finite = xg.isfinite().all(dim=-1, keepdim=True)
+    s = xg.abs().amax(dim=-1, keepdim=True) / torch.tensor(127.0)
+    s = torch.where(finite, s, torch.tensor(float("nan")))
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    x8 = torch.where(s > 0, torch.round(xg / safe).clamp(-127, 127), torch.zeros_like(xg))
+    return (x8.double() * s.double()).view(M, G * GROUP)[:, :d_in]
 
 
 def gemv(x: Tensor, q: Tensor, d: Tensor, b: Tensor | None, threads: int) -> Tensor:

@@ -40,13 +40,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO))  # tests.sample.test_precision's decoded_perplexity
 
-from tests.sample.test_precision import decoded_perplexity  # noqa: E402
 
 from glassgpt.interop.gguf_export import export_gguf  # noqa: E402
 from glassgpt.model import GPT, GPTConfig  # noqa: E402
 from glassgpt.model.precision import cast, perplexity, quantize_int4  # noqa: E402
+from glassgpt.sample.quality import decoded_perplexity  # noqa: E402
 from glassgpt.tokenizer import Tokenizer  # noqa: E402
 
 LLAMA_TYPES = (("Q8_0", "LLAMA_FTYPE_MOSTLY_Q8_0"), ("Q4_0", "LLAMA_FTYPE_MOSTLY_Q4_0"),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -14,6 +12,7 @@ from glassgpt.kernels.dense import out_in_view
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import attach_kernels, cast, parse_dtype, perplexity
 from glassgpt.sample import generate
+from glassgpt.sample.quality import decoded_perplexity
 
 
 def model_of(**kw: object) -> GPT:
@@ -154,27 +153,6 @@ def test_perplexity_on_tinyshakespeare_is_within_one_percent(trained_char, dtype
     p_low = perplexity(cast(model, dtype), val)
     assert p32 < 25.0  # trained: far below the 65-way uniform
     assert abs(p_low - p32) / p32 < 0.01, (p32, p_low)
-
-
-def decoded_perplexity(model: GPT, ids: torch.Tensor, L: int = 64, rows: int = 8) -> float:
-    """exp(mean next-token cross-entropy) over windows of L ids, each decoded one id a step
-    on a KV cache, ``rows`` windows at a time: every product has ≤ 8 rows of x, so a packed
-    copy's decoding kernels compute every logit (``perplexity`` runs whole windows, whose
-    products take the float32 path)."""
-    from glassgpt.sample.cache import KVCache
-
-    n = (ids.numel() - 1) // L
-    x, y = ids[: n * L].view(n, L), ids[1 : n * L + 1].view(n, L)
-    nll = 0.0
-    with torch.inference_mode():
-        for i in range(0, n, rows):
-            cache = KVCache.for_model(model, x[i : i + rows].shape[0], L)
-            for t in range(L):
-                z = model(x[i : i + rows, t : t + 1], cache=cache)[:, 0].float()
-                nll += float(
-                    torch.nn.functional.cross_entropy(z, y[i : i + rows, t], reduction="sum")
-                )
-    return math.exp(nll / (n * L))
 
 
 @pytest.mark.slow

@@ -84,6 +84,7 @@ static inline float weight(const void *W, size_t i, int bf16) {
 
 #define PANEL 64         /* outputs a panel */
 #define PANEL_ROWS_MAX 8 /* rows of x the panels form takes, with AVX-512F */
+#define SLICE 16         /* columns of a panel: the threads share a product's slices */
 
 /* ------------------------------------------------------------------- plain C kernels -- */
 
@@ -103,28 +104,28 @@ static void rows_plain(const Job *j, float *out, const float *bias, int k0, int 
     }
 }
 
-/* The 64 sums of panel p for row m (acc) into y, plus the bias, up to N. */
-static inline void panel_out(const Job *j, int p, int m, const float *acc) {
+/* Columns c0 ≤ c < c1 of panel p's sums for row m (acc[c]) into y, plus the bias, up to N. */
+static inline void panel_out(const Job *j, int p, int m, const float *acc, int c0, int c1) {
     float *y = j->y + (size_t)m * j->N + (size_t)p * PANEL;
     const float *b = j->b ? j->b + (size_t)p * PANEL : NULL;
-    const int n = j->N - p * PANEL < PANEL ? j->N - p * PANEL : PANEL;
-    for (int c = 0; c < n; c++)
+    const int n = j->N - p * PANEL < c1 ? j->N - p * PANEL : c1;
+    for (int c = c0; c < n; c++)
         y[c] = acc[c] + (b ? b[c] : 0.0f);
 }
 
-/* y[m, 64p + c] = b + Σ_k x[m, k] P[p, k, c] for the panels p0 ≤ p < p1 of P, every row m of
- * x, each sum over k in order (c < 64, 64p + c < N). */
-static void panels_plain(const Job *j, int p0, int p1) {
-    for (int p = p0; p < p1; p++)
-        for (int m = 0; m < j->M; m++) {
-            float acc[PANEL] = {0};
-            size_t w = (size_t)p * j->K * PANEL;
-            const float *x = j->x + (size_t)m * j->K;
-            for (int k = 0; k < j->K; k++, w += PANEL)
-                for (int c = 0; c < PANEL; c++)
-                    acc[c] += x[k] * weight(j->W, w + c, j->bf16);
-            panel_out(j, p, m, acc);
-        }
+/* y[m, 64p + c] = b + Σ_k x[m, k] P[p, k, c] for the slices q0 ≤ q < q1 (16 columns each:
+ * 16q ≤ c < 16q + 16) of panel p, every row m of x, each sum over k in order (64p + c < N). */
+static void panels_plain(const Job *j, int p, int q0, int q1) {
+    const int c0 = q0 * SLICE, c1 = q1 * SLICE;
+    for (int m = 0; m < j->M; m++) {
+        float acc[PANEL] = {0};
+        size_t w = (size_t)p * j->K * PANEL;
+        const float *x = j->x + (size_t)m * j->K;
+        for (int k = 0; k < j->K; k++, w += PANEL)
+            for (int c = c0; c < c1; c++)
+                acc[c] += x[k] * weight(j->W, w + c, j->bf16);
+        panel_out(j, p, m, acc, c0, c1);
+    }
 }
 
 /* ---------------------------------------------------------------- AVX2 + FMA kernels -- */
@@ -239,40 +240,58 @@ AVX2 static void rows_avx2_bf16(const Job *j, float *out, const float *bias, int
     rows_avx2_body(j, out, bias, k0, k1, 1);
 }
 
-/* panels_plain for one row of x, the 64 sums in eight registers, W read once, in order;
- * half: W bfloat16, each weight widened exactly as it is read (load8). */
+/* panels_plain for one row of x and a whole panel p, the 64 sums in eight registers, W
+ * read once, in order; half: W bfloat16, each weight widened exactly as it is read (load8). */
 AVX2 static inline __attribute__((always_inline)) void
-panels_avx2_body(const Job *j, int p0, int p1, const int half) {
+panel_avx2_body(const Job *j, int p, const int half) {
     const int K = j->K;
-    for (int p = p0; p < p1; p++) {
-        size_t w = (size_t)p * K * PANEL;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-               a7 = a0;
-        for (int k = 0; k < K; k++, w += PANEL) {
-            const __m256 xk = _mm256_broadcast_ss(j->x + k);
-            a0 = _mm256_fmadd_ps(xk, load8(j->W, w, half), a0);
-            a1 = _mm256_fmadd_ps(xk, load8(j->W, w + 8, half), a1);
-            a2 = _mm256_fmadd_ps(xk, load8(j->W, w + 16, half), a2);
-            a3 = _mm256_fmadd_ps(xk, load8(j->W, w + 24, half), a3);
-            a4 = _mm256_fmadd_ps(xk, load8(j->W, w + 32, half), a4);
-            a5 = _mm256_fmadd_ps(xk, load8(j->W, w + 40, half), a5);
-            a6 = _mm256_fmadd_ps(xk, load8(j->W, w + 48, half), a6);
-            a7 = _mm256_fmadd_ps(xk, load8(j->W, w + 56, half), a7);
-        }
-        float acc[PANEL];
-        _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + 8, a1);
-        _mm256_storeu_ps(acc + 16, a2), _mm256_storeu_ps(acc + 24, a3);
-        _mm256_storeu_ps(acc + 32, a4), _mm256_storeu_ps(acc + 40, a5);
-        _mm256_storeu_ps(acc + 48, a6), _mm256_storeu_ps(acc + 56, a7);
-        panel_out(j, p, 0, acc);
+    size_t w = (size_t)p * K * PANEL;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0;
+    for (int k = 0; k < K; k++, w += PANEL) {
+        const __m256 xk = _mm256_broadcast_ss(j->x + k);
+        a0 = _mm256_fmadd_ps(xk, load8(j->W, w, half), a0);
+        a1 = _mm256_fmadd_ps(xk, load8(j->W, w + 8, half), a1);
+        a2 = _mm256_fmadd_ps(xk, load8(j->W, w + 16, half), a2);
+        a3 = _mm256_fmadd_ps(xk, load8(j->W, w + 24, half), a3);
+        a4 = _mm256_fmadd_ps(xk, load8(j->W, w + 32, half), a4);
+        a5 = _mm256_fmadd_ps(xk, load8(j->W, w + 40, half), a5);
+        a6 = _mm256_fmadd_ps(xk, load8(j->W, w + 48, half), a6);
+        a7 = _mm256_fmadd_ps(xk, load8(j->W, w + 56, half), a7);
     }
+    float acc[PANEL];
+    _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + 8, a1);
+    _mm256_storeu_ps(acc + 16, a2), _mm256_storeu_ps(acc + 24, a3);
+    _mm256_storeu_ps(acc + 32, a4), _mm256_storeu_ps(acc + 40, a5);
+    _mm256_storeu_ps(acc + 48, a6), _mm256_storeu_ps(acc + 56, a7);
+    panel_out(j, p, 0, acc, 0, PANEL);
 }
 
-AVX2 static void panels_avx2(const Job *j, int p0, int p1) {
-    if (j->bf16)
-        panels_avx2_body(j, p0, p1, 1);
+/* The same for the slices q0 ≤ q < q1 of panel p (a part's first or last panel, shared with
+ * the next or previous part): the same sums, element by element, in fewer registers. */
+AVX2 static inline __attribute__((always_inline)) void
+slices_avx2_body(const Job *j, int p, int q0, int q1, const int half) {
+    const int K = j->K, g0 = 2 * q0, g1 = 2 * q1;
+    size_t w = (size_t)p * K * PANEL;
+    __m256 a[PANEL / 8];
+    for (int g = g0; g < g1; g++)
+        a[g] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++, w += PANEL) {
+        const __m256 xk = _mm256_broadcast_ss(j->x + k);
+        for (int g = g0; g < g1; g++)
+            a[g] = _mm256_fmadd_ps(xk, load8(j->W, w + 8 * (size_t)g, half), a[g]);
+    }
+    float acc[PANEL];
+    for (int g = g0; g < g1; g++)
+        _mm256_storeu_ps(acc + 8 * g, a[g]);
+    panel_out(j, p, 0, acc, q0 * SLICE, q1 * SLICE);
+}
+
+AVX2 static void panels_avx2(const Job *j, int p, int q0, int q1) {
+    if (q0 == 0 && q1 == PANEL / SLICE)
+        j->bf16 ? panel_avx2_body(j, p, 1) : panel_avx2_body(j, p, 0);
     else
-        panels_avx2_body(j, p0, p1, 0);
+        j->bf16 ? slices_avx2_body(j, p, q0, q1, 1) : slices_avx2_body(j, p, q0, q1, 0);
 }
 
 /* W's elements i..i+16 as float32 (half: sixteen bf16 widened exactly). */
@@ -284,58 +303,67 @@ AVX512 static inline __attribute__((always_inline)) __m512 load16(const void *W,
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Rows m0 ≤ m < m0 + R (R ≤ 4) of panels_plain for panel p: R × 4 sums of 16 in registers,
- * each 64 weights of a k read once for the R rows (half: W bfloat16, widened as read). */
+/* Rows m0 ≤ m < m0 + R (R ≤ 4) of panels_plain for the Q slices q0 ≤ q < q0 + Q of panel p:
+ * R × Q sums of 16 in registers, each 16Q weights of a k read once for the R rows (half: W
+ * bfloat16, widened as read). */
 AVX512 static inline __attribute__((always_inline)) void
-panel_rows_avx512(const Job *j, int p, int m0, const int R, const int half) {
+panel_rows_avx512(const Job *j, int p, int m0, const int R, const int half, int q0, const int Q) {
     const int K = j->K;
-    size_t w = (size_t)p * K * PANEL;
+    size_t w = (size_t)p * K * PANEL + (size_t)q0 * SLICE;
     const float *x = j->x + (size_t)m0 * K;
     __m512 a[4][4];
     for (int r = 0; r < 4; r++)
         for (int i = 0; i < 4; i++)
             a[r][i] = _mm512_setzero_ps();
     for (int k = 0; k < K; k++, w += PANEL) {
-        const __m512 b0 = load16(j->W, w, half), b1 = load16(j->W, w + 16, half);
-        const __m512 b2 = load16(j->W, w + 32, half), b3 = load16(j->W, w + 48, half);
+        __m512 b[4];
+        for (int i = 0; i < Q; i++)
+            b[i] = load16(j->W, w + 16 * (size_t)i, half);
         for (int r = 0; r < R; r++) {
             const __m512 s = _mm512_set1_ps(x[(size_t)r * K + k]);
-            a[r][0] = _mm512_fmadd_ps(s, b0, a[r][0]);
-            a[r][1] = _mm512_fmadd_ps(s, b1, a[r][1]);
-            a[r][2] = _mm512_fmadd_ps(s, b2, a[r][2]);
-            a[r][3] = _mm512_fmadd_ps(s, b3, a[r][3]);
+            for (int i = 0; i < Q; i++)
+                a[r][i] = _mm512_fmadd_ps(s, b[i], a[r][i]);
         }
     }
     for (int r = 0; r < R; r++) {
         float acc[PANEL];
-        for (int i = 0; i < 4; i++)
-            _mm512_storeu_ps(acc + 16 * i, a[r][i]);
-        panel_out(j, p, m0 + r, acc);
+        for (int i = 0; i < Q; i++)
+            _mm512_storeu_ps(acc + SLICE * (q0 + i), a[r][i]);
+        panel_out(j, p, m0 + r, acc, q0 * SLICE, (q0 + Q) * SLICE);
     }
 }
 
-/* panels_plain for up to PANEL_ROWS_MAX rows of x, four at a time. */
+/* panels_plain for up to PANEL_ROWS_MAX rows of x, four at a time, Q slices from q0
+ * (constant in each call below). */
 AVX512 static inline __attribute__((always_inline)) void
-panels_avx512_body(const Job *j, int p0, int p1, const int half) {
-    for (int p = p0; p < p1; p++)
-        for (int m0 = 0; m0 < j->M; m0 += 4) {
-            const int R = j->M - m0 < 4 ? j->M - m0 : 4; /* constant in each call below */
-            if (R == 4)
-                panel_rows_avx512(j, p, m0, 4, half);
-            else if (R == 3)
-                panel_rows_avx512(j, p, m0, 3, half);
-            else if (R == 2)
-                panel_rows_avx512(j, p, m0, 2, half);
-            else
-                panel_rows_avx512(j, p, m0, 1, half);
-        }
+panel_avx512_body(const Job *j, int p, int q0, const int Q, const int half) {
+    for (int m0 = 0; m0 < j->M; m0 += 4) {
+        const int R = j->M - m0 < 4 ? j->M - m0 : 4;
+        if (R == 4)
+            panel_rows_avx512(j, p, m0, 4, half, q0, Q);
+        else if (R == 3)
+            panel_rows_avx512(j, p, m0, 3, half, q0, Q);
+        else if (R == 2)
+            panel_rows_avx512(j, p, m0, 2, half, q0, Q);
+        else
+            panel_rows_avx512(j, p, m0, 1, half, q0, Q);
+    }
 }
 
-AVX512 static void panels_avx512(const Job *j, int p0, int p1) {
+AVX512 static void panel_avx512_half(const Job *j, int p, int q0, int q1, const int half) {
+    switch (q1 - q0) {
+    case 4: panel_avx512_body(j, p, 0, 4, half); break;
+    case 3: panel_avx512_body(j, p, q0, 3, half); break;
+    case 2: panel_avx512_body(j, p, q0, 2, half); break;
+    default: panel_avx512_body(j, p, q0, 1, half); break;
+    }
+}
+
+AVX512 static void panels_avx512(const Job *j, int p, int q0, int q1) {
     if (j->bf16)
-        panels_avx512_body(j, p0, p1, 1);
+        panel_avx512_half(j, p, q0, q1, 1);
     else
-        panels_avx512_body(j, p0, p1, 0);
+        panel_avx512_half(j, p, q0, q1, 0);
 }
 
 #endif
@@ -368,22 +396,30 @@ static void rows_part(const void *job, int part, int parts) {
     rows_plain(j, out, bias, k0, k1);
 }
 
-/* Part p of the panels form: a contiguous run of panels, into its own outputs of y. */
+/* Part p of the panels form: a contiguous run of slices (16 outputs each) into its own
+ * outputs of y, so that the parts are even to a slice (SmolLM2's 576 outputs are 9 panels:
+ * 5 and 4 whole panels a part would leave one thread idle a ninth of the time). A panel
+ * shared by two parts is read in two halves of each row; every output's sum is the same
+ * whichever part computes it. */
 static void panels_part(const void *job, int part, int parts) {
     const Job *j = job;
-    int p0, p1;
-    share((j->N + PANEL - 1) / PANEL, 1, part, parts, &p0, &p1);
+    const int per = PANEL / SLICE;
+    int s0, s1;
+    share((j->N + SLICE - 1) / SLICE, 1, part, parts, &s0, &s1);
+    while (s0 < s1) {
+        const int p = s0 / per, q0 = s0 % per, q1 = s1 - p * per < per ? s1 - p * per : per;
 #if GG_X86
-    if (use_avx512) {
-        panels_avx512(j, p0, p1);
-        return;
-    }
-    if (use_avx2 && j->M == 1) {
-        panels_avx2(j, p0, p1);
-        return;
-    }
+        if (use_avx512)
+            panels_avx512(j, p, q0, q1);
+        else if (use_avx2 && j->M == 1)
+            panels_avx2(j, p, q0, q1);
+        else
+            panels_plain(j, p, q0, q1);
+#else
+        panels_plain(j, p, q0, q1);
 #endif
-    panels_plain(j, p0, p1);
+        s0 = p * per + q1;
+    }
 }
 
 /* ------------------------------------------------------------------------- Python -- */
@@ -504,11 +540,11 @@ static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half, 
     Job job = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
                (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3], (int)M, (int)K, (int)N,
                half, NULL};
-    const long long panels = (N + PANEL - 1) / PANEL;
+    const long long slices = (N + SLICE - 1) / SLICE;
     long long threads = a[7] < 1 ? 1 : a[7] > MAX_THREADS ? MAX_THREADS : a[7];
     if (K * N < 32768) /* not worth a second thread's wake-up */
         threads = 1;
-    threads = threads > panels ? panels : threads;
+    threads = threads > slices ? slices : threads;
     Widened wide = {NULL, NULL, NULL};
     uint16_t *y16 = (uint16_t *)(uintptr_t)a[3];
     if (io && !widen_inputs(&job, &wide, (const uint16_t *)(uintptr_t)a[0],

@@ -120,7 +120,9 @@ def main() -> None:
     for name, rate in rates.items():
         print(f"  {name}: {rate:.1f} GB/s")
     best = max(rates.values())
-    print(f"\nroofline at {best:.1f} GB/s (the best above): ms per token = bytes read / bandwidth\n")
+    print(
+        f"\nroofline at {best:.1f} GB/s (the best above): ms per token = bytes read / bandwidth\n"
+    )
     print("| shape | precision | MB read a step | roofline ms | llama.cpp ms | llama.cpp at "
           "| most vs llama.cpp | 1.2× needs |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -130,7 +132,9 @@ def main() -> None:
             roof = nbytes / best / 1e6
             lc = llama.get((shape, precision))
             if lc is None:
-                print(f"| {shape} | {precision} | {nbytes / 1e6:.0f} | {roof:.1f} | – | – | – | – |")
+                print(
+                    f"| {shape} | {precision} | {nbytes / 1e6:.0f} | {roof:.1f} | – | – | – | – |"
+                )
                 continue
             print(f"| {shape} | {precision} | {nbytes / 1e6:.0f} | {roof:.1f} | {lc:.1f} | "
                   f"{nbytes / lc / 1e6:.1f} GB/s | {lc / roof:.2f}× | "

@@ -56,6 +56,10 @@
 
 #include "_cpu.h"
 #include "_parallel.h"
+#if GG_X86
+#include "_vexp.h"
+#endif
+#include "_silu.h"
 
 #define MAX_ROWS 32
 #define MAX_THREADS 256
@@ -396,16 +400,9 @@ static void rows_part(const void *job, int part, int parts) {
     rows_plain(j, out, bias, k0, k1);
 }
 
-/* Part p of the panels form: a contiguous run of slices (16 outputs each) into its own
- * outputs of y, so that the parts are even to a slice (SmolLM2's 576 outputs are 9 panels:
- * 5 and 4 whole panels a part would leave one thread idle a ninth of the time). A panel
- * shared by two parts is read in two halves of each row; every output's sum is the same
- * whichever part computes it. */
-static void panels_part(const void *job, int part, int parts) {
-    const Job *j = job;
+/* The slices s0 ≤ s < s1 (16 outputs each) of the panels form into y. */
+static void run_slices(const Job *j, int s0, int s1) {
     const int per = PANEL / SLICE;
-    int s0, s1;
-    share((j->N + SLICE - 1) / SLICE, 1, part, parts, &s0, &s1);
     while (s0 < s1) {
         const int p = s0 / per, q0 = s0 % per, q1 = s1 - p * per < per ? s1 - p * per : per;
 #if GG_X86
@@ -419,6 +416,63 @@ static void panels_part(const void *job, int part, int parts) {
         panels_plain(j, p, q0, q1);
 #endif
         s0 = p * per + q1;
+    }
+}
+
+/* Part p of the panels form: a contiguous run of slices (16 outputs each) into its own
+ * outputs of y, so that the parts are even to a slice (SmolLM2's 576 outputs are 9 panels:
+ * 5 and 4 whole panels a part would leave one thread idle a ninth of the time). A panel
+ * shared by two parts is read in two halves of each row; every output's sum is the same
+ * whichever part computes it. */
+static void panels_part(const void *job, int part, int parts) {
+    const Job *j = job;
+    int s0, s1;
+    share((j->N + SLICE - 1) / SLICE, 1, part, parts, &s0, &s1);
+    run_slices(j, s0, s1);
+}
+
+/* A product and what a decoding step does next with its output, in one parallel run: each
+ * part finishes its own outputs while they are in its cache (no second run, no Python call
+ * between). The same operations on the same values as the separate calls, so the same bits:
+ *   ADD: y = x P + b, then out = r + y (_rowwise.add: the residual sum after W_O, W_out);
+ *   GLU: a = x P_a + b_a and g = x P_g + b_g, then s = silu(g) (_rowwise.silu, SILU_AVX2 or
+ *        not) and h = s ⊙ a (_rowwise.mul): SwiGLU's gate and value. */
+enum { ADD = 1, GLU = 2 };
+
+typedef struct {
+    Job a, g; /* a: the product (ADD) or the value; g: the gate (GLU) */
+    int kind, silu_avx2;
+    const float *r; /* ADD */
+    float *out, *s; /* out: ADD's sum, GLU's h; s: GLU's silu(g) */
+} Fused;
+
+static void fused_part(const void *job, int part, int parts) {
+    const Fused *f = job;
+    const int M = f->a.M, N = f->a.N;
+    int s0, s1;
+    share((N + SLICE - 1) / SLICE, 1, part, parts, &s0, &s1);
+    run_slices(&f->a, s0, s1);
+    if (f->kind == GLU)
+        run_slices(&f->g, s0, s1);
+    const int c0 = s0 * SLICE, c1 = s1 * SLICE < N ? s1 * SLICE : N;
+    for (int m = 0; m < M && c0 < c1; m++) {
+        const size_t i0 = (size_t)m * N + c0, n = (size_t)(c1 - c0);
+        if (f->kind == ADD) {
+            const float *r = f->r + i0, *y = f->a.y + i0;
+            float *out = f->out + i0;
+            for (size_t i = 0; i < n; i++)
+                out[i] = r[i] + y[i];
+        } else {
+            float *s = f->s + i0, *h = f->out + i0;
+            const float *a = f->a.y + i0;
+#if GG_X86
+            (f->silu_avx2 ? silu_avx2 : silu_portable)(f->g.y + i0, s, (long long)n);
+#else
+            silu_portable(f->g.y + i0, s, (long long)n);
+#endif
+            for (size_t i = 0; i < n; i++)
+                h[i] = s[i] * a[i];
+        }
     }
 }
 
@@ -523,6 +577,15 @@ static PyObject *py_rows_bf16_io(PyObject *self, PyObject *const *args, Py_ssize
  * sums in registers, else one. */
 static int panel_rows(void) { return use_avx512 ? PANEL_ROWS_MAX : 1; }
 
+/* The threads a panels run of K × N takes: none past the slices, one for a small product. */
+static int panel_threads(long long threads, long long K, long long N) {
+    const long long slices = (N + SLICE - 1) / SLICE;
+    threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    if (K * N < 32768) /* not worth a second thread's wake-up */
+        threads = 1;
+    return (int)(threads > slices ? slices : threads);
+}
+
 /* gemv_panels(x, P, b, y, M, K, N, threads): y [M, N] = x [M, K] W + b, W in panels P;
  * half: P bfloat16; io: x, b and y bfloat16 too (x and b widened before, y rounded to
  * nearest after), else float32. */
@@ -540,11 +603,7 @@ static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half, 
     Job job = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
                (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3], (int)M, (int)K, (int)N,
                half, NULL};
-    const long long slices = (N + SLICE - 1) / SLICE;
-    long long threads = a[7] < 1 ? 1 : a[7] > MAX_THREADS ? MAX_THREADS : a[7];
-    if (K * N < 32768) /* not worth a second thread's wake-up */
-        threads = 1;
-    threads = threads > slices ? slices : threads;
+    const int threads = panel_threads(a[7], K, N);
     Widened wide = {NULL, NULL, NULL};
     uint16_t *y16 = (uint16_t *)(uintptr_t)a[3];
     if (io && !widen_inputs(&job, &wide, (const uint16_t *)(uintptr_t)a[0],
@@ -552,7 +611,7 @@ static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half, 
                               (size_t)(M * N)))
         return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    run_parts(panels_part, &job, (int)threads);
+    run_parts(panels_part, &job, threads);
     for (size_t i = 0; io && i < (size_t)(M * N); i++)
         y16[i] = float_to_bf16(job.y[i]);
     Py_END_ALLOW_THREADS
@@ -570,6 +629,58 @@ static PyObject *py_panels_bf16(PyObject *self, PyObject *const *args, Py_ssize_
 
 static PyObject *py_panels_bf16_io(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return panels_call(args, nargs, 1, 1);
+}
+
+static int fused_sizes(long long M, long long K, long long N, const char *name) {
+    if (M < 1 || M > panel_rows() || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX - PANEL) {
+        PyErr_Format(PyExc_ValueError, "%s: need 1 <= M <= %d, K, N >= 1; got %lld, %lld, %lld",
+                     name, panel_rows(), M, K, N);
+        return 0;
+    }
+    return 1;
+}
+
+/* gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out): y = x P + b (P float32, or
+ * bfloat16 where half; x, b, y float32), then out = r + y, in one run (Fused's ADD). */
+static PyObject *py_panels_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[11];
+    if (!int_args(args, nargs, 11, a, "gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out)"))
+        return NULL;
+    if (!fused_sizes(a[4], a[5], a[6], "gemv_panels_add"))
+        return NULL;
+    Fused f = {{(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
+                (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3], (int)a[4], (int)a[5],
+                (int)a[6], a[8] != 0, NULL}};
+    f.kind = ADD, f.r = (const float *)(uintptr_t)a[9], f.out = (float *)(uintptr_t)a[10];
+    const int threads = panel_threads(a[7], a[5], a[6]);
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(fused_part, &f, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2):
+ * a = x Pa + ba, g = x Pg + bg, s = silu(g), h = s ⊙ a, in one run (Fused's GLU). */
+static PyObject *py_panels_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[15];
+    if (!int_args(args, nargs, 15, a,
+                  "gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2)"))
+        return NULL;
+    if (!fused_sizes(a[7], a[8], a[9], "gemv_panels_glu"))
+        return NULL;
+    const float *x = (const float *)(uintptr_t)a[0];
+    const int M = (int)a[7], K = (int)a[8], N = (int)a[9], half = a[11] != 0;
+    Fused f = {{x, (const float *)(uintptr_t)a[2], (const void *)(uintptr_t)a[1],
+                (float *)(uintptr_t)a[3], M, K, N, half, NULL},
+               {x, (const float *)(uintptr_t)a[5], (const void *)(uintptr_t)a[4],
+                (float *)(uintptr_t)a[6], M, K, N, half, NULL}};
+    f.kind = GLU, f.s = (float *)(uintptr_t)a[12], f.out = (float *)(uintptr_t)a[13];
+    f.silu_avx2 = a[14] != 0 && use_avx2;
+    const int threads = panel_threads(a[10], K, N);
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(fused_part, &f, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_panel_rows(PyObject *self, PyObject *args) { return PyLong_FromLong(panel_rows()); }
@@ -609,6 +720,11 @@ static PyMethodDef methods[] = {
      "gemv_panels with P bfloat16, x, b, y float32: bf16 weights, float32 activations"},
     {"gemv_panels_bf16_io", (PyCFunction)(void (*)(void))py_panels_bf16_io, METH_FASTCALL,
      "gemv_panels with P, x, b, y bfloat16: float32 sums, y rounded"},
+    {"gemv_panels_add", (PyCFunction)(void (*)(void))py_panels_add, METH_FASTCALL,
+     "gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out): y = x W + b, out = r + y"},
+    {"gemv_panels_glu", (PyCFunction)(void (*)(void))py_panels_glu, METH_FASTCALL,
+     "gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2): "
+     "a = x Wa + ba, g = x Wg + bg, s = silu(g), h = s a"},
     {"panels_rows", py_panel_rows, METH_NOARGS, "the most rows of x gemv_panels takes"},
     {"has_avx2", py_has_avx2, METH_NOARGS, "whether the AVX2 + FMA kernels are in use"},
     {"wide_registers", py_wide_registers, METH_O,

@@ -203,7 +203,7 @@ class ReplayedStep:
         if config.embed_scale != 1.0:  # x₀ = s · W_E[t] (no position table: checked before)
             calls.append(kernels.scale_call(x0.data_ptr(), x0.numel(), config.embed_scale))
         calls += _angle_calls(model, cache, ropes, keep)
-        return cls(cache, [*calls, *rec.calls], keep, tokens, logits)
+        return cls(cache, [*calls, *kernels.fuse_calls(rec.calls)], keep, tokens, logits)
 
     def greedy(self, n_valid: int) -> list[int] | None:
         """Each row's argmax over the first ``n_valid`` logits of the last step (as

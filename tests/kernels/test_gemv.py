@@ -308,6 +308,14 @@ def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         real, tag = getattr(_gemv, name), "panels" if "panels" in name else None
         spy = lambda *a, real=real, tag=tag: calls.append(tag or a[4]) or real(*a)  # noqa: E731
         monkeypatch.setattr(dense._gemv, name, spy)
+    # a replayed step's fused calls (glassgpt.kernels.fusion): bf16 panels where `half`,
+    # one product (a residual sum after it) or two (SwiGLU's)
+    for name, half, products in (("gemv_panels_add", 8, 1), ("gemv_panels_glu", 11, 2)):
+        real = getattr(_gemv, name)
+        spy = lambda *a, real=real, h=half, n=products: (  # noqa: E731
+            calls.extend(["panels"] * n if a[h] else []) or real(*a)
+        )
+        monkeypatch.setattr(dense._gemv, name, spy)
     return calls
 
 

@@ -13,7 +13,10 @@ angles' row cos[n], sin[n]).
 :class:`ReplayedStep` runs one step eagerly while the kernels' recorder (``glassgpt.kernels.Recorder``) records its
 compiled calls, then replays those calls for the following steps with n moved, and the
 embedding x₀ computed by the compiled embedding (``glassgpt.kernels.embed_call``). The replay makes the same calls on the same
-buffers in the same order, so its logits equal the eager step's bit for bit. With RoPE the
+buffers in the same order, so its logits equal the eager step's bit for bit; where a product's
+output goes straight into a residual sum, or SwiGLU's two products into its SiLU and gate,
+one fused call does both in one parallel run, with the same arithmetic in the same order
+(``glassgpt.kernels.fuse_calls``). With RoPE the
 angles are a table [capacity, r/2] in float32, each row computed as the eager step computes
 it at that position (once, at the recording); a compiled call copies row n into the buffers
 the recorded rotations read (the sliding layers' own base has its own table).

@@ -25,6 +25,8 @@
  * a few rows of x (M ≤ 8: batched decoding) take the panels too, four rows at a time: the
  * 4 × 64 sums in 16 of its 32 vector registers, each weight read once for four rows (the
  * block matrices at M = 8 in 13.1 ms against the rows form's 19.5).
+ * The threads share the panels by slices of 16 outputs (a panel may be split between two),
+ * so that an odd count of panels still splits evenly; each output's sum is the same either way.
  * The GIL is released while they run.
  *
  * Python API (pointers are addresses of contiguous buffers, float32 but for the bf16 W;
@@ -41,6 +43,12 @@
  *                   bf16 decoding step, glassgpt.model.precision.decoding_copy)
  *   gemv_panels_bf16_io(x, P, b or 0, y, M, K, N, threads)  the same with P, x, b and y
  *                   bfloat16, as gemv_rows_bf16_io takes them (a bf16 decoding step)
+ *   gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out)   gemv_panels (half: P
+ *                   bfloat16, x, b, y float32), then out = r + y, in one parallel run
+ *   gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2)
+ *                   a = x Wa + ba and g = x Wg + bg, then s = silu(g) (_silu.h's AVX2 or
+ *                   portable loop) and h = s ⊙ a, in one parallel run: SwiGLU's products
+ *                   (both fused calls: glassgpt.kernels.fusion, bit for bit the separate calls)
  *   panels_rows() -> the most rows of x gemv_panels takes (8 with AVX-512F, else 1)
  *   has_avx2() -> bool; kernel() -> "avx2" or "portable"; use_portable(flag) (tests)
  *   wide_registers(flag) -> whether the AVX-512F panels are in use (False: the AVX2 ones)

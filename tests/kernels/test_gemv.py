@@ -186,6 +186,28 @@ def test_panels_kernel_at_model_shapes_sums_in_order(K: int, N: int) -> None:
     _close(one, x, W, b)
 
 
+@pytest.mark.parametrize("kernel", ["widest", "avx2", "portable"])
+@pytest.mark.parametrize("K, N", [(576, 576), (576, 960), (1536, 576), (64, 1000)])
+def test_panels_shared_by_two_threads_give_the_one_thread_sums(kernel: str, K: int, N: int) -> None:
+    """SmolLM2's odd panel counts (9, 15 panels; 1000 outputs end in a partial panel): the
+    threads split a panel between them by slices of 16 outputs, and every output is still
+    summed over k in order, bit for bit the one-thread result, near the float64 product."""
+    gen = torch.Generator().manual_seed(N)
+    W, b = torch.randn(K, N, generator=gen), torch.randn(N, generator=gen)
+    try:
+        _gemv.use_portable(kernel == "portable")
+        _gemv.wide_registers(kernel == "widest")
+        for M in sorted({1, 3, _gemv.panels_rows()}):
+            x = torch.randn(min(M, _gemv.panels_rows()), K, generator=gen)
+            one = _panels(x, W, b, 1)
+            for threads in (2, 3, 4):
+                assert torch.equal(_panels(x, W, b, threads), one), (M, threads)
+            _close(one, x, W, b)
+    finally:
+        _gemv.use_portable(False)
+        _gemv.wide_registers(True)
+
+
 def test_panel_copy_only_while_memory_allows(monkeypatch) -> None:
     """No panel copy past its share of the memory available: the live W's rows serve."""
     gen = torch.Generator().manual_seed(5)
@@ -285,6 +307,14 @@ def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     for name in ("gemv_rows_bf16", "gemv_rows_bf16_io", "gemv_panels_bf16", "gemv_panels_bf16_io"):
         real, tag = getattr(_gemv, name), "panels" if "panels" in name else None
         spy = lambda *a, real=real, tag=tag: calls.append(tag or a[4]) or real(*a)  # noqa: E731
+        monkeypatch.setattr(dense._gemv, name, spy)
+    # a replayed step's fused calls (glassgpt.kernels.fusion): bf16 panels where `half`,
+    # one product (a residual sum after it) or two (SwiGLU's)
+    for name, half, products in (("gemv_panels_add", 8, 1), ("gemv_panels_glu", 11, 2)):
+        real = getattr(_gemv, name)
+        spy = lambda *a, real=real, h=half, n=products: (  # noqa: E731
+            calls.extend(["panels"] * n if a[h] else []) or real(*a)
+        )
         monkeypatch.setattr(dense._gemv, name, spy)
     return calls
 

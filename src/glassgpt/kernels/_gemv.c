@@ -25,6 +25,8 @@
  * a few rows of x (M ≤ 8: batched decoding) take the panels too, four rows at a time: the
  * 4 × 64 sums in 16 of its 32 vector registers, each weight read once for four rows (the
  * block matrices at M = 8 in 13.1 ms against the rows form's 19.5).
+ * The threads share the panels by slices of 16 outputs (a panel may be split between two),
+ * so that an odd count of panels still splits evenly; each output's sum is the same either way.
  * The GIL is released while they run.
  *
  * Python API (pointers are addresses of contiguous buffers, float32 but for the bf16 W;
@@ -41,6 +43,12 @@
  *                   bf16 decoding step, glassgpt.model.precision.decoding_copy)
  *   gemv_panels_bf16_io(x, P, b or 0, y, M, K, N, threads)  the same with P, x, b and y
  *                   bfloat16, as gemv_rows_bf16_io takes them (a bf16 decoding step)
+ *   gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out)   gemv_panels (half: P
+ *                   bfloat16, x, b, y float32), then out = r + y, in one parallel run
+ *   gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2)
+ *                   a = x Wa + ba and g = x Wg + bg, then s = silu(g) (_silu.h's AVX2 or
+ *                   portable loop) and h = s ⊙ a, in one parallel run: SwiGLU's products
+ *                   (both fused calls: glassgpt.kernels.fusion, bit for bit the separate calls)
  *   panels_rows() -> the most rows of x gemv_panels takes (8 with AVX-512F, else 1)
  *   has_avx2() -> bool; kernel() -> "avx2" or "portable"; use_portable(flag) (tests)
  *   wide_registers(flag) -> whether the AVX-512F panels are in use (False: the AVX2 ones)
@@ -56,6 +64,10 @@
 
 #include "_cpu.h"
 #include "_parallel.h"
+#if GG_X86
+#include "_vexp.h"
+#endif
+#include "_silu.h"
 
 #define MAX_ROWS 32
 #define MAX_THREADS 256
@@ -84,6 +96,7 @@ static inline float weight(const void *W, size_t i, int bf16) {
 
 #define PANEL 64         /* outputs a panel */
 #define PANEL_ROWS_MAX 8 /* rows of x the panels form takes, with AVX-512F */
+#define SLICE 16         /* columns of a panel: the threads share a product's slices */
 
 /* ------------------------------------------------------------------- plain C kernels -- */
 
@@ -103,28 +116,28 @@ static void rows_plain(const Job *j, float *out, const float *bias, int k0, int 
     }
 }
 
-/* The 64 sums of panel p for row m (acc) into y, plus the bias, up to N. */
-static inline void panel_out(const Job *j, int p, int m, const float *acc) {
+/* Columns c0 ≤ c < c1 of panel p's sums for row m (acc[c]) into y, plus the bias, up to N. */
+static inline void panel_out(const Job *j, int p, int m, const float *acc, int c0, int c1) {
     float *y = j->y + (size_t)m * j->N + (size_t)p * PANEL;
     const float *b = j->b ? j->b + (size_t)p * PANEL : NULL;
-    const int n = j->N - p * PANEL < PANEL ? j->N - p * PANEL : PANEL;
-    for (int c = 0; c < n; c++)
+    const int n = j->N - p * PANEL < c1 ? j->N - p * PANEL : c1;
+    for (int c = c0; c < n; c++)
         y[c] = acc[c] + (b ? b[c] : 0.0f);
 }
 
-/* y[m, 64p + c] = b + Σ_k x[m, k] P[p, k, c] for the panels p0 ≤ p < p1 of P, every row m of
- * x, each sum over k in order (c < 64, 64p + c < N). */
-static void panels_plain(const Job *j, int p0, int p1) {
-    for (int p = p0; p < p1; p++)
-        for (int m = 0; m < j->M; m++) {
-            float acc[PANEL] = {0};
-            size_t w = (size_t)p * j->K * PANEL;
-            const float *x = j->x + (size_t)m * j->K;
-            for (int k = 0; k < j->K; k++, w += PANEL)
-                for (int c = 0; c < PANEL; c++)
-                    acc[c] += x[k] * weight(j->W, w + c, j->bf16);
-            panel_out(j, p, m, acc);
-        }
+/* y[m, 64p + c] = b + Σ_k x[m, k] P[p, k, c] for the slices q0 ≤ q < q1 (16 columns each:
+ * 16q ≤ c < 16q + 16) of panel p, every row m of x, each sum over k in order (64p + c < N). */
+static void panels_plain(const Job *j, int p, int q0, int q1) {
+    const int c0 = q0 * SLICE, c1 = q1 * SLICE;
+    for (int m = 0; m < j->M; m++) {
+        float acc[PANEL] = {0};
+        size_t w = (size_t)p * j->K * PANEL;
+        const float *x = j->x + (size_t)m * j->K;
+        for (int k = 0; k < j->K; k++, w += PANEL)
+            for (int c = c0; c < c1; c++)
+                acc[c] += x[k] * weight(j->W, w + c, j->bf16);
+        panel_out(j, p, m, acc, c0, c1);
+    }
 }
 
 /* ---------------------------------------------------------------- AVX2 + FMA kernels -- */
@@ -239,40 +252,58 @@ AVX2 static void rows_avx2_bf16(const Job *j, float *out, const float *bias, int
     rows_avx2_body(j, out, bias, k0, k1, 1);
 }
 
-/* panels_plain for one row of x, the 64 sums in eight registers, W read once, in order;
- * half: W bfloat16, each weight widened exactly as it is read (load8). */
+/* panels_plain for one row of x and a whole panel p, the 64 sums in eight registers, W
+ * read once, in order; half: W bfloat16, each weight widened exactly as it is read (load8). */
 AVX2 static inline __attribute__((always_inline)) void
-panels_avx2_body(const Job *j, int p0, int p1, const int half) {
+panel_avx2_body(const Job *j, int p, const int half) {
     const int K = j->K;
-    for (int p = p0; p < p1; p++) {
-        size_t w = (size_t)p * K * PANEL;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-               a7 = a0;
-        for (int k = 0; k < K; k++, w += PANEL) {
-            const __m256 xk = _mm256_broadcast_ss(j->x + k);
-            a0 = _mm256_fmadd_ps(xk, load8(j->W, w, half), a0);
-            a1 = _mm256_fmadd_ps(xk, load8(j->W, w + 8, half), a1);
-            a2 = _mm256_fmadd_ps(xk, load8(j->W, w + 16, half), a2);
-            a3 = _mm256_fmadd_ps(xk, load8(j->W, w + 24, half), a3);
-            a4 = _mm256_fmadd_ps(xk, load8(j->W, w + 32, half), a4);
-            a5 = _mm256_fmadd_ps(xk, load8(j->W, w + 40, half), a5);
-            a6 = _mm256_fmadd_ps(xk, load8(j->W, w + 48, half), a6);
-            a7 = _mm256_fmadd_ps(xk, load8(j->W, w + 56, half), a7);
-        }
-        float acc[PANEL];
-        _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + 8, a1);
-        _mm256_storeu_ps(acc + 16, a2), _mm256_storeu_ps(acc + 24, a3);
-        _mm256_storeu_ps(acc + 32, a4), _mm256_storeu_ps(acc + 40, a5);
-        _mm256_storeu_ps(acc + 48, a6), _mm256_storeu_ps(acc + 56, a7);
-        panel_out(j, p, 0, acc);
+    size_t w = (size_t)p * K * PANEL;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0;
+    for (int k = 0; k < K; k++, w += PANEL) {
+        const __m256 xk = _mm256_broadcast_ss(j->x + k);
+        a0 = _mm256_fmadd_ps(xk, load8(j->W, w, half), a0);
+        a1 = _mm256_fmadd_ps(xk, load8(j->W, w + 8, half), a1);
+        a2 = _mm256_fmadd_ps(xk, load8(j->W, w + 16, half), a2);
+        a3 = _mm256_fmadd_ps(xk, load8(j->W, w + 24, half), a3);
+        a4 = _mm256_fmadd_ps(xk, load8(j->W, w + 32, half), a4);
+        a5 = _mm256_fmadd_ps(xk, load8(j->W, w + 40, half), a5);
+        a6 = _mm256_fmadd_ps(xk, load8(j->W, w + 48, half), a6);
+        a7 = _mm256_fmadd_ps(xk, load8(j->W, w + 56, half), a7);
     }
+    float acc[PANEL];
+    _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + 8, a1);
+    _mm256_storeu_ps(acc + 16, a2), _mm256_storeu_ps(acc + 24, a3);
+    _mm256_storeu_ps(acc + 32, a4), _mm256_storeu_ps(acc + 40, a5);
+    _mm256_storeu_ps(acc + 48, a6), _mm256_storeu_ps(acc + 56, a7);
+    panel_out(j, p, 0, acc, 0, PANEL);
 }
 
-AVX2 static void panels_avx2(const Job *j, int p0, int p1) {
-    if (j->bf16)
-        panels_avx2_body(j, p0, p1, 1);
+/* The same for the slices q0 ≤ q < q1 of panel p (a part's first or last panel, shared with
+ * the next or previous part): the same sums, element by element, in fewer registers. */
+AVX2 static inline __attribute__((always_inline)) void
+slices_avx2_body(const Job *j, int p, int q0, int q1, const int half) {
+    const int K = j->K, g0 = 2 * q0, g1 = 2 * q1;
+    size_t w = (size_t)p * K * PANEL;
+    __m256 a[PANEL / 8];
+    for (int g = g0; g < g1; g++)
+        a[g] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++, w += PANEL) {
+        const __m256 xk = _mm256_broadcast_ss(j->x + k);
+        for (int g = g0; g < g1; g++)
+            a[g] = _mm256_fmadd_ps(xk, load8(j->W, w + 8 * (size_t)g, half), a[g]);
+    }
+    float acc[PANEL];
+    for (int g = g0; g < g1; g++)
+        _mm256_storeu_ps(acc + 8 * g, a[g]);
+    panel_out(j, p, 0, acc, q0 * SLICE, q1 * SLICE);
+}
+
+AVX2 static void panels_avx2(const Job *j, int p, int q0, int q1) {
+    if (q0 == 0 && q1 == PANEL / SLICE)
+        j->bf16 ? panel_avx2_body(j, p, 1) : panel_avx2_body(j, p, 0);
     else
-        panels_avx2_body(j, p0, p1, 0);
+        j->bf16 ? slices_avx2_body(j, p, q0, q1, 1) : slices_avx2_body(j, p, q0, q1, 0);
 }
 
 /* W's elements i..i+16 as float32 (half: sixteen bf16 widened exactly). */
@@ -284,58 +315,67 @@ AVX512 static inline __attribute__((always_inline)) __m512 load16(const void *W,
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Rows m0 ≤ m < m0 + R (R ≤ 4) of panels_plain for panel p: R × 4 sums of 16 in registers,
- * each 64 weights of a k read once for the R rows (half: W bfloat16, widened as read). */
+/* Rows m0 ≤ m < m0 + R (R ≤ 4) of panels_plain for the Q slices q0 ≤ q < q0 + Q of panel p:
+ * R × Q sums of 16 in registers, each 16Q weights of a k read once for the R rows (half: W
+ * bfloat16, widened as read). */
 AVX512 static inline __attribute__((always_inline)) void
-panel_rows_avx512(const Job *j, int p, int m0, const int R, const int half) {
+panel_rows_avx512(const Job *j, int p, int m0, const int R, const int half, int q0, const int Q) {
     const int K = j->K;
-    size_t w = (size_t)p * K * PANEL;
+    size_t w = (size_t)p * K * PANEL + (size_t)q0 * SLICE;
     const float *x = j->x + (size_t)m0 * K;
     __m512 a[4][4];
     for (int r = 0; r < 4; r++)
         for (int i = 0; i < 4; i++)
             a[r][i] = _mm512_setzero_ps();
     for (int k = 0; k < K; k++, w += PANEL) {
-        const __m512 b0 = load16(j->W, w, half), b1 = load16(j->W, w + 16, half);
-        const __m512 b2 = load16(j->W, w + 32, half), b3 = load16(j->W, w + 48, half);
+        __m512 b[4];
+        for (int i = 0; i < Q; i++)
+            b[i] = load16(j->W, w + 16 * (size_t)i, half);
         for (int r = 0; r < R; r++) {
             const __m512 s = _mm512_set1_ps(x[(size_t)r * K + k]);
-            a[r][0] = _mm512_fmadd_ps(s, b0, a[r][0]);
-            a[r][1] = _mm512_fmadd_ps(s, b1, a[r][1]);
-            a[r][2] = _mm512_fmadd_ps(s, b2, a[r][2]);
-            a[r][3] = _mm512_fmadd_ps(s, b3, a[r][3]);
+            for (int i = 0; i < Q; i++)
+                a[r][i] = _mm512_fmadd_ps(s, b[i], a[r][i]);
         }
     }
     for (int r = 0; r < R; r++) {
         float acc[PANEL];
-        for (int i = 0; i < 4; i++)
-            _mm512_storeu_ps(acc + 16 * i, a[r][i]);
-        panel_out(j, p, m0 + r, acc);
+        for (int i = 0; i < Q; i++)
+            _mm512_storeu_ps(acc + SLICE * (q0 + i), a[r][i]);
+        panel_out(j, p, m0 + r, acc, q0 * SLICE, (q0 + Q) * SLICE);
     }
 }
 
-/* panels_plain for up to PANEL_ROWS_MAX rows of x, four at a time. */
+/* panels_plain for up to PANEL_ROWS_MAX rows of x, four at a time, Q slices from q0
+ * (constant in each call below). */
 AVX512 static inline __attribute__((always_inline)) void
-panels_avx512_body(const Job *j, int p0, int p1, const int half) {
-    for (int p = p0; p < p1; p++)
-        for (int m0 = 0; m0 < j->M; m0 += 4) {
-            const int R = j->M - m0 < 4 ? j->M - m0 : 4; /* constant in each call below */
-            if (R == 4)
-                panel_rows_avx512(j, p, m0, 4, half);
-            else if (R == 3)
-                panel_rows_avx512(j, p, m0, 3, half);
-            else if (R == 2)
-                panel_rows_avx512(j, p, m0, 2, half);
-            else
-                panel_rows_avx512(j, p, m0, 1, half);
-        }
+panel_avx512_body(const Job *j, int p, int q0, const int Q, const int half) {
+    for (int m0 = 0; m0 < j->M; m0 += 4) {
+        const int R = j->M - m0 < 4 ? j->M - m0 : 4;
+        if (R == 4)
+            panel_rows_avx512(j, p, m0, 4, half, q0, Q);
+        else if (R == 3)
+            panel_rows_avx512(j, p, m0, 3, half, q0, Q);
+        else if (R == 2)
+            panel_rows_avx512(j, p, m0, 2, half, q0, Q);
+        else
+            panel_rows_avx512(j, p, m0, 1, half, q0, Q);
+    }
 }
 
-AVX512 static void panels_avx512(const Job *j, int p0, int p1) {
+AVX512 static void panel_avx512_half(const Job *j, int p, int q0, int q1, const int half) {
+    switch (q1 - q0) {
+    case 4: panel_avx512_body(j, p, 0, 4, half); break;
+    case 3: panel_avx512_body(j, p, q0, 3, half); break;
+    case 2: panel_avx512_body(j, p, q0, 2, half); break;
+    default: panel_avx512_body(j, p, q0, 1, half); break;
+    }
+}
+
+AVX512 static void panels_avx512(const Job *j, int p, int q0, int q1) {
     if (j->bf16)
-        panels_avx512_body(j, p0, p1, 1);
+        panel_avx512_half(j, p, q0, q1, 1);
     else
-        panels_avx512_body(j, p0, p1, 0);
+        panel_avx512_half(j, p, q0, q1, 0);
 }
 
 #endif
@@ -368,22 +408,80 @@ static void rows_part(const void *job, int part, int parts) {
     rows_plain(j, out, bias, k0, k1);
 }
 
-/* Part p of the panels form: a contiguous run of panels, into its own outputs of y. */
+/* The slices s0 ≤ s < s1 (16 outputs each) of the panels form into y. */
+static void run_slices(const Job *j, int s0, int s1) {
+    const int per = PANEL / SLICE;
+    while (s0 < s1) {
+        const int p = s0 / per, q0 = s0 % per, q1 = s1 - p * per < per ? s1 - p * per : per;
+#if GG_X86
+        if (use_avx512)
+            panels_avx512(j, p, q0, q1);
+        else if (use_avx2 && j->M == 1)
+            panels_avx2(j, p, q0, q1);
+        else
+            panels_plain(j, p, q0, q1);
+#else
+        panels_plain(j, p, q0, q1);
+#endif
+        s0 = p * per + q1;
+    }
+}
+
+/* Part p of the panels form: a contiguous run of slices (16 outputs each) into its own
+ * outputs of y, so that the parts are even to a slice (SmolLM2's 576 outputs are 9 panels:
+ * 5 and 4 whole panels a part would leave one thread idle a ninth of the time). A panel
+ * shared by two parts is read in two halves of each row; every output's sum is the same
+ * whichever part computes it. */
 static void panels_part(const void *job, int part, int parts) {
     const Job *j = job;
-    int p0, p1;
-    share((j->N + PANEL - 1) / PANEL, 1, part, parts, &p0, &p1);
+    int s0, s1;
+    share((j->N + SLICE - 1) / SLICE, 1, part, parts, &s0, &s1);
+    run_slices(j, s0, s1);
+}
+
+/* A product and what a decoding step does next with its output, in one parallel run: each
+ * part finishes its own outputs while they are in its cache (no second run, no Python call
+ * between). The same operations on the same values as the separate calls, so the same bits:
+ *   ADD: y = x P + b, then out = r + y (_rowwise.add: the residual sum after W_O, W_out);
+ *   GLU: a = x P_a + b_a and g = x P_g + b_g, then s = silu(g) (_rowwise.silu, SILU_AVX2 or
+ *        not) and h = s ⊙ a (_rowwise.mul): SwiGLU's gate and value. */
+enum { ADD = 1, GLU = 2 };
+
+typedef struct {
+    Job a, g; /* a: the product (ADD) or the value; g: the gate (GLU) */
+    int kind, silu_avx2;
+    const float *r; /* ADD */
+    float *out, *s; /* out: ADD's sum, GLU's h; s: GLU's silu(g) */
+} Fused;
+
+static void fused_part(const void *job, int part, int parts) {
+    const Fused *f = job;
+    const int M = f->a.M, N = f->a.N;
+    int s0, s1;
+    share((N + SLICE - 1) / SLICE, 1, part, parts, &s0, &s1);
+    run_slices(&f->a, s0, s1);
+    if (f->kind == GLU)
+        run_slices(&f->g, s0, s1);
+    const int c0 = s0 * SLICE, c1 = s1 * SLICE < N ? s1 * SLICE : N;
+    for (int m = 0; m < M && c0 < c1; m++) {
+        const size_t i0 = (size_t)m * N + c0, n = (size_t)(c1 - c0);
+        if (f->kind == ADD) {
+            const float *r = f->r + i0, *y = f->a.y + i0;
+            float *out = f->out + i0;
+            for (size_t i = 0; i < n; i++)
+                out[i] = r[i] + y[i];
+        } else {
+            float *s = f->s + i0, *h = f->out + i0;
+            const float *a = f->a.y + i0;
 #if GG_X86
-    if (use_avx512) {
-        panels_avx512(j, p0, p1);
-        return;
-    }
-    if (use_avx2 && j->M == 1) {
-        panels_avx2(j, p0, p1);
-        return;
-    }
+            (f->silu_avx2 ? silu_avx2 : silu_portable)(f->g.y + i0, s, (long long)n);
+#else
+            silu_portable(f->g.y + i0, s, (long long)n);
 #endif
-    panels_plain(j, p0, p1);
+            for (size_t i = 0; i < n; i++)
+                h[i] = s[i] * a[i];
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------- Python -- */
@@ -487,6 +585,15 @@ static PyObject *py_rows_bf16_io(PyObject *self, PyObject *const *args, Py_ssize
  * sums in registers, else one. */
 static int panel_rows(void) { return use_avx512 ? PANEL_ROWS_MAX : 1; }
 
+/* The threads a panels run of K × N takes: none past the slices, one for a small product. */
+static int panel_threads(long long threads, long long K, long long N) {
+    const long long slices = (N + SLICE - 1) / SLICE;
+    threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    if (K * N < 32768) /* not worth a second thread's wake-up */
+        threads = 1;
+    return (int)(threads > slices ? slices : threads);
+}
+
 /* gemv_panels(x, P, b, y, M, K, N, threads): y [M, N] = x [M, K] W + b, W in panels P;
  * half: P bfloat16; io: x, b and y bfloat16 too (x and b widened before, y rounded to
  * nearest after), else float32. */
@@ -504,11 +611,7 @@ static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half, 
     Job job = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
                (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3], (int)M, (int)K, (int)N,
                half, NULL};
-    const long long panels = (N + PANEL - 1) / PANEL;
-    long long threads = a[7] < 1 ? 1 : a[7] > MAX_THREADS ? MAX_THREADS : a[7];
-    if (K * N < 32768) /* not worth a second thread's wake-up */
-        threads = 1;
-    threads = threads > panels ? panels : threads;
+    const int threads = panel_threads(a[7], K, N);
     Widened wide = {NULL, NULL, NULL};
     uint16_t *y16 = (uint16_t *)(uintptr_t)a[3];
     if (io && !widen_inputs(&job, &wide, (const uint16_t *)(uintptr_t)a[0],
@@ -516,7 +619,7 @@ static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half, 
                               (size_t)(M * N)))
         return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    run_parts(panels_part, &job, (int)threads);
+    run_parts(panels_part, &job, threads);
     for (size_t i = 0; io && i < (size_t)(M * N); i++)
         y16[i] = float_to_bf16(job.y[i]);
     Py_END_ALLOW_THREADS
@@ -534,6 +637,58 @@ static PyObject *py_panels_bf16(PyObject *self, PyObject *const *args, Py_ssize_
 
 static PyObject *py_panels_bf16_io(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return panels_call(args, nargs, 1, 1);
+}
+
+static int fused_sizes(long long M, long long K, long long N, const char *name) {
+    if (M < 1 || M > panel_rows() || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX - PANEL) {
+        PyErr_Format(PyExc_ValueError, "%s: need 1 <= M <= %d, K, N >= 1; got %lld, %lld, %lld",
+                     name, panel_rows(), M, K, N);
+        return 0;
+    }
+    return 1;
+}
+
+/* gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out): y = x P + b (P float32, or
+ * bfloat16 where half; x, b, y float32), then out = r + y, in one run (Fused's ADD). */
+static PyObject *py_panels_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[11];
+    if (!int_args(args, nargs, 11, a, "gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out)"))
+        return NULL;
+    if (!fused_sizes(a[4], a[5], a[6], "gemv_panels_add"))
+        return NULL;
+    Fused f = {{(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
+                (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3], (int)a[4], (int)a[5],
+                (int)a[6], a[8] != 0, NULL}};
+    f.kind = ADD, f.r = (const float *)(uintptr_t)a[9], f.out = (float *)(uintptr_t)a[10];
+    const int threads = panel_threads(a[7], a[5], a[6]);
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(fused_part, &f, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2):
+ * a = x Pa + ba, g = x Pg + bg, s = silu(g), h = s ⊙ a, in one run (Fused's GLU). */
+static PyObject *py_panels_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[15];
+    if (!int_args(args, nargs, 15, a,
+                  "gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2)"))
+        return NULL;
+    if (!fused_sizes(a[7], a[8], a[9], "gemv_panels_glu"))
+        return NULL;
+    const float *x = (const float *)(uintptr_t)a[0];
+    const int M = (int)a[7], K = (int)a[8], N = (int)a[9], half = a[11] != 0;
+    Fused f = {{x, (const float *)(uintptr_t)a[2], (const void *)(uintptr_t)a[1],
+                (float *)(uintptr_t)a[3], M, K, N, half, NULL},
+               {x, (const float *)(uintptr_t)a[5], (const void *)(uintptr_t)a[4],
+                (float *)(uintptr_t)a[6], M, K, N, half, NULL}};
+    f.kind = GLU, f.s = (float *)(uintptr_t)a[12], f.out = (float *)(uintptr_t)a[13];
+    f.silu_avx2 = a[14] != 0 && use_avx2;
+    const int threads = panel_threads(a[10], K, N);
+    Py_BEGIN_ALLOW_THREADS
+    run_parts(fused_part, &f, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_panel_rows(PyObject *self, PyObject *args) { return PyLong_FromLong(panel_rows()); }
@@ -573,6 +728,11 @@ static PyMethodDef methods[] = {
      "gemv_panels with P bfloat16, x, b, y float32: bf16 weights, float32 activations"},
     {"gemv_panels_bf16_io", (PyCFunction)(void (*)(void))py_panels_bf16_io, METH_FASTCALL,
      "gemv_panels with P, x, b, y bfloat16: float32 sums, y rounded"},
+    {"gemv_panels_add", (PyCFunction)(void (*)(void))py_panels_add, METH_FASTCALL,
+     "gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out): y = x W + b, out = r + y"},
+    {"gemv_panels_glu", (PyCFunction)(void (*)(void))py_panels_glu, METH_FASTCALL,
+     "gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2): "
+     "a = x Wa + ba, g = x Wg + bg, s = silu(g), h = s a"},
     {"panels_rows", py_panel_rows, METH_NOARGS, "the most rows of x gemv_panels takes"},
     {"has_avx2", py_has_avx2, METH_NOARGS, "whether the AVX2 + FMA kernels are in use"},
     {"wide_registers", py_wide_registers, METH_O,

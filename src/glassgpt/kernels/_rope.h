@@ -12,7 +12,7 @@
  * The rotation rounds each product, then the sum (no fused multiply-add): the bits of
  * PyTorch's pair-by-pair form (its complex product fuses some multiply-adds: an ulp away). silu with AVX2 + FMA takes exp8 (_vexp.h), a few float32 ulps
  * from libm's expf in the portable loop; both differ from PyTorch's F.silu in rounding only.
- * One thread, the GIL held. Include once, from _rowwise.c (after _vexp.h and _module.h).
+ * One thread, the GIL held. Include once, from _rowwise.c (after _silu.h and _module.h).
  */
 #ifndef GLASSGPT_ROPE_H
 #define GLASSGPT_ROPE_H
@@ -62,33 +62,6 @@ static PyObject *take_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     Py_RETURN_NONE;
 }
-
-typedef void (*SiluFn)(const float *x, float *y, long long n);
-
-static void silu_portable(const float *x, float *y, long long n) {
-    for (long long i = 0; i < n; i++)
-        y[i] = x[i] / (1.0f + expf(-x[i]));
-}
-
-#if GG_X86
-AVX2 static void silu_avx2(const float *x, float *y, long long n) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    long long i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
-        _mm256_storeu_ps(y + i, _mm256_div_ps(v, _mm256_add_ps(one, e)));
-    }
-    if (i < n) {
-        float in[8] = {0}, out[8];
-        for (long long j = i; j < n; j++)
-            in[j - i] = x[j];
-        silu_avx2(in, out, 8);
-        for (long long j = i; j < n; j++)
-            y[j] = out[j - i];
-    }
-}
-#endif
 
 static SiluFn SILU = silu_portable;
 

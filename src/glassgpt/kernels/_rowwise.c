@@ -39,6 +39,7 @@
 #if GG_X86
 #include "_vexp.h"
 #endif
+#include "_silu.h"
 
 static const char *KERNEL_NAME = "portable";
 static void pick_kernels(int portable);

@@ -29,6 +29,7 @@ from glassgpt.kernels.bf16 import cache_dtype
 from glassgpt.kernels.checks import id_out_of_range
 from glassgpt.kernels.dense import alias, has_small_batch_kernel, is_packed, matmul, pack, unpack
 from glassgpt.kernels.extensions import EXTENSIONS, built, extension, hidden
+from glassgpt.kernels.fusion import fuse as fuse_calls
 from glassgpt.kernels.int4 import pack_int4
 from glassgpt.kernels.int8 import pack_int8
 from glassgpt.kernels.norms import layer_norm, rms_norm
@@ -97,6 +98,7 @@ __all__ = [
     "cpu_paths",
     "embed_call",
     "extension",
+    "fuse_calls",
     "gelu_exact",
     "gelu_tanh",
     "has_small_batch_kernel",

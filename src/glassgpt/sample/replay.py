@@ -13,7 +13,10 @@ angles' row cos[n], sin[n]).
 :class:`ReplayedStep` runs one step eagerly while the kernels' recorder (``glassgpt.kernels.Recorder``) records its
 compiled calls, then replays those calls for the following steps with n moved, and the
 embedding x₀ computed by the compiled embedding (``glassgpt.kernels.embed_call``). The replay makes the same calls on the same
-buffers in the same order, so its logits equal the eager step's bit for bit. With RoPE the
+buffers in the same order, so its logits equal the eager step's bit for bit; where a product's
+output goes straight into a residual sum, or SwiGLU's two products into its SiLU and gate,
+one fused call does both in one parallel run, with the same arithmetic in the same order
+(``glassgpt.kernels.fuse_calls``). With RoPE the
 angles are a table [capacity, r/2] in float32, each row computed as the eager step computes
 it at that position (once, at the recording); a compiled call copies row n into the buffers
 the recorded rotations read (the sliding layers' own base has its own table).
@@ -203,7 +206,7 @@ class ReplayedStep:
         if config.embed_scale != 1.0:  # x₀ = s · W_E[t] (no position table: checked before)
             calls.append(kernels.scale_call(x0.data_ptr(), x0.numel(), config.embed_scale))
         calls += _angle_calls(model, cache, ropes, keep)
-        return cls(cache, [*calls, *rec.calls], keep, tokens, logits)
+        return cls(cache, [*calls, *kernels.fuse_calls(rec.calls)], keep, tokens, logits)
 
     def greedy(self, n_valid: int) -> list[int] | None:
         """Each row's argmax over the first ``n_valid`` logits of the last step (as

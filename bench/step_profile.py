@@ -1,0 +1,89 @@
+"""Where a replayed decoding step's time goes: each compiled call timed, by kernel.
+
+    PYTHONPATH=src python bench/step_profile.py [--shape smollm2-135m] [--dtype float32]
+        [--threads 2] [--steps 20] [--cpu]
+
+Random weights at one of ``bench/families.py``'s shapes, cast to --dtype, a 16-token prompt,
+then --steps replayed one-token steps (``glassgpt.sample.replay``) with a timer around every
+recorded call. Printed per kernel: calls a step, ms a step, µs a call; and the step's median
+time with and without the timers. --cpu times the calling thread's CPU time instead of the
+wall clock: on a loaded host that leaves out the time slices other processes took (with 1
+thread, every call's whole cost; with more, the other threads' parts are not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/families.py's shapes
+from families import SHAPES, random_model
+from glassgpt.model.precision import cast
+from glassgpt.sample.engine import Decoder
+from glassgpt.sample.replay import ReplayedStep
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="smollm2-135m", choices=list(SHAPES))
+    p.add_argument("--dtype", default="float32", choices=["float32", "bf16", "int8"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--cpu", action="store_true", help="the thread's CPU time, not wall time")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    clock = time.thread_time_ns if args.cpu else time.perf_counter_ns
+    decoder = Decoder.start(cast(random_model(SHAPES[args.shape][0]), args.dtype), 1, 256)
+    with torch.inference_mode():
+        decoder.model(torch.arange(16)[None], cache=decoder.cache)
+    decoder.step([5])
+    step = decoder._step
+    if not isinstance(step, ReplayedStep):
+        sys.exit(f"not replayed: {decoder.why}")
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"{args.shape} {args.dtype}, {args.threads} threads, {len(step.calls)} calls a step, "
+          f"{'CPU' if args.cpu else 'wall'} time; load average {load}")  # fmt: skip
+    total: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
+
+    def timed(fn: Any) -> Any:
+        name = getattr(fn, "__name__", "pytorch")
+
+        def call(*call_args: Any) -> None:
+            t = clock()
+            fn(*call_args)
+            total[name] += clock() - t
+            count[name] += 1
+
+        return call
+
+    plain, timed_steps = [], []
+    calls = step.calls
+    for i in range(args.steps):
+        t = clock()
+        decoder.step([7 + i])
+        plain.append(clock() - t)
+    step.calls = [(timed(fn), call_args, positional) for fn, call_args, positional in calls]
+    for i in range(args.steps):  # the replay's own loop, each call through its timer
+        t = clock()
+        decoder.step([7 + i])
+        timed_steps.append(clock() - t)
+    step.calls = calls
+    print(f"step: {statistics.median(plain) / 1e6:.2f} ms "
+          f"({statistics.median(timed_steps) / 1e6:.2f} with a timer around each call)\n")  # fmt: skip
+    print("| kernel | calls a step | ms a step | µs a call |\n|---|---:|---:|---:|")
+    for name, ns in total.most_common():
+        print(f"| {name} | {count[name] // args.steps} | {ns / args.steps / 1e6:.3f} | "
+              f"{ns / count[name] / 1e3:.2f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -61,7 +61,7 @@ def build(folder: Path, shape: dict, seed: int = 0) -> dict:
                            d_head=d // shape["n_heads"], d_mlp=4 * d)  # fmt: skip
     model = GPT(cfg).eval()
     gen = torch.Generator().manual_seed(seed)
-    ids = [cfg.n_vocab - 1] + torch.randint(0, cfg.n_vocab - 1, (T - 1,), generator=gen).tolist()
+    ids = [cfg.n_vocab - 1, *torch.randint(0, cfg.n_vocab - 1, (T - 1,), generator=gen).tolist()]
     n = 8 * d
     clt = CLT(CLTConfig(d_model=d, d_sae=n, n_layers=L, arch="jumprelu"), seed=seed).eval()
     fz = freeze(model, Transcoders(clt=clt), ids)
@@ -152,14 +152,20 @@ def uptime() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 layers, d_model 256, 32 tokens, L0 20")
-    parser.add_argument("--batch-size", type=int, default=32, help="targets per backward pass, both sides")
+    parser.add_argument(
+        "--quick", action="store_true", help="4 layers, d_model 256, 32 tokens, L0 20"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="targets per backward pass, both sides"
+    )
     parser.add_argument("--adjacency-dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--no-ct", action="store_true", help="glassgpt alone")
     parser.add_argument("--side", nargs=2, metavar=("DIR", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
-        return glassgpt_side(Path(args.side[0]), args.side[1], args.batch_size, args.adjacency_dtype)
+        return glassgpt_side(
+            Path(args.side[0]), args.side[1], args.batch_size, args.adjacency_dtype
+        )
     shape = QUICK if args.quick else FULL
     print(f"load average before: {uptime()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="glassgpt-graphbench-") as tmp:
@@ -183,7 +189,9 @@ def main() -> None:
                     A = f.get_slice("adjacency")
                     n = A.get_shape()[0]
                     theirs["nodes"] = n
-                    theirs["edges"] = sum(int((A[i : i + 2048] != 0).sum()) for i in range(0, n, 2048))
+                    theirs["edges"] = sum(
+                        int((A[i : i + 2048] != 0).sum()) for i in range(0, n, 2048)
+                    )
                 rows.append(("circuit-tracer 0.5", theirs))
         print(f"{'':20} {'seconds':>9} {'peak MiB':>9} {'backward':>9} {'nodes':>7} {'edges':>11}")
         for name, r in rows:

@@ -123,6 +123,7 @@ class Tokenizer:
 
     def __init__(self, eos: int) -> None:
         self.bos_token_id = self.eos_token_id = self.pad_token_id = eos
+        self.vocab_size = eos + 1
         self.all_special_ids = [eos]
 
     def decode(self, ids: object) -> str:
@@ -143,7 +144,7 @@ class HookedTransformer(HookedRootModule):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_final = LayerNorm(cfg.d_model, cfg.eps)
         self.unembed = Unembed(cfg)
-        self.tokenizer = Tokenizer(cfg.d_vocab - 1)
+        self.tokenizer = Tokenizer(cfg.d_vocab - 1)  # GPT-2's <|endoftext|>: the last id
         self.setup()
 
     @property
@@ -183,8 +184,14 @@ def main() -> None:
                                dtype=torch.float32)  # fmt: skip
     clt.load_state_dict(load_file(folder / "clt.safetensors"))
     model = TransformerLensReplacementModel.from_config(cfg, clt)
-    missing = model.load_state_dict(load_file(folder / "model.safetensors"), strict=False)
-    assert not missing.unexpected_keys, missing.unexpected_keys
+    # circuit-tracer wraps each MLP and the unembedding (ReplacementMLP, ReplacementUnembed)
+    weights = {k.replace(".mlp.", ".mlp.old_mlp.").replace("unembed.", "unembed.old_unembed."): v
+               for k, v in load_file(folder / "model.safetensors").items()}  # fmt: skip
+    got = model.load_state_dict(weights, strict=False)
+    assert not got.unexpected_keys, got.unexpected_keys
+    assert all(k.endswith("attn.mask") or k.startswith("transcoders.") for k in got.missing_keys), (
+        got.missing_keys
+    )
     ids = torch.tensor(meta["tokens"])
     start = time.perf_counter()
     graph = attribute(ids, model, batch_size=batch)
@@ -195,7 +202,7 @@ def main() -> None:
                "selected": graph.selected_features.contiguous(),
                "logits": torch.as_tensor([int(t.vocab_idx) for t in graph.logit_targets])},
               out)  # fmt: skip
-    print(json.dumps({"seconds": seconds, "peak_mib": peak, "n_active": int(len(graph.active_features))}))  # fmt: skip
+    print(json.dumps({"seconds": seconds, "peak_mib": peak, "n_active": len(graph.active_features)}))  # fmt: skip
 
 
 if __name__ == "__main__":

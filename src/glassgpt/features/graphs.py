@@ -34,7 +34,6 @@ from glassgpt.features.replacement import Frozen, Transcoders, freeze, norm_line
 from glassgpt.model import GPT
 
 
-
 @dataclass
 class Graph:
     """An attribution graph of one prompt (module docstring); N = n_features + L·T + T + n_logits."""
@@ -166,7 +165,9 @@ def attribute(
     cap = n_a if max_feature_nodes is None else min(max_feature_nodes, n_a)
     notes: list[str] = []
     if max_memory is not None and _need(cap, n_a, fixed, size) > max_memory:
-        fit = max((c for c in _candidates(cap) if _need(c, n_a, fixed, size) <= max_memory), default=0)
+        fit = max(
+            (c for c in _candidates(cap) if _need(c, n_a, fixed, size) <= max_memory), default=0
+        )
         notes.append(f"{cap} feature nodes need {_need(cap, n_a, fixed, size) / 2**30:.2f} GiB of "
                      f"adjacency, over the memory cap of {max_memory / 2**30:.2f} GiB: the {fit} "
                      f"most influential kept")  # fmt: skip
@@ -191,7 +192,8 @@ def attribute(
             n_f = len(chosen)
             N = n_f + fixed
             A = torch.zeros(N, N, dtype=dtype)
-            keep_cols = torch.cat([sel, torch.arange(n_a, n_a + L * T + T)])  # features, errors, tokens
+            # the columns kept: the chosen features, every error, every token
+            keep_cols = torch.cat([sel, torch.arange(n_a, n_a + L * T + T)])
             for i in range(0, n_f, 1024):  # a slice at a time: no second copy of the rows
                 A[i : min(i + 1024, n_f), : n_f + L * T + T] = feat_rows[i : i + 1024][:, keep_cols]
             del feat_rows

@@ -45,6 +45,9 @@ huggingface_hub.constants.HF_HUB_ENABLE_HF_TRANSFER = False  # removed in huggin
 class Config(types.SimpleNamespace):
     """The fields of HookedTransformerConfig that circuit-tracer reads."""
 
+    def to_dict(self) -> dict:
+        return {**vars(self), "original_architecture": "GPT2LMHeadModel", "tokenizer_name": "gpt2"}
+
 
 class LayerNorm(nn.Module):
     def __init__(self, d: int, eps: float) -> None:

@@ -71,16 +71,22 @@ class Rows:
         T, L = self.T, self.L
         n_pre = min(PREFIXES, T) if split else 1
         lengths = sorted({math.ceil(T * (k + 1) / n_pre) for k in range(n_pre)})
-        order = sorted(range(len(specs)), key=lambda k: (specs[k][1], L if specs[k][0] is None else specs[k][0]))  # fmt: skip
+        # within a prefix by (layer, position): a batch's backward pass then starts at one
+        # layer and its products stop at a few positions
+        order = sorted(range(len(specs)), key=lambda k: (L if specs[k][0] is None else specs[k][0], specs[k][1]))  # fmt: skip
         groups: dict[int, list[int]] = {}
         for k in order:
             P = next(n for n in lengths if n > specs[k][1])
             groups.setdefault(P, []).append(k)
-        for P, ks in sorted(groups.items()):
-            for i in range(0, len(ks), self.batch):
-                batch = ks[i : i + self.batch]
-                rows = self._rows(P, [specs[k] for k in batch])
-                out[torch.tensor([where[k] for k in batch], dtype=torch.long), : self.n_cols] = rows.to(device=out.device, dtype=out.dtype)  # fmt: skip
+        with _weights_fixed(self.model):
+            for P, ks in sorted(groups.items()):
+                for i in range(0, len(ks), self.batch):
+                    self._fill(P, [specs[k] for k in ks[i : i + self.batch]], out,
+                               [where[k] for k in ks[i : i + self.batch]])  # fmt: skip
+
+    def _fill(self, P: int, specs: list[Spec], out: Tensor, where: list[int]) -> None:
+        rows = self._rows(P, specs)
+        out[torch.tensor(where, dtype=torch.long), : self.n_cols] = rows.to(device=out.device, dtype=out.dtype)  # fmt: skip
 
     def _forward(self, P: int) -> tuple[Tensor, list[Tensor], object]:
         """The frozen model on the prompt's first P tokens, B copies, its graph kept."""
@@ -134,3 +140,19 @@ class Rows:
         toks = (g_embed[:, :last] * fz.embed[:last]).sum(-1)
         row[:, e0 + L * self.T : e0 + L * self.T + last] = toks
         return row[:n].detach()
+
+
+class _weights_fixed:
+    """The model's weights without gradients for the block (restored after): the backward
+    passes then compute only the gradients of the writes, never ∂W (as circuit-tracer does)."""
+
+    def __init__(self, model: GPT) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def __enter__(self) -> None:
+        for p in self.params:
+            p.requires_grad_(False)
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.params:
+            p.requires_grad_(True)

@@ -13,7 +13,8 @@ full graph (every active feature's row, the top logits' rows) in a fresh subproc
   (``.venv-circuit-tracer``; ``bench/graphs_ct.py`` says why it carries a shim: circuit-tracer's
   TransformerLens backend needs ``HookedTransformer``, which TransformerLens 4 removed).
 
-Printed per side: seconds (the first, cold call; one run each, so no median), peak memory (the
+Printed per side: seconds (the first, cold call; one run each, so no median) and the CPU time
+of that call (steadier than the wall clock on a shared machine), peak memory (the
 peak resident set, ``ru_maxrss``, of the fresh subprocess: imports, the model and the CLT
 included), backward passes, nodes and nonzero edges; then the ratios and the largest
 difference between the two adjacency matrices after matching the node order. circuit-tracer
@@ -98,15 +99,15 @@ def glassgpt_side(folder: Path, out: str, batch: int, dtype: str) -> None:
     model = GPT(cfg).eval()
     model.load_state_dict(load_file(folder / "glass_model.safetensors"))
     tc = Transcoders(clt=CLT.load(folder / "glass_clt"))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     graph = attribute(model, tc, meta["tokens"], batch_size=batch, dtype=DTYPES[dtype])
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     A = graph.adjacency
     edges = int((A != 0).sum())
     save_file({"adjacency": A.float().contiguous(), "features": graph.features.contiguous(),
                "logits": torch.tensor(graph.logit_tokens)}, out)  # fmt: skip
-    print(json.dumps({"seconds": seconds, "peak_mib": peak, "nodes": graph.n_nodes, "edges": edges,
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": peak, "nodes": graph.n_nodes, "edges": edges,
                       "backward": graph.n_backward, "n_active": graph.n_active}))  # fmt: skip
 
 
@@ -193,12 +194,13 @@ def main() -> None:
                         int((A[i : i + 2048] != 0).sum()) for i in range(0, n, 2048)
                     )
                 rows.append(("circuit-tracer 0.5", theirs))
-        print(f"{'':20} {'seconds':>9} {'peak MiB':>9} {'backward':>9} {'nodes':>7} {'edges':>11}")
+        print(f"{'':20} {'seconds':>9} {'CPU s':>9} {'peak MiB':>9} {'backward':>9} {'nodes':>7} {'edges':>11}")  # fmt: skip
         for name, r in rows:
-            print(f"{name:20} {r['seconds']:9.2f} {r['peak_mib']:9.0f} {r['backward']:9d} {r['nodes']:7d} {r['edges']:11d}")  # fmt: skip
+            print(f"{name:20} {r['seconds']:9.2f} {r['cpu_s']:9.2f} {r['peak_mib']:9.0f} {r['backward']:9d} {r['nodes']:7d} {r['edges']:11d}")  # fmt: skip
         if theirs is not None:
             worst, scale, n = compare(folder / "ours.safetensors", folder / "ct.safetensors", meta)
-            print(f"speed ratio (circuit-tracer s / glassgpt s): {theirs['seconds'] / ours['seconds']:.2f}x; "
+            print(f"speed ratio (circuit-tracer / glassgpt): {theirs['seconds'] / ours['seconds']:.2f}x wall, "
+                  f"{theirs['cpu_s'] / ours['cpu_s']:.2f}x CPU time; "
                   f"peak memory ratio (glassgpt / circuit-tracer): {ours['peak_mib'] / theirs['peak_mib']:.2f}")  # fmt: skip
             verdict = "agree" if worst <= 1e-4 else "DIFFER"
             print(f"adjacency: max |difference| {worst:.2e} over {n} shared entries (max |A| {scale:.2e}): {verdict} to 1e-4 "

@@ -46,7 +46,8 @@ class Config(types.SimpleNamespace):
     """The fields of HookedTransformerConfig that circuit-tracer reads."""
 
     def to_dict(self) -> dict:
-        return {**vars(self), "original_architecture": "GPT2LMHeadModel", "tokenizer_name": "gpt2"}
+        return {**vars(self), "original_architecture": "GPT2LMHeadModel", "tokenizer_name": "gpt2",
+                "n_key_value_heads": self.n_heads}  # fmt: skip
 
 
 class LayerNorm(nn.Module):
@@ -196,16 +197,16 @@ def main() -> None:
         got.missing_keys
     )
     ids = torch.tensor(meta["tokens"])
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     graph = attribute(ids, model, batch_size=batch)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     save_file({"adjacency": graph.adjacency_matrix.contiguous(),
                "active": graph.active_features.contiguous(),
                "selected": graph.selected_features.contiguous(),
                "logits": torch.as_tensor([int(t.vocab_idx) for t in graph.logit_targets])},
               out)  # fmt: skip
-    print(json.dumps({"seconds": seconds, "peak_mib": peak, "n_active": len(graph.active_features)}))  # fmt: skip
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": peak, "n_active": len(graph.active_features)}))  # fmt: skip
 
 
 if __name__ == "__main__":

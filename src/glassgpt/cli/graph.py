@@ -46,6 +46,9 @@ from glassgpt.train.inputs import available_memory
 
 FILE = "graph.json"
 ADJACENCY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# bytes per adjacency entry that pruning adds: |A| in float32, the edge mask, the kept edges'
+# scores and NumPy's sorted copy of them
+PRUNE_BYTES = 4 + 1 + 4 + 4
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -73,8 +76,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adjacency-dtype", choices=tuple(ADJACENCY_DTYPES), default="float32",
                         help="the adjacency's dtype: bfloat16 holds it in half the memory (default float32)")  # fmt: skip
     parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
-                        help="the most the adjacency may take, in GiB; a larger graph keeps fewer "
-                             "feature nodes, with a note (default: half the memory available now)")  # fmt: skip
+                        help="the most the graph and its pruning may take, in GiB; a larger graph "
+                             "keeps fewer feature nodes, with a note (default: half the memory "
+                             "available now)")  # fmt: skip
     parser.add_argument("--offload", action="store_true",
                         help="keep the transcoders' weights on the host while the rows are "
                              "computed (a GPU model; on a CPU it changes nothing)")  # fmt: skip
@@ -107,14 +111,17 @@ def run(args: argparse.Namespace) -> int:
         if len(target) != 1:
             raise GlassError(f"--target {args.target!r}: is {len(target)} tokens; give one token")
         logits = target
-    max_memory = (
+    budget = (
         args.max_memory * 2**30
         if args.max_memory is not None
         else (available_memory(torch.device("cpu")) or 2**32) / 2
     )  # the adjacency lives on the host
+    dtype = ADJACENCY_DTYPES[args.adjacency_dtype]
+    size = torch.tensor([], dtype=dtype).element_size()
+    max_memory = budget * size / (size + PRUNE_BYTES)  # the adjacency's share of the budget
     graph = attribute(model, transcoders.to(model.W_U.dtype), ids, prompt=prompt, logits=logits,
                       max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
-                      dtype=ADJACENCY_DTYPES[args.adjacency_dtype], max_memory=max_memory,
+                      dtype=dtype, max_memory=max_memory,
                       offload=args.offload)  # fmt: skip
     for note in graph.notes:
         say(note)

@@ -9,6 +9,10 @@ upload). Prints the graph's size and its replacement and completeness scores.
 
     glassgpt graph -c RUN --transcoders DIR --prompt TEXT -o DIR [--target TOKEN]
         [--node-threshold 0.8 --edge-threshold 0.98 --max-feature-nodes N]
+        [--adjacency-dtype bfloat16 --max-memory GIB --offload]
+
+A graph whose adjacency would pass ``--max-memory`` (default: half the memory available) keeps
+fewer feature nodes, the most influential, and says so on stderr: never an out-of-memory.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+import torch
 
 from glassgpt.checkpoint import open_run
 from glassgpt.cli.arguments import (
@@ -36,8 +42,13 @@ from glassgpt.features.graphs import attribute
 from glassgpt.features.replacement import open_transcoders
 from glassgpt.inspect.report import encode_prompt
 from glassgpt.tokenizer.display import token_texts
+from glassgpt.train.inputs import available_memory
 
 FILE = "graph.json"
+ADJACENCY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# bytes per adjacency entry that pruning adds: |A| in float32, the edge mask, the kept edges'
+# scores and NumPy's sorted copy of them
+PRUNE_BYTES = 4 + 1 + 4 + 4
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +73,15 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="at most N feature rows, the most influential (default 4096)")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=32, metavar="B",
                         help="targets per backward pass (default 32)")  # fmt: skip
+    parser.add_argument("--adjacency-dtype", choices=tuple(ADJACENCY_DTYPES), default="float32",
+                        help="the adjacency's dtype: bfloat16 holds it in half the memory (default float32)")  # fmt: skip
+    parser.add_argument("--max-memory", type=float, default=None, metavar="GIB",
+                        help="the most the graph and its pruning may take, in GiB; a larger graph "
+                             "keeps fewer feature nodes, with a note (default: half the memory "
+                             "available now)")  # fmt: skip
+    parser.add_argument("--offload", action="store_true",
+                        help="keep the transcoders' weights on the host while the rows are "
+                             "computed (a GPU model; on a CPU it changes nothing)")  # fmt: skip
     parser.add_argument("--slug", default=None, help="the graph's name in the viewer (default: the folder's)")  # fmt: skip
     add_device(parser)
     add_tokenizer(parser)
@@ -74,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     edge_t = check_threshold(args.edge_threshold, "--edge-threshold")
     if args.max_feature_nodes < 1:
         raise GlassError(f"--max-feature-nodes: must be ≥ 1, got {args.max_feature_nodes}")
+    if args.max_memory is not None and not args.max_memory > 0:
+        raise GlassError(f"--max-memory: must be > 0 GiB, got {args.max_memory}")
     prompt = read_prompt(args) or ""
     device = parse_device(args.device)
     loaded = open_run(args.checkpoint, tokenizer=args.tokenizer, device=device)
@@ -89,9 +111,21 @@ def run(args: argparse.Namespace) -> int:
         if len(target) != 1:
             raise GlassError(f"--target {args.target!r}: is {len(target)} tokens; give one token")
         logits = target
+    budget = (
+        args.max_memory * 2**30
+        if args.max_memory is not None
+        else (available_memory(torch.device("cpu")) or 2**32) / 2
+    )  # the adjacency lives on the host
+    dtype = ADJACENCY_DTYPES[args.adjacency_dtype]
+    size = torch.tensor([], dtype=dtype).element_size()
+    max_memory = budget * size / (size + PRUNE_BYTES)  # the adjacency's share of the budget
     graph = attribute(model, transcoders.to(model.W_U.dtype), ids, prompt=prompt, logits=logits,
-                      max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size)  # fmt: skip
-    if graph.n_active > graph.n_features:
+                      max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
+                      dtype=dtype, max_memory=max_memory,
+                      offload=args.offload)  # fmt: skip
+    for note in graph.notes:
+        say(note)
+    if graph.n_active > graph.n_features and not graph.notes:
         say(f"{graph.n_active} active features: the {graph.n_features} most influential kept (--max-feature-nodes)")  # fmt: skip
     pruned = prune(graph, node_t, edge_t)
     replacement, completeness = scores(graph)

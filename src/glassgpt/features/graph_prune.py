@@ -27,15 +27,25 @@ from glassgpt.errors import GlassError
 from glassgpt.features.graphs import Graph
 
 
-def normalized(A: Tensor) -> Tensor:
-    """Â: |A| with rows summing to 1 (rows of 0 stay 0)."""
-    a = A.abs().double()
-    return a / a.sum(1, keepdim=True).clamp_min(1e-10)
+def work_dtype(A: Tensor) -> torch.dtype:
+    """float64 for a float64 adjacency, else float32: a large graph's copies stay 4 bytes."""
+    return torch.float64 if A.dtype == torch.float64 else torch.float32
+
+
+def normalized(A: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Â: |A| (times ``mask`` [N] on rows and columns) with rows summing to 1 (rows of 0 stay
+    0): one copy of A in :func:`work_dtype`, the rest in place."""
+    a = A.abs().to(work_dtype(A)) if A.dtype != work_dtype(A) else A.abs()
+    if mask is not None:
+        a *= mask[:, None]
+        a *= mask[None, :]
+    a /= a.sum(1, keepdim=True).clamp_min(1e-10)
+    return a
 
 
 def influence(An: Tensor, weights: Tensor, max_iter: int = 10_000) -> Tensor:
     """w (Â + Â² + …) [N]: the graph is acyclic, so the series ends."""
-    current = weights @ An
+    current = weights.to(An.dtype) @ An
     total = current.clone()
     for _ in range(max_iter):
         current = current @ An
@@ -51,13 +61,23 @@ def threshold_of(scores: Tensor, share: float) -> float:
     >>> threshold_of(torch.tensor([1.0, 5.0, 3.0, 1.0]), 0.8)
     3.0
     """
-    ordered = scores.flatten().sort(descending=True).values
+    ordered = _sorted_down(scores.flatten())
     total = ordered.sum()
     if share >= 1.0 or total <= 0:
         return float(ordered[-1]) if len(ordered) else 0.0
     cumulative = ordered.cumsum(0) / total
     index = min(int(torch.searchsorted(cumulative, torch.tensor(share, dtype=cumulative.dtype))), len(ordered) - 1)  # fmt: skip
     return float(ordered[index])
+
+
+def _sorted_down(values: Tensor) -> Tensor:
+    """values sorted, largest first, without torch.sort's index tensor (8 bytes a value):
+    NumPy sorts a copy of the values alone."""
+    if values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
+        return values.sort(descending=True).values
+    flat = values.numpy().copy()
+    flat.sort()
+    return torch.from_numpy(flat[::-1].copy())
 
 
 def logit_weights(graph: Graph) -> Tensor:
@@ -95,18 +115,22 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     check_threshold(edge_threshold, "--edge-threshold")
     n_f = graph.n_features
     w = logit_weights(graph)
-    A = graph.adjacency.double()
-    node_inf = influence(normalized(A), w)
+    A = graph.adjacency  # its copies: Â once, then the edge scores in place of it
+    An = normalized(A)
+    node_inf = influence(An, w).double()
     nodes = torch.ones(graph.n_nodes, dtype=torch.bool)
     if node_threshold < 1.0:
         nodes = node_inf >= threshold_of(node_inf, node_threshold)
         nodes[graph.token_start :] = True
-    kept = A * nodes[:, None] * nodes[None, :]
-    An = normalized(kept)
-    edge_scores = An * (influence(An, w) + w)[:, None]
-    edges = (A != 0) & nodes[:, None] & nodes[None, :]
+    del An
+    edge_scores = normalized(A, nodes.to(work_dtype(A)))
+    edge_scores *= (influence(edge_scores, w) + w.to(edge_scores.dtype))[:, None]
+    edges = A != 0
+    edges &= nodes[:, None]
+    edges &= nodes[None, :]
     if edge_threshold < 1.0:
         edges &= edge_scores >= threshold_of(edge_scores[edges], edge_threshold)
+        del edge_scores
         while True:  # drop what the cut left without an outgoing (or, features, incoming) edge
             before = nodes.clone()
             nodes[: graph.token_start] &= edges[:, : graph.token_start].any(0)

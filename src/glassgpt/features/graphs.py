@@ -29,11 +29,9 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
+from glassgpt.features.graph_rows import Rows, Spec
 from glassgpt.features.replacement import Frozen, Transcoders, freeze, norm_linear, run_frozen
 from glassgpt.model import GPT
-
-CHUNK = 4096  # source features gathered per einsum in a batch of rows
-Spec = tuple[int | None, int, Tensor]  # (layer read, or None for the final residual; pos; vector)
 
 
 @dataclass
@@ -55,6 +53,8 @@ class Graph:
     frozen: Frozen | None = field(default=None, repr=False)
     transcoders: Transcoders | None = field(default=None, repr=False)
     specs: list[Spec] = field(default_factory=list, repr=False)  # per row with a read
+    n_backward: int = 0  # backward passes run
+    notes: list[str] = field(default_factory=list)  # what a memory cap changed
 
     @property
     def n_features(self) -> int:
@@ -115,12 +115,19 @@ def attribute(
     max_logits: int = 10, logit_prob: float = 0.95, logits: Sequence[int] | None = None,
     directions: Sequence[Tensor] | None = None,
     max_feature_nodes: int | None = None, batch_size: int = 32,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, max_memory: float | None = None, offload: bool = False,
 ) -> Graph:  # fmt: skip
     """The attribution graph of ``tokens`` (module docstring). ``directions``: vectors
     [d_model] read from the final residual at the last position (e.g. W_U[:, a] − W_U[:, b],
     a logit difference), in place of the top logits, each weighted 1/len; ``logits``: these
-    token ids' (demeaned) logits in place of the top ones, weighted likewise."""
+    token ids' (demeaned) logits in place of the top ones, weighted likewise.
+
+    ``dtype``: the adjacency's (float32, or bfloat16 for half the memory). ``max_memory``
+    (bytes): the most the adjacency and the searched rows may take; a graph that needs more
+    keeps fewer feature nodes, the most influential, and ``graph.notes`` says so (never an
+    error). ``offload``: the transcoders' weights wait on the host while the rows are computed
+    (only the active features' encoder and decoder rows stay on the model's device); on a
+    CPU model it changes nothing."""
     if batch_size < 1:
         raise GlassError(f"--batch-size: must be ≥ 1, got {batch_size}")
     fz = freeze(model, transcoders, tokens)
@@ -139,36 +146,60 @@ def attribute(
             top = torch.tensor(list(logits), dtype=torch.long)
             probs = torch.full((len(top),), 1.0 / len(top), dtype=torch.float64)
         demeaned = W_U - W_U.mean(1, keepdim=True)
-        vecs, ids = [demeaned[:, k] for k in top.tolist()], top.tolist()
+        vecs, ids = [demeaned[:, k].clone() for k in top.tolist()], top.tolist()
     logit_specs: list[Spec] = [(None, T - 1, v) for v in vecs]
     active = [a.nonzero() for a in fz.acts]  # per layer [n_l, 2] (pos, idx)
     feats = torch.cat([torch.cat([torch.full_like(a[:, :1], l), a], 1) for l, a in enumerate(active)])  # fmt: skip
-    values = torch.cat([fz.acts[l][a[:, 0], a[:, 1]] for l, a in enumerate(active)])
-    n_a = len(feats)
-    enc = {l: transcoders.encoder(l).detach() for l in range(L) if transcoders.width(l)}
-    feat_specs: list[Spec] = [(int(l), int(p), enc[int(l)][:, int(i)]) for l, p, i in feats.tolist()]  # fmt: skip
-
-    def rows(specs: list[Spec]) -> Tensor:
-        out = [_rows(model, transcoders, fz, specs[i : i + batch_size], active, values_by_layer)
-               for i in range(0, len(specs), batch_size)]  # fmt: skip
-        return torch.cat(out).to(dtype) if out else torch.zeros(0, n_a + L * T + T, dtype=dtype)
-
     values_by_layer = [fz.acts[l][a[:, 0], a[:, 1]] for l, a in enumerate(active)]
-    logit_rows = rows(logit_specs)
+    values = torch.cat(values_by_layer)
+    n_a = len(feats)
+    # the active features' encoder columns, copied: the full encoders may then leave the device
+    enc = [transcoders.encoder(l).detach()[:, a[:, 1]].T.clone() if len(a) else None
+           for l, a in enumerate(active)]  # fmt: skip
+    feat_specs: list[Spec] = [(l, int(a[j, 0]), enc[l][j]) for l, a in enumerate(active)  # type: ignore[index]
+                              for j in range(len(a))]  # fmt: skip
+    engine = Rows(model, transcoders, fz, active, values_by_layer, batch_size)
+    n_l, n_cols = len(ids), engine.n_cols
+    fixed = L * T + T + n_l
+    size = torch.tensor([], dtype=dtype).element_size()
     cap = n_a if max_feature_nodes is None else min(max_feature_nodes, n_a)
-    if cap == n_a:
-        chosen = list(range(n_a))
-        feat_rows = rows(feat_specs)
-    else:
-        chosen, feat_rows = _grow(logit_rows, probs.to(logit_rows.device, dtype), n_a, cap, batch_size,
-                                  lambda idx: rows([feat_specs[i] for i in idx]))  # fmt: skip
+    notes: list[str] = []
+    if max_memory is not None and _need(cap, n_a, fixed, size) > max_memory:
+        fit = max(
+            (c for c in _candidates(cap) if _need(c, n_a, fixed, size) <= max_memory), default=0
+        )
+        notes.append(f"{cap} feature nodes need {_need(cap, n_a, fixed, size) / 2**30:.2f} GiB of "
+                     f"adjacency, over the memory cap of {max_memory / 2**30:.2f} GiB: the {fit} "
+                     f"most influential kept")  # fmt: skip
+        cap = fit
+    with _offloaded(transcoders, offload and fz.embed.device.type != "cpu"):
+        if cap == n_a:  # every row written in place: no copy of the adjacency
+            N = n_a + fixed
+            A = torch.zeros(N, N, dtype=dtype)  # on the host, whatever the model's device
+            engine.fill(feat_specs + logit_specs, A, [*range(n_a), *range(N - n_l, N)])
+            chosen = list(range(n_a))
+        else:
+            logit_rows = torch.zeros(n_l, n_cols, dtype=dtype)
+            engine.fill(logit_specs, logit_rows, range(n_l), split=False)
+
+            def compute(idx: list[int]) -> Tensor:
+                out = torch.zeros(len(idx), n_cols, dtype=dtype)
+                engine.fill([feat_specs[i] for i in idx], out, range(len(idx)), split=False)
+                return out
+
+            chosen, feat_rows = _grow(logit_rows, probs, n_a, cap, batch_size, compute)
+            sel = torch.tensor(chosen, dtype=torch.long)
+            n_f = len(chosen)
+            N = n_f + fixed
+            A = torch.zeros(N, N, dtype=dtype)
+            # the columns kept: the chosen features, every error, every token
+            keep_cols = torch.cat([sel, torch.arange(n_a, n_a + L * T + T)])
+            for i in range(0, n_f, 1024):  # a slice at a time: no second copy of the rows
+                A[i : min(i + 1024, n_f), : n_f + L * T + T] = feat_rows[i : i + 1024][:, keep_cols]
+            del feat_rows
+            A[N - n_l :, : n_f + L * T + T] = logit_rows[:, keep_cols]
     sel = torch.tensor(chosen, dtype=torch.long)
-    n_f, n_l = len(chosen), len(ids)
-    N = n_f + L * T + T + n_l
-    A = torch.zeros(N, N, dtype=dtype)  # on the host, whatever the model's device
-    keep_cols = torch.cat([sel, torch.arange(n_a, n_a + L * T + T)])  # features, errors, tokens
-    A[:n_f, : n_f + L * T + T] = feat_rows[:, keep_cols.to(feat_rows.device)].cpu()
-    A[N - n_l :, : n_f + L * T + T] = logit_rows[:, keep_cols.to(logit_rows.device)].cpu()
+    n_f = len(chosen)
     specs = [feat_specs[i] for i in chosen] + logit_specs
     inputs = torch.zeros(N, dtype=torch.float64)
     bias = torch.zeros(N, dtype=torch.float64)
@@ -178,42 +209,36 @@ def attribute(
     inputs[where], bias[where] = reads, zero
     return Graph(prompt, fz.tokens.cpu(), L, model.config.n_vocab, feats[sel].cpu(),
                  values[sel].detach().cpu().double(), ids, probs, A, inputs, bias, n_a, fz,
-                 transcoders, specs)  # fmt: skip
+                 transcoders, specs, engine.n_backward, notes)  # fmt: skip
 
 
-def _rows(
-    model: GPT, tc: Transcoders, fz: Frozen, specs: list[Spec], active: list[Tensor],
-    values: list[Tensor],
-) -> Tensor:  # fmt: skip
-    """One batch of rows: the direct effects on each spec's read of every active feature,
-    error and token [len(specs), n_active + L·T + T], from one backward pass."""
-    B, (L, T, d) = len(specs), fz.writes.shape
-    embed = fz.embed.expand(B, T, d).clone().requires_grad_(True)
-    writes = [fz.writes[l].expand(B, T, d).clone().requires_grad_(True) for l in range(L)]
-    with torch.enable_grad():
-        lin = run_frozen(model, fz, embed, writes)
-        obj = embed.new_zeros(())
-        for b, (layer, pos, vec) in enumerate(specs):
-            x = lin.final if layer is None else lin.u[layer]
-            obj = obj + x[b, pos] @ vec.detach().to(x.dtype)
-        grads = torch.autograd.grad(obj, [embed, *writes], allow_unused=True)
-    g_embed, g_mlp = grads[0], grads[1:]
-    cols = []
-    for source, a in enumerate(active):
-        c = embed.new_zeros(B, len(a))
-        for target, W in tc.decoders(source):
-            g = g_mlp[target]
-            if g is None:
-                continue
-            for i in range(0, len(a), CHUNK):  # [B, chunk, d] at a time
-                pos, idx = a[i : i + CHUNK, 0], a[i : i + CHUNK, 1]
-                D = W.detach()[idx].to(g.dtype) * values[source][i : i + CHUNK, None]  # a_s W_dec,s
-                c[:, i : i + CHUNK] += torch.einsum("bnd,nd->bn", g[:, pos], D)
-        cols.append(c)
-    errs = [(g * fz.errors[l]).sum(-1) if (g := g_mlp[l]) is not None else embed.new_zeros(B, T)
-            for l in range(L)]  # fmt: skip
-    toks = (g_embed * fz.embed).sum(-1) if g_embed is not None else embed.new_zeros(B, T)
-    return torch.cat([*cols, torch.cat(errs, 1), toks], 1).detach()
+def _need(cap: int, n_a: int, fixed: int, size: int) -> int:
+    """Bytes of the adjacency with ``cap`` feature nodes (and, below all n_a, the rows searched)."""
+    if cap >= n_a:
+        return (n_a + fixed) ** 2 * size
+    return ((cap + fixed) ** 2 + (cap + fixed) * (n_a + fixed)) * size
+
+
+def _candidates(cap: int) -> list[int]:
+    """0 … cap, coarsely: the largest that fits is found to within 1/64 of cap."""
+    step = max(1, cap // 64)
+    return [*range(0, cap, step), cap]
+
+
+class _offloaded:
+    """The transcoders' weights on the host for the block, back on their device after."""
+
+    def __init__(self, tc: Transcoders, on: bool) -> None:
+        self.modules = ([tc.clt] if tc.clt is not None else list(tc.layers.values())) if on else []
+        self.devices = [next(m.parameters()).device for m in self.modules]
+
+    def __enter__(self) -> None:
+        for m in self.modules:
+            m.to("cpu")
+
+    def __exit__(self, *exc: object) -> None:
+        for m, device in zip(self.modules, self.devices, strict=True):
+            m.to(device)
 
 
 def _reads(model: GPT, tc: Transcoders, fz: Frozen, specs: list[Spec], *, zero: bool) -> Tensor:
@@ -244,31 +269,44 @@ def _grow(
     """Feature rows chosen by influence: repeatedly the ``batch`` unvisited features of most
     influence on the logits through the rows computed so far, until ``cap``."""
     chosen: list[int] = []
-    feat_rows = logit_rows.new_zeros(0, logit_rows.shape[1])
+    feat_rows = logit_rows.new_zeros(cap, logit_rows.shape[1])  # filled in place
     while len(chosen) < cap:
-        influence = _partial_influence(feat_rows, chosen, logit_rows, probs)[:n_a]
+        influence = _partial_influence(feat_rows[: len(chosen)], chosen, logit_rows, probs)[:n_a]
         if chosen:
             influence[torch.tensor(chosen, device=influence.device)] = -1
         take = influence.topk(min(batch, cap - len(chosen))).indices.tolist()
-        feat_rows = torch.cat([feat_rows, compute(take)])
+        feat_rows[len(chosen) : len(chosen) + len(take)] = compute(take)
         chosen += take
     return chosen, feat_rows
 
 
 def _partial_influence(feat_rows: Tensor, chosen: list[int], logit_rows: Tensor, probs: Tensor) -> Tensor:  # fmt: skip
-    """Influence on the weighted logits of every column, through the computed rows only."""
-    rows = torch.cat([logit_rows, feat_rows]).abs()
-    rows = rows / rows.sum(1, keepdim=True).clamp_min(1e-10)
-    dev = rows.device
-    weight = torch.cat([probs, torch.zeros(len(chosen), dtype=probs.dtype, device=dev)])
+    """Influence on the weighted logits of every column, through the computed rows only:
+    w (R̂ + R̂² + …) with R̂ = |rows| row-normalised, taken as (w / rowsum) @ |rows| a slice
+    at a time (no normalised copy of the rows)."""
+    dev, work = logit_rows.device, torch.float64 if logit_rows.dtype == torch.float64 else torch.float32  # fmt: skip
+    parts = [logit_rows, feat_rows]
+    sums = [torch.cat([r[i : i + 1024].abs().sum(1, dtype=work) for i in range(0, len(r), 1024)])
+            if len(r) else torch.zeros(0, dtype=work, device=dev) for r in parts]  # fmt: skip
+    inv = [1 / s.clamp_min(1e-10) for s in sums]
+
+    def step(w_logit: Tensor, w_feat: Tensor) -> Tensor:
+        out = torch.zeros(logit_rows.shape[1], dtype=work, device=dev)
+        for r, w, k in ((logit_rows, w_logit, inv[0]), (feat_rows, w_feat, inv[1])):
+            for i in range(0, len(r), 1024):
+                if bool(w[i : i + 1024].any()):
+                    out += (w[i : i + 1024] * k[i : i + 1024]) @ r[i : i + 1024].abs().to(work)
+        return out
+
     col_of_row = torch.tensor(chosen, dtype=torch.long, device=dev)
-    influence = torch.zeros(rows.shape[1], dtype=rows.dtype, device=dev)
+    w_logit, w_feat = probs.to(dev, work), torch.zeros(len(chosen), dtype=work, device=dev)
+    influence = torch.zeros(logit_rows.shape[1], dtype=work, device=dev)
     for _ in range(1000):
-        step = weight @ rows  # [n_cols]
-        influence += step
-        weight = step[col_of_row] if len(chosen) else step.new_zeros(0)
-        weight = torch.cat([torch.zeros(len(probs), dtype=rows.dtype, device=dev), weight])
-        if not bool(weight.any()):
+        s = step(w_logit, w_feat)  # [n_cols]
+        influence += s
+        w_logit = torch.zeros_like(w_logit)
+        w_feat = s[col_of_row] if len(chosen) else s.new_zeros(0)
+        if not bool(w_feat.any()):
             break
     return influence
 

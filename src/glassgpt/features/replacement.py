@@ -271,25 +271,31 @@ class Linear:
     logits: Tensor
 
 
+class _Final(Exception):
+    """Raised by the final residual's hook when the logits are not wanted."""
+
+
 def run_frozen(
     model: GPT, frozen: Frozen, embed: Tensor, writes: Sequence[Tensor], *,
-    attn_out: bool = False,
+    attn_out: bool = False, logits: bool = True,
 ) -> Linear:  # fmt: skip
     """The frozen (affine) model on B copies of the prompt, with the token embeddings
     ``embed`` [B, T, d] and the MLP outputs ``writes`` (L of [B, T, d]) in place of the
     model's: gradients flow only through the residual stream, the OV circuits and the frozen
-    norms."""
-    L, B = model.config.n_layers, embed.shape[0]
-    tokens = frozen.tokens[None].expand(B, -1)
+    norms. T may be shorter than the prompt: the model is causal, so its first T positions
+    are the frozen model of the prompt's first T tokens. ``logits=False`` stops at the final
+    residual (``Linear.logits`` is then empty): the unembedding is the costliest product."""
+    L, (B, T) = model.config.n_layers, embed.shape[:2]
+    tokens = frozen.tokens[None, :T].expand(B, -1)
     got: dict[str, Tensor] = {}
     u: list[Tensor] = [embed.new_zeros(0)] * L
     attn: list[Tensor] = [embed.new_zeros(0)] * L
 
     def scale(_t: Tensor, name: str) -> Tensor:
-        return frozen.scales[name]
+        return frozen.scales[name][:, :T]
 
     def pattern(_t: Tensor, name: str) -> Tensor:
-        return frozen.patterns[name]
+        return frozen.patterns[name][..., :T, :T]
 
     def read_u(t: Tensor, name: str) -> None:
         layer = int(name.split(".")[1])
@@ -303,6 +309,8 @@ def run_frozen(
 
     def keep(t: Tensor, name: str) -> None:
         got[name] = t
+        if not logits:
+            raise _Final
 
     hooks: dict[str, HookFn] = {n: scale for n in scale_names(model)}
     hooks.update({f"blocks.{l}.attn.pattern": pattern for l in range(L)})
@@ -311,10 +319,14 @@ def run_frozen(
     hooks.update({"embed": lambda _t, _n: embed, final_site(model): keep})
     if attn_out:
         hooks.update({f"blocks.{l}.attn_out": keep_attn for l in range(L)})
-    with _eval(model), model.hooks(hooks):
-        logits = model(tokens)
-    assert isinstance(logits, Tensor)
-    return Linear(u, got[final_site(model)], attn, logits)
+    out = embed.new_zeros(0)
+    try:
+        with _eval(model), model.hooks(hooks):
+            out = model(tokens)  # type: ignore[assignment]
+    except _Final:
+        pass
+    assert isinstance(out, Tensor)
+    return Linear(u, got[final_site(model)], attn, out)
 
 
 def norm_linear(model: GPT, name: str, x: Tensor, pos: Tensor | slice, frozen: Frozen) -> Tensor:

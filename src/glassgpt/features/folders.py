@@ -72,22 +72,25 @@ def eval_sae(
     if tokens < 1:
         raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
     T = eval_window(net.config.n_ctx, seq_len)
-    if data and not (len(data) == 1 and is_prepared(data[0])):
-        needs_tokenizer(tok, model_path, flag=None, text="--data text")
-        stream, source = encode_files(tok, data)[0], ", ".join(data)
-    else:
-        path = data[0] if data else extra.get("data")
-        if not path or not is_prepared(path):
-            raise GlassError(
-                f"{sae_dir}: its data folder ({path}) is gone; pass --data with a prepared data "
-                "folder or text files"
-            )
-        folder_data = DataDir.open(path)
-        split = eval_split(folder_data, T)
-        stream, source = folder_data.stream(split), f"{path}, {split} split"
+    stream, source = eval_stream(sae_dir, data, extra.get("data"), tok, model_path, T)
     with torch.no_grad():
         result = measure(net, sae, stream, seq_len=T, tokens=tokens, device=where)
     return {**result, "source": source, "hook": sae.cfg.hook, "arch": sae.cfg.arch}
+
+
+def eval_stream(folder: str, data: Sequence[str] | None, own: Any, tok: Any, model_path: str, T: int) -> tuple[Any, str]:  # fmt: skip
+    """(token stream, its description) a dictionary is measured on: ``data`` (text files or a
+    prepared folder's val split), else the val split (else train) of ``own``, its data folder."""
+    if data and not (len(data) == 1 and is_prepared(data[0])):
+        needs_tokenizer(tok, model_path, flag=None, text="--data text")
+        return encode_files(tok, data)[0], ", ".join(data)
+    path = data[0] if data else own
+    if not path or not is_prepared(path):
+        raise GlassError(f"{folder}: its data folder ({path}) is gone; pass --data with a "
+                         "prepared data folder or text files")  # fmt: skip
+    folder_data = DataDir.open(path)
+    split = eval_split(folder_data, T)
+    return folder_data.stream(split), f"{path}, {split} split"
 
 
 def write_pages(

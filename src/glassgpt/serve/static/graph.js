@@ -292,10 +292,21 @@ function drawFeaturePage(box, f) {  // the Features tab's page of this feature, 
     for (const r of rows.slice(0, 5)) t.append(el("tr", {}, el("td", { class: "t" }, show(r.text)), el("td", { class: "v " + cls }, r.value.toFixed(3))));
     lg.append(t);
   }
-  box.append(lg, el("h3", {}, "Top activations"));
+  box.append(lg);
+  if (p.decoder_norms) box.append(decoderNorms(p.decoder_norms));
+  box.append(el("h3", {}, "Top activations"));
   const ctx = el("div", { class: "contexts" });
   for (const c of p.contexts.slice(0, 8)) ctx.append(el("span", { class: "cv" }, fmt(c.value)), contextLine(c, p.max));
   box.append(ctx);
+}
+
+function decoderNorms(rows) {  // a CLT feature's writes: ‖W_dec‖ per target layer, as bars
+  const top = Math.max(...rows.map((r) => r.norm), 1e-12);
+  const t = el("table", { class: "pairs norms" }, el("caption", {}, "decoder norm per target layer"));
+  for (const r of rows) t.append(el("tr", {}, el("td", { class: "t" }, `L${r.layer}`),
+    el("td", {}, el("span", { class: "bar", style: `display:inline-block;height:8px;background:#4a7bd0;width:${(60 * r.norm / top).toFixed(1)}px` })),
+    el("td", { class: "v" }, r.norm.toFixed(3))));
+  return t;
 }
 
 function drawLists() {

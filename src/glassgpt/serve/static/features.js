@@ -46,12 +46,12 @@ function cltControls(c) {
   mode.value = "clamp";
 }
 
-function decoderNorms(rows) {  // a CLT feature's writes: ‖W_dec‖ per target layer, as bars
+function featNorms(rows) {  // a CLT feature's writes: ‖W_dec‖ per target layer, as bars
   const top = Math.max(...rows.map((r) => r.norm), 1e-12);
   const t = el("table", { class: "pairs", id: "feat-norms" }, el("caption", {}, "decoder norm per target layer"));
   for (const r of rows) t.append(el("tr", {}, el("td", { class: "t" }, `layer ${r.layer}`),
     el("td", {}, el("span", { style: `display:inline-block;height:8px;background:var(--orange);width:${(80 * r.norm / top).toFixed(1)}px` })),
-    el("td", { class: "v" }, r.norm.toFixed(3))));
+    el("td", { class: "v" }, fmt(r.norm))));
   return t;
 }
 
@@ -127,7 +127,7 @@ function drawPage() {
     for (const r of rows) t.append(el("tr", {}, el("td", { class: "t" }, show(r.text)), el("td", { class: "v " + cls }, r.value.toFixed(3))));
     lg.append(t);
   }
-  if (p.decoder_norms) lg.append(decoderNorms(p.decoder_norms));
+  if (p.decoder_norms) lg.append(featNorms(p.decoder_norms));
   // top contexts, each token shaded by this latent's activation there
   const box = $("feat-contexts"), m = p.max || 1;
   for (const c of p.contexts) {

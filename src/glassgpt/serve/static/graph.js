@@ -198,6 +198,7 @@ async function featureInfo(n) {  // label and page of a feature node (cached; nu
 
 async function hoverNode(id, ev) {
   G.hover = id; focus(id || G.clicked);
+  const seq = G.tipSeq = (G.tipSeq || 0) + 1;  // a second hover of the same node while the first waits: one tip
   const tip = $("graph-tip");
   if (!id) { tip.hidden = true; return; }
   const n = G.nodes.get(id), wrap = $("graph-wrap").getBoundingClientRect();
@@ -213,9 +214,11 @@ async function hoverNode(id, ev) {
   place(tip);
   if (isFeature(n)) {
     const f = await featureInfo(n);
-    if (G.hover !== id || !f) return;
+    if (G.hover !== id || G.tipSeq !== seq || !f) return;
     if (f.label && !n.clerp) tip.append(el("div", { class: "lab" }, f.label));
     if (f.page) {
+      if (f.page.decoder_norms) tip.append(el("div", { class: "muted" }, "writes ‖W_dec‖: " +
+        f.page.decoder_norms.map((r) => `L${r.layer} ${fmt(r.norm)}`).join(" · ")));
       tip.append(el("div", { class: "muted" }, "top activations:"));
       for (const c of f.page.contexts.slice(0, 3)) tip.append(contextLine(c, f.page.max));
     }
@@ -305,7 +308,7 @@ function decoderNorms(rows) {  // a CLT feature's writes: ‖W_dec‖ per target
   const t = el("table", { class: "pairs norms" }, el("caption", {}, "decoder norm per target layer"));
   for (const r of rows) t.append(el("tr", {}, el("td", { class: "t" }, `L${r.layer}`),
     el("td", {}, el("span", { class: "bar", style: `display:inline-block;height:8px;background:#4a7bd0;width:${(60 * r.norm / top).toFixed(1)}px` })),
-    el("td", { class: "v" }, r.norm.toFixed(3))));
+    el("td", { class: "v" }, fmt(r.norm))));
   return t;
 }
 

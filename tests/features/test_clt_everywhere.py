@@ -2,8 +2,8 @@
 same sums by hand, CE of the clean model against its own loss), ``sae label`` (keys "l/i",
 against glassgpt's own serve), the Graph tab's node page (decoder norms against W_dec, the
 pages' contexts), and the explorer's Features tab (pages by "l/i", search, activations, and
-steering by clamping against glassgpt.features.clt_steering), both tabs also in Chromium. One
-tiny topk CLT, trained here."""
+steering by clamping against glassgpt.features.clt_steering); both tabs in Chromium:
+tests/serve/test_clt_browser.py. One tiny topk CLT, trained here."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ import torch
 from fastapi.testclient import TestClient
 from tests.features import test_label
 from tests.features.test_clt_train import clt_train
-from tests.serve import conftest as serve_conftest
-from tests.serve.conftest import start_server
 
 from glassgpt.checkpoint import load, open_run
 from glassgpt.cli import main
@@ -36,8 +34,7 @@ from glassgpt.serve.features import folder_extra, load_sae
 from glassgpt.tokenizer.display import token_texts
 
 S = 32  # features per layer (clt_train's --width)
-llm = test_label.llm  # the fixtures: glassgpt serve as the LLM, and headless Chromium
-browser = serve_conftest.browser
+llm = test_label.llm  # the fixture: glassgpt serve as the LLM
 
 
 @pytest.fixture(scope="module")
@@ -190,60 +187,3 @@ def test_the_explorer_serves_a_clt(tiny_run: Path, clt_dir: Path, tmp_path: Path
         assert d["rows"][0]["clean"] == pytest.approx(float(p0[int(p.argmax())]), abs=1e-5)
         bad = client.post("/api/features/steer", json={**ask, "mode": "add"})
         assert bad.status_code == 400 and "steered by clamping" in bad.json()["error"]["message"]
-
-
-def test_both_tabs_show_a_clt_in_chromium(
-    tiny_run: Path,
-    clt_dir: Path,
-    browser: Any,
-    tmp_path: Path,
-) -> None:
-    folder = copy(clt_dir, tmp_path)
-    write_labels(folder, {"1/3": {"label": "Layer One Three", "detection": 0.7}}, model="m")
-    model, tok = load(tiny_run)
-    clt, pages = load_sae(str(folder), model)
-    app = create_app(model, tok, name="tiny", slots=2, sae=clt, pages=pages, transcoders=open_transcoders(folder))  # fmt: skip
-    server, thread, url = start_server(app)
-    problems: list[str] = []
-    try:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.on("console", lambda m: m.type == "error" and "status of 400" not in m.text and problems.append(m.text))  # fmt: skip
-        page.on("pageerror", lambda e: problems.append(str(e)))
-        # a 400 of the Inspect tab (its default prompt is longer than this n_ctx) is not ours
-        page.on("response", lambda r: r.status >= 400 and ("/api/features" in r.url or "/api/graph" in r.url)
-                and problems.append(f"{r.status} {r.url}"))  # fmt: skip
-        page.goto(url + "/")
-        page.wait_for_selector("#tab-features:not([hidden])")
-        page.click("#tab-features")
-        page.wait_for_selector("#feat-layer")
-        page.select_option("#feat-layer", "1")
-        page.fill("#feat-id", "3")
-        page.dispatch_event("#feat-id", "change")
-        page.wait_for_function("() => document.querySelector('#feat-title').textContent === '#1/3'")
-        page.wait_for_selector("#feat-norms")
-        assert "Layer One Three" in page.inner_text("#feat-label")
-        assert page.locator("#feat-norms tr").count() == 1  # layer 1 writes to layer 1 only
-        assert [o for o in page.eval_on_selector_all("#feat-mode option", "os => os.map(o => o.value)")] == ["clamp"]  # fmt: skip
-        page.fill("#feat-query", "1/3")
-        page.wait_for_selector("#feat-results .result")
-        assert page.inner_text("#feat-results .result b") == "#1/3"
-        page.screenshot(path=str(tmp_path / "features-clt.png"), full_page=True)
-        # the Graph tab: a layer-0 feature's page has its decoder norm on both layers
-        for sel, value in (("#graph-prompt", "To be, or not"), ("#graph-node-t", "1"), ("#graph-edge-t", "1")):  # fmt: skip
-            page.eval_on_selector(sel, "(e, v) => { e.value = v; }", value)
-        page.click("#tab-graph")
-        page.wait_for_selector("#graph-svg .node.feature[data-id^='0_']")
-        node = page.locator("#graph-svg .node.feature[data-id^='0_']").first
-        node.hover()
-        page.wait_for_function("() => document.querySelector('#graph-tip').textContent.includes('top activations')")  # fmt: skip
-        assert page.inner_text("#graph-tip").count("top activations") == 1
-        assert "writes ‖W_dec‖: L0 " in page.inner_text("#graph-tip") and " · L1 " in page.inner_text("#graph-tip")  # fmt: skip
-        node.click()
-        page.wait_for_selector("#graph-page .norms")
-        assert page.locator("#graph-page .norms tr").count() == 2
-        assert "decoder norm per target layer" in page.inner_text("#graph-page")
-        page.screenshot(path=str(tmp_path / "graph-clt.png"), full_page=True)
-        assert problems == []
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

@@ -25,6 +25,7 @@ from glassgpt.features.clt import CLT
 from glassgpt.features.clt_steering import Edit, intervene
 from glassgpt.features.clt_train import read_layers
 from glassgpt.features.identity import check_identity
+from glassgpt.features.label_contexts import quiet_contexts
 from glassgpt.features.labels import read_labels, write_labels
 from glassgpt.features.metrics import EVAL_BATCH
 from glassgpt.features.pages import load_pages
@@ -32,6 +33,7 @@ from glassgpt.features.replacement import open_transcoders
 from glassgpt.serve.app import create_app
 from glassgpt.serve.features import folder_extra, load_sae
 from glassgpt.tokenizer.display import token_texts
+from glassgpt.train.evaluate import ArrayStream
 
 S = 32  # features per layer (clt_train's --width)
 llm = test_label.llm  # the fixture: glassgpt serve as the LLM
@@ -112,6 +114,28 @@ def test_sae_label_labels_a_clt_by_layer(
     # the page shows its label by "l/i"
     page = load_pages(folder).page(S + live[0], [""] * 100)
     assert page["label"]["label"] == got[f"1/{live[0]}"]["label"]
+
+
+def test_a_clt_features_silent_contexts_are_silent(tiny_run: Path, clt_dir: Path) -> None:
+    """One window of 32 tokens is the whole corpus, so every draw is it: each silent context
+    must be a span of it where the CLT's code (by hand, at the feature's layer) is 0."""
+    model, _ = load(tiny_run)
+    clt = CLT.load(clt_dir).eval()
+    window = DataDir.open(tiny_run / "data").stream("train").read(0, 32).astype("int64")
+    with torch.no_grad():
+        f = clt.encode(read_layers(model, torch.from_numpy(window)[None])[0])[0]  # [T, L, S]
+    feats = [3, 17, S + 3, S + 20]
+    quiet = quiet_contexts(model, clt, ArrayStream(window), feats, n=3, width=(4, 2), seq_len=32, tokens=32)  # fmt: skip
+    found, tested = 0, 0
+    for j in feats:
+        layer, i = divmod(j, S)
+        silent = [a for a in range(32 - 6) if torch.all(f[a : a + 7, layer, i] == 0)]
+        spans = {tuple(window[a : a + 7].tolist()) for a in silent}
+        assert all(tuple(c) in spans for c in quiet[j]), j
+        assert len(quiet[j]) == min(3, len(silent))
+        found += len(quiet[j])
+        tested += bool(quiet[j]) and len(silent) < 32 - 6  # active somewhere in the window
+    assert found > 0 and tested > 0
 
 
 @pytest.mark.parametrize(

@@ -286,7 +286,12 @@ def test_an_endpoint_that_does_not_answer(sae_dir: Path, capsys: Any) -> None:
     [
         (lambda d, s: d / "missing", [], "no such folder"),
         (lambda d, s: d, [], "not an SAE, transcoder or CLT folder"),
-        (lambda d, s: (d / "clt.json").write_text("{}") and d, [], "a CLT folder"),
+        # a CLT folder is labelled as an SAE's is (tests/features/test_clt_everywhere.py): from its pages
+        (
+            lambda d, s: (d / "clt.json").write_text("{}") and d,
+            [],
+            "no feature pages (make them with glassgpt sae features)",
+        ),
         (
             lambda d, s: s,
             ["--features", "0-12"],

@@ -6,7 +6,7 @@
     glassgpt sae features -c DIR [--data PATH…] [-o FILE] [--tokens N] [--top K]
     glassgpt sae export -c DIR --format saelens -o OUT
     glassgpt sae import SAELENS_DIR -o DIR [--model RUN]
-    glassgpt sae label DIR --endpoint URL [--explainer NAME] [--features 0-99|all-live]
+    glassgpt sae label DIR --endpoint URL [--explainer NAME] [--features 0-99|1/0-99|all-live]
 
 The jobs live in :mod:`glassgpt.features` (``job.train_command``, ``folders``).
 """
@@ -32,7 +32,7 @@ from glassgpt.cli.arguments import (
 )
 from glassgpt.errors import GlassError
 from glassgpt.features.clt import CLT_ARCHS
-from glassgpt.features.clt_pages import export_circuit_tracer, is_clt, write_clt_pages
+from glassgpt.features.clt_pages import eval_clt, export_circuit_tracer, is_clt, write_clt_pages
 from glassgpt.features.folders import eval_sae, export_sae, import_sae, write_pages
 from glassgpt.features.job import train_command
 from glassgpt.features.label_job import label_folder
@@ -80,10 +80,12 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     e = sub.add_parser(
         "eval",
-        help="L0, FVU, CE loss recovered, dead and dense latents of an SAE",
+        help="L0, FVU, CE loss recovered, dead and dense latents of an SAE (or a CLT, per layer)",
         description="Measure an SAE on its model: L0, fraction of variance unexplained, CE "
         "loss recovered ((L_zero − L_sae)/(L_zero − L_clean), the SAE spliced in against the "
-        "clean model and the zeroed activation), and the dead and dense latent fractions.",
+        "clean model and the zeroed activation), and the dead and dense latent fractions. A CLT "
+        "folder: FVU and L0 per layer besides, its CE loss recovered with every MLP output "
+        "replaced at once, against every MLP output zeroed.",
     )
     add_checkpoint(e, help=SAE_DIR)
     e.add_argument("--model", metavar="DIR", help="the model (default: the one it was trained on; another, e.g. a fine-tune, is measured with a note)")  # fmt: skip
@@ -167,6 +169,12 @@ def summary(r: dict[str, Any]) -> str:
     )
 
 
+def per_layer(r: dict[str, Any]) -> str:
+    """A CLT's per-layer FVU and L0 (its ``sae train``'s and ``sae eval``'s second line)."""
+    return "per layer: " + " | ".join(
+        f"{l}: FVU {f:.4f}, L0 {z:.1f}" for l, (f, z) in enumerate(zip(r["fvu_layers"], r["l0_layers"])))  # fmt: skip
+
+
 def run_train(args: argparse.Namespace) -> int:
     result = train_command(
         checkpoint=args.checkpoint, hook=args.hook, width=args.width, arch=args.arch, k=args.k,
@@ -179,9 +187,7 @@ def run_train(args: argparse.Namespace) -> int:
     print(summary(result))
     out = Path(result["folder"])
     if "fvu_layers" in result:  # a CLT: each target layer
-        print("per layer: " + " | ".join(
-            f"{l}: FVU {f:.4f}, L0 {z:.1f}"
-            for l, (f, z) in enumerate(zip(result["fvu_layers"], result["l0_layers"]))))  # fmt: skip
+        print(per_layer(result))
         print(f"wrote {out / 'clt'} (the CLT), {out / 'eval.json'} and {out / 'metrics.jsonl'}")
         return 0
     print(f"wrote {out / 'sae'} (the SAE), {out / 'eval.json'} and {out / 'metrics.jsonl'}")
@@ -189,9 +195,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    result = eval_sae(args.checkpoint, model=args.model, data=args.data, tokens=args.tokens,
+    result = (eval_clt if is_clt(args.checkpoint) else eval_sae)(args.checkpoint, model=args.model, data=args.data, tokens=args.tokens,
                       seq_len=args.seq_len, device=args.device)  # fmt: skip
     print(json.dumps(result) if args.json else summary(result))
+    if "fvu_layers" in result and not args.json:  # a CLT: each target layer
+        print(per_layer(result))
     return 0
 
 
@@ -244,7 +252,8 @@ def register_label(sub: Any) -> None:
         "glassgpt sae features), then score it by detection as EleutherAI's delphi does: the "
         "balanced accuracy with which the endpoint, given only the label, tells held-out "
         "activating contexts from random ones where the feature is silent. Written to "
-        "DIR/labels.json, which the explorer shows; a second run skips the features labelled.",
+        "DIR/labels.json, which the explorer shows; a second run skips the features labelled. A CLT "
+        "folder: every layer's features, labelled under the keys LAYER/i.",
     )
     lb.add_argument("folder", metavar="DIR", nargs="?", help=SAE_DIR)
     add_checkpoint(lb, required=False, help=f"{SAE_DIR}, as sae features takes it (or DIR)")
@@ -253,7 +262,7 @@ def register_label(sub: Any) -> None:
     lb.add_argument("--explainer", metavar="NAME", help="the endpoint's model that writes and judges the labels (default: the first it lists); --model in the other sae commands is the model the SAE reads")  # fmt: skip
     lb.add_argument("--api-key-env", metavar="VAR", help="the environment variable holding the API key (sent as a bearer token)")  # fmt: skip
     lb.add_argument("--features", default="all-live", metavar="SPEC",
-                    help="ids and ranges (0-99, 3,7,10-12) or all-live (default: every feature active on the pages' corpus)")  # fmt: skip
+                    help="ids and ranges (0-99, 3,7,10-12), a CLT's as LAYER/ids (1/0-99, 0/3,1/5-9), or all-live (default: every feature active on the pages' corpus; a CLT's of every layer)")  # fmt: skip
     lb.add_argument("--contexts", type=int, default=10, metavar="N", help="top contexts shown to write the label (default 10)")  # fmt: skip
     lb.add_argument("--holdout", type=int, default=5, metavar="N",
                     help="held-out activating contexts scored, with as many silent ones (default 5; 0: no score)")  # fmt: skip

@@ -28,13 +28,13 @@ from glassgpt.cli.arguments import (
 from glassgpt.console import say
 from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
-from glassgpt.features.identity import check_identity, sae_extra
+from glassgpt.features.identity import check_identity
 from glassgpt.features.replacement import open_transcoders
 from glassgpt.model.precision import cast, parse_dtype
 from glassgpt.sample.engine import is_small
 from glassgpt.sample.steering import parse_steer
 from glassgpt.serve.app import create_app
-from glassgpt.serve.features import load_sae
+from glassgpt.serve.features import folder_extra, load_sae
 from glassgpt.serve.graph_files import graph_paths
 from glassgpt.tokenizer.chat import chosen_template
 
@@ -69,7 +69,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                    help="steer every request: add ALPHA × the vector in FILE to the activation "
                    "HOOK (e.g. blocks.1.resid_post) at every position; repeatable")  # fmt: skip
     p.add_argument("--sae", metavar="DIR", default=None,
-                   help="an SAE on this model (glassgpt sae train's -o): feature pages (from "
+                   help="an SAE or CLT on this model (glassgpt sae train's -o): feature pages (from "
                    "glassgpt sae features), per-token activations and steering in the explorer")  # fmt: skip
     p.add_argument("--transcoders", metavar="DIR", default=None,
                    help="this model's transcoders (a CLT folder, a transcoder folder or a folder "
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     found = open_run(args.checkpoint, tokenizer=args.tokenizer, device=device,
                      dtype=None if args.sae else dtype)  # fmt: skip
     if args.sae:  # the model an SAE was trained on is known by its weights as loaded, uncast
-        check_identity(args.sae, sae_extra(args.sae), found, what="--sae")
+        check_identity(args.sae, folder_extra(args.sae), found, what="--sae")
         found.model = cast(found.model, dtype, inplace=True)
     model, tok = found.model, found.needs_tokenizer()
     chat = chosen_template(args.chat_template, found.chat_template, tok)

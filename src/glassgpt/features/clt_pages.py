@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,10 @@ from glassgpt.devices import parse_device
 from glassgpt.errors import GlassError
 from glassgpt.features.clt import CLT, clt_folder
 from glassgpt.features.clt import CONFIG_FILE as CLT_FILE
-from glassgpt.features.clt_train import check_clt, read_layers
-from glassgpt.features.folders import _free, page_windows
+from glassgpt.features.clt_train import check_clt, evaluate_clt, read_layers
+from glassgpt.features.folders import _free, eval_stream, page_windows
 from glassgpt.features.identity import check_identity
+from glassgpt.features.metrics import EVAL_TOKENS, eval_window, measure
 from glassgpt.features.pages import (
     FILE,
     Binning,
@@ -106,6 +107,23 @@ def open_clt(folder: str, *, model: str | None = None, device: str = "cpu") -> t
     check_clt(clt, run.model)
     check_identity(folder, doc, run, what="-c", hint="use the model it was trained on, or train a CLT on this one")  # fmt: skip
     return clt, run.model, run.tokenizer, doc
+
+
+def eval_clt(
+    folder: str, *, model: str | None = None, data: Sequence[str] | None = None,
+    tokens: int = EVAL_TOKENS, seq_len: int | None = None, device: str = "cpu",
+) -> dict[str, Any]:  # fmt: skip
+    """The metrics of :func:`glassgpt.features.clt_train.evaluate_clt` (per-layer FVU and L0,
+    CE loss recovered with every MLP output spliced) for the CLT in ``folder``, on ``data``
+    (default: its data folder's val split, else train), as ``sae eval`` measures an SAE."""
+    if tokens < 1:
+        raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
+    clt, net, tok, doc = open_clt(folder, model=model, device=device)
+    T = eval_window(net.config.n_ctx, seq_len)
+    stream, source = eval_stream(folder, data, doc.get("data"), tok, str(model or doc["model"]), T)
+    with torch.no_grad():
+        result = measure(net, clt.eval(), stream, seq_len=T, tokens=tokens, device=parse_device(device), how=evaluate_clt)  # fmt: skip
+    return {**result, "source": source, "hook": "blocks.*.mlp.in", "arch": f"clt-{clt.cfg.arch}"}
 
 
 def write_clt_pages(

@@ -72,22 +72,20 @@ def eval_sae(
     if tokens < 1:
         raise GlassError(f"--tokens: must be ≥ 1, got {tokens}")
     T = eval_window(net.config.n_ctx, seq_len)
-    if data and not (len(data) == 1 and is_prepared(data[0])):
-        needs_tokenizer(tok, model_path, flag=None, text="--data text")
-        stream, source = encode_files(tok, data)[0], ", ".join(data)
-    else:
-        path = data[0] if data else extra.get("data")
-        if not path or not is_prepared(path):
-            raise GlassError(
-                f"{sae_dir}: its data folder ({path}) is gone; pass --data with a prepared data "
-                "folder or text files"
-            )
-        folder_data = DataDir.open(path)
-        split = eval_split(folder_data, T)
-        stream, source = folder_data.stream(split), f"{path}, {split} split"
+    stream, source = eval_stream(sae_dir, data, extra.get("data"), tok, model_path, T)
     with torch.no_grad():
         result = measure(net, sae, stream, seq_len=T, tokens=tokens, device=where)
     return {**result, "source": source, "hook": sae.cfg.hook, "arch": sae.cfg.arch}
+
+
+def eval_stream(folder: str, data: Sequence[str] | None, own: Any, tok: Any, model_path: str, T: int) -> tuple[Any, str]:  # fmt: skip
+    """(token stream, its description) a dictionary is measured on: ``data`` (text files or a
+    prepared folder's val split), else the val split (else train) of ``own``, its data folder."""
+    found, source = _data(folder, data, own, tok, model_path)
+    if not isinstance(found, DataDir):
+        return found, source
+    split = eval_split(found, T)
+    return found.stream(split), f"{source}, {split} split"
 
 
 def write_pages(
@@ -132,21 +130,29 @@ def page_windows(
     return windows(stream, seq_len=T, batch=B, tokens=tokens), meta
 
 
-def _corpus(sae_dir: str, data: Sequence[str] | None, split: str, own: Any, tok: Any) -> tuple[Any, str]:  # fmt: skip
-    """(token stream, its description): ``data`` text files or prepared folder, else ``own``."""
+def _data(folder: str, data: Sequence[str] | None, own: Any, tok: Any, model: str) -> tuple[Any, str]:  # fmt: skip
+    """(the token stream of ``data`` text files, or the prepared folder ``data`` or ``own``
+    names (a DataDir), its description); one line when there is neither."""
     if data and not (len(data) == 1 and is_prepared(data[0])):
-        needs_tokenizer(tok, "the model", flag=None, text="--data text")
+        needs_tokenizer(tok, model, flag=None, text="--data text")
         return encode_files(tok, data)[0], ", ".join(data)
     path = data[0] if data else own
     if not path or not is_prepared(path):
-        raise GlassError(f"{sae_dir}: its data folder ({path}) is gone; pass --data with a "
+        raise GlassError(f"{folder}: its data folder ({path}) is gone; pass --data with a "
                          "prepared data folder or text files")  # fmt: skip
-    folder = DataDir.open(path)
-    if split not in folder.meta.splits:
-        raise GlassError(f"--split {split}: {path} has the splits {', '.join(folder.meta.splits)}")
+    return DataDir.open(path), str(path)
+
+
+def _corpus(sae_dir: str, data: Sequence[str] | None, split: str, own: Any, tok: Any) -> tuple[Any, str]:  # fmt: skip
+    """(token stream, its description): ``data`` text files or prepared folder, else ``own``."""
+    found, source = _data(sae_dir, data, own, tok, "the model")
+    if not isinstance(found, DataDir):
+        return found, source
+    if split not in found.meta.splits:
+        raise GlassError(f"--split {split}: {source} has the splits {', '.join(found.meta.splits)}")  # fmt: skip
     if tok is not None:
-        folder.check_tokenizer(tok)
-    return folder.stream(split), f"{path}, {split} split"
+        found.check_tokenizer(tok)
+    return found.stream(split), f"{source}, {split} split"
 
 
 def _free(out: Path, overwrite: bool) -> None:

@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
+from glassgpt.features.clt import CLT
+from glassgpt.features.clt_train import check_clt, read_layers
 from glassgpt.features.sae import SAE
 from glassgpt.features.sites import check_model, read
 from glassgpt.model import GPT
@@ -44,7 +46,7 @@ def split_ranks(available: int, explain: int, holdout: int) -> tuple[list[int], 
 @torch.no_grad()
 def quiet_contexts(
     model: GPT,
-    sae: SAE,
+    sae: SAE | CLT,
     stream: Any,
     features: Sequence[int],
     *,
@@ -58,14 +60,18 @@ def quiet_contexts(
     """Up to ``n`` contexts (token ids, before + 1 + after wide) per feature from random windows
     of ``stream`` (about ``tokens`` tokens, drawn with ``seed``), each with f_i = 0 at every
     token; one per window while windows last. A feature's picks depend only on ``seed`` and its
-    index, so a resumed run shows the same ones."""
+    index, so a resumed run shows the same ones. A CLT's features are numbered as its pages
+    number them: feature i of layer l is l · d_sae + i, read from u_l."""
     before, after = width
     W, T = before + after + 1, seq_len
     if len(stream) < T:
         raise GlassError(f"the data has {len(stream)} tokens, fewer than one window of {T}")
     if W > T:
         raise GlassError(f"contexts of {W} tokens do not fit windows of {T}")
-    site = check_model(sae, model)
+    if isinstance(sae, CLT):
+        check_clt(sae, model)
+    else:
+        site = check_model(sae, model)
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     R = max(1, tokens // T)
@@ -75,8 +81,11 @@ def quiet_contexts(
     where, which = [], []  # (token of the flattened windows, feature's column) where f > 0
     B = max(1, batch_tokens // T)
     for b in range(0, R, B):
-        x, _ = read(model, rows[b : b + B].to(device), site)
-        f = sae.encode(x.to(sae.W_enc.dtype))  # [B, T, d_sae]
+        if isinstance(sae, CLT):  # [B, T, L, d_sae] → [B, T, L · d_sae]
+            f = sae.encode(read_layers(model, rows[b : b + B].to(device))[0]).flatten(-2)
+        else:
+            x, _ = read(model, rows[b : b + B].to(device), site)
+            f = sae.encode(x.to(sae.W_enc.dtype))  # [B, T, d_sae]
         on = f.reshape(-1, f.shape[-1])[:, sel.to(f.device)] > 0  # [B·T, F]
         t, c = on.nonzero(as_tuple=True)
         where.append(t.cpu() + b * T)

@@ -27,6 +27,8 @@ from typing import Any
 from glassgpt.console import say
 from glassgpt.errors import GlassError
 from glassgpt.features.clt import CONFIG_FILE as CLT_FILE
+from glassgpt.features.clt import clt_folder
+from glassgpt.features.clt_pages import open_clt
 from glassgpt.features.folders import _corpus, open_sae
 from glassgpt.features.label_client import Endpoint, base_url
 from glassgpt.features.label_contexts import quiet_contexts, split_ranks
@@ -54,19 +56,29 @@ SAVE_EVERY = 2.0  # seconds between rewrites of labels.json
 
 def parse_features(spec: str, pages: FeaturePages) -> list[int]:
     """The features ``spec`` names: ``all-live`` (those active on the pages' corpus), or ids
-    and ranges, e.g. ``0-99`` or ``3,7,10-12``; one line for a bad or out-of-range one."""
-    n = pages.d_sae
+    and ranges, e.g. ``0-99`` or ``3,7,10-12``; a CLT's as LAYER/ids, e.g. ``1/0-99`` or
+    ``0/3,1/5-9`` (numbered as its pages number them, l · d_sae + i); one line for a bad or
+    out-of-range one."""
+    clt = pages.meta.get("clt")
+    L, S = (int(clt["n_layers"]), int(clt["d_sae"])) if clt else (1, pages.d_sae)
     if spec == "all-live":
-        return [i for i in range(n) if int(pages.count[i]) > 0]
+        return [i for i in range(pages.d_sae) if int(pages.count[i]) > 0]
     out: list[int] = []
+    shape = "LAYER/ids or ranges (e.g. 1/0-99, 0/3,1/5-9, all-live)" if clt else "ids or ranges (e.g. 0-99, 3,7,10-12, all-live)"  # fmt: skip
+    layer = None
     for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not m:
-            raise GlassError(f"--features {spec}: not ids or ranges (e.g. 0-99, 3,7,10-12, all-live)")  # fmt: skip
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        if lo > hi or hi >= n:
-            raise GlassError(f"--features {spec}: {part.strip()} is out of range (this dictionary has features 0-{n - 1})")  # fmt: skip
-        out.extend(range(lo, hi + 1))
+        m = re.fullmatch(r"\s*(?:(\d+)\s*/)?\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m or (m.group(1) is not None and not clt):
+            raise GlassError(f"--features {spec}: not {shape}")
+        layer = (
+            int(m.group(1)) if m.group(1) is not None else layer
+        )  # a bare id: the last layer named
+        if clt and (layer is None or layer >= L):
+            raise GlassError(f"--features {spec}: {part.strip()} names no layer of this CLT (LAYER/ids, layers 0-{L - 1})")  # fmt: skip
+        lo, hi = int(m.group(2)), int(m.group(3) or m.group(2))
+        if lo > hi or hi >= S:
+            raise GlassError(f"--features {spec}: {part.strip()} is out of range (this dictionary has features 0-{S - 1}{' per layer' if clt else ''})")  # fmt: skip
+        out.extend(range((layer or 0) * S + lo, (layer or 0) * S + hi + 1))
     return list(dict.fromkeys(out))
 
 
@@ -97,17 +109,17 @@ def label_feature(
             "unread": sum(s is None for s in said), "explained_by": len(ex)}  # fmt: skip
 
 
-def check_folder(path: str) -> Path:
-    """The folder holding sae.json; one line for a CLT (its pages are not made yet) or a
-    folder that is no dictionary at all."""
+def check_folder(path: str) -> tuple[Path, bool]:
+    """(the folder holding sae.json or clt.json, whether it is a CLT); one line for a folder
+    that is no dictionary at all."""
     folder = Path(path)
     if not folder.is_dir():
         raise GlassError(f"{path}: no such folder")
-    if (folder / CLT_FILE).is_file():
-        raise GlassError(f"{path}: a CLT folder; sae label reads feature pages, which glassgpt sae features makes for SAEs and transcoders only so far")  # fmt: skip
+    if (clt_folder(folder) / CLT_FILE).is_file():
+        return clt_folder(folder), True
     if not (sae_folder(folder) / SAE_FILE).is_file():
         raise GlassError(f"{path}: not an SAE, transcoder or CLT folder (no {SAE_FILE} or {CLT_FILE})")  # fmt: skip
-    return sae_folder(folder)
+    return sae_folder(folder), False
 
 
 def label_folder(
@@ -127,16 +139,22 @@ def label_folder(
     timeout: float = 120.0,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """Label the features of the SAE in ``sae_dir`` (module docstring); returns a summary:
+    """Label the features of the SAE, transcoder or CLT in ``sae_dir`` (module docstring; a
+    CLT's as its pages number them, written under "l/i"); returns a summary:
     the file, the features labelled, skipped (labelled before) and dead, and the mean score."""
     for flag, v, lo in (("--contexts", contexts, 1), ("--holdout", holdout, 0), ("--concurrency", concurrency, 1)):  # fmt: skip
         if v < lo:
             raise GlassError(f"{flag}: must be ≥ {lo}, got {v}")
-    folder = check_folder(sae_dir)
+    folder, clt = check_folder(sae_dir)
     pages = load_pages(folder)
     chosen = parse_features(features, pages)
+    S = pages.d_sae // int(pages.meta["clt"]["n_layers"]) if clt else pages.d_sae
+
+    def name(i: int) -> str:  # labels.json's key: "i", a CLT's "l/i"
+        return key(i % S, i // S if clt else None)
+
     done = read_labels(folder)
-    todo = [i for i in chosen if overwrite or key(i) not in done]
+    todo = [i for i in chosen if overwrite or name(i) not in done]
     dead = {i for i in todo if int(pages.top_where[i, 0]) < 0}
     todo = [i for i in todo if i not in dead]
     summary: dict[str, Any] = {"file": folder / LABELS_FILE, "labelled": 0, "skipped": len(chosen) - len(todo) - len(dead), "dead": len(dead), "scores": []}  # fmt: skip
@@ -146,7 +164,7 @@ def label_folder(
     # the first word with the endpoint: a dead one fails before the model loads
     if model is None:
         ep = Endpoint(ep.url, ep.first_model(), api_key, timeout)
-    sae, net, tok, extra = open_sae(str(folder), model=None, device=device)
+    sae, net, tok, extra = (open_clt if clt else open_sae)(str(folder), model=None, device=device)
     if tok is None:
         raise GlassError(f"{sae_dir}: its model has no tokenizer, and labels need the contexts' text")  # fmt: skip
     texts = token_texts(tok, range(net.config.n_vocab))
@@ -174,9 +192,9 @@ def label_folder(
             for fut in finished:
                 i = running.pop(fut)
                 entry = fut.result()  # an endpoint's error ends the run here (after the save)
-                new[key(i)] = entry
+                new[name(i)] = entry
                 score = "—" if entry["detection"] is None else f"{entry['detection']:.2f}"
-                say(f"#{i} detection {score}: {entry['label']}", kind=None)
+                say(f"#{name(i)} detection {score}: {entry['label']}", kind=None)
             if new and time.monotonic() - last > SAVE_EVERY:
                 write_labels(folder, new, **meta)
                 last = time.monotonic()

@@ -1,12 +1,17 @@
 """The explorer's feature pages: an SAE's latents, searched, read on a prompt, and steered.
 
-    GET  /api/features/info        the SAE (hook, arch, width) and its pages (tokens, source)
+    GET  /api/features/info        the SAE (hook, arch, width; a CLT's layers) and its pages
     GET  /api/features/page/{i}    latent i's page: top contexts, histogram, density, logit effect
     POST /api/features/search      latents by id ("12", "#12"), by top token, by context text
     POST /api/features/tokens      f = SAE.encode(a_site(prompt)): each token's top latents
     POST /api/features/steer       the next-token distribution and a sample, steered by one
                                    latent (add: a + α W_dec[i]; clamp: a + (c − f_i(a)) W_dec[i])
                                    beside the unsteered ones
+
+A CLT (``serve --sae CLT_DIR``) is served as one dictionary of L · d_sae features numbered as
+its pages number them (feature i of layer l is l · d_sae + i; search takes "l/i"), its codes
+read from every layer's MLP input, and steered by clamping only
+(:func:`glassgpt.features.clt_steering.edit_hooks`: every target layer's write changed).
 
 Pages come from ``glassgpt sae features`` (``SAE_DIR/features.safetensors``); without them the
 page and search endpoints say how to make them, and the others still work. Steering is
@@ -17,6 +22,7 @@ forward holds the scheduler's lock.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any, Literal
@@ -27,6 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from glassgpt.console import say
 from glassgpt.errors import GlassError
+from glassgpt.features.clt import CLT, clt_folder
+from glassgpt.features.clt import CONFIG_FILE as CLT_FILE
+from glassgpt.features.clt_pages import is_clt
+from glassgpt.features.clt_steering import Edit, edit_hooks
+from glassgpt.features.clt_train import check_clt, read_layers
+from glassgpt.features.identity import sae_extra
 from glassgpt.features.pages import FILE, load_pages
 from glassgpt.features.sae import SAE, sae_folder
 from glassgpt.features.sites import check_model, read
@@ -69,11 +81,17 @@ class SteerAsk(BaseModel):
 
 
 class Features:
-    """One SAE over the served model, and its pages (or None)."""
+    """One SAE (or CLT) over the served model, and its pages (or None)."""
 
-    def __init__(self, state: ServeState, sae: SAE, pages: Any = None) -> None:
+    def __init__(self, state: ServeState, sae: SAE | CLT, pages: Any = None) -> None:
         self.state, self.model, self.tok = state, state.model, state.tokenizer
-        self.site = check_model(sae, self.model)
+        self.clt = isinstance(sae, CLT)
+        if isinstance(sae, CLT):
+            check_clt(sae, self.model)
+            self.L, self.S = sae.cfg.n_layers, sae.cfg.d_sae
+        else:
+            self.site = check_model(sae, self.model)
+            self.L, self.S = 1, sae.cfg.d_sae
         param = next(self.model.parameters())
         self.sae = sae.to(param.device).eval()
         self.pages = pages
@@ -93,8 +111,20 @@ class Features:
                            "features -c SAE_DIR --data …, then restart the server")  # fmt: skip
         return self.pages
 
+    def name(self, i: int) -> str:
+        """Feature ``i``'s name: "i", a CLT's "l/i"."""
+        return f"{i // self.S}/{i % self.S}" if self.clt else str(i)
+
     def info(self) -> dict[str, Any]:
-        cfg, p = self.sae.cfg, self.pages
+        p = self.pages
+        if isinstance(self.sae, CLT):
+            cfg = self.sae.cfg
+            return {"sae": True, "clt": {"n_layers": cfg.n_layers, "d_sae": cfg.d_sae},
+                    "hook": "blocks.*.mlp.in", "out_hook": "blocks.*.mlp_out", "arch": f"clt-{cfg.arch}",
+                    "d_sae": self.L * self.S, "d_in": cfg.d_model, "k": cfg.k, "pages": p is not None,
+                    "tokens": p.tokens if p is not None else 0,
+                    "source": p.meta.get("source") if p is not None else None}  # fmt: skip
+        cfg = self.sae.cfg
         return {"sae": True, "hook": cfg.hook, "out_hook": cfg.out_hook, "arch": cfg.arch, "d_sae": cfg.d_sae,
                 "d_in": cfg.d_in, "k": cfg.k, "pages": p is not None,
                 "tokens": p.tokens if p is not None else 0,
@@ -127,14 +157,16 @@ class Features:
         first), then those whose contexts contain it."""
         p = self._need_pages()
         q = ask.query
-        m = re.fullmatch(r"\s*#?(\d+)\s*", q)
+        m = re.fullmatch(r"\s*#?(?:(\d+)\s*/\s*)?(\d+)\s*", q)
+        at = self._flat(m.group(1), m.group(2)) if m else None
         hits: list[tuple[int, str, int]] = []  # (latent, why, score)
-        if m and int(m.group(1)) < p.d_sae:
-            hits.append((int(m.group(1)), "id", 0))
+        if at is not None and at < p.d_sae:
+            hits.append((at, "id", 0))
         elif q:
             tops, ctxs = self._search_index()
             low = q.lower()
-            by_label = sorted(int(k) for k, v in p.labels.items() if "/" not in k and low in v["label"].lower())  # fmt: skip
+            by_label = sorted(i for i in (self._flat(*k.rpartition("/")[::2]) for k, v in p.labels.items()
+                                          if low in v["label"].lower()) if i is not None)  # fmt: skip
             hits += [(i, "label", 1) for i in by_label if i < p.d_sae]
             named = set(by_label)
             by_token = [(i, sum(t == q for t in ts)) for i, ts in enumerate(tops) if i not in named]  # fmt: skip
@@ -147,11 +179,21 @@ class Features:
         rows = []
         for i, why, n in hits[: ask.limit]:
             top = int(p.top_tokens[i, 0, int(p.meta["before"])])
-            rows.append({"id": i, "why": why, "matches": n, "density": float(p.density[i]),
-                         "label": p.labels.get(str(i), {}).get("label"),
+            rows.append({"id": i, "name": self.name(i), "why": why, "matches": n, "density": float(p.density[i]),
+                         "label": p.labels.get(self.name(i), {}).get("label"),
                          "max": float(p.top_values[i, 0]),
                          "top_token": texts[top] if top >= 0 else None})  # fmt: skip
         return {"query": q, "results": rows, "total": len(hits)}
+
+    def _flat(self, layer: str | None, index: str) -> int | None:
+        """The latent a search's "i" or a CLT's "l/i" names (None: another kind's, or out of range)."""
+        if (layer is not None and layer != "") != self.clt:
+            return None
+        i = int(index)
+        if not self.clt:
+            return i
+        assert layer is not None
+        return int(layer) * self.S + i if int(layer) < self.L and i < self.S else None
 
     # -- a prompt's activations ---------------------------------------------------------------
     def _ids(self, prompt: str) -> list[int]:
@@ -165,8 +207,11 @@ class Features:
         device = next(self.model.parameters()).device
         tokens = torch.tensor([ids], dtype=torch.long, device=device)
         with self.lock, evaluating(self.model), torch.no_grad():
-            x, _ = read(self.model, tokens, self.site)
-            f = self.sae.encode(x.to(self.sae.W_enc.dtype))
+            if isinstance(self.sae, CLT):  # [1, T, L, S] → [1, T, L · S], as the pages number them
+                f = self.sae.encode(read_layers(self.model, tokens)[0].to(self.sae.W_enc.dtype)).flatten(-2)  # fmt: skip
+            else:
+                x, _ = read(self.model, tokens, self.site)
+                f = self.sae.encode(x.to(self.sae.W_enc.dtype))
         return f[0].float().cpu()
 
     def tokens(self, ask: Tokens) -> dict[str, Any]:
@@ -185,12 +230,24 @@ class Features:
         return out
 
     # -- steering -------------------------------------------------------------------------------
+    def _hooks(self, ask: SteerAsk) -> Any:
+        """The steering hooks: an SAE's (glassgpt.features.steering), or a CLT's clamp of
+        feature l/i at every position (glassgpt.features.clt_steering)."""
+        if not isinstance(self.sae, CLT):
+            return feature_hooks(self.model, self.sae, ask.feature, ask.mode, float(ask.value))
+        if ask.mode != "clamp":
+            raise GlassError(f"mode {ask.mode}: a CLT feature is steered by clamping (mode clamp)")  # fmt: skip
+        if not 0 <= ask.feature < self.L * self.S:
+            raise GlassError(f"feature {ask.feature}: out of range (this CLT has {self.L} layers × {self.S})")  # fmt: skip
+        edit = Edit(ask.feature // self.S, ask.feature % self.S, value=float(ask.value))
+        return edit_hooks(self.model, self.sae, [edit])
+
     def steer(self, ask: SteerAsk) -> dict[str, Any]:
         if not math.isfinite(ask.value):
             raise APIError(400, f"value {ask.value}: must be finite", param="value")
         ids = self._ids(ask.prompt)
         try:
-            hooks = feature_hooks(self.model, self.sae, ask.feature, ask.mode, float(ask.value))
+            hooks = self._hooks(ask)
         except GlassError as e:
             raise APIError(400, str(e), param="feature") from None
         device = next(self.model.parameters()).device
@@ -209,7 +266,7 @@ class Features:
         shown.sort(key=lambda t: -float(p1[t]))
         texts = self.texts()
         return {
-            "feature": ask.feature, "mode": ask.mode, "value": float(ask.value),
+            "feature": ask.feature, "name": self.name(ask.feature), "mode": ask.mode, "value": float(ask.value),
             "rows": [{"id": t, "text": texts[t], "p": float(p1[t]), "clean": float(p0[t])}
                      for t in shown[:TOP]],
             "sample": self.state.text(new1), "clean_sample": self.state.text(new0),
@@ -217,12 +274,27 @@ class Features:
         }  # fmt: skip
 
 
-def load_sae(folder: str, model: Any) -> tuple[SAE, Any]:
-    """(the SAE in ``folder``, checked against ``model``, in float32 on its device; its feature
-    pages, or None with a note on stderr)."""
-    sae = SAE.load(folder, device=next(model.parameters()).device).float()
-    check_model(sae, model)
-    found = sae_folder(folder) / FILE
+def folder_extra(folder: str) -> dict[str, Any]:
+    """The JSON of the dictionary in ``folder`` (sae.json, a CLT's clt.json): its model, data
+    and the model's identity, which ``serve --sae`` checks."""
+    if is_clt(folder):
+        return json.loads((clt_folder(folder) / CLT_FILE).read_text(encoding="utf-8"))
+    return sae_extra(folder)
+
+
+def load_sae(folder: str, model: Any) -> tuple[SAE | CLT, Any]:
+    """(the SAE or CLT in ``folder``, checked against ``model``, in float32 on its device; its
+    feature pages, or None with a note on stderr)."""
+    device = next(model.parameters()).device
+    sae: SAE | CLT
+    if is_clt(folder):
+        sae = CLT.load(folder, device=device).float()
+        check_clt(sae, model)
+        found = clt_folder(folder) / FILE
+    else:
+        sae = SAE.load(folder, device=device).float()
+        check_model(sae, model)
+        found = sae_folder(folder) / FILE
     if found.is_file():
         return sae, load_pages(found)
     say(
@@ -232,7 +304,7 @@ def load_sae(folder: str, model: Any) -> tuple[SAE, Any]:
     return sae, None
 
 
-def make_router(state: ServeState, guard: list[Any], sae: SAE | None, pages: Any = None) -> APIRouter:  # fmt: skip
+def make_router(state: ServeState, guard: list[Any], sae: SAE | CLT | None, pages: Any = None) -> APIRouter:  # fmt: skip
     """The /api/features routes (all behind ``guard``, the API-key check); without an SAE,
     only /info, answering {"sae": false} (the page then shows no Features tab)."""
     router = APIRouter(prefix="/api/features", dependencies=guard)

@@ -117,10 +117,12 @@ class Graphs:
                 "n_ctx": self.state.n_ctx}  # fmt: skip
 
     def _page_file(self, layer: int) -> Path | None:
-        """Layer ``layer``'s feature pages (a per-layer transcoder's; a CLT's are not made yet)."""
-        if self.tc is None or self.tc.clt is not None or layer not in self.folders:
+        """Layer ``layer``'s feature pages: its transcoder's, or the CLT's (one file, every
+        layer's features in it)."""
+        if self.tc is None or layer not in self.folders:
             return None
-        path = sae_folder(self.folders[layer]) / PAGES
+        folder = self.folders[layer]
+        path = (folder if self.tc.clt is not None else sae_folder(folder)) / PAGES
         return path if path.is_file() else None
 
     def _labels(self) -> dict[int, dict[str, dict[str, Any]]]:
@@ -236,11 +238,14 @@ class Graphs:
         found = self._labels().get(layer, {}).get(self._key(layer, i)) or {}
         page, path = None, self._page_file(layer)
         if path is not None:
-            if layer not in self._pages:
-                self._pages[layer] = load_pages(path)
+            if layer not in self._pages:  # a CLT's one file, loaded once for every layer
+                same = [p for l, p in self._pages.items() if self._page_file(l) == path]
+                self._pages[layer] = same[0] if same else load_pages(path)
             if self._texts is None:
                 self._texts = token_texts(self.tok, range(self.model.config.n_vocab))
-            page = self._pages[layer].page(i, self._texts)
+            # a CLT's pages number feature i of layer l as l · d_sae + i (glassgpt.features.pages)
+            at = layer * self.widths[layer] + i if self.tc.clt is not None else i  # type: ignore[union-attr]
+            page = self._pages[layer].page(at, self._texts)
         return {"layer": layer, "feature": i, "label": found.get("label"),
                 "detection": found.get("detection"), "page": page}  # fmt: skip
 

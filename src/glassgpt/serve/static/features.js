@@ -10,7 +10,9 @@ async function featuresBoot() {
   if (!F.info.sae) return;  // no SAE: no tab
   $("tab-features").hidden = false;
   const i = F.info;
-  $("feat-sae").textContent = `${i.arch}${i.k ? " k=" + i.k : ""} · ${i.d_sae} latents on ${i.hook}` +
+  if (i.clt) cltControls(i.clt);
+  $("feat-sae").textContent = `${i.arch}${i.k ? " k=" + i.k : ""} · ` +
+    (i.clt ? `${i.clt.n_layers} layers × ${i.clt.d_sae} features on ${i.hook}` : `${i.d_sae} latents on ${i.hook}`) +
     (i.pages ? ` · pages over ${i.tokens.toLocaleString()} tokens` : " · no pages (glassgpt sae features)");
   if (!$("feat-prompt").value) $("feat-prompt").value = $("prompt").value || "To be, or not to be";
   await openFeature(0);
@@ -24,6 +26,33 @@ function shade(span, a, m) {
   const lin = (c) => { const v = (255 + (c - 255) * alpha) / 255; return v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
   const L = 0.2126 * lin(234) + 0.7152 * lin(88) + 0.0722 * lin(12);
   span.style.color = (L + 0.05) / 0.05 >= 1.05 / (L + 0.05) ? "#000" : "#fff";
+}
+
+// A CLT's features are numbered as its pages number them (feature i of layer l is l · d_sae + i)
+// and shown as l/i, picked with a layer selector beside the feature's number.
+function featName(id) {
+  const c = F.info && F.info.clt;
+  return c ? `${Math.floor(id / c.d_sae)}/${id % c.d_sae}` : String(id);
+}
+
+function cltControls(c) {
+  const sel = el("select", { id: "feat-layer", title: "the layer whose MLP input the feature reads" });
+  for (let l = 0; l < c.n_layers; l++) sel.append(el("option", { value: l }, `layer ${l}`));
+  $("feat-id").before(sel, " ");
+  $("feat-id").max = c.d_sae - 1;
+  sel.addEventListener("change", () => openFeature(+sel.value * c.d_sae + Math.min(c.d_sae - 1, +$("feat-id").value || 0)));
+  const mode = $("feat-mode");  // a CLT feature is steered by clamping (the server's clt_steering)
+  for (const o of [...mode.options]) if (o.value !== "clamp") o.remove();
+  mode.value = "clamp";
+}
+
+function featNorms(rows) {  // a CLT feature's writes: ‖W_dec‖ per target layer, as bars
+  const top = Math.max(...rows.map((r) => r.norm), 1e-12);
+  const t = el("table", { class: "pairs", id: "feat-norms" }, el("caption", {}, "decoder norm per target layer"));
+  for (const r of rows) t.append(el("tr", {}, el("td", { class: "t" }, `layer ${r.layer}`),
+    el("td", {}, el("span", { style: `display:inline-block;height:8px;background:var(--orange);width:${(80 * r.norm / top).toFixed(1)}px` })),
+    el("td", { class: "v" }, fmt(r.norm))));
+  return t;
 }
 
 function fmt(v) { return Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toPrecision(2); }
@@ -41,7 +70,7 @@ async function featSearch() {
     for (const r of d.results) {
       const why = r.why === "id" ? "id" : r.why === "label" ? `label “${r.label}”` : r.why === "token" ? `top token ×${r.matches}` : `in context ×${r.matches}`;
       box.append(el("button", { class: "result", "data-id": r.id, onclick: () => openFeature(r.id) },
-        el("b", {}, "#" + r.id), el("span", { class: "tok" }, r.top_token === null ? "—" : show(r.top_token)),
+        el("b", {}, "#" + featName(r.id)), el("span", { class: "tok" }, r.top_token === null ? "—" : show(r.top_token)),
         el("span", { class: "muted" }, `${why} · density ${(100 * r.density).toFixed(3)}% · max ${fmt(r.max)}`)));
     }
   } catch (e) { failed("feat-results")(e); }
@@ -50,7 +79,9 @@ async function featSearch() {
 // ---- a feature's page ------------------------------------------------------------------
 async function openFeature(id) {
   F.id = id;
-  $("feat-id").value = id;
+  const c = F.info.clt;
+  $("feat-id").value = c ? id % c.d_sae : id;
+  if (c) $("feat-layer").value = Math.floor(id / c.d_sae);
   try {
     F.page = F.info.pages ? await api(`/api/features/page/${id}`) : null;
   } catch (e) { F.page = null; failed("feat-contexts")(e); }
@@ -65,7 +96,7 @@ async function openFeature(id) {
 
 function drawPage() {
   const p = F.page, id = F.id;
-  $("feat-title").textContent = `#${id}`;
+  $("feat-title").textContent = `#${featName(id)}`;
   // the label sae label wrote, and how well it let a reader find the feature (detection)
   if (!$("feat-label")) $("feat-title").after(el("span", { id: "feat-label", style: "margin-left:.5em;font-weight:500" }));
   const lab = p && p.label, tag = $("feat-label");
@@ -96,6 +127,7 @@ function drawPage() {
     for (const r of rows) t.append(el("tr", {}, el("td", { class: "t" }, show(r.text)), el("td", { class: "v " + cls }, r.value.toFixed(3))));
     lg.append(t);
   }
+  if (p.decoder_norms) lg.append(featNorms(p.decoder_norms));
   // top contexts, each token shaded by this latent's activation there
   const box = $("feat-contexts"), m = p.max || 1;
   for (const c of p.contexts) {
@@ -144,7 +176,7 @@ function drawFeatChips() {
   d.tokens.forEach((t, i) => {
     const a = acts[i];
     const chip = el("span", { class: "chip" + (i === F.pin ? " selected" : ""), "data-i": i,
-      title: `#${i} · f${F.id} = ${a.toFixed(4)}` }, show(t.text));
+      title: `#${i} · f${featName(F.id)} = ${a.toFixed(4)}` }, show(t.text));
     if (a > 0) shade(chip, a, m);
     chip.addEventListener("mouseenter", () => drawTokenTop(i));
     chip.addEventListener("mouseleave", () => drawTokenTop(F.pin));
@@ -162,7 +194,7 @@ function drawTokenTop(i) {
   if (!rows.length) box.append(el("span", { class: "muted small" }, "no latent active here"));
   for (const [id, v] of rows) {
     box.append(
-      el("span", { class: "label clickable" + (id === F.id ? " chosen" : ""), onclick: () => openFeature(id) }, "#" + id),
+      el("span", { class: "label clickable" + (id === F.id ? " chosen" : ""), onclick: () => openFeature(id) }, "#" + featName(id)),
       el("span", { class: "track", onclick: () => openFeature(id) },
         el("span", { class: "fill", style: `width:${(100 * v / m).toFixed(1)}%;background:var(--orange)` })),
       el("span", { class: "num" }, fmt(v)));
@@ -176,6 +208,11 @@ function scheduleSteer() { clearTimeout(steerTimer); steerTimer = setTimeout(fea
 function drawEq() {
   const mode = $("feat-mode").value, value = +$("feat-value").value;
   $("feat-value-out").textContent = fmt(value);
+  const c = F.info.clt, n = featName(F.id);
+  if (c) {
+    $("feat-eq").textContent = `f${n} ← ${fmt(value)} at every position; each MLP output t ≥ ${Math.floor(F.id / c.d_sae)} gains (${fmt(value)} − f${n}) · W_dec[${n} → t]  (the CLT's error kept)`;
+    return;
+  }
   $("feat-eq").textContent = mode === "add"
     ? `a ← a + ${fmt(value)} · W_dec[${F.id}]  at every position of ${F.info.out_hook || F.info.hook}`
     : `a ← a + (${fmt(value)} − f${F.id}(a)) · W_dec[${F.id}]  (the SAE's error term kept)`;
@@ -199,7 +236,10 @@ function drawSteer(d) {
 
 // ---- wiring ----------------------------------------------------------------------------
 $("feat-query").addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(featSearch, 200); });
-$("feat-id").addEventListener("change", () => openFeature(Math.max(0, Math.min(F.info.d_sae - 1, +$("feat-id").value || 0))));
+$("feat-id").addEventListener("change", () => {
+  const c = F.info.clt, i = +$("feat-id").value || 0;
+  openFeature(c ? +$("feat-layer").value * c.d_sae + Math.max(0, Math.min(c.d_sae - 1, i)) : Math.max(0, Math.min(F.info.d_sae - 1, i)));
+});
 $("feat-prev").addEventListener("click", () => F.id > 0 && openFeature(F.id - 1));
 $("feat-next").addEventListener("click", () => F.id < F.info.d_sae - 1 && openFeature(F.id + 1));
 $("feat-prompt").addEventListener("input", () => { clearTimeout(steerTimer); steerTimer = setTimeout(featRun, 250); });

@@ -198,6 +198,7 @@ async function featureInfo(n) {  // label and page of a feature node (cached; nu
 
 async function hoverNode(id, ev) {
   G.hover = id; focus(id || G.clicked);
+  const seq = G.tipSeq = (G.tipSeq || 0) + 1;  // a second hover of the same node while the first waits: one tip
   const tip = $("graph-tip");
   if (!id) { tip.hidden = true; return; }
   const n = G.nodes.get(id), wrap = $("graph-wrap").getBoundingClientRect();
@@ -213,9 +214,11 @@ async function hoverNode(id, ev) {
   place(tip);
   if (isFeature(n)) {
     const f = await featureInfo(n);
-    if (G.hover !== id || !f) return;
+    if (G.hover !== id || G.tipSeq !== seq || !f) return;
     if (f.label && !n.clerp) tip.append(el("div", { class: "lab" }, f.label));
     if (f.page) {
+      if (f.page.decoder_norms) tip.append(el("div", { class: "muted" }, "writes ‖W_dec‖: " +
+        f.page.decoder_norms.map((r) => `L${r.layer} ${fmt(r.norm)}`).join(" · ")));
       tip.append(el("div", { class: "muted" }, "top activations:"));
       for (const c of f.page.contexts.slice(0, 3)) tip.append(contextLine(c, f.page.max));
     }
@@ -292,10 +295,21 @@ function drawFeaturePage(box, f) {  // the Features tab's page of this feature, 
     for (const r of rows.slice(0, 5)) t.append(el("tr", {}, el("td", { class: "t" }, show(r.text)), el("td", { class: "v " + cls }, r.value.toFixed(3))));
     lg.append(t);
   }
-  box.append(lg, el("h3", {}, "Top activations"));
+  box.append(lg);
+  if (p.decoder_norms) box.append(decoderNorms(p.decoder_norms));
+  box.append(el("h3", {}, "Top activations"));
   const ctx = el("div", { class: "contexts" });
   for (const c of p.contexts.slice(0, 8)) ctx.append(el("span", { class: "cv" }, fmt(c.value)), contextLine(c, p.max));
   box.append(ctx);
+}
+
+function decoderNorms(rows) {  // a CLT feature's writes: ‖W_dec‖ per target layer, as bars
+  const top = Math.max(...rows.map((r) => r.norm), 1e-12);
+  const t = el("table", { class: "pairs norms" }, el("caption", {}, "decoder norm per target layer"));
+  for (const r of rows) t.append(el("tr", {}, el("td", { class: "t" }, `L${r.layer}`),
+    el("td", {}, el("span", { class: "bar", style: `display:inline-block;height:8px;background:#4a7bd0;width:${(60 * r.norm / top).toFixed(1)}px` })),
+    el("td", { class: "v" }, fmt(r.norm))));
+  return t;
 }
 
 function drawLists() {

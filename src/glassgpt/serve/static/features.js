@@ -82,9 +82,12 @@ async function openFeature(id) {
   const c = F.info.clt;
   $("feat-id").value = c ? id % c.d_sae : id;
   if (c) $("feat-layer").value = Math.floor(id / c.d_sae);
+  let page = null;
   try {
-    F.page = F.info.pages ? await api(`/api/features/page/${id}`) : null;
-  } catch (e) { F.page = null; failed("feat-contexts")(e); }
+    page = F.info.pages ? await api(`/api/features/page/${id}`) : null;
+  } catch (e) { if (F.id === id) failed("feat-contexts")(e); }
+  if (F.id !== id) return;  // another feature was opened meanwhile: its page is the one to draw
+  F.page = page;
   drawPage();
   drawFeatChips();
   const R = Math.max(1, Math.ceil(4 * (F.page && F.page.max ? F.page.max : 2)));

@@ -23,6 +23,7 @@ glassgpt.errors.ConfigError: step: unknown field; known fields: lr, steps
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -44,6 +45,15 @@ def check(condition: bool, field: str, message: str) -> None:
     """Raise ``ConfigError(field, message)`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(field, message)
+
+
+def check_finite(table: Any, names: tuple[str, ...], *, positive: bool) -> None:
+    """Each field of ``table`` in ``names`` finite and > 0 (``positive``) or ≥ 0; the error
+    names the field."""
+    for name in names:
+        value = getattr(table, name)
+        ok = (value > 0 if positive else value >= 0) and math.isfinite(value)
+        check(ok, name, f"must be {'>' if positive else '≥'} 0, got {value}")
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

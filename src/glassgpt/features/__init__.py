@@ -6,6 +6,7 @@
 - :mod:`glassgpt.features.sites`: hook names (glassgpt's and TransformerLens's spelling),
   checked against a model; reading a site and splicing an SAE into it.
 - :mod:`glassgpt.features.buffer`: activations streamed from a run's shards, shuffled.
+- :mod:`glassgpt.features.dictionary_files`: a dictionary's folder on disk (SAE and CLT).
 - :mod:`glassgpt.features.training`, :mod:`glassgpt.features.job`: ``glassgpt sae train``.
 - :mod:`glassgpt.features.metrics`: L0, FVU, CE loss recovered, dead and dense latents.
 - :mod:`glassgpt.features.pages`: feature pages; :mod:`glassgpt.features.saelens`: SAELens's

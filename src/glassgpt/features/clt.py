@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from glassgpt.config import Table, check
+from glassgpt.config import Table, check, check_finite
 from glassgpt.errors import GlassError, InputFileError
-from glassgpt.features.sae import config_of, load_weights, write_folder
+from glassgpt.features.dictionary_files import config_of, load_weights, write_folder
 from glassgpt.features.sparse import jumprelu, sparse_decode, topk_encode, topk_relu
 from glassgpt.formats import check_format
 
@@ -83,12 +83,8 @@ class CLTConfig(Table):
             check(self.k is not None, "k", "topk needs k (latents per token and layer)")
             assert self.k is not None
             check(1 <= self.k <= self.d_sae, "k", f"must be in [1, d_sae={self.d_sae}], got {self.k}")  # fmt: skip
-        for name in ("sparsity_coeff", "tanh_c"):
-            value = getattr(self, name)
-            check(value >= 0 and math.isfinite(value), name, f"must be ≥ 0, got {value}")
-        for name in ("bandwidth", "threshold_init"):
-            value = getattr(self, name)
-            check(value > 0 and math.isfinite(value), name, f"must be > 0, got {value}")
+        check_finite(self, ("sparsity_coeff", "tanh_c"), positive=False)
+        check_finite(self, ("bandwidth", "threshold_init"), positive=True)
         check(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")  # fmt: skip
 
     @property

@@ -37,16 +37,14 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
-from glassgpt.config import Table, check
-from glassgpt.errors import ConfigError, GlassError, InputFileError
+from glassgpt.config import Table, check, check_finite
+from glassgpt.errors import GlassError, InputFileError
+from glassgpt.features.dictionary_files import config_of, load_weights, write_folder
 from glassgpt.features.sparse import (
     batch_topk_relu,
     jumprelu,
@@ -56,14 +54,12 @@ from glassgpt.features.sparse import (
     topk_relu,
 )
 from glassgpt.formats import check_format
-from glassgpt.storage import atomic_write
 
 ARCHS: tuple[str, ...] = ("topk", "batchtopk", "jumprelu", "relu", "transcoder")
 ACTIVATIONS: tuple[str, ...] = ("topk", "batchtopk", "jumprelu", "relu")  # σ of a transcoder
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 FORMAT, VERSION = "glassgpt-sae", 1
 CONFIG_FILE, WEIGHTS_FILE = "sae.json", "sae.safetensors"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -113,12 +109,8 @@ class SAEConfig(Table):
             check(1 <= self.k <= self.d_sae, "k", f"must be in [1, d_sae={self.d_sae}], got {self.k}")  # fmt: skip
         if self.aux_k is not None:
             check(1 <= self.aux_k <= self.d_sae, "aux_k", f"must be in [1, d_sae={self.d_sae}], got {self.aux_k}")  # fmt: skip
-        for name in ("l1_coeff", "l0_coeff", "aux_coeff"):
-            value = getattr(self, name)
-            check(value >= 0 and math.isfinite(value), name, f"must be ≥ 0, got {value}")
-        for name in ("bandwidth", "threshold_init"):
-            value = getattr(self, name)
-            check(value > 0 and math.isfinite(value), name, f"must be > 0, got {value}")
+        check_finite(self, ("l1_coeff", "l0_coeff", "aux_coeff"), positive=False)
+        check_finite(self, ("bandwidth", "threshold_init"), positive=True)
         check(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")  # fmt: skip
 
     @property
@@ -164,45 +156,6 @@ def read_sae_json(folder: str | Path) -> tuple[Path, Any]:
 
 
 # -- the shared equations -------------------------------------------------------------------
-
-
-def write_folder(
-    folder: str | Path, config: tuple[str, dict[str, Any]], weights: tuple[str, dict[str, Tensor]]
-) -> Path:
-    """Write a feature dictionary's folder atomically: ``config`` = (file name, its JSON
-    document), ``weights`` = (file name, its tensors, saved as safetensors)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    name, tensors = weights
-    atomic_write(
-        folder / name, st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
-    )
-    name, doc = config
-    atomic_write(folder / name, (json.dumps(doc, indent=1) + "\n").encode())
-    return folder
-
-
-def config_of(cls: type[T], doc: dict[str, Any], path: Path) -> T:
-    """The config table ``doc["config"]`` of the file at ``path`` as ``cls``; one line naming
-    the file where it is missing or invalid."""
-    try:
-        return cls.from_dict(doc["config"], prefix="config.")  # type: ignore[attr-defined]
-    except KeyError:
-        raise InputFileError(f"{path}: has no config") from None
-    except ConfigError as e:
-        raise InputFileError(f"{path}: {e}") from None
-
-
-def load_weights(module: nn.Module, weights: Path, config: Path) -> None:
-    """Fill ``module`` from the safetensors file ``weights``; one line naming the file where
-    it is unreadable or does not fit the ``config`` file's shapes."""
-    try:
-        module.load_state_dict(st_load(weights.read_bytes()))
-    except (OSError, SafetensorError) as e:
-        raise InputFileError(f"{weights}: unreadable ({e})") from None
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise InputFileError(f"{weights}: does not fit {config}: {first}") from None
 
 
 class SAE(nn.Module):

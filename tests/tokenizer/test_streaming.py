@@ -78,14 +78,21 @@ def test_a_run_of_byte_tokens_is_decoded_as_one(family: tuple[Any, Any]) -> None
     assert "".join(stream_text(tok, iter(ids))) == hf.decode(ids)
 
 
-def test_served_text_streamed_equals_not(tmp_path: Path) -> None:
-    openai = pytest.importorskip("openai")
+def llama2_folder(tmp_path: Path) -> tuple[Path, Any, Any]:
+    """An HF folder of a tiny random Llama with a Llama 2-style (byte-fallback) tokenizer, that
+    tokenizer as AutoTokenizer reads it, and the transformers model."""
     folder = write_family("fallback", tmp_path / "llama2")
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
     base = CASES["llama-gqa2-llama3-untied"]
     kwargs = {**base.kwargs, "vocab_size": len(hf_tok), "max_position_embeddings": 64}
     hf = make(Case(base.config, base.model, kwargs))
     hf.save_pretrained(folder)
+    return folder, hf_tok, hf
+
+
+def test_served_text_streamed_equals_not(tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai")
+    folder, hf_tok, hf = llama2_folder(tmp_path)
     run = open_run(folder)
     eos = hf_tok.convert_tokens_to_ids("</s>")
 
@@ -132,12 +139,7 @@ def test_samples_printer_continues_the_prompt(tmp_path: Path, capsys: Any) -> No
     ``decode(prompt)``: the space a ``▁`` token opens a word with stays."""
     from glassgpt.cli import main
 
-    folder = write_family("fallback", tmp_path / "llama2")
-    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
-    base = CASES["llama-gqa2-llama3-untied"]
-    kwargs = {**base.kwargs, "vocab_size": len(hf_tok), "max_position_embeddings": 64}
-    hf = make(Case(base.config, base.model, kwargs))
-    hf.save_pretrained(folder)
+    folder, hf_tok, hf = llama2_folder(tmp_path)
     text = "Hello world, the"
     prompt = hf_tok(text)["input_ids"]
     x = torch.tensor([prompt])

@@ -144,3 +144,15 @@ def request(
         return resp.status, json.loads(raw)
     except ValueError:
         return resp.status, raw.decode("utf-8", "replace")
+
+
+def held(live: Any, n: int, start: Any) -> None:
+    """Run ``start`` with the model locked until ``n`` requests wait for the scheduler, so
+    that they are decoded together."""
+    sched = live.scheduler
+    with sched.lock:
+        start()
+        deadline = time.monotonic() + 30
+        while sched.inbox.qsize() + len(sched.waiting) < n - 1 or sched.admitting is None:
+            assert time.monotonic() < deadline, "the requests did not reach the scheduler"
+            time.sleep(0.01)

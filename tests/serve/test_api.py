@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.serve.conftest import held
 
 from glassgpt.sample.generation import generate
 from glassgpt.serve.schemas import CHAT_STOPS
@@ -165,17 +166,6 @@ def test_chat(live: Any, oracle: Any) -> None:
     assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
 
 
-def _hold_until_queued(live: Any, n: int, start: Any) -> None:
-    """Start ``n`` requests while the model is locked, so that they are decoded together."""
-    sched = live.scheduler
-    with sched.lock:
-        start()
-        deadline = time.monotonic() + 30
-        while sched.inbox.qsize() + len(sched.waiting) < n - 1 or sched.admitting is None:
-            assert time.monotonic() < deadline, "the requests did not reach the scheduler"
-            time.sleep(0.01)
-
-
 def test_batched_streams_equal_alone(live: Any, oracle: Any) -> None:
     prompts = ["A", "The cat", "Hello there, friend", "x", "To be", "Q:", "one two three", "z"]
     jobs = [
@@ -195,7 +185,7 @@ def test_batched_streams_equal_alone(live: Any, oracle: Any) -> None:
     threads = [threading.Thread(target=run, args=(i, together)) for i in range(8)]
     widest = live.scheduler.widest
     live.scheduler.widest = 0
-    _hold_until_queued(live, 8, lambda: [t.start() for t in threads])
+    held(live, 8, lambda: [t.start() for t in threads])
     for t in threads:
         t.join(60)
     assert live.scheduler.widest >= 7, "the requests were not decoded together"

@@ -7,10 +7,10 @@ others, queued beside it, finish with their own tokens."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
+from tests.serve.conftest import held
 
 from glassgpt.sample.generation import generate
 
@@ -54,18 +54,6 @@ def stream_text(live: Any, prompt: str, m: int, seed: int, kw: dict[str, Any]) -
     s = client(live).completions.create(model="tiny", prompt=prompt, max_tokens=m, seed=seed,
                                         stream=True, **body(kw))  # fmt: skip
     return "".join(c.choices[0].text for c in s if c.choices)
-
-
-def held(live: Any, n: int, start: Any) -> None:
-    """Run ``start`` with the model locked until ``n`` requests wait for the scheduler, so
-    that they are decoded together."""
-    sched = live.scheduler
-    with sched.lock:
-        start()
-        deadline = time.monotonic() + 30
-        while sched.inbox.qsize() + len(sched.waiting) < n - 1 or sched.admitting is None:
-            assert time.monotonic() < deadline, "the requests did not reach the scheduler"
-            time.sleep(0.01)
 
 
 PROMPTS = ["A", "The cat", "Hello there, friend", "x", "To be", "Q:", "one two three", "z"]

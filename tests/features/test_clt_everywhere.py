@@ -1,9 +1,9 @@
 """A CLT folder wherever an SAE folder goes: ``sae eval`` (per-layer FVU and L0 against the
 same sums by hand, CE of the clean model against its own loss), ``sae label`` (keys "l/i",
 against glassgpt's own serve), the Graph tab's node page (decoder norms against W_dec, the
-pages' contexts), and the explorer's Features tab (pages by "l/i", search, activations, and
-steering by clamping against glassgpt.features.clt_steering); both tabs in Chromium:
-tests/serve/test_clt_browser.py. One tiny topk CLT, trained here."""
+pages' contexts), and the explorer's Features tab (pages by "l/i", search, activations,
+steering by clamping against glassgpt.features.clt_steering and by adding against a hook by
+hand); both tabs in Chromium: tests/serve/test_clt_browser.py. One tiny topk CLT, trained here."""
 
 from __future__ import annotations
 
@@ -209,5 +209,13 @@ def test_the_explorer_serves_a_clt(tiny_run: Path, clt_dir: Path, tmp_path: Path
         assert d["rows"][0]["p"] == pytest.approx(float(p.max()), abs=1e-5)
         p0 = torch.softmax(clean[-1].double(), -1)
         assert d["rows"][0]["clean"] == pytest.approx(float(p0[int(p.argmax())]), abs=1e-5)
-        bad = client.post("/api/features/steer", json={**ask, "mode": "add"})
-        assert bad.status_code == 400 and "steered by clamping" in bad.json()["error"]["message"]
+        # adding α to feature 0/5 at every position writes α · W_dec[0 → t] into both MLP
+        # outputs: a plain hook by hand, the same forward pass
+        alpha = 2.5
+        d = client.post("/api/features/steer", json={**ask, "feature": 5, "mode": "add", "value": alpha}).json()  # fmt: skip
+        push = {f"blocks.{t}.mlp_out": (lambda x, _n, t=t: x + alpha * clt.decoder(0, t)[5].to(x.dtype)) for t in (0, 1)}  # fmt: skip
+        with torch.no_grad(), model.hooks(push):
+            p = torch.softmax(model(torch.tensor([ids]))[0, -1].double(), -1)
+        assert d["name"] == "0/5" and d["mode"] == "add" and d["rows"][0]["id"] == int(p.argmax())
+        assert [r["p"] for r in d["rows"]] == pytest.approx([float(p[r["id"]]) for r in d["rows"]], abs=1e-5)  # fmt: skip
+        assert d["kl"] > 0

@@ -48,6 +48,21 @@ def test_an_edit_at_the_last_layer_is_its_decoders_write() -> None:
     assert not torch.allclose(got, model(tokens[None])[0].detach(), atol=1e-3)
 
 
+def test_adding_to_a_feature_writes_its_decoders_into_every_later_mlp() -> None:
+    """a' = a + α at every position: each MLP output t ≥ l gains α · W_dec[l → t], and the
+    later layers' own features, read again, are left as they are."""
+    model, clt, tokens = setup()
+    alpha, l, i = -1.75, 1, 4
+    push = {f"blocks.{t}.mlp_out": (lambda x, _n, t=t: x + alpha * clt.decoder(l, t)[i]) for t in (1, 2)}  # fmt: skip
+    with torch.no_grad(), model.hooks(push):
+        want = model(tokens[None])[0]
+    clean, got = intervene(model, clt, tokens, [Edit(l, i, add=alpha)])
+    assert torch.allclose(got, want, atol=1e-5, rtol=0)
+    assert not torch.allclose(got[0], clean[0], atol=1e-3)  # every position, the first included
+    _, none = intervene(model, clt, tokens, [Edit(l, i, add=0.0)])
+    assert torch.equal(none, clean)
+
+
 def test_bad_edits_are_one_line() -> None:
     model, clt, tokens = setup()
     with pytest.raises(GlassError, match=r"feature 3/0: no such CLT feature \(3 layers × 12\)"):

@@ -1,5 +1,5 @@
 """Both tabs of the explorer on a CLT in real headless Chromium: the Features tab (a layer
-selector, "l/i" ids, the label, the decoder norms, search, clamp-only steering) and the Graph
+selector, "l/i" ids, the label, the decoder norms, search, steering by clamping or adding) and the Graph
 tab's node (its writes in the hover tip, its page with a decoder norm per target layer)."""
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def test_both_tabs_show_a_clt_in_chromium(
         page.wait_for_selector("#feat-norms")
         assert "Layer One Three" in page.inner_text("#feat-label")
         assert page.locator("#feat-norms tr").count() == 1  # layer 1 writes to layer 1 only
-        assert [o for o in page.eval_on_selector_all("#feat-mode option", "os => os.map(o => o.value)")] == ["clamp"]  # fmt: skip
+        assert sorted(page.eval_on_selector_all("#feat-mode option", "os => os.map(o => o.value)")) == ["add", "clamp"]  # fmt: skip
+        page.select_option("#feat-mode", "add")
+        page.wait_for_function("() => document.querySelector('#feat-eq').textContent.includes('f1/3 ← f1/3 +')")  # fmt: skip
         page.fill("#feat-query", "1/3")
         page.wait_for_selector("#feat-results .result")
         assert page.inner_text("#feat-results .result b") == "#1/3"

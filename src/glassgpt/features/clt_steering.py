@@ -2,7 +2,7 @@
 
     a_l      = CLT.encode(u_l, l)                 u_l the MLP input of this very forward pass
     a'_l     = a_l with the edited entries (layer l, position p, feature i) set to
-               ``scale`` · a_l,p,i (zero: scale 0), or clamped to ``value``
+               ``scale`` · a_l,p,i (zero: scale 0), clamped to ``value``, or a_l,p,i + ``add``
     mlp_out_t ← mlp_out_t + Σ_{s ≤ t} (a'_s − a_s) W_dec[s][t − s]
 
 The MLP's own output is kept (its error term with it), as feature steering by clamping does
@@ -28,14 +28,24 @@ from glassgpt.model.hooks import HookFn
 
 @dataclass(frozen=True)
 class Edit:
-    """Feature ``feature`` of ``layer`` at ``pos`` (None: every position): scaled by ``scale``,
-    or set to ``value`` when it is given."""
+    """Feature ``feature`` of ``layer`` at ``pos`` (None: every position): set to ``value``
+    when it is given, else raised by ``add`` when that is given, else scaled by ``scale``.
+
+    Adding α writes α · W_dec[l → t] into every MLP output t ≥ l, at every position it
+    applies to: an SAE's "add" steering, spread over the layers the feature writes to."""
 
     layer: int
     feature: int
     pos: int | None = None
     scale: float = 0.0
     value: float | None = None
+    add: float | None = None
+
+    def apply(self, a: Tensor) -> Tensor | float:
+        """The edited activations of this feature, from its activations ``a``."""
+        if self.value is not None:
+            return self.value
+        return a + self.add if self.add is not None else self.scale * a
 
 
 def edit_hooks(model: GPT, clt: CLT, edits: Sequence[Edit]) -> dict[str, HookFn]:
@@ -56,8 +66,7 @@ def edit_hooks(model: GPT, clt: CLT, edits: Sequence[Edit]) -> dict[str, HookFn]
             at = slice(None) if e.pos is None else e.pos
             if e.pos is not None and not -a.shape[1] <= e.pos < a.shape[1]:
                 raise GlassError(f"position {e.pos}: the prompt has {a.shape[1]} tokens")
-            old = a[:, at, e.feature]
-            new[:, at, e.feature] = e.value if e.value is not None else e.scale * old
+            new[:, at, e.feature] = e.apply(a[:, at, e.feature])
         delta[l] = new - a
 
     def write(t: Tensor, name: str) -> Tensor:

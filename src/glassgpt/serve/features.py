@@ -10,7 +10,7 @@
 
 A CLT (``serve --sae CLT_DIR``) is served as one dictionary of L · d_sae features numbered as
 its pages number them (feature i of layer l is l · d_sae + i; search takes "l/i"), its codes
-read from every layer's MLP input, and steered by clamping only
+read from every layer's MLP input, and steered by clamping it or adding to it
 (:func:`glassgpt.features.clt_steering.edit_hooks`: every target layer's write changed).
 
 Pages come from ``glassgpt sae features`` (``SAE_DIR/features.safetensors``); without them the
@@ -232,14 +232,13 @@ class Features:
     # -- steering -------------------------------------------------------------------------------
     def _hooks(self, ask: SteerAsk) -> Any:
         """The steering hooks: an SAE's (glassgpt.features.steering), or a CLT's clamp of
-        feature l/i at every position (glassgpt.features.clt_steering)."""
+        feature l/i, or its raise by the value, at every position (glassgpt.features.clt_steering)."""
         if not isinstance(self.sae, CLT):
             return feature_hooks(self.model, self.sae, ask.feature, ask.mode, float(ask.value))
-        if ask.mode != "clamp":
-            raise GlassError(f"mode {ask.mode}: a CLT feature is steered by clamping (mode clamp)")  # fmt: skip
         if not 0 <= ask.feature < self.L * self.S:
             raise GlassError(f"feature {ask.feature}: out of range (this CLT has {self.L} layers × {self.S})")  # fmt: skip
-        edit = Edit(ask.feature // self.S, ask.feature % self.S, value=float(ask.value))
+        l, i, v = ask.feature // self.S, ask.feature % self.S, float(ask.value)
+        edit = Edit(l, i, add=v) if ask.mode == "add" else Edit(l, i, value=v)
         return edit_hooks(self.model, self.sae, [edit])
 
     def steer(self, ask: SteerAsk) -> dict[str, Any]:

@@ -41,9 +41,6 @@ function cltControls(c) {
   $("feat-id").before(sel, " ");
   $("feat-id").max = c.d_sae - 1;
   sel.addEventListener("change", () => openFeature(+sel.value * c.d_sae + Math.min(c.d_sae - 1, +$("feat-id").value || 0)));
-  const mode = $("feat-mode");  // a CLT feature is steered by clamping (the server's clt_steering)
-  for (const o of [...mode.options]) if (o.value !== "clamp") o.remove();
-  mode.value = "clamp";
 }
 
 function featNorms(rows) {  // a CLT feature's writes: ‖W_dec‖ per target layer, as bars
@@ -213,7 +210,10 @@ function drawEq() {
   $("feat-value-out").textContent = fmt(value);
   const c = F.info.clt, n = featName(F.id);
   if (c) {
-    $("feat-eq").textContent = `f${n} ← ${fmt(value)} at every position; each MLP output t ≥ ${Math.floor(F.id / c.d_sae)} gains (${fmt(value)} − f${n}) · W_dec[${n} → t]  (the CLT's error kept)`;
+    const l = Math.floor(F.id / c.d_sae);
+    $("feat-eq").textContent = mode === "add"
+      ? `f${n} ← f${n} + ${fmt(value)} at every position; each MLP output t ≥ ${l} gains ${fmt(value)} · W_dec[${n} → t]`
+      : `f${n} ← ${fmt(value)} at every position; each MLP output t ≥ ${l} gains (${fmt(value)} − f${n}) · W_dec[${n} → t]  (the CLT's error kept)`;
     return;
   }
   $("feat-eq").textContent = mode === "add"

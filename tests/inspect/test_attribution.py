@@ -64,6 +64,26 @@ def test_node_attribution_is_gradient_times_difference(variant: dict, tiny) -> N
     torch.testing.assert_close(reused["attn.z"], got["attn.z"], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_metric_of_one_position_takes_that_positions_logits_alone(variant: dict, tiny) -> None:
+    """logit_diff reads the last position: its logits alone are computed, from the last
+    block's output there; the same metric as a plain function takes every logit."""
+    cfg = tiny.config(**variant)
+    model = tiny.model(cfg, seed=4)
+    clean, corrupted = pair(tiny, cfg)
+    metric = logit_diff(3, 5)
+    sites = ["resid_pre", "attn.z", "mlp_out"] if not cfg.attn_only else ["resid_pre", "attn.z"]
+    finals: list[tuple[int, ...]] = []  # the final norm's outputs the full unembedding reads
+    with model.hooks({"ln_final.out": lambda t, n: finals.append(tuple(t.shape))}):
+        fast = attribution_patch(model, clean, corrupted, metric, sites)
+        assert finals == []
+        plain = attribution_patch(model, clean, corrupted, lambda z: metric(z), sites)
+        assert finals == [(2, 6, cfg.d_model)]
+    for site in sites:
+        torch.testing.assert_close(fast[site], plain[site], rtol=1e-10, atol=1e-12)
+    assert fast["attn.z"].abs().sum() > 0
+
+
 def test_sites_the_fast_path_reads_past_get_their_gradients(tiny: SimpleNamespace) -> None:
     """result: ∂m/∂result_h = ∂m/∂attn_out; pattern: through the explicit z = pattern v."""
     cfg = tiny.config()

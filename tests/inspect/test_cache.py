@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from glassgpt.errors import GlassError
 from glassgpt.inspect import patch_hook, resolve_names, run_with_cache, run_with_hooks
+from glassgpt.inspect.cache import run_to_cache
 
 VARIANTS = [
     {},
@@ -36,6 +37,26 @@ def test_recording_every_activation_leaves_logits_bit_identical(
     identity = {name: (lambda t, name: t) for name in model.hook_names()}
     assert torch.equal(run_with_hooks(model, tokens, identity), plain)
     assert not model._hook_fns  # nothing left attached: the next forward pays nothing
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_run_to_cache_records_the_same_values_and_computes_nothing_after_them(
+    variant: dict, tiny: SimpleNamespace
+) -> None:
+    cfg = tiny.config(**variant)
+    model = tiny.model(cfg, dtype=torch.float32)
+    tokens = tiny.tokens(cfg, 2, 5)
+    names = ["blocks.0.attn.z", "blocks.0.resid_mid", "blocks.0.resid_post"]
+    names = [n for n in names if n in model.hook_names()]
+    _, full = run_with_cache(model, tokens, names)
+    later: list[str] = []
+    spy = {"blocks.1.resid_pre": lambda t, n: later.append(n)}
+    with model.hooks(spy):
+        got = run_to_cache(model, tokens, names)
+    assert list(got) == names and later == []  # the second block never ran
+    for n in names:
+        assert torch.equal(got[n], full[n])
+    assert not model._hook_fns
 
 
 def test_cached_values_are_the_equations(tiny: SimpleNamespace) -> None:

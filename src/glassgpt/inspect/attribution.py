@@ -68,9 +68,11 @@ from glassgpt.inspect.cache import (
     as_batch,
     evaluating,
     resolve_names,
+    run_to_cache,
     run_with_cache,
 )
-from glassgpt.inspect.metrics import score_runs
+from glassgpt.inspect.metrics import Metric, score_runs
+from glassgpt.inspect.patch_rows import read_position, score_at
 from glassgpt.model import GPT
 from glassgpt.model.gpt import Block
 from glassgpt.model.layers import apply_rope, linear
@@ -103,8 +105,9 @@ def attribution_patch(
     ``.sum(1)`` → [n_layers, n_heads]); ``mlp.pre|post`` → [n_layers, T, d_mlp] (neurons);
     ``attn.pattern`` → [n_layers, n_heads, T_q, T_k]; sites outside the blocks (``embed``,
     ``ln_final.out``) → [T]. A site named with its layer (``blocks.1.attn.z``) is computed
-    for every layer. Costs one forward of clean and corrupted stacked (or of the corrupted
-    prompt alone, given ``clean_cache``) and one backward.
+    for every layer. Costs a forward pass of the clean prompt without autograd, stopped at
+    the last site (none, given ``clean_cache``), one of the corrupted prompt with autograd,
+    and one backward pass from the metric to the sites.
 
     >>> from glassgpt.model import GPTConfig
     >>> from glassgpt.inspect.metrics import logit_diff
@@ -114,7 +117,6 @@ def attribution_patch(
     {'resid_pre': (2, 3), 'attn.z': (2, 3, 2), 'mlp_out': (2, 3)}
     """
     clean, corrupted = _pair_batches(model, clean_tokens, corrupted_tokens)
-    B = clean.shape[0]
     if tuple(sites) == NODE_SITES and model.config.attn_only:
         sites = NODE_SITES[:2]
     site_names = _sites(model, sites)
@@ -122,31 +124,21 @@ def attribution_patch(
     aliases: dict[str, HookFn] = {n: _alias for n in names if n.endswith(_ALIASED)}
     aliases["embed"] = _root(aliases.get("embed"))
     with evaluating(model), _weights_frozen(model):
-        if clean_cache is None:
-            tokens = torch.cat([clean, corrupted])  # rows 0 … B − 1 clean, B … 2B − 1 corrupted
-            logits, cache = run_with_cache(
-                model, tokens, names, hooks=aliases, detach=False, grad=True
-            )
-            logits = logits[B:]
-        else:
-            logits, cache = run_with_cache(
-                model, corrupted, names, hooks=aliases, detach=False, grad=True
-            )
+        if clean_cache is None:  # the clean values alone: no autograd, no unembedding
+            clean_cache = run_to_cache(model, clean, names)
+        value, cache = _corrupted_run(model, corrupted, names, aliases, metric)
         acts = [cache[n] for n in names]
-        grads = dict(zip(names, _grads(_scalar(metric(logits)), acts), strict=True))
+        grads = dict(zip(names, _grads(value, acts), strict=True))
     out: dict[str, Tensor] = {}
     for site, group in site_names.items():
         per_layer = []
         for name in group:
-            if clean_cache is None:
-                a_clean, a_corrupt, g = cache[name][:B], cache[name][B:], grads[name][B:]
-            else:
-                a_clean, a_corrupt, g = _cached(clean_cache, name), cache[name], grads[name]
-                if a_clean.shape != a_corrupt.shape:
-                    raise GlassError(
-                        f"the clean cache's {name!r} is {tuple(a_clean.shape)}, the corrupted "
-                        f"run's {tuple(a_corrupt.shape)}"
-                    )
+            a_clean, a_corrupt, g = _cached(clean_cache, name), cache[name], grads[name]
+            if a_clean.shape != a_corrupt.shape:
+                raise GlassError(
+                    f"the clean cache's {name!r} is {tuple(a_clean.shape)}, the corrupted "
+                    f"run's {tuple(a_corrupt.shape)}"
+                )
             dtype = _derived(g.dtype)
             diff = a_clean.detach().to(dtype) - a_corrupt.detach().to(dtype)
             if site in _PER_PATTERN:  # masked scores are −∞ in both runs
@@ -155,6 +147,27 @@ def attribution_patch(
         stacked = torch.stack(per_layer)
         out[site] = stacked if group[0].startswith("blocks.") else stacked[0]
     return out
+
+
+def _corrupted_run(
+    model: GPT, corrupted: Tensor, names: list[str], hooks: dict[str, HookFn], metric: MetricFn
+) -> tuple[Tensor, ActivationCache]:
+    """(m(corrupted), its cache with autograd). A metric that reads one position's logits
+    (``Metric.at``) gets them alone, from the last block's output there: the unembedding of
+    the other positions, and its backward, are never computed."""
+    read = read_position(metric, corrupted.shape[1])
+    final = f"blocks.{model.config.n_layers - 1}.resid_post"
+    order = model.hook_names()
+    if read is None or any(order.index(n) > order.index(final) for n in names):
+        logits, cache = run_with_cache(model, corrupted, names, hooks=hooks, detach=False, grad=True)  # fmt: skip
+        return _scalar(metric(logits)), cache
+    cache = run_to_cache(model, corrupted, [*names, final], hooks=hooks, detach=False, grad=True)
+    with torch.enable_grad():
+        x = cache[final][:, read]  # [B, d_model]
+        if model.ln_final is not None:
+            x = model.ln_final(x)
+        value = score_at(model, x, cast(Metric, metric), 1, corrupted.shape[0])[0]
+    return _scalar(value), cache
 
 
 # -- edges -----------------------------------------------------------------------------------

@@ -160,14 +160,60 @@ def run_with_cache(
     """
     batch = as_batch(model, tokens)
     wanted = resolve_names(model, names)
+    with torch.set_grad_enabled(grad):
+        logits, store = _recorded(model, batch, wanted, hooks, detach, stop=False)
+    assert isinstance(logits, Tensor)
+    ordered = {n: store[n] for n in wanted if n in store}
+    return logits, ActivationCache(ordered, model.config.n_layers)
+
+
+def run_to_cache(
+    model: GPT,
+    tokens: Tensor | Sequence[int],
+    names: NameQuery,
+    *,
+    hooks: Mapping[str, HookFn] | None = None,
+    detach: bool = True,
+    grad: bool = False,
+) -> ActivationCache:
+    """:func:`run_with_cache` without the logits: the forward pass stops as soon as every
+    named activation is recorded, so nothing after the last of them is computed (the rest of
+    the blocks, the unembedding).
+
+    >>> from glassgpt.model import GPTConfig
+    >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=2, n_heads=2)).eval()
+    >>> list(run_to_cache(model, [1, 2, 3], ["blocks.0.attn.z", "blocks.0.mlp_out"]))
+    ['blocks.0.attn.z', 'blocks.0.mlp_out']
+    """
+    batch = as_batch(model, tokens)
+    wanted = resolve_names(model, names)
+    with torch.set_grad_enabled(grad):
+        _, store = _recorded(model, batch, wanted, hooks, detach, stop=True)
+    ordered = {n: store[n] for n in wanted if n in store}
+    return ActivationCache(ordered, model.config.n_layers)
+
+
+class _AllRecorded(Exception):
+    """Raised by the recording hook once every wanted activation is kept (run_to_cache)."""
+
+
+def _recorded(
+    model: GPT, batch: Tensor, wanted: list[str], hooks: Mapping[str, HookFn] | None,
+    detach: bool, *, stop: bool,
+) -> tuple[Tensor | None, dict[str, Tensor]]:  # fmt: skip
+    """(logits, or None when stopped early; {name: activation}) of one forward pass."""
     replacing = _resolve_hooks(model, hooks)
     store: dict[str, Tensor] = {}
+    left = set(wanted)
 
     def record(name: str, fn: HookFn | None) -> HookFn:
         def hook(t: Tensor, _: str) -> Tensor | None:
             out = fn(t, name) if fn is not None else None
             value = t if out is None else out
             store[name] = value.detach() if detach else value
+            left.discard(name)
+            if stop and not left:
+                raise _AllRecorded
             return out
 
         return hook
@@ -175,11 +221,11 @@ def run_with_cache(
     fns: dict[str, HookFn] = dict(replacing)
     for name in wanted:
         fns[name] = record(name, replacing.get(name))
-    with torch.set_grad_enabled(grad), model.hooks(fns):
-        logits = model(batch)
-    assert isinstance(logits, Tensor)
-    ordered = {n: store[n] for n in wanted if n in store}
-    return logits, ActivationCache(ordered, model.config.n_layers)
+    try:
+        with model.hooks(fns):
+            return model(batch), store
+    except _AllRecorded:
+        return None, store
 
 
 def run_with_hooks(

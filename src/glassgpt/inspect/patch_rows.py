@@ -117,14 +117,14 @@ def run_rows(
         x = model.ln_final(x)
     n = len(rows)
     if read is not None:
-        return _score_at(model, x[:, -1], cast(Metric, metric), n, B)
+        return score_at(model, x[:, -1], cast(Metric, metric), n, B)
     part = softcap(model.unembed(x, model.embed.W_E), model.config.final_softcap)  # [n·B, t, V]
     before = run.logits[None, :, :start].expand(n, -1, -1, -1)  # [n, B, start, n_vocab]
     logits = torch.cat([before, part.view(n, B, T - start, -1)], 2)  # [n, B, T, n_vocab]
     return score_runs(metric, logits)
 
 
-def _score_at(model: GPT, x: Tensor, metric: Metric, n: int, B: int) -> Tensor:
+def score_at(model: GPT, x: Tensor, metric: Metric, n: int, B: int) -> Tensor:
     """The metric from the final residual at its position, x [n·B, d_model] → [n]: the logits
     of the ids it reads alone (the others left 0), or all of them."""
     assert metric.at is not None

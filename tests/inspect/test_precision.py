@@ -148,6 +148,9 @@ CASES: dict[str, Case] = {
     "run_with_cache.pattern": Case(
         lambda m: cache.run_with_cache(m, TOKENS, "pattern")[1]["pattern", 1], False
     ),
+    "run_to_cache.attn.z": Case(
+        lambda m: cache.run_to_cache(m, TOKENS, ["blocks.0.attn.z"])["blocks.0.attn.z"], False
+    ),
     "run_with_hooks": Case(
         lambda m: cache.run_with_hooks(
             m,

@@ -153,6 +153,6 @@ def held(live: Any, n: int, start: Any) -> None:
     with sched.lock:
         start()
         deadline = time.monotonic() + 30
-        while sched.inbox.qsize() + len(sched.waiting) < n - 1 or sched.admitting is None:
+        while sched.pending < n or sched.admitting is None:
             assert time.monotonic() < deadline, "the requests did not reach the scheduler"
             time.sleep(0.01)

@@ -1,0 +1,105 @@
+"""Prompts admitted together: the scheduler encodes the common stretch of prompts that
+loaded as many cached positions in one forward, and each row's keys, values and logits are
+those of its prompt encoded alone (``KVCache``, as ``generate`` prefills), up to a wider
+matmul's rounding; a held batch of mixed lengths and settings then decodes each request's
+own tokens, as ``generate`` gives them."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from glassgpt.model import GPT, GPTConfig
+from glassgpt.sample.cache import KVCache
+from glassgpt.sample.filters import SamplingConfig
+from glassgpt.sample.generation import generate
+from glassgpt.serve.scheduler import Job, Scheduler
+from glassgpt.tokenizer import CharTokenizer
+
+TOK = CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,"))
+
+
+def tiny() -> GPT:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_vocab=TOK.n_vocab, n_ctx=64, d_model=32, n_layers=2, n_heads=4))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def alone(model: GPT, ids: list[int]) -> tuple[Tensor, KVCache]:
+    cache = KVCache.for_model(model, 1, len(ids), last_only=True)
+    with torch.inference_mode():
+        return model(torch.tensor([ids]), cache=cache)[0, -1], cache
+
+
+def test_prompts_encoded_together_equal_each_alone() -> None:
+    model = tiny()
+    sched = Scheduler(model, TOK, slots=8, max_context=64)
+    gen = torch.Generator().manual_seed(1)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, TOK.n_vocab, (n,), generator=gen).tolist()
+
+    system = ids(sched.prefix.block * 2)  # two blocks, cached by a first prompt
+    sched._prefill_many([system + ids(3)], 0)
+    # sorted as _admit_all sorts them: no prefix (lengths 4, 9, 9, 20), then the cached one
+    prompts = [ids(4), ids(9), ids(9), ids(20), system + ids(5), system + ids(11)]
+    before = sched.prompt_forwards
+    got = sched._prefill_many(prompts, 0)
+    # lengths 4, 9, 9, 20: 4 together, then 5 of three, then 11 of one; the cached pair: 5, 6
+    assert sched.prompt_forwards - before == 5
+    assert sched.prefix.hits == 2
+    assert sched.cache.lengths[:6].tolist() == [len(p) for p in prompts]
+    for b, p in enumerate(prompts):
+        logits, cache = alone(sched.decoding, p)
+        torch.testing.assert_close(got[b], logits, rtol=1e-5, atol=1e-5)
+        for mine, theirs in zip(sched.cache.layers, cache.layers, strict=True):
+            torch.testing.assert_close(mine.k[b, :, : len(p)], theirs.k[0, :, : len(p)])
+            torch.testing.assert_close(mine.v[b, :, : len(p)], theirs.v[0, :, : len(p)])
+
+
+def test_a_held_batch_of_mixed_prompts_decodes_what_generate_does() -> None:
+    model = tiny()
+    sched = Scheduler(model, TOK, slots=8, max_context=64)
+    texts = ["the cat", "a", "the dog", "hello there", "abc", "the cow", "zz", "one two"]
+    settings = [SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.9, top_p=0.8),
+                SamplingConfig(temperature=1.1, top_k=5), SamplingConfig(temperature=0.0,
+                repetition_penalty=1.5), SamplingConfig(temperature=0.7, min_p=0.1),
+                SamplingConfig(temperature=1.0, presence_penalty=1.0),
+                SamplingConfig(temperature=0.0, logit_bias={3: 5.0}),
+                SamplingConfig(temperature=1.3)]  # fmt: skip
+    outs: list[list[int]] = [[] for _ in texts]
+    done = threading.Semaphore(0)
+
+    def emit_to(i: int) -> Any:
+        def emit(kind: str, payload: Any) -> None:
+            if kind == "token":
+                outs[i].append(payload[0])
+            else:
+                done.release()
+
+        return emit
+
+    sched.start()
+    try:
+        with sched.lock:  # the first job waits at its prefill, the others queue behind it
+            for i, (text, cfg) in enumerate(zip(texts, settings)):
+                sched.submit(Job(TOK.encode(text), cfg, max_tokens=10, seed=i, emit=emit_to(i)))
+            while sched.pending < len(texts):
+                threading.Event().wait(0.01)
+        for _ in texts:
+            assert done.acquire(timeout=60)
+    finally:
+        sched.close()
+    assert sched.prompt_forwards < len(texts)  # the queued ones shared forwards
+    assert sched.widest >= len(texts) - 1
+    for i, (text, cfg) in enumerate(zip(texts, settings)):
+        opts = {k: getattr(cfg, k) for k in ("temperature", "top_k", "top_p", "min_p",
+                "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")}  # fmt: skip
+        want = generate(model, TOK.encode(text), max_new_tokens=10, seed=i, **opts)
+        assert outs[i] == want, (i, text)

@@ -331,8 +331,8 @@ class Scheduler:
         loads, then by length): the logits [k, V] after each. Each loads its cached prefix
         (``serve.prefix``); then, while tokens are left, the neighbouring rows that have
         encoded as many positions n go through one forward of the shortest one's remaining m
-        tokens (at most ``PREFILL_TOKENS`` rows of tokens), and the longer ones go on from
-        n + m. A forward costs one read of the weights plus its tokens' products, so k
+        tokens (a power of two of them, at most ``PREFILL_TOKENS`` rows of tokens), and the
+        longer ones go on from n + m. A forward costs one read of the weights plus its tokens' products, so k
         prompts of one length cost one read, not k, in wider products; each row computes
         what it would alone, up to the rounding of a wider matmul (as in a step)."""
         model, k = self.decoding, len(prompts)
@@ -349,6 +349,9 @@ class Scheduler:
                     if i != run[-1] + 1 or done[i] != n or (len(run) + 1) * m > PREFILL_TOKENS:
                         break
                     run.append(i)
+                # a power of two of rows: oneDNN makes (and keeps) a primitive for each new
+                # number of rows a product takes past 32, ~2 MB and a JIT compile each
+                del run[1 << (len(run).bit_length() - 1) :]
                 many = self.cache.prompt_cache(start + b, model, rows=len(run)) if len(run) > 1 \
                     else caches[b]  # fmt: skip
                 many.length = n

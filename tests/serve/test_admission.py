@@ -7,9 +7,9 @@ own tokens, as ``generate`` gives them."""
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import torch
+from tests.serve.conftest import Collected
 from torch import Tensor
 
 from glassgpt.model import GPT, GPTConfig
@@ -73,27 +73,15 @@ def test_a_held_batch_of_mixed_prompts_decodes_what_generate_does() -> None:
                 SamplingConfig(temperature=1.0, presence_penalty=1.0),
                 SamplingConfig(temperature=0.0, logit_bias={3: 5.0}),
                 SamplingConfig(temperature=1.3)]  # fmt: skip
-    outs: list[list[int]] = [[] for _ in texts]
-    done = threading.Semaphore(0)
-
-    def emit_to(i: int) -> Any:
-        def emit(kind: str, payload: Any) -> None:
-            if kind == "token":
-                outs[i].append(payload[0])
-            else:
-                done.release()
-
-        return emit
-
+    got = Collected(len(texts))
     sched.start()
     try:
         with sched.lock:  # the first job waits at its prefill, the others queue behind it
             for i, (text, cfg) in enumerate(zip(texts, settings)):
-                sched.submit(Job(TOK.encode(text), cfg, max_tokens=10, seed=i, emit=emit_to(i)))
+                sched.submit(Job(TOK.encode(text), cfg, max_tokens=10, seed=i, emit=got.emit_to(i)))
             while sched.pending < len(texts):
                 threading.Event().wait(0.01)
-        for _ in texts:
-            assert done.acquire(timeout=60)
+        got.wait()
     finally:
         sched.close()
     assert sched.prompt_forwards < len(texts)  # the queued ones shared forwards
@@ -102,4 +90,4 @@ def test_a_held_batch_of_mixed_prompts_decodes_what_generate_does() -> None:
         opts = {k: getattr(cfg, k) for k in ("temperature", "top_k", "top_p", "min_p",
                 "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")}  # fmt: skip
         want = generate(model, TOK.encode(text), max_new_tokens=10, seed=i, **opts)
-        assert outs[i] == want, (i, text)
+        assert got.outs[i] == want, (i, text)

@@ -7,6 +7,7 @@ own tokens, as ``generate`` gives them."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 from tests.serve.conftest import Collected
@@ -91,3 +92,34 @@ def test_a_held_batch_of_mixed_prompts_decodes_what_generate_does() -> None:
                 "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")}  # fmt: skip
         want = generate(model, TOK.encode(text), max_new_tokens=10, seed=i, **opts)
         assert got.outs[i] == want, (i, text)
+
+
+def test_a_job_that_fails_in_a_batch_fails_alone() -> None:
+    """A setting the sampler refuses (a logit bias past the vocabulary, which the API would
+    have answered with a 400) ends that job with an error; its batch mates decode."""
+    model = tiny()
+    sched = Scheduler(model, TOK, slots=8, max_context=64)
+    good = SamplingConfig(temperature=0.0)
+    settings = [good, SamplingConfig(logit_bias={TOK.n_vocab + 3: 1.0}), good]
+    got = Collected(len(settings))
+    errors: list[str] = []
+
+    def emit_to(i: int) -> Any:
+        inner = got.emit_to(i)
+
+        def emit(kind: str, payload: Any) -> None:
+            if kind == "error":
+                errors.append(payload)
+            inner(kind, payload)
+
+        return emit
+
+    jobs = [Job(TOK.encode("the cat"), cfg, max_tokens=5, seed=0, emit=emit_to(i))
+            for i, cfg in enumerate(settings)]  # fmt: skip
+    sched._admit_all(jobs)
+    while sched.active:
+        sched._step()
+    got.wait(timeout=1)
+    assert len(errors) == 1 and "logit_bias" in errors[0]
+    want = generate(model, TOK.encode("the cat"), max_new_tokens=5, temperature=0.0)
+    assert got.outs[0] == got.outs[2] == want and got.outs[1] == []

@@ -237,10 +237,10 @@ class Scheduler:
             start = len(self.active)
             # prompts that load prefixes of the same length sit side by side, shortest first
             jobs = sorted(jobs, key=lambda j: (self.prefix.match(j.prompt), len(j.prompt)))
-            for b, job in enumerate(jobs):
-                self.rows.set(start + b, job.sampling, job.seed, job.prompt)
             self.admitting = jobs[0]
             try:
+                for b, job in enumerate(jobs):
+                    self.rows.set(start + b, job.sampling, job.seed, job.prompt)
                 logits = self._prefill_many([j.prompt for j in jobs], start)
             except Exception:
                 logits = None  # (each job then meets its own error alone)

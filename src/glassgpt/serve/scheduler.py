@@ -332,9 +332,10 @@ class Scheduler:
         (``serve.prefix``); then, while tokens are left, the neighbouring rows that have
         encoded as many positions n go through one forward of the shortest one's remaining m
         tokens (a power of two of them, at most ``PREFILL_TOKENS`` rows of tokens), and the
-        longer ones go on from n + m. A forward costs one read of the weights plus its tokens' products, so k
-        prompts of one length cost one read, not k, in wider products; each row computes
-        what it would alone, up to the rounding of a wider matmul (as in a step)."""
+        longer ones go on from n + m. A forward costs one read of the weights plus its
+        tokens' products, so k prompts of one length cost one read, not k, in wider
+        products; each row computes what it would alone, up to the rounding of a wider
+        matmul (as in a step)."""
         model, k = self.decoding, len(prompts)
         caches = [self.cache.prompt_cache(start + b, model) for b in range(k)]
         out: list[Tensor] = [torch.empty(0)] * k

@@ -21,8 +21,8 @@ time to first token and per token, the server process's CPU time (all its thread
 token and one client's over it (the throughput ratio the server would reach if its CPU
 time were the only limit: steadier than tokens/s on a shared machine, where a level's
 wall time depends on the other processes' load), errors; the server's RSS after a warm-up
-and after the load; and the time to first token of ``--system-tokens`` characters of system prompt plus
-a short question, cold (a system prompt the server has not seen) and warm (one it has:
+and after the load; and the time to first token of ``--system-tokens`` characters of
+system prompt plus a short question, cold (a system prompt the server has not seen) and warm (one it has:
 its blocks come from the prefix cache). With ``--rounds R`` the levels run R times in turn
 and each level's figures pool its runs, so that a change in the machine's load falls on
 every level alike; the load average is printed before and after. Targets (issue 45): on the

@@ -88,8 +88,9 @@ def test_a_held_batch_of_mixed_prompts_decodes_what_generate_does() -> None:
     assert sched.prompt_forwards < len(texts)  # the queued ones shared forwards
     assert sched.widest >= len(texts) - 1
     for i, (text, cfg) in enumerate(zip(texts, settings)):
-        opts = {k: getattr(cfg, k) for k in ("temperature", "top_k", "top_p", "min_p",
-                "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")}  # fmt: skip
+        names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                 "frequency_penalty", "presence_penalty", "logit_bias")  # fmt: skip
+        opts = {k: getattr(cfg, k) for k in names}
         want = generate(model, TOK.encode(text), max_new_tokens=10, seed=i, **opts)
         assert got.outs[i] == want, (i, text)
 

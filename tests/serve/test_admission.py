@@ -2,15 +2,18 @@
 loaded as many cached positions in one forward, and each row's keys, values and logits are
 those of its prompt encoded alone (``KVCache``, as ``generate`` prefills), up to a wider
 matmul's rounding; a held batch of mixed lengths and settings then decodes each request's
-own tokens, as ``generate`` gives them."""
+own tokens, as ``generate`` gives them (learned positions, RoPE with grouped key/value heads
+and sliding-window layers, a Llama-like model: ``test_prefix``'s families, in float64)."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
+import pytest
 import torch
 from tests.serve.conftest import Collected
+from tests.serve.test_prefix import FAMILIES, model_of
 from torch import Tensor
 
 from glassgpt.model import GPT, GPTConfig
@@ -38,8 +41,12 @@ def alone(model: GPT, ids: list[int]) -> tuple[Tensor, KVCache]:
         return model(torch.tensor([ids]), cache=cache)[0, -1], cache
 
 
-def test_prompts_encoded_together_equal_each_alone() -> None:
-    model = tiny()
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_prompts_encoded_together_equal_each_alone(family: str) -> None:
+    try:
+        model = model_of(family)  # float64: only the summation order differs
+    except Exception as e:  # a family field this checkout's config does not have
+        pytest.skip(f"{family}: {e}")
     sched = Scheduler(model, TOK, slots=8, max_context=64)
     gen = torch.Generator().manual_seed(1)
 
@@ -51,17 +58,20 @@ def test_prompts_encoded_together_equal_each_alone() -> None:
     # sorted as _admit_all sorts them: no prefix (lengths 4, 9, 9, 20), then the cached one
     prompts = [ids(4), ids(9), ids(9), ids(20), system + ids(5), system + ids(11)]
     before = sched.prompt_forwards
-    got = sched._prefill_many(prompts, 0)
-    # lengths 4, 9, 9, 20: 4 together, then 5 of three, then 11 of one; the cached pair: 5, 6
+    got = sched._prefill_many(prompts, 2)  # into slots 2..7
+    # lengths 4, 9, 9, 20: 4 of each, 5 more of the two 9s, 16 of the 20; the cached pair: 5
+    # of both (after 32 loaded), then 6 of the longer
     assert sched.prompt_forwards - before == 5
     assert sched.prefix.hits == 2
-    assert sched.cache.lengths[:6].tolist() == [len(p) for p in prompts]
+    assert sched.cache.lengths[2:8].tolist() == [len(p) for p in prompts]
     for b, p in enumerate(prompts):
         logits, cache = alone(sched.decoding, p)
-        torch.testing.assert_close(got[b], logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[b], logits, rtol=0, atol=1e-12)
         for mine, theirs in zip(sched.cache.layers, cache.layers, strict=True):
-            torch.testing.assert_close(mine.k[b, :, : len(p)], theirs.k[0, :, : len(p)])
-            torch.testing.assert_close(mine.v[b, :, : len(p)], theirs.v[0, :, : len(p)])
+            n = len(p)
+            for got_kv, want in ((mine.k[2 + b, :, :n], theirs.k[0, :, :n]),
+                                 (mine.v[2 + b, :, :n], theirs.v[0, :, :n])):  # fmt: skip
+                torch.testing.assert_close(got_kv, want, rtol=0, atol=1e-12)
 
 
 def test_a_held_batch_of_mixed_prompts_decodes_what_generate_does() -> None:

@@ -17,9 +17,12 @@ every request samples at temperature 1; with ``mixed`` each request draws its ow
 temperature (greedy included), top-p, top-k, min-p, penalties, logit bias and seed, as
 real clients do. Printed per level and settings: requests, aggregate tokens/s, its ratio
 to one client with the same settings and mixed's ratio to uniform at the same level, p50/p99
-time to first token and per token, errors; the server's RSS after a warm-up and after the
-load; and the time to first token of ``--system-tokens`` characters of system prompt plus
-a short question, cold (a system prompt the server has not seen) and warm (one it has:
+time to first token and per token, the server process's CPU time (all its threads) per
+token and one client's over it (the throughput ratio the server would reach if its CPU
+time were the only limit: steadier than tokens/s on a shared machine, where a level's
+wall time depends on the other processes' load), errors; the server's RSS after a warm-up
+and after the load; and the time to first token of ``--system-tokens`` characters of
+system prompt plus a short question, cold (a system prompt the server has not seen) and warm (one it has:
 its blocks come from the prefix cache). With ``--rounds R`` the levels run R times in turn
 and each level's figures pool its runs, so that a change in the machine's load falls on
 every level alike; the load average is printed before and after. Targets (issue 45): on the
@@ -109,6 +112,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time a process has used so far (user + system, all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -164,9 +173,15 @@ def settings_of(rng: random.Random, mixed: bool) -> dict:
 
 
 def load_level(
-    port: int, clients: int, seconds: float, args: argparse.Namespace, mixed: bool = False
+    port: int,
+    clients: int,
+    seconds: float,
+    args: argparse.Namespace,
+    mixed: bool = False,
+    pid: int | None = None,
 ) -> dict:
-    """One run of ``clients`` clients for ``seconds``: totals and the latency samples."""
+    """One run of ``clients`` clients for ``seconds``: totals, the latency samples and the
+    CPU seconds the server (process ``pid``) used meanwhile."""
     deadline = time.perf_counter() + seconds
     ttft, per_token, tokens, errors, requests = [], [], [0], [0], [0]
     lock = threading.Lock()
@@ -195,15 +210,17 @@ def load_level(
                 if len(arrivals) > 1:
                     per_token.append((arrivals[-1] - arrivals[0]) / (len(arrivals) - 1))
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds(pid) if pid else float("nan")
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    cpu = (cpu_seconds(pid) if pid else float("nan")) - cpu
     return {"clients": clients, "mixed": mixed, "requests": requests[0], "errors": errors[0],
-            "tokens": tokens[0], "wall": wall, "ttft": ttft, "per_token": per_token}  # fmt: skip
+            "tokens": tokens[0], "wall": wall, "ttft": ttft, "per_token": per_token,
+            "cpu": cpu}  # fmt: skip
 
 
 def prefix_ttft(port: int, args: argparse.Namespace, n: int = 8) -> tuple[int, float, float]:
@@ -247,6 +264,7 @@ def pooled(runs: list[dict]) -> dict:  # of one level and settings
             "requests": sum(r["requests"] for r in runs),
             "errors": sum(r["errors"] for r in runs),
             "tok_s": sum(r["tokens"] for r in runs) / sum(r["wall"] for r in runs),
+            "cpu_token": sum(r["cpu"] for r in runs) / max(1, sum(r["tokens"] for r in runs)),
             "ttft50": pct(ttft, 50), "ttft99": pct(ttft, 99),
             "tok50": pct(per_token, 50), "tok99": pct(per_token, 99)}  # fmt: skip
 
@@ -269,7 +287,7 @@ def bench_model(name: str, folder: Path, args: argparse.Namespace) -> tuple[list
         before = rss_mib(server.pid)
         load = os.getloadavg()[0]
         levels = [(c, m) for c in args.clients for m in args.settings]
-        runs = [load_level(port, c, args.seconds, args, m == "mixed")
+        runs = [load_level(port, c, args.seconds, args, m == "mixed", server.pid)
                 for _ in range(args.rounds) for c, m in levels]  # fmt: skip
         load_after = os.getloadavg()[0]
         rows = [pooled([r for r in runs if (r["clients"], r["mixed"]) == (c, m == "mixed")])
@@ -284,7 +302,8 @@ def bench_model(name: str, folder: Path, args: argparse.Namespace) -> tuple[list
         same = [o for o in rows if o["mixed"] == r["mixed"]]
         one = next((o["tok_s"] for o in same if o["clients"] == 1), same[0]["tok_s"])
         uniform = [o for o in rows if o["clients"] == r["clients"] and not o["mixed"]]
-        r["model"], r["ratio"] = name, r["tok_s"] / one
+        one_cpu = next((o["cpu_token"] for o in same if o["clients"] == 1), same[0]["cpu_token"])
+        r["model"], r["ratio"], r["cpu_ratio"] = name, r["tok_s"] / one, one_cpu / r["cpu_token"]
         r["vs_uniform"] = r["tok_s"] / uniform[0]["tok_s"] if uniform else float("nan")
     return rows, (before, after, load, load_after, ttft)
 
@@ -295,15 +314,17 @@ def report(results: list[tuple[list[dict], tuple]], args: argparse.Namespace) ->
           f"{args.max_tokens} new tokens, streaming; uniform: temperature 1; mixed: each "
           f"request its own settings\n")  # fmt: skip
     print("| model | clients | settings | requests | tokens/s | × 1 client | × uniform | "
-          "TTFT p50 | TTFT p99 | per token p50 | per token p99 | errors |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "TTFT p50 | TTFT p99 | per token p50 | per token p99 | server CPU a token | "
+          "1 client's ÷ this | errors |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for rows, _ in results:
         for r in rows:
             print(f"| {r['model']} | {r['clients']} | {'mixed' if r['mixed'] else 'uniform'} | "
                   f"{r['requests']} | {r['tok_s']:.0f} | {r['ratio']:.2f} | "
                   f"{r['vs_uniform']:.2f} | {1e3 * r['ttft50']:.0f} ms | "
                   f"{1e3 * r['ttft99']:.0f} ms | {1e3 * r['tok50']:.1f} ms | "
-                  f"{1e3 * r['tok99']:.1f} ms | {r['errors']} |")  # fmt: skip
+                  f"{1e3 * r['tok99']:.1f} ms | {1e3 * r['cpu_token']:.2f} ms | "
+                  f"{r['cpu_ratio']:.2f} | {r['errors']} |")  # fmt: skip
     print()
     for rows, (*_, ttft) in results:
         if ttft is not None:

@@ -153,6 +153,28 @@ def held(live: Any, n: int, start: Any) -> None:
     with sched.lock:
         start()
         deadline = time.monotonic() + 30
-        while sched.inbox.qsize() + len(sched.waiting) < n - 1 or sched.admitting is None:
+        while sched.pending < n or sched.admitting is None:
             assert time.monotonic() < deadline, "the requests did not reach the scheduler"
             time.sleep(0.01)
+
+
+class Collected:
+    """The token ids the scheduler emits for each of ``n`` jobs, and a semaphore released as
+    each one ends (``emit_to(i)``: job i's ``emit``)."""
+
+    def __init__(self, n: int) -> None:
+        self.outs: list[list[int]] = [[] for _ in range(n)]
+        self.done = threading.Semaphore(0)
+
+    def emit_to(self, i: int) -> Any:
+        def emit(kind: str, payload: Any) -> None:
+            if kind == "token":
+                self.outs[i].append(payload[0])
+            else:
+                self.done.release()
+
+        return emit
+
+    def wait(self, timeout: float = 60) -> None:
+        for _ in self.outs:
+            assert self.done.acquire(timeout=timeout)

@@ -3,11 +3,11 @@ the tokens of its eager steps, for requests that arrive, finish and leave at dif
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 import torch
+from tests.serve.conftest import Collected
 
 from glassgpt.kernels import rowwise
 from glassgpt.model import GPT, GPTConfig
@@ -21,31 +21,19 @@ def served(model: GPT, tok: Any, *, replay: bool) -> tuple[list[list[int]], Sche
     """Seven requests of different lengths, sampled and greedy, through one scheduler."""
     scheduler = Scheduler(model, tok, slots=4, replay=replay)
     gen = torch.Generator().manual_seed(5)
-    outs: list[list[int]] = [[] for _ in range(7)]
-    done = threading.Semaphore(0)
-
-    def emit_to(i: int) -> Any:
-        def emit(kind: str, payload: Any) -> None:
-            if kind == "token":
-                outs[i].append(payload[0])
-            else:
-                done.release()
-
-        return emit
-
+    got = Collected(7)
     scheduler.start()
     try:
         for i in range(7):
             n = int(torch.randint(1, 12, (), generator=gen))
             prompt = torch.randint(0, model.config.n_vocab, (n,), generator=gen).tolist()
             sampling = SamplingConfig(temperature=0.0 if i % 2 else 0.8, top_k=None)
-            job = Job(prompt, sampling, max_tokens=6 + 3 * i, seed=i, emit=emit_to(i))
+            job = Job(prompt, sampling, max_tokens=6 + 3 * i, seed=i, emit=got.emit_to(i))
             scheduler.submit(job)
-        for _ in range(7):
-            assert done.acquire(timeout=60)
+        got.wait()
     finally:
         scheduler.close()
-    return outs, scheduler
+    return got.outs, scheduler
 
 
 @pytest.mark.skipif(not rowwise.built(), reason="glassgpt's kernels are not built")

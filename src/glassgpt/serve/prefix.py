@@ -97,14 +97,23 @@ class PrefixCache:
             out.append(h)
         return out
 
-    def load(self, ids: Sequence[int], cache: Any) -> int:
-        """Copy the longest cached prefix of ``ids`` (whole blocks, shorter than ``ids``)
-        into the empty one-row ``cache`` (``KVCache``); the positions loaded."""
+    def _found(self, ids: Sequence[int]) -> list[bytes]:
+        """The keys of the longest cached prefix of ``ids`` (whole blocks, shorter than ``ids``)."""
         found: list[bytes] = []
         for key in self.keys(ids, (len(ids) - 1) // self.block):
             if key not in self.blocks:
                 break
             found.append(key)
+        return found
+
+    def match(self, ids: Sequence[int]) -> int:
+        """The positions :meth:`load` would load for ``ids`` now (nothing is touched)."""
+        return len(self._found(ids)) * self.block
+
+    def load(self, ids: Sequence[int], cache: Any) -> int:
+        """Copy the longest cached prefix of ``ids`` (whole blocks, shorter than ``ids``)
+        into the empty one-row ``cache`` (``KVCache``); the positions loaded."""
+        found = self._found(ids)
         if not found:
             return 0
         self._touch(found)

@@ -1,7 +1,9 @@
 """Continuous batching: one thread decodes every active sequence in one forward per step.
 
-    loop:  admit   each new request: prefill its prompt alone, its keys and values written
-                   straight into a free slot, and sample its first token
+    loop:  admit   the new requests, as many as there are free slots: their prompts written
+                   straight into free slots, prompts that loaded as many cached positions
+                   sharing one forward over their common length (then each its rest), and
+                   their first tokens sampled in one pass
            step    feed every active sequence its last token in one batch [B, 1]
                    (``SlotCache``: each row at its own position), sample one token per row
            slide   a sequence whose context is full re-encodes its last ⌊3·C/4⌋ tokens (C: the
@@ -51,6 +53,10 @@ from glassgpt.serve.slots import SlotCache, available_memory, served_context
 
 Emit = Callable[[str, Any], None]  # ("token", (id, info)) | ("done", reason) | ("error", text)
 NO_FINITE = "the model produced no finite logits (NaN or inf weights?)"
+# the most rows of tokens (prompts × their common length) one admission forward takes: 33-token
+# prompts cost 8.6 ms each four at a time and 8.3 eight at a time (12.0 alone), so past a few
+# hundred rows a wider product gains little, and each new width is a new oneDNN primitive
+PREFILL_TOKENS = 256
 
 
 def _no_flush() -> None:
@@ -130,12 +136,14 @@ class Scheduler:
         self.active: list[_Seq] = []  # active[b] lives in slot b
         self.waiting: list[Job] = []  # received, not yet admitted
         self.steps = 0  # batched decode steps so far (for tests and stats)
+        self.prompt_forwards = 0  # forwards that encoded prompts (several share one)
         self.replay = replay
         # per batch size B: its decoding engine (glassgpt.sample.engine), chosen at its first step
         self.decoders: dict[int, engine.Decoder] = {}
         self.widest = 0  # the largest batch decoded in one step
         self.dropped = 0  # sequences ended because their client went away
-        self.admitting: Job | None = None  # the job being prefilled now
+        self.admitting: Job | None = None  # the (first) job being prefilled now
+        self.admitted: list[Job] = []  # the jobs being admitted now, together
         self._flushes: set[Callable[[], None]] = set()  # of jobs that emitted since the last
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -159,6 +167,11 @@ class Scheduler:
         """Sequences being decoded now."""
         return len(self.active)
 
+    @property
+    def pending(self) -> int:
+        """Jobs received and not yet decoding: in the inbox, waiting, or being admitted."""
+        return self.inbox.qsize() + len(self.waiting) + len(self.admitted)
+
     def steered(self) -> AbstractContextManager[Any]:
         """The steering hooks attached for a ``with`` block (none: nothing attached)."""
         return self.model.hooks(self.steering)
@@ -179,26 +192,33 @@ class Scheduler:
             self._retire_cancelled()
             self.dropped += sum(j.cancelled.is_set() for j in waiting)
             waiting[:] = [j for j in waiting if not j.cancelled.is_set()]
-            while waiting and len(self.active) < self.cache.slots:
-                self._guarded(waiting.pop(0), self._admit)
+            free = self.cache.slots - len(self.active)
+            if waiting and free:
+                self.admitted, waiting[:] = waiting[:free], waiting[free:]
+                try:
+                    self._admit_all(self.admitted)
+                finally:
+                    self.admitted = []
             lengths = self.cache.lengths[: len(self.active)].tolist()
             for b in reversed(range(len(lengths))):  # _free(b) moves a later one into b
                 if lengths[b] >= self.n_ctx:  # no room for the next feed
-                    self._guarded(self.active[b].job, lambda _, b=b: self._slide(b))
+                    self._guarded([self.active[b].job], lambda _, b=b: self._slide(b))
             if self.active:
                 self._guarded(None, lambda _: self._step())
 
-    def _guarded(self, job: Job | None, fn: Callable[[Any], None]) -> None:
-        """Run ``fn``; an exception ends the affected sequences with an error, not the loop."""
+    def _guarded(self, jobs: list[Job] | None, fn: Callable[[Any], None]) -> None:
+        """Run ``fn(jobs)``; an exception ends the affected sequences (``jobs``, or every
+        active one for None) with an error, not the loop."""
         try:
-            fn(job)
+            fn(jobs)
         except Exception as e:  # reported to the clients, never raised into the thread
             message = str(e).splitlines()[0] if str(e) else type(e).__name__
-            victims = [job] if job is not None else [s.job for s in self.active]
-            if job is None:
+            victims = jobs if jobs is not None else [s.job for s in self.active]
+            if jobs is None:
                 self.active.clear()
             else:
-                for b in [b for b, s in enumerate(self.active) if s.job is job]:
+                mine = {id(j) for j in jobs}
+                for b in reversed([b for b, s in enumerate(self.active) if id(s.job) in mine]):
                     self._free(b)
             for j in victims:
                 self._emit(j, "error", message)
@@ -210,8 +230,31 @@ class Scheduler:
         job.emit(kind, payload)
         self._flushes.add(job.flush)
 
-    def _admit(self, job: Job) -> None:
-        seq = _Seq(job, self.tokenizer)
+    def _admit_all(self, jobs: list[Job]) -> None:
+        """Admit ``jobs`` (as many as there are free slots): together where the model is
+        plain (their prompts' common stretch in one forward, ``_prefill_many``), else (hooks,
+        steering) one after another; a batch whose forward fails is retried one by one."""
+        if len(jobs) > 1 and not self.steering and not self.decoding._hook_fns:
+            start = len(self.active)
+            # prompts that load prefixes of the same length sit side by side, shortest first
+            jobs = sorted(jobs, key=lambda j: (self.prefix.match(j.prompt), len(j.prompt)))
+            self.admitting = jobs[0]
+            try:
+                for b, job in enumerate(jobs):
+                    self.rows.set(start + b, job.sampling, job.seed, job.prompt)
+                logits = self._prefill_many([j.prompt for j in jobs], start)
+            except Exception:
+                logits = None  # (each job then meets its own error alone)
+            finally:
+                self.admitting = None
+            if logits is not None:
+                self._guarded(jobs, lambda _: self._start(jobs, logits, start))
+                return
+        for job in jobs:
+            self._guarded([job], self._admit)
+
+    def _admit(self, jobs: list[Job]) -> None:
+        (job,) = jobs
         slot = len(self.active)
         self.rows.set(slot, job.sampling, job.seed, job.prompt)
         self.admitting = job
@@ -219,9 +262,17 @@ class Scheduler:
             logits = self._prefill(job.prompt, slot)
         finally:
             self.admitting = None
-        if self._sample([seq], logits[None], slot)[0]:
-            return
-        self.active.append(seq)
+        self._start([job], logits[None], slot)
+
+    def _start(self, jobs: list[Job], logits: Tensor, start: int) -> None:
+        """Jobs prefilled into slots start.. (``logits`` [k, V] after their prompts): draw
+        their first tokens in one pass and keep those that go on."""
+        seqs = [_Seq(job, self.tokenizer) for job in jobs]
+        finished = self._sample(seqs, logits, start)
+        self.active.extend(seqs)
+        for b in reversed(range(len(seqs))):
+            if finished[b]:
+                self._free(start + b)
 
     def _step(self) -> None:
         B = len(self.active)
@@ -270,10 +321,56 @@ class Scheduler:
             n = self.prefix.load(ids, cache) if plain else 0
             tokens = torch.tensor([ids[n:]], dtype=torch.long, device=self.device)
             logits = model(tokens, cache=cache)  # [1, 1, V]
+            self.prompt_forwards += 1
             if plain:
                 self.prefix.store(ids, cache)
         self.cache.admit(slot, cache)
         return logits[0, -1]
+
+    def _prefill_many(self, prompts: list[list[int]], start: int) -> Tensor:
+        """``prompts`` encoded into slots start.. (a plain model; sorted by the prefix each
+        loads, then by length): the logits [k, V] after each. Each loads its cached prefix
+        (``serve.prefix``); then, while tokens are left, the neighbouring rows that have
+        encoded as many positions n go through one forward of the shortest one's remaining m
+        tokens (a power of two of them, at most ``PREFILL_TOKENS`` rows of tokens), and the
+        longer ones go on from n + m. A forward costs one read of the weights plus its
+        tokens' products, so k prompts of one length cost one read, not k, in wider
+        products; each row computes what it would alone, up to the rounding of a wider
+        matmul (as in a step)."""
+        model, k = self.decoding, len(prompts)
+        caches = [self.cache.prompt_cache(start + b, model) for b in range(k)]
+        out: list[Tensor] = [torch.empty(0)] * k
+        with self.lock, torch.inference_mode():
+            done = [self.prefix.load(ids, c) for ids, c in zip(prompts, caches)]
+            left = list(range(k))  # rows with tokens to encode, in slot order
+            while left:
+                b, n = left[0], done[left[0]]
+                m = len(prompts[b]) - n
+                run = [b]
+                for i in left[1:]:
+                    if i != run[-1] + 1 or done[i] != n or (len(run) + 1) * m > PREFILL_TOKENS:
+                        break
+                    run.append(i)
+                # a power of two of rows: oneDNN makes (and keeps) a primitive for each new
+                # number of rows a product takes past 32, ~2 MB and a JIT compile each
+                del run[1 << (len(run).bit_length() - 1) :]
+                many = self.cache.prompt_cache(start + b, model, rows=len(run)) if len(run) > 1 \
+                    else caches[b]  # fmt: skip
+                many.length = n
+                tokens = torch.tensor([prompts[i][n : n + m] for i in run], dtype=torch.long,
+                                      device=self.device)  # fmt: skip
+                logits = model(tokens, cache=many)[:, -1]  # [len(run), V]
+                self.prompt_forwards += 1
+                for j, i in enumerate(run):
+                    done[i] = caches[i].length = n + m
+                    if done[i] == len(prompts[i]):
+                        out[i] = logits[j]
+                        left.remove(i)
+            for ids, c in zip(prompts, caches):
+                self.prefix.store(ids, c)
+        for b, c in enumerate(caches):
+            self.cache.admit(start + b, c)
+        return torch.stack(out)
 
     def _retire_cancelled(self) -> None:
         for b in reversed(range(len(self.active))):

@@ -187,14 +187,15 @@ class SlotCache:
         return cls(model.config, slots, dtype=cache_dtype(p.dtype, p.device), device=p.device,
                    capacity=capacity)  # fmt: skip
 
-    def prompt_cache(self, slot: int, model: Any) -> KVCache:
-        """Slot ``slot`` as an empty one-row ``KVCache`` of ``capacity`` positions, for a
-        prompt encoded straight into the slot's memory (no cache allocated, zeroed and copied
-        per admission); its keys and values are those a new ``KVCache`` would hold (a prompt
-        reads columns 0..n+T−1 only). :meth:`admit` then starts the slot's sequence."""
-        cache = KVCache.for_model(model, 1, 1, last_only=True)  # (a one-position shell)
+    def prompt_cache(self, slot: int, model: Any, rows: int = 1) -> KVCache:
+        """Slots ``slot``..``slot + rows − 1`` as an empty ``rows``-row ``KVCache`` of
+        ``capacity`` positions, for prompts encoded straight into the slots' memory (no cache
+        allocated, zeroed and copied per admission); its keys and values are those a new
+        ``KVCache`` would hold (a prompt reads columns 0..n+T−1 only). :meth:`admit` then
+        starts each slot's sequence."""
+        cache = KVCache.for_model(model, rows, 1, last_only=True)  # (a one-position shell)
         for shell, mine in zip(cache.layers, self.layers, strict=True):
-            shell.k, shell.v = mine.k[slot : slot + 1], mine.v[slot : slot + 1]
+            shell.k, shell.v = mine.k[slot : slot + rows], mine.v[slot : slot + rows]
         cache.capacity = self.capacity
         return cache
 

@@ -183,7 +183,11 @@ def _streamed(
         if half and x.dtype == torch.float32 and panel_rows < M <= PANEL_PROMPT_ROWS:
             P = panel_copy(x, W)  # a decoding copy's prompt: its rows a few at a time
             if P is not None:
-                return _in_row_blocks(x, P, b, d_out, panel_rows)
+                return _in_row_blocks(x, P, b, d_out, panel_rows, _gemv.gemv_panels_bf16)
+        if not half and 1 < panel_rows < M <= PANEL_BLOCK_ROWS:  # float32: the panels in blocks
+            P = panel_copy(x, W)
+            if P is not None:
+                return _in_row_blocks(x, P, b, d_out, panel_rows, _gemv.gemv_panels)
         if M > SMALL_BATCH:
             return fallback(x, W, b)
         if not rows_form and panel_rows < M:
@@ -216,14 +220,25 @@ def _streamed(
     return fn
 
 
+# Up to this many rows of x, a float32 W's panels take them, a block of panels_rows() (8 with
+# AVX-512F) at a time, where the panels take more than one row: faster than the rows kernel
+# for 9-32 rows (1.15-1.45x a step, bench/rows.py) and no slower than oneDNN up to 64, and a
+# row's sums are its own whatever the rows beside it (a request's logits alone or batched).
+PANEL_BLOCK_ROWS = 64
+
 # Up to this many rows of float32 x, a bf16 W's panels serve a prompt (a few rows at a time,
 # each block one pass over W): for more, one float32 product of widened copies is faster.
 PANEL_PROMPT_ROWS = 256
 
 
-def _in_row_blocks(x: Tensor, P: Tensor, b: Tensor | None, d_out: int, block: int) -> Tensor:
-    """x W + b for float32 x [..., d_in] and bf16 panels P, ``block`` rows of x a call to
-    ``gemv_panels_bf16`` (y float32; recorded, a server's many rows, while recording)."""
+def _in_row_blocks(
+    x: Tensor, P: Tensor, b: Tensor | None, d_out: int, block: int, kernel: Callable[..., None]
+) -> Tensor:
+    """x W + b for float32 x [..., d_in] and W's panels P (float32 or bf16), ``block`` rows of x
+    a call to ``kernel`` (``gemv_panels`` or ``gemv_panels_bf16``; y float32; recorded, a
+    server's many rows, while recording). Each row's sums are those of the row alone (the
+    panels sum each output over k in order whatever the rows beside it), so a request's
+    logits do not depend on the requests batched with it."""
     d_in = x.shape[-1]
     x2 = x.contiguous().view(-1, d_in)
     M = x2.shape[0]
@@ -236,9 +251,9 @@ def _in_row_blocks(x: Tensor, P: Tensor, b: Tensor | None, d_out: int, block: in
         rows = min(block, M - m0)
         args = (x2[m0].data_ptr(), P.data_ptr(), b_ptr, y2[m0].data_ptr(), rows, d_in, d_out,
                 threads)  # fmt: skip
-        _gemv.gemv_panels_bf16(*args)
+        kernel(*args)
         if replay.RECORDING:
-            replay.add(_gemv.gemv_panels_bf16, args)
+            replay.add(kernel, args)
     return y
 
 

@@ -8,12 +8,14 @@ The kernel, first that applies:
    (inference only: no autograd, x in W's dtype, or float32 x for a bf16 W, W unchanged
    since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
-   (``glassgpt.kernels._gemv``), which streams W once for all rows, and for bfloat16 too on
+   (``glassgpt.kernels._gemv``), which streams W once for all rows (with AVX-512F, up to
+   ``PANEL_BLOCK_ROWS`` rows by its panels, 8 rows a pass), and for bfloat16 too on
    CPUs without bf16 arithmetic (``glassgpt.kernels.bf16.native``), and on those with it
    for the rows that its panels take (decoding);
 2. under CPU autocast to bf16 on a CPU without bf16 arithmetic, float32 products of the
    bf16-rounded operands, which compute the same function (``glassgpt.kernels.bf16``);
-3. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
+3. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``; without
+   autograd at a row count rounded up to a few an octave, ``onednn.bucket_rows``);
 4. ``F.linear``.
 
 Every kernel computes the same products; only the summation order (and so the rounding)
@@ -153,7 +155,9 @@ def _streamed(
     none without ``with_panels``: a caller whose own kernel takes those rows); a bf16 W's
     panel copy is made at its first decoding step's product (x [..., 1, d_in]: one token a
     row), not at packing nor at a prompt's (a loaded model holds its weights once until it
-    decodes). Without ``rows_form`` only the panels serve (a bf16 W
+    decodes). A float32 W's panels also take ``panels_rows()`` < M ≤ ``PANEL_BLOCK_ROWS``
+    rows where they take several (AVX-512F), a block of ``panels_rows()`` a call
+    (:func:`_in_row_blocks`). Without ``rows_form`` only the panels serve (a bf16 W
     on a CPU with bf16 arithmetic, whose ``fallback`` is faster for more rows)."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
@@ -363,9 +367,9 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
       tied W_E); glassgpt's own kernel (``_gemv``) streams it for up to ``SMALL_BATCH`` rows
       of x, the unpacked kernels read W itself for more. What it streams lives on 2 MiB
       pages (``glassgpt.kernels.pages``): the copy, or W itself, moved there with its
-      values. W also gets a panel copy for the products of one row (decoding; up to 8 rows
-      with AVX-512F), while memory allows (:func:`_panel_copy`): W's bytes again, for a
-      faster stream.
+      values. W also gets a panel copy for the products of one row (decoding; with
+      AVX-512F up to ``PANEL_BLOCK_ROWS`` rows, 8 a pass), while memory allows
+      (:func:`_panel_copy`): W's bytes again, for a faster stream.
 
     The weight's values are untouched (hooks, training and the embedding still read them).
     """

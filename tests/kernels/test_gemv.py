@@ -119,7 +119,7 @@ def test_packed_weight_takes_the_kernel_up_to_small_batch(
     # PANEL_BLOCK_ROWS where they take several), else the rows of W (the tied unembedding's: a
     # row-major copy) up to SMALL_BATCH, else F.linear
     top = _gemv.panels_rows()
-    if rows <= top or 1 < top and rows <= dense.PANEL_BLOCK_ROWS:
+    if rows <= top or (top > 1 and rows <= dense.PANEL_BLOCK_ROWS):
         want = ["panels"] * -(-rows // top)
     else:
         want = [] if rows > dense.SMALL_BATCH else [rows]

@@ -94,7 +94,7 @@ def test_rows_kernel_rejects_bad_sizes() -> None:
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-@pytest.mark.parametrize("rows", [1, 5, 8, 9, 32, 40])  # 40: past SMALL_BATCH, F.linear
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 32, 40, 65])  # 65: past both, F.linear
 def test_packed_weight_takes_the_kernel_up_to_small_batch(
     transposed: bool, rows: int, monkeypatch
 ) -> None:
@@ -115,10 +115,14 @@ def test_packed_weight_takes_the_kernel_up_to_small_batch(
     unpack(stored)
     assert got.shape == (rows, 1, 130)
     _close(got.view(rows, 130), x.view(rows, 96), W, b)
-    # the panel copy for as many rows as the panels take, else the rows of W (the tied
-    # unembedding's: a row-major copy)
-    panels = rows <= _gemv.panels_rows()
-    want = [] if rows > dense.SMALL_BATCH else ["panels"] if panels else [rows]
+    # the panel copy for as many rows as the panels take (in blocks of them up to
+    # PANEL_BLOCK_ROWS where they take several), else the rows of W (the tied unembedding's: a
+    # row-major copy) up to SMALL_BATCH, else F.linear
+    top = _gemv.panels_rows()
+    if rows <= top or (top > 1 and rows <= dense.PANEL_BLOCK_ROWS):
+        want = ["panels"] * -(-rows // top)
+    else:
+        want = [] if rows > dense.SMALL_BATCH else [rows]
     assert calls == want
 
 

@@ -8,12 +8,14 @@ The kernel, first that applies:
    (inference only: no autograd, x in W's dtype, or float32 x for a bf16 W, W unchanged
    since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
-   (``glassgpt.kernels._gemv``), which streams W once for all rows, and for bfloat16 too on
+   (``glassgpt.kernels._gemv``), which streams W once for all rows (with AVX-512F, up to
+   ``PANEL_BLOCK_ROWS`` rows by its panels, 8 rows a pass), and for bfloat16 too on
    CPUs without bf16 arithmetic (``glassgpt.kernels.bf16.native``), and on those with it
    for the rows that its panels take (decoding);
 2. under CPU autocast to bf16 on a CPU without bf16 arithmetic, float32 products of the
    bf16-rounded operands, which compute the same function (``glassgpt.kernels.bf16``);
-3. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``);
+3. oneDNN for float32 products on CPUs where it beats MKL (``glassgpt.kernels.onednn``; without
+   autograd at a row count rounded up to a few an octave, ``onednn.bucket_rows``);
 4. ``F.linear``.
 
 Every kernel computes the same products; only the summation order (and so the rounding)
@@ -153,7 +155,9 @@ def _streamed(
     none without ``with_panels``: a caller whose own kernel takes those rows); a bf16 W's
     panel copy is made at its first decoding step's product (x [..., 1, d_in]: one token a
     row), not at packing nor at a prompt's (a loaded model holds its weights once until it
-    decodes). Without ``rows_form`` only the panels serve (a bf16 W
+    decodes). A float32 W's panels also take ``panels_rows()`` < M ≤ ``PANEL_BLOCK_ROWS``
+    rows where they take several (AVX-512F), a block of ``panels_rows()`` a call
+    (:func:`_in_row_blocks`). Without ``rows_form`` only the panels serve (a bf16 W
     on a CPU with bf16 arithmetic, whose ``fallback`` is faster for more rows)."""
     assert _gemv is not None
     d_out, d_in = out_in.shape
@@ -183,7 +187,11 @@ def _streamed(
         if half and x.dtype == torch.float32 and panel_rows < M <= PANEL_PROMPT_ROWS:
             P = panel_copy(x, W)  # a decoding copy's prompt: its rows a few at a time
             if P is not None:
-                return _in_row_blocks(x, P, b, d_out, panel_rows)
+                return _in_row_blocks(x, P, b, d_out, panel_rows, _gemv.gemv_panels_bf16)
+        if not half and 1 < panel_rows < M <= PANEL_BLOCK_ROWS:  # float32: the panels in blocks
+            P = panel_copy(x, W)
+            if P is not None:
+                return _in_row_blocks(x, P, b, d_out, panel_rows, _gemv.gemv_panels)
         if M > SMALL_BATCH:
             return fallback(x, W, b)
         if not rows_form and panel_rows < M:
@@ -216,14 +224,25 @@ def _streamed(
     return fn
 
 
+# Up to this many rows of x, a float32 W's panels take them, a block of panels_rows() (8 with
+# AVX-512F) at a time, where the panels take more than one row: faster than the rows kernel
+# for 9-32 rows (1.15-1.45x a step, bench/rows.py) and no slower than oneDNN up to 64, and a
+# row's sums are its own whatever the rows beside it (a request's logits alone or batched).
+PANEL_BLOCK_ROWS = 64
+
 # Up to this many rows of float32 x, a bf16 W's panels serve a prompt (a few rows at a time,
 # each block one pass over W): for more, one float32 product of widened copies is faster.
 PANEL_PROMPT_ROWS = 256
 
 
-def _in_row_blocks(x: Tensor, P: Tensor, b: Tensor | None, d_out: int, block: int) -> Tensor:
-    """x W + b for float32 x [..., d_in] and bf16 panels P, ``block`` rows of x a call to
-    ``gemv_panels_bf16`` (y float32; recorded, a server's many rows, while recording)."""
+def _in_row_blocks(
+    x: Tensor, P: Tensor, b: Tensor | None, d_out: int, block: int, kernel: Callable[..., None]
+) -> Tensor:
+    """x W + b for float32 x [..., d_in] and W's panels P (float32 or bf16), ``block`` rows of x
+    a call to ``kernel`` (``gemv_panels`` or ``gemv_panels_bf16``; y float32; recorded, a
+    server's many rows, while recording). Each row's sums are those of the row alone (the
+    panels sum each output over k in order whatever the rows beside it), so a request's
+    logits do not depend on the requests batched with it."""
     d_in = x.shape[-1]
     x2 = x.contiguous().view(-1, d_in)
     M = x2.shape[0]
@@ -236,9 +255,9 @@ def _in_row_blocks(x: Tensor, P: Tensor, b: Tensor | None, d_out: int, block: in
         rows = min(block, M - m0)
         args = (x2[m0].data_ptr(), P.data_ptr(), b_ptr, y2[m0].data_ptr(), rows, d_in, d_out,
                 threads)  # fmt: skip
-        _gemv.gemv_panels_bf16(*args)
+        kernel(*args)
         if replay.RECORDING:
-            replay.add(_gemv.gemv_panels_bf16, args)
+            replay.add(kernel, args)
     return y
 
 
@@ -348,9 +367,9 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
       tied W_E); glassgpt's own kernel (``_gemv``) streams it for up to ``SMALL_BATCH`` rows
       of x, the unpacked kernels read W itself for more. What it streams lives on 2 MiB
       pages (``glassgpt.kernels.pages``): the copy, or W itself, moved there with its
-      values. W also gets a panel copy for the products of one row (decoding; up to 8 rows
-      with AVX-512F), while memory allows (:func:`_panel_copy`): W's bytes again, for a
-      faster stream.
+      values. W also gets a panel copy for the products of one row (decoding; with
+      AVX-512F up to ``PANEL_BLOCK_ROWS`` rows, 8 a pass), while memory allows
+      (:func:`_panel_copy`): W's bytes again, for a faster stream.
 
     The weight's values are untouched (hooks, training and the embedding still read them).
     """

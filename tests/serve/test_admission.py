@@ -16,7 +16,9 @@ from tests.serve.conftest import Collected
 from tests.serve.test_prefix import FAMILIES, model_of
 from torch import Tensor
 
+from glassgpt import kernels
 from glassgpt.model import GPT, GPTConfig
+from glassgpt.model.precision import attach_kernels
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig
 from glassgpt.sample.generation import generate
@@ -59,8 +61,8 @@ def test_prompts_encoded_together_equal_each_alone(family: str) -> None:
     prompts = [ids(4), ids(9), ids(9), ids(20), system + ids(5), system + ids(11)]
     before = sched.prompt_forwards
     got = sched._prefill_many(prompts, 2)  # into slots 2..7
-    # lengths 4, 9, 9, 20: 4 of each, 5 more of the two 9s, 16 of the 20; the cached pair: 5
-    # of both (after 32 loaded), then 6 of the longer
+    # lengths 4, 9, 9, 20: the two 9s together, the others alone; the cached pair (after 32
+    # loaded, 5 and 11 left) each alone
     assert sched.prompt_forwards - before == 5
     assert sched.prefix.hits == 2
     assert sched.cache.lengths[2:8].tolist() == [len(p) for p in prompts]
@@ -72,6 +74,27 @@ def test_prompts_encoded_together_equal_each_alone(family: str) -> None:
             for got_kv, want in ((mine.k[2 + b, :, :n], theirs.k[0, :, :n]),
                                  (mine.v[2 + b, :, :n], theirs.v[0, :, :n])):  # fmt: skip
                 torch.testing.assert_close(got_kv, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not kernels.has_small_batch_kernel(), reason="no compiled panel kernel here")
+def test_prompts_encoded_together_are_each_alone_bit_for_bit_in_float32() -> None:
+    """Packed float32 weights, as ``serve`` packs them: prompts of one length share forwards of
+    at most PREFILL_TOKENS rows, whose products give each row its own sums."""
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(n_vocab=TOK.n_vocab, n_ctx=64, d_model=64, n_layers=2, n_heads=4)).eval()
+    assert attach_kernels(model) > 1
+    sched = Scheduler(model, TOK, slots=8, max_context=64)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, TOK.n_vocab, (n,), generator=gen).tolist() for n in (16, 16, 16, 16, 7, 30)]  # fmt: skip
+    before = sched.prompt_forwards
+    got = sched._prefill_many(prompts, 0)
+    assert sched.prompt_forwards - before == 3  # the four of 16 in one forward
+    for b, p in enumerate(prompts):
+        logits, cache = alone(sched.decoding, p)
+        assert torch.equal(got[b], logits), b
+        for mine, theirs in zip(sched.cache.layers, cache.layers, strict=True):
+            assert torch.equal(mine.k[b, :, : len(p)], theirs.k[0, :, : len(p)])
+            assert torch.equal(mine.v[b, :, : len(p)], theirs.v[0, :, : len(p)])
 
 
 def test_a_held_batch_of_mixed_prompts_decodes_what_generate_does() -> None:

@@ -283,7 +283,9 @@ class GPT(nn.Module):
         if cache is not None:
             cache.end(T)
             if cache.last_only and T > 1:
-                x = x[:, -1:]  # [B, 1, d_model]: only the next token's logits are needed
+                # [B, 1, d_model]: only the next token's logits are needed (contiguous: every
+                # row then takes the final norm's one kernel, whatever B)
+                x = x[:, -1:].contiguous()
         if self.ln_final is not None:
             x = self.hook_final(self.ln_final(x))
         logits = self.unembed(x, self.embed.W_E)  # [B, T, n_vocab]

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.kernels import cache_dtype
+from glassgpt.kernels.dense import PANEL_BLOCK_ROWS
 from glassgpt.sample import engine
 from glassgpt.sample.filters import SamplingConfig, mask_padded
 from glassgpt.sample.rows import Rows
@@ -53,10 +54,11 @@ from glassgpt.serve.slots import SlotCache, available_memory, served_context
 
 Emit = Callable[[str, Any], None]  # ("token", (id, info)) | ("done", reason) | ("error", text)
 NO_FINITE = "the model produced no finite logits (NaN or inf weights?)"
-# the most rows of tokens (prompts × their common length) one admission forward takes: 33-token
-# prompts cost 8.6 ms each four at a time and 8.3 eight at a time (12.0 alone), so past a few
-# hundred rows a wider product gains little, and each new width is a new oneDNN primitive
-PREFILL_TOKENS = 256
+# the most rows of tokens (prompts × their length) one admission forward takes. Up to this many,
+# packed float32 weights take the panels in row blocks (kernels.dense), where a row's sums are
+# its own whatever the rows beside it: prompts encoded together then give each prompt's logits,
+# keys and values bit for bit as alone (a request's tokens do not depend on its neighbours).
+PREFILL_TOKENS = PANEL_BLOCK_ROWS
 
 
 def _no_flush() -> None:
@@ -330,13 +332,12 @@ class Scheduler:
     def _prefill_many(self, prompts: list[list[int]], start: int) -> Tensor:
         """``prompts`` encoded into slots start.. (a plain model; sorted by the prefix each
         loads, then by length): the logits [k, V] after each. Each loads its cached prefix
-        (``serve.prefix``); then, while tokens are left, the neighbouring rows that have
-        encoded as many positions n go through one forward of the shortest one's remaining m
-        tokens (a power of two of them, at most ``PREFILL_TOKENS`` rows of tokens), and the
-        longer ones go on from n + m. A forward costs one read of the weights plus its
-        tokens' products, so k prompts of one length cost one read, not k, in wider
-        products; each row computes what it would alone, up to the rounding of a wider
-        matmul (as in a step)."""
+        (``serve.prefix``); then neighbouring prompts that loaded as many positions n and have
+        as many m left go through one forward of those m tokens (a power of two of them, at
+        most ``PREFILL_TOKENS`` rows of tokens), the others each alone. A forward costs one
+        read of the weights plus its tokens' products, so k such prompts cost one read, not
+        k; each is the forward it would take alone (the same positions, n to n + m), so with
+        row-independent products (``PREFILL_TOKENS``) its results are its own, bit for bit."""
         model, k = self.decoding, len(prompts)
         caches = [self.cache.prompt_cache(start + b, model) for b in range(k)]
         out: list[Tensor] = [torch.empty(0)] * k
@@ -348,7 +349,8 @@ class Scheduler:
                 m = len(prompts[b]) - n
                 run = [b]
                 for i in left[1:]:
-                    if i != run[-1] + 1 or done[i] != n or (len(run) + 1) * m > PREFILL_TOKENS:
+                    same = done[i] == n and len(prompts[i]) - n == m
+                    if i != run[-1] + 1 or not same or (len(run) + 1) * m > PREFILL_TOKENS:
                         break
                     run.append(i)
                 # a power of two of rows: oneDNN makes (and keeps) a primitive for each new

@@ -23,6 +23,7 @@ from glassgpt.sample.cache import KVCache
 from glassgpt.sample.filters import SamplingConfig
 from glassgpt.sample.generation import generate
 from glassgpt.serve.scheduler import Job, Scheduler
+from glassgpt.serve.slots import SlotCache
 from glassgpt.tokenizer import CharTokenizer
 
 TOK = CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,"))
@@ -95,6 +96,29 @@ def test_prompts_encoded_together_are_each_alone_bit_for_bit_in_float32() -> Non
         for mine, theirs in zip(sched.cache.layers, cache.layers, strict=True):
             assert torch.equal(mine.k[b, :, : len(p)], theirs.k[0, :, : len(p)])
             assert torch.equal(mine.v[b, :, : len(p)], theirs.v[0, :, : len(p)])
+
+
+@pytest.mark.skipif(not kernels.has_small_batch_kernel(), reason="no compiled panel kernel here")
+@pytest.mark.parametrize("B", [9, 24])
+def test_a_step_of_many_rows_is_each_rows_step_alone_bit_for_bit(B: int) -> None:
+    """Packed float32 weights: a decoding step of B slots equals each slot's step alone (its
+    products, norms and GELU take kernels whose rows do not see each other)."""
+    torch.manual_seed(5)
+    model = GPT(GPTConfig(n_vocab=TOK.n_vocab, n_ctx=32, d_model=64, n_layers=2, n_heads=4)).eval()
+    assert attach_kernels(model) > 1
+    gen = torch.Generator().manual_seed(6)
+    prompts = torch.randint(0, TOK.n_vocab, (B, 5), generator=gen)
+    nxt = torch.randint(0, TOK.n_vocab, (B, 1), generator=gen)
+    many, each = SlotCache.for_model(model, B), []
+    with torch.inference_mode():
+        for b in range(B):
+            _, cache = alone(model, prompts[b].tolist())
+            many.load(b, cache)
+            one = SlotCache.for_model(model, 1)
+            one.load(0, cache)
+            each.append(model(nxt[b : b + 1], cache=one)[0, -1])
+        together = model(nxt, cache=many)[:, -1]
+    assert all(torch.equal(together[b], each[b]) for b in range(B))
 
 
 def test_a_held_batch_of_mixed_prompts_decodes_what_generate_does() -> None:

@@ -25,6 +25,7 @@ FAMILIES = {
     "neox-parallel": dict(parallel_residual=True, positional="rope", rotary_fraction=0.5),
     "gemma-sandwich": dict(norm="rmsnorm", sandwich_norm=True, norm_offset=1.0, positional="rope",
                            final_softcap=5.0, attn_softcap=3.0, bias=False, embed_scale=2.0),
+    "post-norm": dict(norm_placement="post"),  # attention reads resid_pre itself
 }  # fmt: skip
 
 

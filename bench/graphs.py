@@ -15,14 +15,21 @@ full graph (every active feature's row, the top logits' rows) in a fresh subproc
 
 Printed per side: seconds (the first, cold call; one run each, so no median) and the CPU time
 of that call (steadier than the wall clock on a shared machine), peak memory (the
-peak resident set, ``ru_maxrss``, of the fresh subprocess: imports, the model and the CLT
+peak resident set, VmHWM, of the fresh subprocess: imports, the model and the CLT
 included), backward passes, nodes and nonzero edges; then the ratios and the largest
 difference between the two adjacency matrices after matching the node order. circuit-tracer
 zeroes every feature and the error at position 0 (its BOS); those rows and columns are left
 out of the comparison (glassgpt keeps them), everything else must agree to 1e-4.
 
-    PYTHONPATH=src python bench/graphs.py            # the issue's shape (long on 2 cores)
-    PYTHONPATH=src python bench/graphs.py --quick    # 4 layers, d_model 256, 32 tokens
+    PYTHONPATH=src python bench/graphs.py                 # the issue's shape (long on 2 cores)
+    PYTHONPATH=src python bench/graphs.py --quick         # 4 layers, d_model 256, 32 tokens
+    PYTHONPATH=src python bench/graphs.py --shape mid     # GPT-2 small's width and depth, 16 tokens
+    PYTHONPATH=src python bench/graphs.py --threads 1     # both sides on one thread each
+
+``--threads`` sets both children's threads (OMP_NUM_THREADS, torch.set_num_threads); on a
+machine whose cores other jobs share, one thread each gives the steadier CPU times (two
+threads spin-wait on each other there, and small elementwise products then take 10–100×
+longer).
 """
 
 from __future__ import annotations
@@ -31,7 +38,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -51,6 +57,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CT_PYTHON = os.environ.get("GLASSGPT_CIRCUIT_TRACER_PYTHON", str(ROOT.parent.parent / "main/.venv-circuit-tracer/bin/python"))  # fmt: skip
 FULL = {"n_layers": 12, "d_model": 768, "n_heads": 12, "seq": 64, "l0": 50}
 QUICK = {"n_layers": 4, "d_model": 256, "n_heads": 4, "seq": 32, "l0": 20}
+MID = {**FULL, "seq": 16}  # GPT-2 small's width and depth, a shorter prompt
+SHAPES = {"full": FULL, "mid": MID, "quick": QUICK}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -102,7 +110,7 @@ def glassgpt_side(folder: Path, out: str, batch: int, dtype: str) -> None:
     start, cpu = time.perf_counter(), time.process_time()
     graph = attribute(model, tc, meta["tokens"], batch_size=batch, dtype=DTYPES[dtype])
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_mib()
     A = graph.adjacency
     edges = int((A != 0).sum())
     save_file({"adjacency": A.float().contiguous(), "features": graph.features.contiguous(),
@@ -148,7 +156,17 @@ def compare(ours: Path, theirs: Path, meta: dict, chunk: int = 2048) -> tuple[fl
 
 
 def uptime() -> str:
-    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
+    done = subprocess.run(["uptime"], capture_output=True, text=True)
+    return done.stdout.strip() or str(Path("/proc/loadavg").read_text().split(" ", 3)[:3])
+
+
+def peak_mib() -> float:
+    """This process's peak resident set (VmHWM, MiB). Not ``ru_maxrss``: a child started by
+    fork and exec inherits its parent's, so a parent that built a larger CLT set every side's."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit("no VmHWM in /proc/self/status")
 
 
 def main() -> None:
@@ -156,6 +174,14 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="4 layers, d_model 256, 32 tokens, L0 20"
     )
+    parser.add_argument(
+        "--shape",
+        choices=tuple(SHAPES),
+        default="full",
+        help="mid: full width and depth, 16 tokens",
+    )
+    parser.add_argument("--seq", type=int, help="the prompt's tokens (the shape's by default)")
+    parser.add_argument("--threads", type=int, help="torch threads of each side (default: torch's)")
     parser.add_argument(
         "--batch-size", type=int, default=32, help="targets per backward pass, both sides"
     )
@@ -167,8 +193,13 @@ def main() -> None:
         return glassgpt_side(
             Path(args.side[0]), args.side[1], args.batch_size, args.adjacency_dtype
         )
-    shape = QUICK if args.quick else FULL
-    print(f"load average before: {uptime()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
+    shape = dict(QUICK if args.quick else SHAPES[args.shape])
+    if args.seq:
+        shape["seq"] = args.seq
+    if args.threads:  # the children read it as they start
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
+    print(f"uptime before: {uptime()}; {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads a side")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="glassgpt-graphbench-") as tmp:
         folder = Path(tmp)
         meta = build(folder, shape)
@@ -205,7 +236,7 @@ def main() -> None:
             verdict = "agree" if worst <= 1e-4 else "DIFFER"
             print(f"adjacency: max |difference| {worst:.2e} over {n} shared entries (max |A| {scale:.2e}): {verdict} to 1e-4 "
                   f"(circuit-tracer zeroes position 0's features and error: left out)")  # fmt: skip
-    print(f"load average after: {uptime()}")
+    print(f"uptime after: {uptime()}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import sys
 import time
 import types
@@ -166,6 +165,15 @@ class HookedTransformer(HookedRootModule):
         return self.unembed(self.ln_final(x))
 
 
+def peak_mib() -> float:
+    """This process's peak resident set (VmHWM, MiB). Not ``ru_maxrss``: a child started by
+    fork and exec inherits its parent's, so a parent that built a larger CLT set every side's."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit("no VmHWM in /proc/self/status")
+
+
 def main() -> None:
     folder, out, batch = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     meta = json.loads((folder / "meta.json").read_text())
@@ -200,7 +208,7 @@ def main() -> None:
     start, cpu = time.perf_counter(), time.process_time()
     graph = attribute(ids, model, batch_size=batch)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_mib()
     save_file({"adjacency": graph.adjacency_matrix.contiguous(),
                "active": graph.active_features.contiguous(),
                "selected": graph.selected_features.contiguous(),

@@ -13,7 +13,8 @@ full graph (every active feature's row, the top logits' rows) in a fresh subproc
   (``.venv-circuit-tracer``; ``bench/graphs_ct.py`` says why it carries a shim: circuit-tracer's
   TransformerLens backend needs ``HookedTransformer``, which TransformerLens 4 removed).
 
-Printed per side: seconds (the first, cold call; one run each, so no median) and the CPU time
+Printed per side: seconds (each run a cold first call in a fresh process; the median over
+``--repeat`` runs, the sides alternating) and the CPU time
 of that call (steadier than the wall clock on a shared machine), peak memory (the
 peak resident set, VmHWM, of the fresh subprocess: imports, the model and the CLT
 included), backward passes, nodes and nonzero edges; then the ratios and the largest
@@ -38,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,6 +157,15 @@ def compare(ours: Path, theirs: Path, meta: dict, chunk: int = 2048) -> tuple[fl
     return worst, scale, int(cols.sum()) * (n_c + rest)
 
 
+def median_of(runs: list[dict]) -> dict:
+    """The first run's counts, with each time the median over the runs (each a cold start)."""
+    out = dict(runs[0])
+    for key in ("seconds", "cpu_s", "peak_mib"):
+        out[key] = statistics.median(r[key] for r in runs)
+    out["n_runs"] = len(runs)
+    return out
+
+
 def uptime() -> str:
     done = subprocess.run(["uptime"], capture_output=True, text=True)
     return done.stdout.strip() or str(Path("/proc/loadavg").read_text().split(" ", 3)[:3])
@@ -181,6 +192,7 @@ def main() -> None:
         help="mid: full width and depth, 16 tokens",
     )
     parser.add_argument("--seq", type=int, help="the prompt's tokens (the shape's by default)")
+    parser.add_argument("--repeat", type=int, default=1, help="fresh runs a side (medians printed)")
     parser.add_argument("--threads", type=int, help="torch threads of each side (default: torch's)")
     parser.add_argument(
         "--batch-size", type=int, default=32, help="targets per backward pass, both sides"
@@ -206,25 +218,31 @@ def main() -> None:
         L, d, T = meta["n_layers"], meta["d_model"], meta["n_ctx"]
         print(f"model: {L} layers, d_model {d}, {T} tokens; CLT {meta['d_sae']} features per layer, "
               f"measured L0 {meta['l0']:.1f} per layer and token; batch {args.batch_size}")  # fmt: skip
-        ours = child([sys.executable, __file__, "--side", tmp, str(folder / "ours.safetensors"),
-                      "--batch-size", str(args.batch_size), "--adjacency-dtype", args.adjacency_dtype])  # fmt: skip
+        ours_cmd = [sys.executable, __file__, "--side", tmp, str(folder / "ours.safetensors"),
+                    "--batch-size", str(args.batch_size), "--adjacency-dtype", args.adjacency_dtype]  # fmt: skip
+        ct_cmd = [CT_PYTHON, str(ROOT / "bench/graphs_ct.py"), tmp, str(folder / "ct.safetensors"), str(args.batch_size)]  # fmt: skip
+        run_ct = not args.no_ct and Path(CT_PYTHON).exists()
+        if not args.no_ct and not run_ct:
+            print(f"circuit-tracer: not run ({CT_PYTHON} does not exist)")
+        runs: dict[str, list[dict]] = {"ours": [], "theirs": []}
+        for _ in range(args.repeat):  # the sides alternate, so a change of load meets both
+            runs["ours"].append(child(ours_cmd))
+            if run_ct:
+                runs["theirs"].append(child(ct_cmd))
+        ours = median_of(runs["ours"])
         rows = [("glassgpt", ours)]
         theirs = None
-        if not args.no_ct:
-            if not Path(CT_PYTHON).exists():
-                print(f"circuit-tracer: not run ({CT_PYTHON} does not exist)")
-            else:
-                theirs = child([CT_PYTHON, str(ROOT / "bench/graphs_ct.py"), tmp, str(folder / "ct.safetensors"), str(args.batch_size)])  # fmt: skip
-                n_logits = ours["nodes"] - ours["n_active"] - (L + 1) * T
-                theirs["backward"] = math.ceil(n_logits / args.batch_size) + math.ceil(theirs["n_active"] / args.batch_size)  # fmt: skip
-                with safe_open(str(folder / "ct.safetensors"), "pt") as f:
-                    A = f.get_slice("adjacency")
-                    n = A.get_shape()[0]
-                    theirs["nodes"] = n
-                    theirs["edges"] = sum(
-                        int((A[i : i + 2048] != 0).sum()) for i in range(0, n, 2048)
-                    )
-                rows.append(("circuit-tracer 0.5", theirs))
+        if run_ct:
+            theirs = median_of(runs["theirs"])
+            n_logits = ours["nodes"] - ours["n_active"] - (L + 1) * T
+            theirs["backward"] = math.ceil(n_logits / args.batch_size) + math.ceil(theirs["n_active"] / args.batch_size)  # fmt: skip
+            with safe_open(str(folder / "ct.safetensors"), "pt") as f:
+                A = f.get_slice("adjacency")
+                n = A.get_shape()[0]
+                theirs["nodes"] = n
+                theirs["edges"] = sum(int((A[i : i + 2048] != 0).sum()) for i in range(0, n, 2048))
+            rows.append(("circuit-tracer 0.5", theirs))
+        print(f"medians of {args.repeat} fresh run(s) a side, each timed cold")
         print(f"{'':20} {'seconds':>9} {'CPU s':>9} {'peak MiB':>9} {'backward':>9} {'nodes':>7} {'edges':>11}")  # fmt: skip
         for name, r in rows:
             print(f"{name:20} {r['seconds']:9.2f} {r['cpu_s']:9.2f} {r['peak_mib']:9.0f} {r['backward']:9d} {r['nodes']:7d} {r['edges']:11d}")  # fmt: skip

@@ -39,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -112,7 +113,8 @@ def glassgpt_side(folder: Path, out: str, batch: int, dtype: str) -> None:
     start, cpu = time.perf_counter(), time.process_time()
     graph = attribute(model, tc, meta["tokens"], batch_size=batch, dtype=DTYPES[dtype])
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    peak = peak_mib()
+    # VmHWM, not ru_maxrss: a child of fork and exec inherits its parent's ru_maxrss
+    peak = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1]) / 1024  # type: ignore[index]
     A = graph.adjacency
     edges = int((A != 0).sum())
     save_file({"adjacency": A.float().contiguous(), "features": graph.features.contiguous(),
@@ -169,15 +171,6 @@ def median_of(runs: list[dict]) -> dict:
 def uptime() -> str:
     done = subprocess.run(["uptime"], capture_output=True, text=True)
     return done.stdout.strip() or str(Path("/proc/loadavg").read_text().split(" ", 3)[:3])
-
-
-def peak_mib() -> float:
-    """This process's peak resident set (VmHWM, MiB). Not ``ru_maxrss``: a child started by
-    fork and exec inherits its parent's, so a parent that built a larger CLT set every side's."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise SystemExit("no VmHWM in /proc/self/status")
 
 
 def main() -> None:

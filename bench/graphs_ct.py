@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
 import types
@@ -165,15 +166,6 @@ class HookedTransformer(HookedRootModule):
         return self.unembed(self.ln_final(x))
 
 
-def peak_mib() -> float:
-    """This process's peak resident set (VmHWM, MiB). Not ``ru_maxrss``: a child started by
-    fork and exec inherits its parent's, so a parent that built a larger CLT set every side's."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise SystemExit("no VmHWM in /proc/self/status")
-
-
 def main() -> None:
     folder, out, batch = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     meta = json.loads((folder / "meta.json").read_text())
@@ -208,7 +200,8 @@ def main() -> None:
     start, cpu = time.perf_counter(), time.process_time()
     graph = attribute(ids, model, batch_size=batch)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    peak = peak_mib()
+    # VmHWM, not ru_maxrss: a child of fork and exec inherits its parent's ru_maxrss
+    peak = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1]) / 1024  # type: ignore[index]
     save_file({"adjacency": graph.adjacency_matrix.contiguous(),
                "active": graph.active_features.contiguous(),
                "selected": graph.selected_features.contiguous(),

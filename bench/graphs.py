@@ -17,7 +17,8 @@ Printed per side: seconds (each run a cold first call in a fresh process; the me
 ``--repeat`` runs, the sides alternating) and the CPU time
 of that call (steadier than the wall clock on a shared machine), peak memory (the
 peak resident set, VmHWM, of the fresh subprocess: imports, the model and the CLT
-included), backward passes, nodes and nonzero edges; then the ratios and the largest
+included; and the call's own, the peak during ``attribute`` above the resident set before it,
+``bench/graph_memory.py``), backward passes, nodes and nonzero edges; then the ratios and the largest
 difference between the two adjacency matrices after matching the node order. circuit-tracer
 zeroes every feature and the error at position 0 (its BOS); those rows and columns are left
 out of the comparison (glassgpt keeps them), everything else must agree to 1e-4.
@@ -39,7 +40,6 @@ import argparse
 import json
 import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -55,6 +55,7 @@ from glassgpt.features.clt import CLT, CLTConfig
 from glassgpt.features.graphs import attribute
 from glassgpt.features.replacement import Transcoders, freeze
 from glassgpt.model import GPT, GPTConfig
+from graph_memory import reset_peak, status_mib
 
 ROOT = Path(__file__).resolve().parent.parent
 CT_PYTHON = os.environ.get("GLASSGPT_CIRCUIT_TRACER_PYTHON", str(ROOT.parent.parent / "main/.venv-circuit-tracer/bin/python"))  # fmt: skip
@@ -110,16 +111,18 @@ def glassgpt_side(folder: Path, out: str, batch: int, dtype: str) -> None:
     model = GPT(cfg).eval()
     model.load_state_dict(load_file(folder / "glass_model.safetensors"))
     tc = Transcoders(clt=CLT.load(folder / "glass_clt"))
+    load_peak = status_mib("VmHWM")  # imports, the model and the CLT loaded
+    before = reset_peak()  # the call's own peak is then what it adds
     start, cpu = time.perf_counter(), time.process_time()
     graph = attribute(model, tc, meta["tokens"], batch_size=batch, dtype=DTYPES[dtype])
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    # VmHWM, not ru_maxrss: a child of fork and exec inherits its parent's ru_maxrss
-    peak = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1]) / 1024  # type: ignore[index]
+    call_peak = status_mib("VmHWM") - before
+    peak = max(load_peak, status_mib("VmHWM"))
     A = graph.adjacency
     edges = int((A != 0).sum())
     save_file({"adjacency": A.float().contiguous(), "features": graph.features.contiguous(),
                "logits": torch.tensor(graph.logit_tokens)}, out)  # fmt: skip
-    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": peak, "nodes": graph.n_nodes, "edges": edges,
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": peak, "call_mib": call_peak, "nodes": graph.n_nodes, "edges": edges,
                       "backward": graph.n_backward, "n_active": graph.n_active}))  # fmt: skip
 
 
@@ -162,7 +165,7 @@ def compare(ours: Path, theirs: Path, meta: dict, chunk: int = 2048) -> tuple[fl
 def median_of(runs: list[dict]) -> dict:
     """The first run's counts, with each time the median over the runs (each a cold start)."""
     out = dict(runs[0])
-    for key in ("seconds", "cpu_s", "peak_mib"):
+    for key in ("seconds", "cpu_s", "peak_mib", "call_mib"):
         out[key] = statistics.median(r[key] for r in runs)
     out["n_runs"] = len(runs)
     return out
@@ -236,14 +239,15 @@ def main() -> None:
                 theirs["edges"] = sum(int((A[i : i + 2048] != 0).sum()) for i in range(0, n, 2048))
             rows.append(("circuit-tracer 0.5", theirs))
         print(f"medians of {args.repeat} fresh run(s) a side, each timed cold")
-        print(f"{'':20} {'seconds':>9} {'CPU s':>9} {'peak MiB':>9} {'backward':>9} {'nodes':>7} {'edges':>11}")  # fmt: skip
+        print(f"{'':20} {'seconds':>9} {'CPU s':>9} {'peak MiB':>9} {'call MiB':>9} {'backward':>9} {'nodes':>7} {'edges':>11}")  # fmt: skip
         for name, r in rows:
-            print(f"{name:20} {r['seconds']:9.2f} {r['cpu_s']:9.2f} {r['peak_mib']:9.0f} {r['backward']:9d} {r['nodes']:7d} {r['edges']:11d}")  # fmt: skip
+            print(f"{name:20} {r['seconds']:9.2f} {r['cpu_s']:9.2f} {r['peak_mib']:9.0f} {r['call_mib']:9.0f} {r['backward']:9d} {r['nodes']:7d} {r['edges']:11d}")  # fmt: skip
         if theirs is not None:
             worst, scale, n = compare(folder / "ours.safetensors", folder / "ct.safetensors", meta)
             print(f"speed ratio (circuit-tracer / glassgpt): {theirs['seconds'] / ours['seconds']:.2f}x wall, "
                   f"{theirs['cpu_s'] / ours['cpu_s']:.2f}x CPU time; "
-                  f"peak memory ratio (glassgpt / circuit-tracer): {ours['peak_mib'] / theirs['peak_mib']:.2f}")  # fmt: skip
+                  f"peak memory ratio (glassgpt / circuit-tracer): {ours['peak_mib'] / theirs['peak_mib']:.2f} "
+                  f"(process), {ours['call_mib'] / theirs['call_mib']:.2f} (the call's own)")  # fmt: skip
             verdict = "agree" if worst <= 1e-4 else "DIFFER"
             print(f"adjacency: max |difference| {worst:.2e} over {n} shared entries (max |A| {scale:.2e}): {verdict} to 1e-4 "
                   f"(circuit-tracer zeroes position 0's features and error: left out)")  # fmt: skip

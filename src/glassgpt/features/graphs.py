@@ -270,7 +270,7 @@ def _grow(
     influence on the logits through the rows computed so far, until ``cap``."""
     chosen: list[int] = []
     feat_rows = logit_rows.new_zeros(cap, logit_rows.shape[1])  # filled in place
-    work = _work(logit_rows)
+    work = work_dtype(logit_rows)
     sums = torch.zeros(cap, dtype=work, device=logit_rows.device)  # |row| sums, kept as found
     while len(chosen) < cap:
         n = len(chosen)
@@ -284,8 +284,10 @@ def _grow(
     return chosen, feat_rows
 
 
-def _work(rows: Tensor) -> torch.dtype:
-    return torch.float64 if rows.dtype == torch.float64 else torch.float32
+def work_dtype(A: Tensor) -> torch.dtype:
+    """float64 for a float64 adjacency (or rows), else float32: a large graph's copies stay 4
+    bytes."""
+    return torch.float64 if A.dtype == torch.float64 else torch.float32
 
 
 def _abs_sums(rows: Tensor, work: torch.dtype) -> Tensor:
@@ -308,7 +310,7 @@ def _partial_influence(
 
     The series runs on the small S; the rows [n, n_cols] are read in three passes (their
     chosen columns, then the two products), a slice at a time, never normalised in a copy."""
-    dev, work = logit_rows.device, _work(logit_rows)
+    dev, work = logit_rows.device, work_dtype(logit_rows)
     inv_l = 1 / _abs_sums(logit_rows, work).clamp_min(1e-10)
     sums = _abs_sums(feat_rows, work) if feat_sums is None else feat_sums
     inv_f = 1 / sums.clamp_min(1e-10)

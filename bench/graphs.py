@@ -13,16 +13,25 @@ full graph (every active feature's row, the top logits' rows) in a fresh subproc
   (``.venv-circuit-tracer``; ``bench/graphs_ct.py`` says why it carries a shim: circuit-tracer's
   TransformerLens backend needs ``HookedTransformer``, which TransformerLens 4 removed).
 
-Printed per side: seconds (the first, cold call; one run each, so no median) and the CPU time
+Printed per side: seconds (each run a cold first call in a fresh process; the median over
+``--repeat`` runs, the sides alternating) and the CPU time
 of that call (steadier than the wall clock on a shared machine), peak memory (the
-peak resident set, ``ru_maxrss``, of the fresh subprocess: imports, the model and the CLT
-included), backward passes, nodes and nonzero edges; then the ratios and the largest
+peak resident set, VmHWM, of the fresh subprocess: imports, the model and the CLT
+included; and the call's own, the peak during ``attribute`` above the resident set before it,
+``bench/graph_memory.py``), backward passes, nodes and nonzero edges; then the ratios and the largest
 difference between the two adjacency matrices after matching the node order. circuit-tracer
 zeroes every feature and the error at position 0 (its BOS); those rows and columns are left
 out of the comparison (glassgpt keeps them), everything else must agree to 1e-4.
 
-    PYTHONPATH=src python bench/graphs.py            # the issue's shape (long on 2 cores)
-    PYTHONPATH=src python bench/graphs.py --quick    # 4 layers, d_model 256, 32 tokens
+    PYTHONPATH=src python bench/graphs.py                 # the issue's shape (long on 2 cores)
+    PYTHONPATH=src python bench/graphs.py --quick         # 4 layers, d_model 256, 32 tokens
+    PYTHONPATH=src python bench/graphs.py --shape mid     # GPT-2 small's width and depth, 16 tokens
+    PYTHONPATH=src python bench/graphs.py --threads 1     # both sides on one thread each
+
+``--threads`` sets both children's threads (OMP_NUM_THREADS, torch.set_num_threads); on a
+machine whose cores other jobs share, one thread each gives the steadier CPU times (two
+threads spin-wait on each other there, and small elementwise products then take 10–100×
+longer).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import argparse
 import json
 import math
 import os
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,11 +55,14 @@ from glassgpt.features.clt import CLT, CLTConfig
 from glassgpt.features.graphs import attribute
 from glassgpt.features.replacement import Transcoders, freeze
 from glassgpt.model import GPT, GPTConfig
+from graph_memory import reset_peak, status_mib
 
 ROOT = Path(__file__).resolve().parent.parent
 CT_PYTHON = os.environ.get("GLASSGPT_CIRCUIT_TRACER_PYTHON", str(ROOT.parent.parent / "main/.venv-circuit-tracer/bin/python"))  # fmt: skip
 FULL = {"n_layers": 12, "d_model": 768, "n_heads": 12, "seq": 64, "l0": 50}
 QUICK = {"n_layers": 4, "d_model": 256, "n_heads": 4, "seq": 32, "l0": 20}
+MID = {**FULL, "seq": 16}  # GPT-2 small's width and depth, a shorter prompt
+SHAPES = {"full": FULL, "mid": MID, "quick": QUICK}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -99,15 +111,18 @@ def glassgpt_side(folder: Path, out: str, batch: int, dtype: str) -> None:
     model = GPT(cfg).eval()
     model.load_state_dict(load_file(folder / "glass_model.safetensors"))
     tc = Transcoders(clt=CLT.load(folder / "glass_clt"))
+    load_peak = status_mib("VmHWM")  # imports, the model and the CLT loaded
+    before = reset_peak()  # the call's own peak is then what it adds
     start, cpu = time.perf_counter(), time.process_time()
     graph = attribute(model, tc, meta["tokens"], batch_size=batch, dtype=DTYPES[dtype])
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    call_peak = status_mib("VmHWM") - before
+    peak = max(load_peak, status_mib("VmHWM"))
     A = graph.adjacency
     edges = int((A != 0).sum())
     save_file({"adjacency": A.float().contiguous(), "features": graph.features.contiguous(),
                "logits": torch.tensor(graph.logit_tokens)}, out)  # fmt: skip
-    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": peak, "nodes": graph.n_nodes, "edges": edges,
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": peak, "call_mib": call_peak, "nodes": graph.n_nodes, "edges": edges,
                       "backward": graph.n_backward, "n_active": graph.n_active}))  # fmt: skip
 
 
@@ -147,8 +162,18 @@ def compare(ours: Path, theirs: Path, meta: dict, chunk: int = 2048) -> tuple[fl
     return worst, scale, int(cols.sum()) * (n_c + rest)
 
 
+def median_of(runs: list[dict]) -> dict:
+    """The first run's counts, with each time the median over the runs (each a cold start)."""
+    out = dict(runs[0])
+    for key in ("seconds", "cpu_s", "peak_mib", "call_mib"):
+        out[key] = statistics.median(r[key] for r in runs)
+    out["n_runs"] = len(runs)
+    return out
+
+
 def uptime() -> str:
-    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
+    done = subprocess.run(["uptime"], capture_output=True, text=True)
+    return done.stdout.strip() or str(Path("/proc/loadavg").read_text().split(" ", 3)[:3])
 
 
 def main() -> None:
@@ -156,6 +181,15 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="4 layers, d_model 256, 32 tokens, L0 20"
     )
+    parser.add_argument(
+        "--shape",
+        choices=tuple(SHAPES),
+        default="full",
+        help="mid: full width and depth, 16 tokens",
+    )
+    parser.add_argument("--seq", type=int, help="the prompt's tokens (the shape's by default)")
+    parser.add_argument("--repeat", type=int, default=1, help="fresh runs a side (medians printed)")
+    parser.add_argument("--threads", type=int, help="torch threads of each side (default: torch's)")
     parser.add_argument(
         "--batch-size", type=int, default=32, help="targets per backward pass, both sides"
     )
@@ -167,45 +201,57 @@ def main() -> None:
         return glassgpt_side(
             Path(args.side[0]), args.side[1], args.batch_size, args.adjacency_dtype
         )
-    shape = QUICK if args.quick else FULL
-    print(f"load average before: {uptime()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
+    shape = dict(QUICK if args.quick else SHAPES[args.shape])
+    if args.seq:
+        shape["seq"] = args.seq
+    if args.threads:  # the children read it as they start
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
+    print(f"uptime before: {uptime()}; {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads a side")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="glassgpt-graphbench-") as tmp:
         folder = Path(tmp)
         meta = build(folder, shape)
         L, d, T = meta["n_layers"], meta["d_model"], meta["n_ctx"]
         print(f"model: {L} layers, d_model {d}, {T} tokens; CLT {meta['d_sae']} features per layer, "
               f"measured L0 {meta['l0']:.1f} per layer and token; batch {args.batch_size}")  # fmt: skip
-        ours = child([sys.executable, __file__, "--side", tmp, str(folder / "ours.safetensors"),
-                      "--batch-size", str(args.batch_size), "--adjacency-dtype", args.adjacency_dtype])  # fmt: skip
+        ours_cmd = [sys.executable, __file__, "--side", tmp, str(folder / "ours.safetensors"),
+                    "--batch-size", str(args.batch_size), "--adjacency-dtype", args.adjacency_dtype]  # fmt: skip
+        ct_cmd = [CT_PYTHON, str(ROOT / "bench/graphs_ct.py"), tmp, str(folder / "ct.safetensors"), str(args.batch_size)]  # fmt: skip
+        run_ct = not args.no_ct and Path(CT_PYTHON).exists()
+        if not args.no_ct and not run_ct:
+            print(f"circuit-tracer: not run ({CT_PYTHON} does not exist)")
+        runs: dict[str, list[dict]] = {"ours": [], "theirs": []}
+        for _ in range(args.repeat):  # the sides alternate, so a change of load meets both
+            runs["ours"].append(child(ours_cmd))
+            if run_ct:
+                runs["theirs"].append(child(ct_cmd))
+        ours = median_of(runs["ours"])
         rows = [("glassgpt", ours)]
         theirs = None
-        if not args.no_ct:
-            if not Path(CT_PYTHON).exists():
-                print(f"circuit-tracer: not run ({CT_PYTHON} does not exist)")
-            else:
-                theirs = child([CT_PYTHON, str(ROOT / "bench/graphs_ct.py"), tmp, str(folder / "ct.safetensors"), str(args.batch_size)])  # fmt: skip
-                n_logits = ours["nodes"] - ours["n_active"] - (L + 1) * T
-                theirs["backward"] = math.ceil(n_logits / args.batch_size) + math.ceil(theirs["n_active"] / args.batch_size)  # fmt: skip
-                with safe_open(str(folder / "ct.safetensors"), "pt") as f:
-                    A = f.get_slice("adjacency")
-                    n = A.get_shape()[0]
-                    theirs["nodes"] = n
-                    theirs["edges"] = sum(
-                        int((A[i : i + 2048] != 0).sum()) for i in range(0, n, 2048)
-                    )
-                rows.append(("circuit-tracer 0.5", theirs))
-        print(f"{'':20} {'seconds':>9} {'CPU s':>9} {'peak MiB':>9} {'backward':>9} {'nodes':>7} {'edges':>11}")  # fmt: skip
+        if run_ct:
+            theirs = median_of(runs["theirs"])
+            n_logits = ours["nodes"] - ours["n_active"] - (L + 1) * T
+            theirs["backward"] = math.ceil(n_logits / args.batch_size) + math.ceil(theirs["n_active"] / args.batch_size)  # fmt: skip
+            with safe_open(str(folder / "ct.safetensors"), "pt") as f:
+                A = f.get_slice("adjacency")
+                n = A.get_shape()[0]
+                theirs["nodes"] = n
+                theirs["edges"] = sum(int((A[i : i + 2048] != 0).sum()) for i in range(0, n, 2048))
+            rows.append(("circuit-tracer 0.5", theirs))
+        print(f"medians of {args.repeat} fresh run(s) a side, each timed cold")
+        print(f"{'':20} {'seconds':>9} {'CPU s':>9} {'peak MiB':>9} {'call MiB':>9} {'backward':>9} {'nodes':>7} {'edges':>11}")  # fmt: skip
         for name, r in rows:
-            print(f"{name:20} {r['seconds']:9.2f} {r['cpu_s']:9.2f} {r['peak_mib']:9.0f} {r['backward']:9d} {r['nodes']:7d} {r['edges']:11d}")  # fmt: skip
+            print(f"{name:20} {r['seconds']:9.2f} {r['cpu_s']:9.2f} {r['peak_mib']:9.0f} {r['call_mib']:9.0f} {r['backward']:9d} {r['nodes']:7d} {r['edges']:11d}")  # fmt: skip
         if theirs is not None:
             worst, scale, n = compare(folder / "ours.safetensors", folder / "ct.safetensors", meta)
             print(f"speed ratio (circuit-tracer / glassgpt): {theirs['seconds'] / ours['seconds']:.2f}x wall, "
                   f"{theirs['cpu_s'] / ours['cpu_s']:.2f}x CPU time; "
-                  f"peak memory ratio (glassgpt / circuit-tracer): {ours['peak_mib'] / theirs['peak_mib']:.2f}")  # fmt: skip
+                  f"peak memory ratio (glassgpt / circuit-tracer): {ours['peak_mib'] / theirs['peak_mib']:.2f} "
+                  f"(process), {ours['call_mib'] / theirs['call_mib']:.2f} (the call's own)")  # fmt: skip
             verdict = "agree" if worst <= 1e-4 else "DIFFER"
             print(f"adjacency: max |difference| {worst:.2e} over {n} shared entries (max |A| {scale:.2e}): {verdict} to 1e-4 "
                   f"(circuit-tracer zeroes position 0's features and error: left out)")  # fmt: skip
-    print(f"load average after: {uptime()}")
+    print(f"uptime after: {uptime()}")
 
 
 if __name__ == "__main__":

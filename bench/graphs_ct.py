@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import sys
 import time
 import types
@@ -38,6 +37,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
+
+from graph_memory import reset_peak, status_mib
 
 huggingface_hub.constants.HF_HUB_ENABLE_HF_TRANSFER = False  # removed in huggingface_hub 1.x
 
@@ -197,16 +198,19 @@ def main() -> None:
         got.missing_keys
     )
     ids = torch.tensor(meta["tokens"])
+    load_peak = status_mib("VmHWM")  # imports, the model and the CLT loaded
+    before = reset_peak()  # the call's own peak is then what it adds
     start, cpu = time.perf_counter(), time.process_time()
     graph = attribute(ids, model, batch_size=batch)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    call_peak = status_mib("VmHWM") - before
+    peak = max(load_peak, status_mib("VmHWM"))
     save_file({"adjacency": graph.adjacency_matrix.contiguous(),
                "active": graph.active_features.contiguous(),
                "selected": graph.selected_features.contiguous(),
                "logits": torch.as_tensor([int(t.vocab_idx) for t in graph.logit_targets])},
               out)  # fmt: skip
-    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": peak, "n_active": len(graph.active_features)}))  # fmt: skip
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": peak, "call_mib": call_peak, "n_active": len(graph.active_features)}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ FAMILIES = {
     "neox-parallel": dict(parallel_residual=True, positional="rope", rotary_fraction=0.5),
     "gemma-sandwich": dict(norm="rmsnorm", sandwich_norm=True, norm_offset=1.0, positional="rope",
                            final_softcap=5.0, attn_softcap=3.0, bias=False, embed_scale=2.0),
+    "post-norm": dict(norm_placement="post"),  # attention reads resid_pre itself
 }  # fmt: skip
 
 
@@ -249,6 +250,31 @@ def test_capped_graph_keeps_the_full_graphs_edges() -> None:
 
     inf = influence(normalized(full.adjacency), logit_weights(full))[: full.n_features]
     assert inf[where].sum() > inf.sort(descending=True).values[15:30].sum()
+
+
+def test_the_capped_searchs_influence_is_the_series_over_the_rows_so_far() -> None:
+    # a random acyclic graph: 30 features (a feature reads only lower ones), 10 other columns,
+    # 3 logits; 12 feature rows computed so far, in a shuffled order
+    from glassgpt.features.graph_prune import influence, normalized
+    from glassgpt.features.graphs import _partial_influence
+
+    gen = torch.Generator().manual_seed(0)
+    n_a, n_cols, n_l = 30, 40, 3
+    rows = torch.randn(n_a, n_cols, generator=gen, dtype=F64)
+    rows[:, :n_a] = rows[:, :n_a].tril(-1) * (torch.rand(n_a, n_a, generator=gen) < 0.5)
+    logit_rows = torch.randn(n_l, n_cols, generator=gen, dtype=F64)
+    probs = torch.tensor([0.5, 0.3, 0.2], dtype=F64)
+    chosen = torch.randperm(n_a, generator=gen)[:12].tolist()
+    # the oracle: the whole square graph, unchosen features' rows 0, pruning's own series
+    A = torch.zeros(n_cols + n_l, n_cols + n_l, dtype=F64)
+    A[chosen, :n_cols] = rows[chosen]
+    A[n_cols:, :n_cols] = logit_rows
+    w = torch.cat([torch.zeros(n_cols, dtype=F64), probs])
+    want = influence(normalized(A), w)[:n_cols]
+    got = _partial_influence(rows[chosen], chosen, logit_rows, probs)
+    direct = _partial_influence(rows[:0], [], logit_rows, probs)
+    assert (want - direct).sum() > 0.2 * direct.sum()  # much of it passed on through features
+    assert (got - want).abs().max() < 1e-12
 
 
 def test_a_direction_is_read_like_a_logit_difference() -> None:

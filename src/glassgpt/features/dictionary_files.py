@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from safetensors import SafetensorError
-from safetensors.torch import load as st_load
+from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
@@ -50,7 +50,7 @@ def load_weights(module: nn.Module, weights: Path, config: Path) -> None:
     """Fill ``module`` from the safetensors file ``weights``; one line naming the file where
     it is unreadable or does not fit the ``config`` file's shapes."""
     try:
-        module.load_state_dict(st_load(weights.read_bytes()))
+        module.load_state_dict(load_file(weights))  # (no bytes copy: a CLT is GBs)
     except (OSError, SafetensorError) as e:
         raise InputFileError(f"{weights}: unreadable ({e})") from None
     except RuntimeError as e:

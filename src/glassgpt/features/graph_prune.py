@@ -24,12 +24,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
-from glassgpt.features.graphs import Graph
-
-
-def work_dtype(A: Tensor) -> torch.dtype:
-    """float64 for a float64 adjacency, else float32: a large graph's copies stay 4 bytes."""
-    return torch.float64 if A.dtype == torch.float64 else torch.float32
+from glassgpt.features.graphs import Graph, work_dtype
 
 
 def normalized(A: Tensor, mask: Tensor | None = None) -> Tensor:

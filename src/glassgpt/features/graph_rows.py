@@ -27,6 +27,7 @@ from torch import Tensor
 
 from glassgpt.features.replacement import Frozen, Transcoders, run_frozen
 from glassgpt.model import GPT
+from glassgpt.model.hooks import HookFn
 
 PREFIXES = 4  # prompt prefixes the targets are sorted into (a forward pass each)
 Spec = tuple[int | None, int, Tensor]  # (layer read, or None for the final residual; pos; vector)
@@ -97,7 +98,7 @@ class Rows:
         embed = fz.embed[:P].expand(B, P, self.d).clone().requires_grad_(True)
         writes = [fz.writes[l, :P].expand(B, P, self.d).clone().requires_grad_(True) for l in range(self.L)]  # fmt: skip
         with torch.enable_grad():
-            lin = run_frozen(self.model, fz, embed, writes, logits=False)
+            lin = run_frozen(self.model, fz, embed, writes, logits=False, extra=_v_alone(self.model))  # fmt: skip
         self._graph = (P, embed, writes, lin)
         return embed, writes, lin
 
@@ -140,6 +141,33 @@ class Rows:
         toks = (g_embed[:, :last] * fz.embed[:last]).sum(-1)
         row[:, e0 + L * self.T : e0 + L * self.T + last] = toks
         return row[:n].detach()
+
+
+def _v_alone(model: GPT) -> dict[str, HookFn]:
+    """Hooks making each layer's v its own product x W_V + b_V of the attention's input x.
+    The patterns are frozen, so q and k reach no read; but the fused x W_QKV's backward would
+    still stack their zero gradients beside v's and multiply all three by W_QKV. With v apart,
+    each backward pass multiplies W_V alone (the fused product is then dead in the graph)."""
+    post = model.config.norm_placement != "pre"  # post-norm: Attn reads resid_pre itself
+    resid: dict[int, Tensor] = {}
+    hooks: dict[str, HookFn] = {}
+
+    def keep(t: Tensor, name: str) -> None:
+        resid[int(name.split(".")[1])] = t
+
+    for l, block in enumerate(model.blocks):
+        attn = block.attn
+        start = (attn.n_heads + attn.n_kv_heads) * attn.d_head  # v's columns come last
+        W = attn.W_QKV.detach()[:, start:].contiguous()  # [d_model, G·d_head]
+        b = None if attn.b_QKV is None else attn.b_QKV.detach().flatten()[start:]
+
+        def v(t: Tensor, _name: str, l: int = l, W: Tensor = W, b: Tensor | None = b) -> Tensor:
+            x = resid[l] if post else model.blocks[l].ln1(resid[l])  # (N₁'s scale: frozen)
+            out = x @ W.to(x.dtype)
+            return (out if b is None else out + b.to(x.dtype)).view(t.shape)
+
+        hooks[f"blocks.{l}.resid_pre"], hooks[f"blocks.{l}.attn.v"] = keep, v
+    return hooks
 
 
 class _weights_fixed:

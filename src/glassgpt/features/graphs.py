@@ -270,45 +270,72 @@ def _grow(
     influence on the logits through the rows computed so far, until ``cap``."""
     chosen: list[int] = []
     feat_rows = logit_rows.new_zeros(cap, logit_rows.shape[1])  # filled in place
+    work = work_dtype(logit_rows)
+    sums = torch.zeros(cap, dtype=work, device=logit_rows.device)  # |row| sums, kept as found
     while len(chosen) < cap:
-        influence = _partial_influence(feat_rows[: len(chosen)], chosen, logit_rows, probs)[:n_a]
+        n = len(chosen)
+        influence = _partial_influence(feat_rows[:n], chosen, logit_rows, probs, sums[:n])[:n_a]
         if chosen:
             influence[torch.tensor(chosen, device=influence.device)] = -1
-        take = influence.topk(min(batch, cap - len(chosen))).indices.tolist()
-        feat_rows[len(chosen) : len(chosen) + len(take)] = compute(take)
+        take = influence.topk(min(batch, cap - n)).indices.tolist()
+        feat_rows[n : n + len(take)] = compute(take)
+        sums[n : n + len(take)] = _abs_sums(feat_rows[n : n + len(take)], work)
         chosen += take
     return chosen, feat_rows
 
 
-def _partial_influence(feat_rows: Tensor, chosen: list[int], logit_rows: Tensor, probs: Tensor) -> Tensor:  # fmt: skip
-    """Influence on the weighted logits of every column, through the computed rows only:
-    w (R̂ + R̂² + …) with R̂ = |rows| row-normalised, taken as (w / rowsum) @ |rows| a slice
-    at a time (no normalised copy of the rows)."""
-    dev, work = logit_rows.device, torch.float64 if logit_rows.dtype == torch.float64 else torch.float32  # fmt: skip
-    parts = [logit_rows, feat_rows]
-    sums = [torch.cat([r[i : i + 1024].abs().sum(1, dtype=work) for i in range(0, len(r), 1024)])
-            if len(r) else torch.zeros(0, dtype=work, device=dev) for r in parts]  # fmt: skip
-    inv = [1 / s.clamp_min(1e-10) for s in sums]
+def work_dtype(A: Tensor) -> torch.dtype:
+    """float64 for a float64 adjacency (or rows), else float32: a large graph's copies stay 4
+    bytes."""
+    return torch.float64 if A.dtype == torch.float64 else torch.float32
 
-    def step(w_logit: Tensor, w_feat: Tensor) -> Tensor:
-        out = torch.zeros(logit_rows.shape[1], dtype=work, device=dev)
-        for r, w, k in ((logit_rows, w_logit, inv[0]), (feat_rows, w_feat, inv[1])):
-            for i in range(0, len(r), 1024):
-                if bool(w[i : i + 1024].any()):
-                    out += (w[i : i + 1024] * k[i : i + 1024]) @ r[i : i + 1024].abs().to(work)
+
+def _abs_sums(rows: Tensor, work: torch.dtype) -> Tensor:
+    """Σ_j |rows[i, j]| [n], 1024 rows at a time (no |rows| copy of the whole)."""
+    if not len(rows):
+        return torch.zeros(0, dtype=work, device=rows.device)
+    return torch.cat([rows[i : i + 1024].abs().sum(1, dtype=work) for i in range(0, len(rows), 1024)])  # fmt: skip
+
+
+def _partial_influence(
+    feat_rows: Tensor, chosen: list[int], logit_rows: Tensor, probs: Tensor,
+    feat_sums: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """Influence on the weighted logits of every column, through the computed rows only:
+    w (R̂ + R̂² + …) with R̂ = |rows| row-normalised (``feat_sums``: the feature rows' |·| sums,
+    if known). Only chosen features pass influence on, so with S = R̂_f[:, chosen] (their
+    block among themselves, n × n) and w₁ = (w R̂_l)[chosen]:
+
+        I = w R̂_l + w₁ (1 + S + S² + …) R̂_f
+
+    The series runs on the small S; the rows [n, n_cols] are read in three passes (their
+    chosen columns, then the two products), a slice at a time, never normalised in a copy."""
+    dev, work = logit_rows.device, work_dtype(logit_rows)
+    inv_l = 1 / _abs_sums(logit_rows, work).clamp_min(1e-10)
+    sums = _abs_sums(feat_rows, work) if feat_sums is None else feat_sums
+    inv_f = 1 / sums.clamp_min(1e-10)
+
+    def times(w: Tensor, rows: Tensor, inv: Tensor) -> Tensor:  # (w ⊙ inv) @ |rows|
+        out = torch.zeros(rows.shape[1], dtype=work, device=dev)
+        for i in range(0, len(rows), 1024):
+            if bool(w[i : i + 1024].any()):
+                out += (w[i : i + 1024] * inv[i : i + 1024]) @ rows[i : i + 1024].abs().to(work)
         return out
 
-    col_of_row = torch.tensor(chosen, dtype=torch.long, device=dev)
-    w_logit, w_feat = probs.to(dev, work), torch.zeros(len(chosen), dtype=work, device=dev)
-    influence = torch.zeros(logit_rows.shape[1], dtype=work, device=dev)
-    for _ in range(1000):
-        s = step(w_logit, w_feat)  # [n_cols]
-        influence += s
-        w_logit = torch.zeros_like(w_logit)
-        w_feat = s[col_of_row] if len(chosen) else s.new_zeros(0)
-        if not bool(w_feat.any()):
+    direct = times(probs.to(dev, work), logit_rows, inv_l)
+    if not chosen:
+        return direct
+    cols = torch.tensor(chosen, dtype=torch.long, device=dev)
+    S = torch.cat([feat_rows[i : i + 1024][:, cols].abs().to(work) for i in range(0, len(chosen), 1024)])  # fmt: skip
+    S *= inv_f[:, None]
+    w = direct[cols]
+    total = w.clone()
+    for _ in range(len(chosen) + 1):  # S is nilpotent (the graph is acyclic)
+        w = w @ S
+        if not bool(w.any()):
             break
-    return influence
+        total += w
+    return direct + times(total, feat_rows, inv_f)
 
 
 def source_writes(graph: Graph, source: int) -> list[tuple[int, int, Tensor]]:

@@ -277,14 +277,15 @@ class _Final(Exception):
 
 def run_frozen(
     model: GPT, frozen: Frozen, embed: Tensor, writes: Sequence[Tensor], *,
-    attn_out: bool = False, logits: bool = True,
+    attn_out: bool = False, logits: bool = True, extra: Mapping[str, HookFn] | None = None,
 ) -> Linear:  # fmt: skip
     """The frozen (affine) model on B copies of the prompt, with the token embeddings
     ``embed`` [B, T, d] and the MLP outputs ``writes`` (L of [B, T, d]) in place of the
     model's: gradients flow only through the residual stream, the OV circuits and the frozen
     norms. T may be shorter than the prompt: the model is causal, so its first T positions
     are the frozen model of the prompt's first T tokens. ``logits=False`` stops at the final
-    residual (``Linear.logits`` is then empty): the unembedding is the costliest product."""
+    residual (``Linear.logits`` is then empty): the unembedding is the costliest product.
+    ``extra``: more hooks; on a site this pass already reads, they see what it read."""
     L, (B, T) = model.config.n_layers, embed.shape[:2]
     tokens = frozen.tokens[None, :T].expand(B, -1)
     got: dict[str, Tensor] = {}
@@ -319,6 +320,8 @@ def run_frozen(
     hooks.update({"embed": lambda _t, _n: embed, final_site(model): keep})
     if attn_out:
         hooks.update({f"blocks.{l}.attn_out": keep_attn for l in range(L)})
+    for name, fn in (extra or {}).items():
+        hooks[name] = _after(hooks[name], fn) if name in hooks else fn
     out = embed.new_zeros(0)
     try:
         with _eval(model), model.hooks(hooks):
@@ -327,6 +330,16 @@ def run_frozen(
         pass
     assert isinstance(out, Tensor)
     return Linear(u, got[final_site(model)], attn, out)
+
+
+def _after(first: HookFn, then: HookFn) -> HookFn:
+    def both(t: Tensor, name: str) -> Tensor | None:
+        new = first(t, name)
+        t = t if new is None else new
+        new = then(t, name)
+        return t if new is None else new
+
+    return both
 
 
 def norm_linear(model: GPT, name: str, x: Tensor, pos: Tensor | slice, frozen: Frozen) -> Tensor:

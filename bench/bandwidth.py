@@ -10,7 +10,11 @@ past every cache) with --threads threads, three ways, and prints the median GB/s
 - ``torch.sum`` of a float32 tensor (PyTorch's own OpenMP threads);
 - NumPy ``sum`` over one band of the buffer per Python thread (NumPy releases the GIL);
 - glassgpt's float32 panel product (``_gemv.gemv_panels``) of one row against the buffer
-  as a [K, N] matrix in panels: what a decoding step's products reach.
+  as a [K, N] matrix in panels: what a decoding step's products reach;
+- the same product over a copy of the buffer on 2 MiB pages (``glassgpt.kernels.pages``,
+  where the system advises them), as glassgpt's packed weights lie: with 4 KiB pages every
+  4 KiB read is a TLB miss, which the three reads above all pay (PyTorch's and NumPy's
+  buffers are on 4 KiB pages unless the system gives every mapping huge pages).
 
 Then, from the best of the three, each shape's roofline in ms per token: the bytes a step
 reads (the weights that take part in a product, the unembedding once, float32, bf16 or
@@ -32,6 +36,7 @@ import numpy as np
 import torch
 
 from glassgpt.kernels.extensions import extension
+from glassgpt.kernels.pages import huge_page_copy
 
 SHAPES: dict[str, dict[str, int]] = {  # bench/families.py's shapes
     "smollm2-135m": {"n_vocab": 49152, "d_model": 576, "n_layers": 30, "n_heads": 9,
@@ -81,6 +86,13 @@ def probes(gib: float, threads: int, repeats: int) -> dict[str, float]:
         K = n // N
         row, y = torch.rand(K), torch.empty(N)
         rates["glassgpt gemv_panels"] = median_rate(
+            lambda: gemv.gemv_panels(row.data_ptr(), x.data_ptr(), 0, y.data_ptr(), 1, K, N,
+                                     threads),
+            n * 4, repeats,
+        )  # fmt: skip
+        del a, bands
+        x = huge_page_copy(x)  # (the 4 KiB one freed as it is replaced)
+        rates["glassgpt gemv_panels, 2 MiB pages"] = median_rate(
             lambda: gemv.gemv_panels(row.data_ptr(), x.data_ptr(), 0, y.data_ptr(), 1, K, N,
                                      threads),
             n * 4, repeats,

@@ -23,9 +23,10 @@ batch 1, a 16-token prompt, greedy decoding to exactly --new-tokens tokens. Engi
   hash. A peer that does not import or convert is skipped with the reason printed.
 
 Printed: the CPU (model name, the SIMD flags the kernels care about), torch's threads, the
-load average, each engine's load seconds, and per engine the medians over --repeats of
-tokens/s (new tokens over the whole call, prompt included) and ms per step ((t_N − t_1)/(N −
-1), paired per repeat), with the ratios to transformers and llama.cpp at the same precision.
+load average, each engine's load seconds, the memory on 2 MiB pages after each shape (the
+engines' weights: glassgpt's anonymous copies, llama.cpp's mapped files), and per engine the
+medians over --repeats of tokens/s (new tokens over the whole call, prompt included) and ms
+per step ((t_N − t_1)/(N − 1), paired per repeat), with the ratios to transformers and llama.cpp at the same precision.
 The engines are interleaved in every repeat, so that they share the machine's noise
 (``bench/generate.py``'s ``measure``). Targets: ≥ 2× transformers and ≥ 1.2× llama.cpp.
 """
@@ -260,6 +261,22 @@ def table(name: str, args: argparse.Namespace, work: Path) -> None:
     why = ReplayedStep.why_not
     print("glassgpt's float32 and int8 one-token steps: " + (
         "replayed from their recorded kernel calls" if why is None else f"eager ({why})"))  # fmt: skip
+    print(huge_pages_line())
+
+
+def huge_pages_line() -> str:
+    """The process's memory on 2 MiB pages (Linux ``/proc/self/smaps_rollup``): anonymous
+    (glassgpt's packed weights, ``glassgpt.kernels.pages``) and file-mapped (llama.cpp's
+    memory-mapped GGUF, where the file system caches it in 2 MiB folios): a stream on 4 KiB
+    pages pays a TLB miss every 4 KiB, so the engines compare fairly only on equal pages."""
+    try:
+        with open("/proc/self/smaps_rollup", encoding="ascii") as f:
+            kb = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f) if v}
+    except (OSError, ValueError):
+        return "memory on 2 MiB pages: unknown (no /proc/self/smaps_rollup)"
+    anon, file = kb.get("AnonHugePages", 0) / 1024, kb.get("FilePmdMapped", 0) / 1024
+    return (f"memory on 2 MiB pages now: anonymous {anon:.0f} MiB (glassgpt's packed weights), "
+            f"file-mapped {file:.0f} MiB (llama.cpp's GGUF)")  # fmt: skip
 
 
 def main() -> None:

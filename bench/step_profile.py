@@ -5,10 +5,13 @@
 
 Random weights at one of ``bench/families.py``'s shapes, cast to --dtype, a 16-token prompt,
 then --steps replayed one-token steps (``glassgpt.sample.replay``) with a timer around every
-recorded call. Printed per kernel: calls a step, ms a step, µs a call; and the step's median
-time with and without the timers. --cpu times the calling thread's CPU time instead of the
-wall clock: on a loaded host that leaves out the time slices other processes took (with 1
-thread, every call's whole cost; with more, the other threads' parts are not counted).
+recorded call. Printed per kernel, the products by shape (K × N, and two matrices for
+SwiGLU's fused pair): calls a step, ms a step, µs a call, and for the panel products the GB/s
+their weights were read at (a thin product far below the unembedding's says the cost is the
+call's, not the bytes'); and the step's median time with and without the timers. --cpu
+times the calling thread's CPU time instead of the wall clock: on a loaded host that leaves
+out the time slices other processes took (with 1 thread, every call's whole cost; with more,
+the other threads' parts are not counted).
 """
 
 from __future__ import annotations
@@ -53,9 +56,14 @@ def main() -> None:
           f"{'CPU' if args.cpu else 'wall'} time; load average {load}")  # fmt: skip
     total: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
+    read: dict[str, int] = {}  # a panel product's weight bytes a call
 
-    def timed(fn: Any) -> Any:
+    def timed(fn: Any, call_args: tuple[Any, ...]) -> Any:
         name = getattr(fn, "__name__", "pytorch")
+        nbytes = panel_bytes(name, call_args)
+        if nbytes:
+            name = f"{name} {shape_of(name, call_args)}"
+            read[name] = nbytes
 
         def call(*call_args: Any) -> None:
             t = clock()
@@ -71,7 +79,7 @@ def main() -> None:
         t = clock()
         decoder.step([7 + i])
         plain.append(clock() - t)
-    step.calls = [(timed(fn), call_args, positional) for fn, call_args, positional in calls]
+    step.calls = [(timed(fn, a), a, positional) for fn, a, positional in calls]
     for i in range(args.steps):  # the replay's own loop, each call through its timer
         t = clock()
         decoder.step([7 + i])
@@ -79,10 +87,41 @@ def main() -> None:
     step.calls = calls
     print(f"step: {statistics.median(plain) / 1e6:.2f} ms "
           f"({statistics.median(timed_steps) / 1e6:.2f} with a timer around each call)\n")  # fmt: skip
-    print("| kernel | calls a step | ms a step | µs a call |\n|---|---:|---:|---:|")
+    print("| kernel | calls a step | ms a step | µs a call | weights GB/s |")
+    print("|---|---:|---:|---:|---:|")
     for name, ns in total.most_common():
+        rate = f"{read[name] * count[name] / ns:.1f}" if name in read else ""
         print(f"| {name} | {count[name] // args.steps} | {ns / args.steps / 1e6:.3f} | "
-              f"{ns / count[name] / 1e3:.2f} |")  # fmt: skip
+              f"{ns / count[name] / 1e3:.2f} | {rate} |")  # fmt: skip
+
+
+# The panel products' arguments: (M, K, N) at 4..6 with the bf16 flag (half) after threads at
+# 8, or (M, K, N) at 7..9 with half at 11 for SwiGLU's pair (two matrices); the plain and
+# _bf16 names say the weights' width themselves.
+def _sizes(name: str, a: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
+    """(K, N, bytes a weight, matrices) of a panel product call, None for other calls."""
+    if name == "gemv_panels_glu":
+        return a[8], a[9], 2 if a[11] else 4, 2
+    if name == "gemv_panels_add":
+        return a[5], a[6], 2 if a[8] else 4, 1
+    if name in ("gemv_panels", "gemv_panels_bf16", "gemv_panels_bf16_io"):
+        return a[5], a[6], 4 if name == "gemv_panels" else 2, 1
+    return None
+
+
+def panel_bytes(name: str, a: tuple[Any, ...]) -> int:
+    """The weight bytes a panel product call reads (whole panels of 64), 0 for other calls."""
+    sizes = _sizes(name, a)
+    if sizes is None:
+        return 0
+    K, N, width, matrices = sizes
+    return matrices * K * -(-N // 64) * 64 * width
+
+
+def shape_of(name: str, a: tuple[Any, ...]) -> str:
+    """A panel product call's K × N (× 2 for a pair)."""
+    K, N, _, matrices = _sizes(name, a)  # type: ignore[misc]
+    return f"{K}×{N}" + (" ×2" if matrices == 2 else "")
 
 
 if __name__ == "__main__":

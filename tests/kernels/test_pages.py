@@ -9,10 +9,36 @@ import mmap
 import pytest
 import torch
 
-from glassgpt.kernels import dense
-from glassgpt.kernels.pages import HUGE_PAGE, huge_page_copy
+from glassgpt.kernels import dense, pages
+from glassgpt.kernels.pages import HUGE_PAGE, SHARED_MAX, SHARED_MIN, huge_page_copy
 
 LINUX_THP = hasattr(mmap, "MADV_HUGEPAGE")
+
+
+def _thp_setting() -> str | None:
+    """The system's transparent huge page setting (``always``, ``madvise``, ``never``)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _vma(address: int) -> dict[str, str] | None:
+    """The fields of /proc/self/smaps for the mapping holding ``address`` (None: unmapped)."""
+    fields: dict[str, str] | None = None
+    with open("/proc/self/smaps", encoding="ascii") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):  # a mapping's first line: lo-hi ...
+                lo, hi = (int(a, 16) for a in head.split("-"))
+                if fields is not None:
+                    return fields
+                fields = {"range": head} if lo <= address < hi else None
+            elif fields is not None:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    return fields
 
 
 @pytest.mark.parametrize(
@@ -35,6 +61,35 @@ def test_large_copy_starts_on_a_huge_page_and_outlives_its_mapping_object() -> N
     gc.collect()  # the mapping lives as long as the tensor does
     c.mul_(2.0)
     assert torch.equal(c, t * 2.0)
+
+
+@pytest.mark.skipif(
+    not LINUX_THP or _thp_setting() not in ("always", "madvise"),
+    reason="no transparent huge pages to advise on this system",
+)
+def test_thin_matrices_share_a_mapping_on_huge_pages_freed_with_the_last_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SmolLM2's bf16 matrices are 0.66-1.8 MB: each under a 2 MiB page of its own
+    monkeypatch.setattr(pages, "_slab", None)  # a fresh slab: both fit in it
+    gen = torch.Generator().manual_seed(2)
+    a, b = (torch.randn(576, n, generator=gen).bfloat16() for n in (576, 1536))
+    assert SHARED_MIN <= a.nbytes < b.nbytes < SHARED_MAX
+    ca, cb = huge_page_copy(a), huge_page_copy(b)
+    assert torch.equal(ca, a) and torch.equal(cb, b)
+    vma, vmb = _vma(ca.data_ptr()), _vma(cb.data_ptr())
+    assert vma is not None and vmb is not None
+    assert vma["range"] == vmb["range"]  # one mapping for both
+    assert vma["THPeligible"] == "1"
+    cb.zero_()  # neighbours, not overlapping
+    assert torch.equal(ca, a)
+    del ca
+    gc.collect()
+    assert torch.equal(cb, torch.zeros_like(b))  # the slab lives while one of its tensors does
+    address = cb.data_ptr()
+    del cb
+    gc.collect()
+    assert _vma(address) is None  # and no longer
 
 
 @pytest.mark.skipif(dense._gemv is None, reason="the _gemv extension is not built")

@@ -226,6 +226,13 @@ def prefix_agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return same / sum(len(x) for x in a)
 
 
+# Seconds of rest before each timed call: the previous call's worker threads (llama.cpp's
+# thread pool, OpenMP's) spin-wait a while after it returns, on the cores the next engine
+# needs (one A/B on SmolLM2-135M's shape, 2 threads, quiet host: glassgpt bf16 8.9 ms a step
+# right after llama.cpp's calls, 6.6 ms after a rest; llama.cpp F32 20.3 → 16.9 ms).
+SETTLE = 0.5
+
+
 def timed(fn, *args) -> tuple[float, object]:  # type: ignore[no-untyped-def]
     t = time.perf_counter()
     out = fn(*args)
@@ -379,7 +386,9 @@ def measure(  # type: ignore[no-untyped-def]
         if bandwidth is not None:
             bandwidth.probe()
         for name, (call, _, _) in engines.items():
+            time.sleep(SETTLE)
             rec[name]["1"].append(timed(call, prompts, 1)[0])
+            time.sleep(SETTLE)
             t, ids[name] = timed(call, prompts, n)
             rec[name]["n"].append(t)
     med = {k: (statistics.median(v["1"]), statistics.median(v["n"])) for k, v in rec.items()}

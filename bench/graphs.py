@@ -58,7 +58,7 @@ from glassgpt.model import GPT, GPTConfig
 from graph_memory import reset_peak, status_mib
 
 ROOT = Path(__file__).resolve().parent.parent
-CT_PYTHON = os.environ.get("GLASSGPT_CIRCUIT_TRACER_PYTHON", str(ROOT.parent.parent / "main/.venv-circuit-tracer/bin/python"))  # fmt: skip
+CT_PYTHON = os.environ.get("GLASSGPT_CIRCUIT_TRACER_PYTHON", str(ROOT / ".venv-circuit-tracer/bin/python"))  # fmt: skip
 FULL = {"n_layers": 12, "d_model": 768, "n_heads": 12, "seq": 64, "l0": 50}
 QUICK = {"n_layers": 4, "d_model": 256, "n_heads": 4, "seq": 32, "l0": 20}
 MID = {**FULL, "seq": 16}  # GPT-2 small's width and depth, a shorter prompt

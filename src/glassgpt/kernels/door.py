@@ -27,7 +27,15 @@ from glassgpt.kernels.activations import gelu_exact, gelu_tanh, silu
 from glassgpt.kernels.attention_door import attention, step_attention
 from glassgpt.kernels.bf16 import cache_dtype
 from glassgpt.kernels.checks import id_out_of_range
-from glassgpt.kernels.dense import alias, has_small_batch_kernel, is_packed, matmul, pack, unpack
+from glassgpt.kernels.dense import (
+    PANEL_BLOCK_ROWS,
+    alias,
+    has_small_batch_kernel,
+    is_packed,
+    matmul,
+    pack,
+    unpack,
+)
 from glassgpt.kernels.extensions import EXTENSIONS, built, extension, hidden
 from glassgpt.kernels.fusion import fuse as fuse_calls
 from glassgpt.kernels.int4 import pack_int4
@@ -76,6 +84,7 @@ __all__ = [
     "EXPLICIT_MAX_KEYS",
     "EXTENSIONS",
     "OPS",
+    "PANEL_BLOCK_ROWS",
     "SMALL_HEAD",
     "Op",
     "Recorder",

@@ -43,8 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from glassgpt.kernels import cache_dtype
-from glassgpt.kernels.dense import PANEL_BLOCK_ROWS
+from glassgpt.kernels import PANEL_BLOCK_ROWS, cache_dtype
 from glassgpt.sample import engine
 from glassgpt.sample.filters import SamplingConfig, mask_padded
 from glassgpt.sample.rows import Rows

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from glassgpt.errors import GlassError
-from glassgpt.inspect.attribution import attribution_patch, edge_attribution_patch, edge_names
+from glassgpt.inspect.attribution import attribution_patch
 from glassgpt.inspect.cache import run_with_cache, run_with_hooks
+from glassgpt.inspect.edges import edge_attribution_patch, edge_names
 from glassgpt.inspect.metrics import logit_diff, logprob
 
 VARIANTS = [

@@ -24,7 +24,12 @@ from glassgpt.model import GPT
 
 TOKENS = [1, 4, 2, 7, 3, 9]
 CORRUPT = [1, 4, 5, 7, 3, 9]
-INTERVENTIONS = ("patching", "attribution", "ablation")  # written alongside; covered once landed
+INTERVENTIONS = (
+    "patching",
+    "attribution",
+    "edges",
+    "ablation",
+)  # written alongside; covered once landed
 
 
 def _landed(module: str) -> ModuleType | None:
@@ -107,12 +112,12 @@ def _intervention_cases() -> dict[str, Case]:
                 True,
                 False,
             )
+    edges = _landed("edges")
+    if edges is not None:
         for method in ("eap", "eap-ig"):
-            out[f"attribution.edge_attribution_patch.{method}"] = Case(
+            out[f"edges.edge_attribution_patch.{method}"] = Case(
                 lambda m, k=method: (
-                    attribution.edge_attribution_patch(
-                        m, TOKENS, CORRUPT, _metric(m), k, steps=3
-                    ).scores
+                    edges.edge_attribution_patch(m, TOKENS, CORRUPT, _metric(m), k, steps=3).scores
                 ),
                 True,
                 False,

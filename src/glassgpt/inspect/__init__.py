@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from glassgpt.inspect.ablation import ablation_hooks, run_ablated
-from glassgpt.inspect.attribution import Edges, attribution_patch, edge_attribution_patch
+from glassgpt.inspect.attribution import attribution_patch
 from glassgpt.inspect.cache import (
     ActivationCache,
     patch_hook,
@@ -27,6 +27,7 @@ from glassgpt.inspect.circuits import (
     qk_circuit,
     unembedding,
 )
+from glassgpt.inspect.edges import Edges, edge_attribution_patch
 from glassgpt.inspect.factored import FactoredMatrix, copying_score
 from glassgpt.inspect.heads import HeadScores, head_scores, repeated_random_tokens
 from glassgpt.inspect.lens import (

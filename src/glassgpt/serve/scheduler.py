@@ -342,31 +342,27 @@ class Scheduler:
         out: list[Tensor] = [torch.empty(0)] * k
         with self.lock, torch.inference_mode():
             done = [self.prefix.load(ids, c) for ids, c in zip(prompts, caches)]
-            left = list(range(k))  # rows with tokens to encode, in slot order
-            while left:
-                b, n = left[0], done[left[0]]
-                m = len(prompts[b]) - n
-                run = [b]
-                for i in left[1:]:
-                    same = done[i] == n and len(prompts[i]) - n == m
-                    if i != run[-1] + 1 or not same or (len(run) + 1) * m > PREFILL_TOKENS:
-                        break
-                    run.append(i)
+            b = 0
+            while b < k:  # prompts b.. that loaded n positions and have m tokens left
+                n, m = done[b], len(prompts[b]) - done[b]
+                e = b + 1
+                while (e < k and done[e] == n and len(prompts[e]) - n == m
+                       and (e + 1 - b) * m <= PREFILL_TOKENS):  # fmt: skip
+                    e += 1
                 # a power of two of rows: oneDNN makes (and keeps) a primitive for each new
                 # number of rows a product takes past 32, ~2 MB and a JIT compile each
-                del run[1 << (len(run).bit_length() - 1) :]
-                many = self.cache.prompt_cache(start + b, model, rows=len(run)) if len(run) > 1 \
+                e = b + (1 << ((e - b).bit_length() - 1))
+                many = self.cache.prompt_cache(start + b, model, rows=e - b) if e - b > 1 \
                     else caches[b]  # fmt: skip
                 many.length = n
-                tokens = torch.tensor([prompts[i][n : n + m] for i in run], dtype=torch.long,
+                tokens = torch.tensor([prompts[i][n:] for i in range(b, e)], dtype=torch.long,
                                       device=self.device)  # fmt: skip
-                logits = model(tokens, cache=many)[:, -1]  # [len(run), V]
+                logits = model(tokens, cache=many)[:, -1]  # [e − b, V]
                 self.prompt_forwards += 1
-                for j, i in enumerate(run):
-                    done[i] = caches[i].length = n + m
-                    if done[i] == len(prompts[i]):
-                        out[i] = logits[j]
-                        left.remove(i)
+                for i in range(b, e):
+                    caches[i].length = len(prompts[i])
+                    out[i] = logits[i - b]
+                b = e
             for ids, c in zip(prompts, caches):
                 self.prefix.store(ids, c)
         for b, c in enumerate(caches):

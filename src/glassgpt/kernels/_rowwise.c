@@ -11,6 +11,7 @@
  *   _clip.h       gradient clipping: Σ x² over many buffers, and their scaling
  *   _transpose.h  the transpose of a matrix (oneDNN's ∂W = xᵀ g)
  *   _argmax.h     greedy decoding's first largest index of each row
+ *   _nucleus.h    top-p's drop mask of each row, without sorting the vocabulary
  *
  * A decoding step's few rows on one thread: PyTorch's kernels spend most of a call on set-up
  * when the input is one row of 768 values (10-17 µs in a decoding step against about 1 µs of
@@ -61,6 +62,7 @@ static int part_count(long long threads, int items) {
 #include "_clip.h"
 #include "_transpose.h"
 #include "_argmax.h"
+#include "_nucleus.h"
 
 /* Every family's AVX2 + FMA kernels where the CPU has them (and `portable` is 0), else the
  * portable loops. */
@@ -75,6 +77,8 @@ static void pick_kernels(int portable) {
 static PyMethodDef methods[] = {
     {"argmax_rows", (PyCFunction)(void (*)(void))argmax_rows, METH_FASTCALL,
      "argmax_rows(z, B, V, stride) -> each row's first largest index, or None where a row is not finite"},
+    {"top_p_drop", (PyCFunction)(void (*)(void))top_p_drop, METH_FASTCALL,
+     "top_p_drop(probs, p, drop, B, V, threads) -> False where a row is negative or infinite"},
     {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
      "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,

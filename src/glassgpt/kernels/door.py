@@ -70,6 +70,7 @@ from glassgpt.kernels.rowwise import (
     rope,
     scale_,
     sum_squares,
+    top_p_drop,
     write_kv,
     write_kv_rows,
 )
@@ -134,6 +135,7 @@ __all__ = [
     "stop_recording",
     "sum_squares",
     "take_rows_call",
+    "top_p_drop",
     "unpack",
     "write_kv",
     "write_kv_rows",

@@ -14,6 +14,8 @@
     contiguous_copy(t, dtype)   t as a new contiguous tensor in dtype; a transposed matrix (a
                        weight read from an HF file) by the 8 × 8 block kernels
     argmax_rows(z)     each row's first index of its largest value (greedy decoding)
+    top_p_drop(probs, p)   the tokens top-p drops: a row's stable descending sort, its
+                       cumsum, and drop where the mass before a token is ≥ p_b (no sort)
     rope(x, cos, sin)  each pair (x_2i, x_2i+1), 2i < r, rotated: (a c − b s, a s + b c)
     silu(x)            x σ(x)  (SwiGLU's gate), a decoding step's few rows
     norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
@@ -261,6 +263,32 @@ def argmax_rows(z: Tensor, n: int | None = None) -> list[int] | None:
     if V <= 0 or z.stride(1) != 1 or (z.shape[0] > 1 and z.stride(0) < V):
         return None
     return _rowwise.argmax_rows(z.data_ptr(), z.shape[0], V, max(z.stride(0), V))
+
+
+def top_p_drop(probs: Tensor, p: Tensor) -> Tensor | None:
+    """The tokens top-p drops [B, V] (bool) for float32 probabilities [B, V] on a CPU (rows
+    contiguous) and each row's p_b (float32 [B]): the bits of PyTorch's
+
+        s, order = sort(probs, descending=True, stable=True)
+        drop[order] = (s.cumsum(-1) − s) ≥ p
+
+    (``sample.filters.top_p_filter``) without its sort of the vocabulary (``kernels/_nucleus.h``:
+    a histogram of the values' bits, and a sort of the few values near the cut). None where
+    the kernel does not take them: another dtype or device, a row with a negative or infinite
+    value, not built (then PyTorch's sort)."""
+    if _rowwise is None or torch.compiler.is_compiling() or probs.ndim != 2:
+        return None
+    if probs.dtype is not torch.float32 or not probs.is_cpu or not probs.is_contiguous():
+        return None
+    B, V = probs.shape
+    if V == 0 or p.shape != (B,) or p.dtype is not torch.float32 or not p.is_cpu:
+        return None
+    p = p.contiguous()
+    drop = torch.empty(B, V, dtype=torch.bool)
+    if not _rowwise.top_p_drop(probs.data_ptr(), p.data_ptr(), drop.data_ptr(), B, V,
+                               torch.get_num_threads()):  # fmt: skip
+        return None
+    return drop
 
 
 def write_kv(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int) -> None:

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from glassgpt import kernels
 from glassgpt.errors import ConfigError
 from glassgpt.sample.filters import SamplingConfig
 from glassgpt.sample.rows import Rows, _mix, uniforms
@@ -147,10 +148,19 @@ def test_rows_sampled_together_equal_each_row_alone(
                 assert torch.equal(together.counts[b + 1], alone[b].counts[0])
 
 
+@pytest.mark.parametrize("path", ["kernel", "fallback"])
 @pytest.mark.parametrize("scale", [0.5, 4.0])  # flat: top-p sorts; peaked: cut among the largest
-def test_top_p_on_a_large_vocabulary_is_the_reference_and_row_independent(scale: float) -> None:
-    """Past 2·NUCLEUS ids, top-p looks among each row's largest probabilities first (and
-    sorts the rows whose nucleus is wider): the reference, row by row, alone or batched."""
+def test_top_p_on_a_large_vocabulary_is_the_reference_and_row_independent(
+    scale: float, path: str
+) -> None:
+    """Top-p by the compiled kernel, and without it (past 2·NUCLEUS ids, the fallback looks
+    among each row's largest probabilities first and sorts the rows whose nucleus is wider):
+    the reference, row by row, alone or batched."""
+    with kernels.hidden(*(["_rowwise"] if path == "fallback" else [])):
+        _top_p_large_vocabulary(scale)
+
+
+def _top_p_large_vocabulary(scale: float) -> None:
     V, gen = 1500, torch.Generator().manual_seed(2)
     cfgs = [
         SamplingConfig(top_p=p, temperature=t) for p, t in [(0.5, 1.0), (0.9, 0.7), (0.99, 1.3)]

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from glassgpt import kernels
 from glassgpt.errors import ConfigError
 
 
@@ -162,11 +163,33 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     if p >= 1.0:
         return logits
     probs = torch.softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
+    rows = probs.reshape(-1, probs.shape[-1])
+    # p in the probabilities' dtype: what comparing them with the Python float p does
+    each = torch.full(rows.shape[:1], p, dtype=probs.dtype, device=probs.device)
+    return logits.masked_fill(top_p_drop(rows, each).view(probs.shape), float("-inf"))
+
+
+def top_p_drop(probs: Tensor, p: Tensor) -> Tensor:
+    """The tokens top-p drops [B, V] (bool) from probabilities [B, V] and each row's p_b [B]
+    (in the probabilities' dtype): sort a row descending (ties in index order), and drop a
+    token where the mass before it, cumsum − itself, is ≥ p_b.
+
+    The first token has 0 before it and is always kept. A float32 row on a CPU takes the
+    compiled kernel (``kernels.top_p_drop``: the same bits, without sorting the
+    vocabulary); anything else PyTorch's sort (:func:`sorted_drop`).
+
+    >>> top_p_drop(torch.tensor([[0.1, 0.5, 0.15, 0.25]]), torch.tensor([0.7])).tolist()
+    [[True, False, True, False]]
+    """
+    drop = kernels.top_p_drop(probs, p)
+    return sorted_drop(probs, p) if drop is None else drop
+
+
+def sorted_drop(probs: Tensor, p: Tensor) -> Tensor:
+    """:func:`top_p_drop` by PyTorch's sort of each row (any dtype or device)."""
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each sorted token
-    drop_sorted = before >= p  # the first token has 0 before it and is always kept
-    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    return torch.zeros_like(before, dtype=torch.bool).scatter_(-1, order, before >= p[:, None])
 
 
 def min_p_filter(logits: Tensor, min_p: float) -> Tensor:

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from glassgpt import kernels
 from glassgpt.errors import ConfigError
-from glassgpt.sample.filters import SamplingConfig, draw
+from glassgpt.sample.filters import SamplingConfig, draw, sorted_drop
 
 # what a row uses, one bit each (``Rows.uses``): the step skips what no row uses
 REP, FREQ, PRES, BIAS, DRAW, TOP_K, TOP_P, MIN_P = (1 << i for i in range(8))
@@ -297,10 +297,14 @@ def _top_k(z: Tensor, k: Tensor) -> Tensor:
 def _top_p(z: Tensor, p: Tensor) -> Tensor:
     """Row b keeps the shortest most-probable prefix whose mass reaches p_b (< 1).
 
-    A row whose NUCLEUS largest probabilities reach p_b is cut among them (a partial top-k,
-    not a sort of the vocabulary); the others are sorted whole. Which way a row goes
-    depends on that row alone."""
+    float32 rows on a CPU take the compiled kernel (``filters.top_p_drop``: no sort of the
+    vocabulary). Elsewhere a row whose NUCLEUS largest probabilities reach p_b is cut among
+    them (a partial top-k, not a sort of the vocabulary); the others are sorted whole. Which
+    way a row goes depends on that row alone."""
     probs = torch.softmax(z, dim=-1)
+    drop = kernels.top_p_drop(probs, p)
+    if drop is not None:
+        return z.masked_fill(drop, -math.inf)
     V = z.shape[-1]
     if V > 2 * NUCLEUS:
         top, order = torch.topk(probs, NUCLEUS, dim=-1)  # [h, NUCLEUS], descending
@@ -311,16 +315,9 @@ def _top_p(z: Tensor, p: Tensor) -> Tensor:
             dropped = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, order, ~keep)
             short = (~enough).nonzero()[:, 0]
             if short.numel():
-                dropped = dropped.index_copy(0, short, _sorted_drop(probs[short], p[short]))
+                dropped = dropped.index_copy(0, short, sorted_drop(probs[short], p[short]))
             return z.masked_fill(dropped, -math.inf)
-    return z.masked_fill(_sorted_drop(probs, p), -math.inf)
-
-
-def _sorted_drop(probs: Tensor, p: Tensor) -> Tensor:
-    """The tokens top-p drops [h, V], from a sort of each row's probabilities."""
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each sorted token
-    return torch.zeros_like(before, dtype=torch.bool).scatter_(-1, order, before >= p[:, None])
+    return z.masked_fill(sorted_drop(probs, p), -math.inf)
 
 
 def _min_p(z: Tensor, m: Tensor) -> Tensor:

@@ -1,0 +1,208 @@
+"""Top-p's drop mask by the compiled kernel (``kernels/_nucleus.h``: a histogram of the values'
+bits and a sort of the few values near the cut) against two oracles: PyTorch's stable sort
+and cumsum (``sample.filters.sorted_drop``, the fallback), and the definition written in
+NumPy (a stable argsort, a float64 cumsum rounded to float32, the mass before each token in
+float32). Bit for bit, over generated rows: ties, zeros, −inf logits, flat and peaked rows,
+p near 0, near 1 and exactly at a token's mass, V from 2 to 50,257; with the kernels in use
+and with the portable loops forced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from glassgpt import kernels
+from glassgpt.sample.filters import sorted_drop, top_p_drop, top_p_filter
+
+ext = pytest.importorskip(
+    "glassgpt.kernels._rowwise", reason="the C extension is not built (no compiler at install)"
+)
+
+
+@pytest.fixture(params=[False, True], ids=["fast", "portable"])
+def portable(request: pytest.FixtureRequest):
+    ext.use_portable(request.param)
+    yield request.param
+    ext.use_portable(False)
+
+
+def numpy_drop(probs: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The definition: each row sorted descending, ties in index order; the mass before a
+    token is float32(Σ of the sorted values through it, in float64) − the token (float32
+    arithmetic); dropped where that is ≥ p_b (float32)."""
+    drop = np.zeros(probs.shape, dtype=bool)
+    for b, row in enumerate(probs):
+        order = np.argsort(-row, kind="stable")
+        s = row[order]
+        before = np.cumsum(s.astype(np.float64)).astype(np.float32) - s
+        drop[b, order] = before >= np.float32(p[b])
+    return drop
+
+
+def kernel_drop(probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    drop = kernels.top_p_drop(probs, p)
+    assert drop is not None, "the kernel refused probabilities"
+    return drop
+
+
+def logits_row(kind: str, V: int, rng: np.random.Generator) -> np.ndarray:
+    if kind == "flat":  # random weights: the nucleus spans most of the vocabulary
+        z = rng.normal(size=V) * 0.5
+    elif kind == "peaked":
+        z = rng.normal(size=V) * 8
+    elif kind == "ties":  # few distinct values: tie groups straddle the cut
+        z = rng.integers(-3, 3, size=V).astype(np.float64)
+    elif kind == "one":  # one token with all the mass, the rest underflow to 0
+        z = np.full(V, -200.0)
+        z[rng.integers(V)] = 0.0
+    else:  # "masked": −inf logits (a top-k or a padded vocabulary before): zeros
+        z = rng.normal(size=V) * 2
+        z[rng.random(V) < 0.6] = -np.inf
+        z[rng.integers(V)] = 0.0
+    return z.astype(np.float32)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    V=st.one_of(st.integers(2, 400), st.sampled_from([1000, 4099, 50257])),
+    kinds=st.lists(
+        st.sampled_from(["flat", "peaked", "ties", "one", "masked"]), min_size=1, max_size=4
+    ),
+    p_kind=st.sampled_from(["any", "near 0", "near 1", "at a mass", "2 (off)"]),
+    seed=st.integers(0, 2**31),
+    fast=st.booleans(),
+)
+def test_drop_mask_is_pytorchs_sort_and_the_definition(V, kinds, p_kind, seed, fast) -> None:
+    rng = np.random.default_rng(seed)
+    z = torch.from_numpy(np.stack([logits_row(k, V, rng) for k in kinds]))
+    probs = torch.softmax(z, dim=-1)
+    B = len(kinds)
+    if p_kind == "any":
+        p = rng.random(B)
+    elif p_kind == "near 0":
+        p = rng.random(B) * 1e-6
+    elif p_kind == "near 1":
+        p = 1 - rng.integers(1, 64, size=B) * 2.0**-24
+    elif p_kind == "2 (off)":
+        p = np.full(B, 2.0)
+    else:  # exactly the mass before some token: the ≥ decides
+        full = numpy_drop(probs.numpy(), np.full(B, 2.0))  # (nothing dropped)
+        assert not full.any()
+        p = np.empty(B)
+        for b, row in enumerate(probs.numpy()):
+            s = np.sort(row)[::-1]
+            before = np.cumsum(s.astype(np.float64)).astype(np.float32) - s
+            p[b] = before[rng.integers(V)]
+    pt = torch.from_numpy(p.astype(np.float32))
+    ext.use_portable(not fast)
+    try:
+        got = kernel_drop(probs, pt)
+    finally:
+        ext.use_portable(False)
+    want = sorted_drop(probs, pt)
+    assert torch.equal(got, want)
+    assert np.array_equal(got.numpy(), numpy_drop(probs.numpy(), p.astype(np.float32)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.sampled_from([0.0, -0.0, 1e-45, 2.0**-30, 2.0**-29, 1e-3, 0.1, 0.25, 0.5, 0.7, 1.0]),
+        min_size=1,
+        max_size=60,
+    ),
+    p=st.floats(0.0, 1.2),
+)
+def test_any_nonnegative_values_are_pytorchs_sort(values: list[float], p: float) -> None:
+    """Not only a softmax's rows: exact ties, −0 beside 0, subnormals, values either side of
+    2^-29 (where float64 partial sums stop being exact), totals of 1.5 and more (which the
+    kernel sorts whole)."""
+    probs = torch.tensor([values], dtype=torch.float32)
+    pt = torch.tensor([p], dtype=torch.float32)
+    got = kernel_drop(probs, pt)
+    assert torch.equal(got, sorted_drop(probs, pt))
+    assert np.array_equal(got.numpy(), numpy_drop(probs.numpy(), pt.numpy()))
+
+
+def test_ties_at_the_cut_keep_the_lower_ids(portable: bool) -> None:
+    """A tie group straddling the cut keeps its lowest ids, as the stable sort does: 20 ids
+    of 1/20 each (equal bits), shuffled among zeros; p = 0.5 keeps exactly 10 of them (the
+    mass before the 11th is 0.5), the 10 lowest. An unstable sort keeps others."""
+    V = 5000
+    rng = np.random.default_rng(0)
+    ids = np.sort(rng.choice(V, size=20, replace=False))
+    probs = torch.zeros(1, V)
+    probs[0, ids] = 0.05
+    for p in (0.5, 0.33, 0.95):
+        drop = kernel_drop(probs, torch.tensor([p]))
+        kept = np.flatnonzero(~drop[0].numpy())
+        n = int(np.sum(np.cumsum(np.full(20, 0.05, np.float32).astype(np.float64)).astype(np.float32) - np.float32(0.05) < np.float32(p)))  # fmt: skip
+        assert kept.tolist() == ids[:n].tolist()
+        assert torch.equal(drop, sorted_drop(probs, torch.tensor([p])))
+    # a flat row of GPT-2's width, every value tied: the cut falls inside the group
+    flat = torch.softmax(torch.zeros(2, 50257), dim=-1)
+    drop = kernel_drop(flat, torch.tensor([0.9, 0.3]))
+    assert torch.equal(drop, sorted_drop(flat, torch.tensor([0.9, 0.3])))
+    assert not drop[0, : int(0.9 * 50257) - 2].any() and drop[0, int(0.9 * 50257) + 2 :].all()
+
+
+def test_a_nan_row_keeps_everything_as_the_sort_does() -> None:
+    """softmax of a row of −inf is NaN: the sort puts NaN first, so every cumsum is NaN and
+    nothing is ≥ p; the other rows as usual."""
+    z = torch.randn(3, 700)
+    z[1] = -torch.inf
+    probs = torch.softmax(z, dim=-1)
+    p = torch.tensor([0.5, 0.5, 0.5])
+    drop = kernel_drop(probs, p)
+    assert torch.equal(drop, sorted_drop(probs, p)) and not drop[1].any() and drop[0].any()
+
+
+def test_what_the_kernel_refuses_goes_to_pytorch() -> None:
+    """Negative or infinite values (not probabilities), float64, another shape: None from the
+    door; ``filters.top_p_drop`` then sorts."""
+    p = torch.tensor([0.5])
+    for bad in (torch.tensor([[0.5, -0.25, 0.75]]), torch.tensor([[0.5, torch.inf, 0.1]])):
+        assert kernels.top_p_drop(bad, p) is None
+        assert torch.equal(top_p_drop(bad, p), sorted_drop(bad, p))
+    x = torch.softmax(torch.randn(1, 50), -1)
+    assert kernels.top_p_drop(x.double(), p.double()) is None
+    assert kernels.top_p_drop(x, p.double()) is None
+    assert kernels.top_p_drop(x[0], p) is None
+    assert kernels.top_p_drop(torch.softmax(torch.randn(50, 2), -1).t(), p) is None  # strided
+
+
+def old_top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """``top_p_filter`` as it was: PyTorch's sort, compared with the Python float p."""
+    probs = torch.softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = sorted_p.cumsum(-1) - sorted_p
+    drop = torch.zeros_like(before, dtype=torch.bool).scatter_(-1, order, before >= p)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+@pytest.mark.parametrize("p_kind", ["0.9", "0.95", "1 - 1e-9", "just above a mass"])
+def test_top_p_filter_is_what_it_was_with_and_without_the_kernel(p_kind, portable) -> None:
+    """``top_p_filter`` (``generate``, ``glassgpt sample``) with the kernel, and with the
+    extension hidden, equals the filter as it was (its sort, the Python float p). "just above
+    a mass": p a float64 a quarter of a float32 ulp above the mass before some token, which
+    PyTorch's comparison rounds to that mass (so the token is dropped); float64 logits compare
+    it unrounded."""
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(3, 2, 3000, generator=gen) * torch.tensor([0.3, 3.0, 12.0])[:, None, None]
+    z[0, 1, :1000] = 0.0  # a tie group
+    if p_kind == "just above a mass":
+        s = np.sort(torch.softmax(z[1, 0], -1).numpy())[::-1]
+        before = np.cumsum(s.astype(np.float64)).astype(np.float32) - s
+        mass = float(before[7])
+        p = mass + float(np.spacing(np.float32(mass))) / 4
+        assert np.float32(p) == np.float32(mass) and p > mass
+    else:
+        p = float(p_kind) if p_kind != "1 - 1e-9" else 1 - 1e-9
+    want = old_top_p_filter(z, p)
+    assert torch.equal(top_p_filter(z, p), want)
+    with kernels.hidden("_rowwise"):
+        assert torch.equal(top_p_filter(z, p), want)
+    assert torch.equal(top_p_filter(z.double(), p), old_top_p_filter(z.double(), p))

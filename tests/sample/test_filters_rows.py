@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from glassgpt import kernels
 from glassgpt.errors import ConfigError
-from glassgpt.sample.filters import SamplingConfig
-from glassgpt.sample.rows import Rows, _mix, uniforms
+from glassgpt.sample.filters import SamplingConfig, probabilities, sorted_drop
+from glassgpt.sample.rows import NUCLEUS, Rows, _mix, _top_p, uniforms
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
@@ -183,6 +183,53 @@ def _top_p_large_vocabulary(scale: float) -> None:
         alone = Rows(1, V)
         alone.set(0, cfg, seed=b)
         assert int(ids[b]) == int(alone.sample(z[b : b + 1])[0][0])
+
+
+@pytest.mark.parametrize("path", ["kernel", "fallback"])
+@pytest.mark.parametrize("group", [200, 1500])
+def test_ties_at_the_cut_are_cut_as_sample_cuts_them(group: int, path: str) -> None:
+    """A group of equal largest logits that the cut falls inside keeps its lowest ids in
+    the server's rows, as in ``glassgpt sample``'s filter (a stable sort): with the kernel,
+    and without it, where a group of 200 is cut among the NUCLEUS largest (a top-k, whose
+    order among ties is not the ids') and one of 1,500 is sorted."""
+    V, gen = 3000, torch.Generator().manual_seed(0)
+    z = torch.randn(2, V, generator=gen) - 6
+    z[:, torch.randperm(V, generator=gen)[:group]] = 0.0
+    cfg = SamplingConfig(top_p=0.5)
+    with kernels.hidden(*(["_rowwise"] if path == "fallback" else [])):
+        rows = Rows(2, V)
+        rows.set(0, cfg, seed=0)
+        rows.set(1, SamplingConfig(top_p=0.5, temperature=0.9), seed=1)
+        got = rows.probabilities(z)
+        assert torch.equal(got[0], probabilities(z[:1], cfg)[0])
+        assert torch.equal(
+            got[1], probabilities(z[1:], SamplingConfig(top_p=0.5, temperature=0.9))[0]
+        )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    V=st.integers(2 * NUCLEUS + 1, 1200),
+    scale=st.sampled_from([0.5, 4.0, 12.0]),
+    levels=st.sampled_from([0, 3]),  # 3: logits of few values, ties everywhere
+    at_a_mass=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_top_p_without_the_kernel_is_the_sort(V, scale, levels, at_a_mass, seed) -> None:
+    """Without the kernel, a row cut among its largest probabilities (rows._nucleus_drop)
+    drops what the sort drops, p at random or exactly the mass before some token."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(3, V)) * scale
+    z = torch.from_numpy(np.round(z / scale * levels) if levels else z).float()
+    probs = torch.softmax(z, dim=-1)
+    p = torch.from_numpy(rng.random(3).astype(np.float32))
+    if at_a_mass:
+        s = probs.sort(-1, descending=True).values
+        before = s.cumsum(-1) - s
+        p = before[torch.arange(3), torch.from_numpy(rng.integers(0, NUCLEUS, size=3))]
+    want = z.masked_fill(sorted_drop(probs, p), -torch.inf)
+    with kernels.hidden("_rowwise"):
+        assert torch.equal(_top_p(z, p), want)
 
 
 def test_moved_rows_keep_their_stream() -> None:

@@ -36,7 +36,8 @@ from glassgpt.sample.filters import SamplingConfig, draw, sorted_drop
 # what a row uses, one bit each (``Rows.uses``): the step skips what no row uses
 REP, FREQ, PRES, BIAS, DRAW, TOP_K, TOP_P, MIN_P = (1 << i for i in range(8))
 PENALTY, EVERY = REP | FREQ | PRES, (1 << 8) - 1
-NUCLEUS = 256  # top-p looks among a row's largest NUCLEUS probabilities first
+NUCLEUS = 256  # top-p without the kernel looks among a row's largest NUCLEUS probabilities first
+MARGIN = 2.0**-20  # ... and cuts there when the mass before the next clears p by this much
 SMALL = 1024  # up to this vocabulary a step filters every row (an off setting is exact)
 
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # SplitMix64's constants, as signed int64
@@ -295,29 +296,40 @@ def _top_k(z: Tensor, k: Tensor) -> Tensor:
 
 
 def _top_p(z: Tensor, p: Tensor) -> Tensor:
-    """Row b keeps the shortest most-probable prefix whose mass reaches p_b (< 1).
-
-    float32 rows on a CPU take the compiled kernel (``filters.top_p_drop``: no sort of the
-    vocabulary). Elsewhere a row whose NUCLEUS largest probabilities reach p_b is cut among
-    them (a partial top-k, not a sort of the vocabulary); the others are sorted whole. Which
-    way a row goes depends on that row alone."""
+    """Row b keeps the shortest most-probable prefix whose mass reaches p_b (< 1): the bits
+    of ``filters.top_p_drop``, whose kernel takes float32 rows on a CPU (no sort of the
+    vocabulary). Elsewhere, rows whose cut falls clearly among their NUCLEUS largest
+    probabilities are cut there (:func:`_nucleus_drop`, a partial top-k), the others sorted
+    whole. Which way a row goes depends on that row alone."""
     probs = torch.softmax(z, dim=-1)
     drop = kernels.top_p_drop(probs, p)
-    if drop is not None:
-        return z.masked_fill(drop, -math.inf)
-    V = z.shape[-1]
-    if V > 2 * NUCLEUS:
-        top, order = torch.topk(probs, NUCLEUS, dim=-1)  # [h, NUCLEUS], descending
-        before = top.cumsum(-1) - top  # mass strictly before each of them
-        enough = before[:, -1] + top[:, -1] >= p
-        if bool(enough.any()):
-            keep = before < p[:, None]  # the tokens past the NUCLEUS-th have ≥ p before them
-            dropped = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, order, ~keep)
-            short = (~enough).nonzero()[:, 0]
-            if short.numel():
-                dropped = dropped.index_copy(0, short, sorted_drop(probs[short], p[short]))
-            return z.masked_fill(dropped, -math.inf)
-    return z.masked_fill(sorted_drop(probs, p), -math.inf)
+    if drop is None and z.shape[-1] > 2 * NUCLEUS:
+        drop = _nucleus_drop(probs, p)
+    return z.masked_fill(sorted_drop(probs, p) if drop is None else drop, -math.inf)
+
+
+def _nucleus_drop(probs: Tensor, p: Tensor) -> Tensor | None:
+    """``sorted_drop(probs, p)`` [h, V] from each row's K = NUCLEUS + 1 largest probabilities,
+    for the rows where that is exact (the others sorted); None where no row is.
+
+    The K largest, in ascending id order, sorted again stably, are the first K of the sort
+    when no id outside them ties the K-th; their cumsum is then the sort's first K. The mass
+    before the K-th at least p + MARGIN drops every token from there on (the mass before a
+    token, as computed, is within 2⁻²² of the exact prefix sum; see kernels/_nucleus.h)."""
+    K = NUCLEUS + 1
+    top = torch.topk(probs, K, dim=-1).indices.sort(-1).values  # ascending ids
+    vals, at = torch.sort(probs.gather(-1, top), dim=-1, descending=True, stable=True)
+    ids = top.gather(-1, at)
+    before = vals.cumsum(-1) - vals
+    whole = (probs >= vals[:, -1:]).sum(-1) == K  # no tie with the K-th left out
+    cut = whole & (before[:, -1].double() >= p.double() + MARGIN)
+    if not bool(cut.any()):
+        return None
+    drop = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, ids, before >= p[:, None])
+    rest = (~cut).nonzero()[:, 0]
+    if rest.numel():
+        drop = drop.index_copy(0, rest, sorted_drop(probs[rest], p[rest]))
+    return drop
 
 
 def _min_p(z: Tensor, m: Tensor) -> Tensor:

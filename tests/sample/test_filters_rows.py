@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from glassgpt import kernels
 from glassgpt.errors import ConfigError
-from glassgpt.sample.filters import SamplingConfig, probabilities, sorted_drop
-from glassgpt.sample.rows import NUCLEUS, Rows, _mix, _top_p, uniforms
+from glassgpt.sample.filters import SamplingConfig, apply_penalties, probabilities, sorted_drop
+from glassgpt.sample.rows import FREQ, NUCLEUS, PRES, REP, Rows, _mix, _penalties, _top_p, uniforms
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
@@ -230,6 +230,35 @@ def test_top_p_without_the_kernel_is_the_sort(V, scale, levels, at_a_mass, seed)
     want = z.masked_fill(sorted_drop(probs, p), -torch.inf)
     with kernels.hidden("_rowwise"):
         assert torch.equal(_top_p(z, p), want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rep=st.lists(st.sampled_from([1.0, 1.1, 0.7]), min_size=4, max_size=4),
+    freq=st.lists(st.sampled_from([0.0, 0.3, -0.4]), min_size=4, max_size=4),
+    pres=st.lists(st.sampled_from([0.0, 0.5, -1.0]), min_size=4, max_size=4),
+    seed=st.integers(0, 2**31),
+)
+def test_penalties_are_the_filters_bits(rep, freq, pres, seed) -> None:
+    """The server's penalties (on the seen ids alone while f, a ≥ 0; every id otherwise) give
+    each row the bits of ``filters.apply_penalties`` with that row's settings (``glassgpt
+    sample``), ±0, ±inf and NaN logits included."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(4, 300, generator=gen) * 3
+    z[:, :6] = torch.tensor([0.0, -0.0, torch.inf, -torch.inf, torch.nan, 1e-40])
+    counts = (torch.rand(4, 300, generator=gen) < 0.2) * torch.randint(
+        1, 4, (4, 300), generator=gen
+    )
+    counts[:, :6] = torch.tensor([1, 1, 1, 2, 1, 0])
+    counts[:, 300 // 2 : 300 // 2 + 6] = 0  # −0 … unseen
+    z[:, 300 // 2 : 300 // 2 + 6] = torch.tensor(
+        [0.0, -0.0, torch.inf, -torch.inf, torch.nan, -1.0]
+    )
+    t = torch.tensor
+    got = _penalties(z, counts.float(), t(rep), t(freq), t(pres), REP | FREQ | PRES)
+    for b in range(4):
+        want = apply_penalties(z[b : b + 1], counts[b : b + 1], rep[b], freq[b], pres[b])
+        assert torch.equal(got[b].view(torch.int32), want[0].view(torch.int32))
 
 
 def test_moved_rows_keep_their_stream() -> None:

@@ -190,7 +190,7 @@ class Rows:
         r = slice(start, start + B)
         z, hot, zs = self._process(logits, start)
         ids = ok = None
-        if hot is not None and hot.numel() == 0:
+        if hot is not None:  # the greedy rows' picks (the others' are drawn below)
             picked = kernels.argmax_rows(z)  # None off a CPU, or with a NaN or inf maximum
             if picked is not None:
                 ids = torch.tensor(picked, device=z.device)
@@ -208,7 +208,8 @@ class Rows:
         elif hot.numel() and ids is not None and ok is not None:
             fine = torch.isfinite(zs).any(-1)
             u = _stream(self.state[r][hot], self.drawn[r][hot])
-            ids[hot] = draw(zs.masked_fill(~fine[:, None], 0.0), u).to(ids.device)
+            zs = zs if bool(fine.all()) else zs.masked_fill(~fine[:, None], 0.0)
+            ids[hot] = draw(zs, u).to(ids.device)
             ok[hot] = fine.to(ok.device)
         assert ids is not None and ok is not None
         took = ok.to(self.device)
@@ -277,7 +278,29 @@ def _penalties(
     z: Tensor, counts: Tensor, rep: Tensor, freq: Tensor, pres: Tensor, some: int
 ) -> Tensor:
     """As ``filters.apply_penalties``, row b with its own r_b, f_b, a_b ([B] each); ``some``:
-    the bits of the penalties some row uses."""
+    the bits of the penalties some row uses.
+
+    Only the seen ids (c > 0: a context's few) change, by the same operations on them alone:
+    the dense form's unseen z − f·0 − a·0 is z itself while f, a ≥ 0 (z − (+0) keeps every
+    bit, −0 included). A negative f or a (z − (−0) turns −0 into +0) takes the dense form."""
+    if bool((freq < 0).any() | (pres < 0).any()):
+        return _penalties_dense(z, counts, rep, freq, pres, some)
+    b, i = counts.nonzero(as_tuple=True)  # [n] each: the seen (row, id) pairs
+    v = z[b, i]
+    if some & REP:
+        r = rep[b]
+        v = torch.where(v > 0, v / r, v * r)
+    if some & FREQ:
+        v = v - freq[b] * counts[b, i]
+    if some & PRES:
+        v = v - pres[b]  # a · [c > 0] = a · 1
+    return z.index_put((b, i), v)
+
+
+def _penalties_dense(
+    z: Tensor, counts: Tensor, rep: Tensor, freq: Tensor, pres: Tensor, some: int
+) -> Tensor:
+    """:func:`_penalties` over every (row, id)."""
     seen = counts > 0
     if some & REP:
         z = torch.where(seen, torch.where(z > 0, z / rep[:, None], z * rep[:, None]), z)

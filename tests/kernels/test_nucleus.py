@@ -3,7 +3,7 @@ bits and a sort of the few values near the cut) against two oracles: PyTorch's s
 and cumsum (``sample.filters.sorted_drop``, the fallback), and the definition written in
 NumPy (a stable argsort, a float64 cumsum rounded to float32, the mass before each token in
 float32). Bit for bit, over generated rows: ties, zeros, −inf logits, flat and peaked rows,
-p near 0, near 1 and exactly at a token's mass, V from 2 to 50,257; with the kernels in use
+p near 0, near 1 and exactly at a token's mass, V from 2 to 50,257; with the AVX2 passes
 and with the portable loops forced."""
 
 from __future__ import annotations

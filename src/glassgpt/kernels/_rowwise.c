@@ -69,6 +69,7 @@ static int part_count(long long threads, int items) {
 static void pick_kernels(int portable) {
     const int avx2 = !portable && cpu_has_avx2();
     pick_norms(avx2), pick_gelu(avx2), pick_clip(avx2), pick_transpose(avx2), pick_argmax(avx2);
+    pick_nucleus(avx2);
     pick_transpose16(avx2);
     pick_rope(avx2);
     KERNEL_NAME = avx2 ? "avx2" : "portable";

@@ -166,6 +166,7 @@ def _top_p_large_vocabulary(scale: float) -> None:
         SamplingConfig(top_p=p, temperature=t) for p, t in [(0.5, 1.0), (0.9, 0.7), (0.99, 1.3)]
     ]
     cfgs += [SamplingConfig(top_p=0.8, top_k=700), SamplingConfig(temperature=0.0)]
+    cfgs += [SamplingConfig(min_p=0.05, temperature=0.8), SamplingConfig(top_k=3, min_p=0.2)]
     z = scale * torch.randn(len(cfgs), V, generator=gen, dtype=torch.float64).float()
     z[1] *= 8  # one row peaked whatever the scale, beside flat ones
     rows = Rows(len(cfgs), V)

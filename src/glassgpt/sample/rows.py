@@ -10,8 +10,9 @@ counts c_b [V], seed s_b and n_b tokens drawn so far:
 
 Every operation acts on each row alone, and an "off" setting leaves a row's logits exactly
 as they were (z/1, z·1, z − 0·c, z + 0), so a row gets the same bits whatever its batch
-mates. A filter no row uses costs nothing; one that some rows use runs on those rows only
-(gathered, filtered, put back). U is counter-based (:func:`uniforms`, SplitMix64 of the
+mates. A filter no row uses costs nothing; one that some rows use runs on every drawing
+row, the others with the value that changes nothing (top-k 0, top-p 2, min-p 0), each
+filter skipping their work (no gathering and putting back). U is counter-based (:func:`uniforms`, SplitMix64 of the
 seed and the count), so there is no generator object per row to step in a Python loop:
 a row's uniforms depend on its own seed and count only. ``generate`` (a batch of its
 prompts) and the server (a batch of slots) both sample through :class:`Rows`, so a request
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import reduce
 
 import numpy as np
@@ -121,17 +122,16 @@ class Rows:
         self.repetition, self.frequency, self.presence = full(1.0), full(0.0), full(0.0)
         self.seed, self.drawn = full(0, torch.long), full(0, torch.long)
         self.state = _mix(self.seed)  # mix(seed): the stream's state (uniforms)
-        # each row's setting as a step over every row applies it (small vocabularies): the
-        # value that changes nothing where the row has it off (T = 0: 1, the argmax replaces
-        # the draw; top-k: V; top-p: 2), so a step selects none of them
+        # each row's setting as a step over every row applies it: the value that changes
+        # nothing where the row has it off (T = 0: 1, the argmax replaces the draw (small
+        # vocabularies); top-p: 2; top-k's 0 and min-p's 0 do already)
         self.t_all, self.top_p_all = full(1.0), full(2.0)
-        self.top_k_all = full(n_vocab, torch.long)
         self.counts: Tensor | None = None  # [capacity, V] once a row has penalties
         self.bias: Tensor | None = None  # [capacity, V] once a row has a logit bias
         self.uses = [0] * capacity  # row b's bits (PENALTY, BIAS, DRAW, …)
         self._state = ("temperature", "top_p", "min_p", "top_k", "repetition", "frequency",
                        "presence", "seed", "drawn", "counts", "bias", "state", "t_all",
-                       "top_p_all", "top_k_all")  # fmt: skip
+                       "top_p_all")  # fmt: skip
 
     def set(self, b: int, cfg: SamplingConfig, seed: int, history: Sequence[int] = ()) -> None:
         """Row b samples with ``cfg`` from the stream of ``seed``; ``history``: the tokens it
@@ -150,7 +150,6 @@ class Rows:
         self.state[b] = _mix(self.seed[b])
         k, p, m = cfg.top_k or 0, cfg.top_p or 1.0, cfg.min_p or 0.0
         self.t_all[b] = cfg.temperature or 1.0
-        self.top_k_all[b] = k if 0 < k < self.n_vocab else self.n_vocab
         self.top_p_all[b] = p if p < 1 else 2.0
         self.uses[b] = ((REP if cfg.repetition_penalty != 1 else 0)
                         | (FREQ if cfg.frequency_penalty != 0 else 0)
@@ -252,26 +251,13 @@ class Rows:
         else:
             hot = (T != 0).nonzero()[:, 0]
             zs = z[hot] / T[hot, None]  # [h, V]
-        for bit, param, fn in ((TOP_K, self.top_k, _top_k), (TOP_P, self.top_p, _top_p),
+        # each filter some row uses runs on every drawing row, an off row with the value
+        # that changes nothing (each filter skips those rows' work)
+        for bit, param, fn in ((TOP_K, self.top_k, _top_k), (TOP_P, self.top_p_all, _top_p),
                                (MIN_P, self.min_p, _min_p)):  # fmt: skip
-            if some & bit and (small or every & bit):  # on every row: the values that do
-                everyone = {TOP_K: self.top_k_all, TOP_P: self.top_p_all}.get(bit, param)[r]
-                zs = fn(zs, everyone if hot is None else everyone[hot])
-            elif some & bit:
-                zs = _where_on(param[r] if hot is None else param[r][hot], bit, zs, fn)
+            if some & bit:
+                zs = fn(zs, param[r] if hot is None else param[r][hot])
         return z, hot, zs
-
-
-def _where_on(param: Tensor, bit: int, z: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-    """``fn(z_rows, param_rows)`` on the rows of z [h, V] whose ``param`` turns ``bit`` on,
-    gathered; the rest as they are."""
-    V = z.shape[-1]
-    on = {TOP_K: lambda k: (k > 0) & (k < V), TOP_P: lambda p: p < 1,
-          MIN_P: lambda m: m > 0}[bit](param)  # fmt: skip
-    idx = on.nonzero()[:, 0]
-    if idx.numel() == 0:
-        return z
-    return z.index_copy(0, idx, fn(z[idx], param[idx]))
 
 
 def _penalties(
@@ -312,10 +298,16 @@ def _penalties_dense(
 
 
 def _top_k(z: Tensor, k: Tensor) -> Tensor:
-    """Row b keeps its k_b largest logits (and ties with the k_b-th); k: [h] long in [1, V)."""
-    largest = torch.topk(z, int(k.max()), dim=-1).values  # [h, k_max], descending
-    kth = largest.gather(-1, (k - 1)[:, None])  # [h, 1]
-    return z.masked_fill(z < kth, -math.inf)
+    """Row b keeps its k_b largest logits (and ties with the k_b-th); k: [h] long, a row with
+    k_b outside [1, V) keeps every logit (its threshold is −∞: z < −∞ holds nowhere)."""
+    V = z.shape[-1]
+    on = (k > 0) & (k < V)
+    k_max = int(torch.where(on, k, 0).max()) if k.numel() else 0
+    if k_max == 0:
+        return z
+    largest = torch.topk(z, k_max, dim=-1).values  # [h, k_max], descending
+    kth = largest.gather(-1, (k.clamp(1, k_max) - 1)[:, None])  # [h, 1]
+    return z.masked_fill(z < torch.where(on[:, None], kth, -math.inf), -math.inf)
 
 
 def _top_p(z: Tensor, p: Tensor) -> Tensor:
@@ -326,7 +318,13 @@ def _top_p(z: Tensor, p: Tensor) -> Tensor:
     whole. Which way a row goes depends on that row alone."""
     probs = torch.softmax(z, dim=-1)
     drop = kernels.top_p_drop(probs, p)
-    if drop is None and z.shape[-1] > 2 * NUCLEUS:
+    if drop is not None:  # (a row with p ≥ 2 keeps everything: its mass before is below 2)
+        return z.masked_fill(drop, -math.inf)
+    on = (p < 2).nonzero()[:, 0]  # without the kernel, the rows that use top-p alone (an
+    # off row's p is 2: a softmax's mass before a token is below that, it drops nothing)
+    if on.numel() < p.numel():
+        return z.index_copy(0, on, _top_p(z[on], p[on])) if on.numel() else z
+    if z.shape[-1] > 2 * NUCLEUS:
         drop = _nucleus_drop(probs, p)
     return z.masked_fill(sorted_drop(probs, p) if drop is None else drop, -math.inf)
 
@@ -356,6 +354,7 @@ def _nucleus_drop(probs: Tensor, p: Tensor) -> Tensor | None:
 
 
 def _min_p(z: Tensor, m: Tensor) -> Tensor:
-    """Row b keeps tokens with p_i ≥ m_b · max p (z_i − z_max ≥ log m_b)."""
+    """Row b keeps tokens with p_i ≥ m_b · max p (z_i − z_max ≥ log m_b; m_b = 0: log 0 = −∞,
+    every token)."""
     z_max = z.max(dim=-1, keepdim=True).values
     return z.masked_fill(z - z_max < torch.log(m)[:, None], -math.inf)

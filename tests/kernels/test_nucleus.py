@@ -185,8 +185,8 @@ def old_top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 @pytest.mark.parametrize("p_kind", ["0.9", "0.95", "1 - 1e-9", "just above a mass"])
 def test_top_p_filter_is_what_it_was_with_and_without_the_kernel(p_kind, portable) -> None:
-    """``top_p_filter`` (``generate``, ``glassgpt sample``) with the kernel, and with the
-    extension hidden, equals the filter as it was (its sort, the Python float p). "just above
+    """``top_p_filter`` (``filters.probabilities``) with the kernel, and with the extension
+    hidden, equals the filter as it was (its sort, the Python float p). "just above
     a mass": p a float64 a quarter of a float32 ulp above the mass before some token, which
     PyTorch's comparison rounds to that mass (so the token is dropped); float64 logits compare
     it unrounded."""

@@ -188,11 +188,11 @@ def _top_p_large_vocabulary(scale: float) -> None:
 
 @pytest.mark.parametrize("path", ["kernel", "fallback"])
 @pytest.mark.parametrize("group", [200, 1500])
-def test_ties_at_the_cut_are_cut_as_sample_cuts_them(group: int, path: str) -> None:
+def test_ties_at_the_cut_are_cut_as_the_filter_cuts_them(group: int, path: str) -> None:
     """A group of equal largest logits that the cut falls inside keeps its lowest ids in
-    the server's rows, as in ``glassgpt sample``'s filter (a stable sort): with the kernel,
-    and without it, where a group of 200 is cut among the NUCLEUS largest (a top-k, whose
-    order among ties is not the ids') and one of 1,500 is sorted."""
+    ``Rows`` (the server, ``generate``), as in the one-setting filter (``filters``: a stable
+    sort): with the kernel, and without it, where a group of 200 is cut among the NUCLEUS
+    largest (a top-k, whose order among ties is not the ids') and one of 1,500 is sorted."""
     V, gen = 3000, torch.Generator().manual_seed(0)
     z = torch.randn(2, V, generator=gen) - 6
     z[:, torch.randperm(V, generator=gen)[:group]] = 0.0

@@ -139,7 +139,8 @@ def test_ties_at_the_cut_keep_the_lower_ids(portable: bool) -> None:
     for p in (0.5, 0.33, 0.95):
         drop = kernel_drop(probs, torch.tensor([p]))
         kept = np.flatnonzero(~drop[0].numpy())
-        n = int(np.sum(np.cumsum(np.full(20, 0.05, np.float32).astype(np.float64)).astype(np.float32) - np.float32(0.05) < np.float32(p)))  # fmt: skip
+        s = np.full(20, 0.05, np.float32)  # the group, sorted: how many have mass before < p
+        n = int(np.sum(np.cumsum(s.astype(np.float64)).astype(np.float32) - s < np.float32(p)))
         assert kept.tolist() == ids[:n].tolist()
         assert torch.equal(drop, sorted_drop(probs, torch.tensor([p])))
     # a flat row of GPT-2's width, every value tied: the cut falls inside the group

@@ -12,8 +12,9 @@ Every operation acts on each row alone, and an "off" setting leaves a row's logi
 as they were (z/1, z·1, z − 0·c, z + 0), so a row gets the same bits whatever its batch
 mates. A filter no row uses costs nothing; one that some rows use runs on every drawing
 row, the others with the value that changes nothing (top-k 0, top-p 2, min-p 0), each
-filter skipping their work (no gathering and putting back). U is counter-based (:func:`uniforms`, SplitMix64 of the
-seed and the count), so there is no generator object per row to step in a Python loop:
+filter skipping their work (no gathering and putting back). U is counter-based
+(:func:`uniforms`, SplitMix64 of the seed and the count), so there is no generator object
+per row to step in a Python loop:
 a row's uniforms depend on its own seed and count only. ``generate`` (a batch of its
 prompts) and the server (a batch of slots) both sample through :class:`Rows`, so a request
 gets the tokens ``generate`` gives, alone or beside any others.
@@ -311,7 +312,7 @@ def _top_k(z: Tensor, k: Tensor) -> Tensor:
 
 
 def _top_p(z: Tensor, p: Tensor) -> Tensor:
-    """Row b keeps the shortest most-probable prefix whose mass reaches p_b (< 1): the bits
+    """Row b keeps the shortest most-probable prefix whose mass reaches p_b (2: off): the bits
     of ``filters.top_p_drop``, whose kernel takes float32 rows on a CPU (no sort of the
     vocabulary). Elsewhere, rows whose cut falls clearly among their NUCLEUS largest
     probabilities are cut there (:func:`_nucleus_drop`, a partial top-k), the others sorted

@@ -100,11 +100,15 @@ def test_drop_mask_is_pytorchs_sort_and_the_definition(V, kinds, p_kind, seed, f
     ext.use_portable(not fast)
     try:
         got = kernel_drop(probs, pt)
+        filled = kernels.top_p_fill(z, probs, pt)
     finally:
         ext.use_portable(False)
     want = sorted_drop(probs, pt)
     assert torch.equal(got, want)
     assert np.array_equal(got.numpy(), numpy_drop(probs.numpy(), p.astype(np.float32)))
+    # the fill in the kernel's pass: masked_fill's bits (−inf logits and all)
+    assert filled is not None
+    assert torch.equal(filled.view(torch.int32), z.masked_fill(want, -torch.inf).view(torch.int32))
 
 
 @settings(max_examples=60, deadline=None)
@@ -173,6 +177,8 @@ def test_what_the_kernel_refuses_goes_to_pytorch() -> None:
     assert kernels.top_p_drop(x, p.double()) is None
     assert kernels.top_p_drop(x[0], p) is None
     assert kernels.top_p_drop(torch.softmax(torch.randn(50, 2), -1).t(), p) is None  # strided
+    assert kernels.top_p_fill(torch.zeros(1, 49), x, p) is None  # z not probs' shape
+    assert kernels.top_p_fill(torch.zeros(1, 50).double(), x, p) is None
 
 
 def old_top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:

@@ -1,7 +1,8 @@
 /* Top-p's drop mask without a sort of the vocabulary, for glassgpt's _rowwise extension:
  *
- *   top_p_drop(probs, p, drop, B, V, threads) → True, or False (nothing decided) where a row
- *                              holds a negative or infinite value
+ *   top_p_drop(probs, p, drop, B, V, threads, z, out) → True, or False (nothing decided)
+ *                              where a row holds a negative or infinite value; with z, out
+ *                              (not 0) also out = z with −inf where dropped
  *
  * For each row of B float32 rows of V probabilities x (contiguous) and its float32 p, the
  * bits PyTorch's sorted form gives (sample.filters.top_p_filter):
@@ -320,6 +321,8 @@ typedef struct {
     const float *x, *p;
     uint8_t *drop;
     long long B, V;
+    const float *z; /* with out: out = z, −inf where dropped (masked_fill's bits); or NULL */
+    float *out;
     int failed; /* a part sets it; read after the join */
 } NucleusJob;
 
@@ -332,24 +335,34 @@ static void nucleus_part(const void *arg, int part, int parts) {
     }
     int lo, hi;
     share((int)job->B, 1, part, parts, &lo, &hi);
-    for (int b = lo; b < hi; b++)
-        if (nucleus_row(job->x + b * job->V, job->V, job->p[b], job->drop + b * job->V, s) < 0)
+    for (int b = lo; b < hi; b++) {
+        uint8_t *drop = job->drop + b * job->V;
+        if (nucleus_row(job->x + b * job->V, job->V, job->p[b], drop, s) < 0) {
             job->failed = 1;
+        } else if (job->z) { /* a select the compiler vectorises: no second PyTorch pass */
+            const float *z = job->z + b * job->V;
+            float *out = job->out + b * job->V;
+            for (long long i = 0; i < job->V; i++)
+                out[i] = drop[i] ? -INFINITY : z[i];
+        }
+    }
 }
 
-/* top_p_drop(probs, p, drop, B, V, threads) → True with drop [B, V] (bytes 0/1) written, or
- * False where some row holds a negative or infinite value (then PyTorch's sort decides). Rows
- * in parts on PyTorch's threads; a row's mask does not depend on the parts. */
+/* top_p_drop(probs, p, drop, B, V, threads, z, out) → True with drop [B, V] (bytes 0/1)
+ * written (and, where z is not 0, out [B, V] = z with −inf where dropped), or False where
+ * some row holds a negative or infinite value (then PyTorch's sort decides). Rows in parts on
+ * PyTorch's threads; a row's mask does not depend on the parts. */
 static PyObject *top_p_drop(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[6];
-    if (!int_args(args, nargs, 6, a, "top_p_drop(probs, p, drop, B, V, threads)"))
+    long long a[8];
+    if (!int_args(args, nargs, 8, a, "top_p_drop(probs, p, drop, B, V, threads, z, out)"))
         return NULL;
     if (a[3] < 0 || a[3] > INT32_MAX || a[4] <= 0 || a[4] > UINT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "top_p_drop: need 0 <= B < 2^31 and 0 < V < 2^32");
         return NULL;
     }
     NucleusJob job = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[1],
-                      (uint8_t *)(uintptr_t)a[2], a[3], a[4], 0};
+                      (uint8_t *)(uintptr_t)a[2], a[3], a[4], (const float *)(uintptr_t)a[6],
+                      (float *)(uintptr_t)a[7], 0};
     run_parts(nucleus_part, &job, part_count(a[5], (int)a[3]));
     return PyBool_FromLong(!job.failed);
 }

@@ -79,7 +79,7 @@ static PyMethodDef methods[] = {
     {"argmax_rows", (PyCFunction)(void (*)(void))argmax_rows, METH_FASTCALL,
      "argmax_rows(z, B, V, stride) -> each row's first largest index, or None where a row is not finite"},
     {"top_p_drop", (PyCFunction)(void (*)(void))top_p_drop, METH_FASTCALL,
-     "top_p_drop(probs, p, drop, B, V, threads) -> False where a row is negative or infinite"},
+     "top_p_drop(probs, p, drop, B, V, threads, z, out) -> False where a row is negative or infinite"},
     {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
      "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,

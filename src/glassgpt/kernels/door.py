@@ -71,6 +71,7 @@ from glassgpt.kernels.rowwise import (
     scale_,
     sum_squares,
     top_p_drop,
+    top_p_fill,
     write_kv,
     write_kv_rows,
 )
@@ -136,6 +137,7 @@ __all__ = [
     "sum_squares",
     "take_rows_call",
     "top_p_drop",
+    "top_p_fill",
     "unpack",
     "write_kv",
     "write_kv_rows",

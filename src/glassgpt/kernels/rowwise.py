@@ -15,7 +15,8 @@
                        weight read from an HF file) by the 8 × 8 block kernels
     argmax_rows(z)     each row's first index of its largest value (greedy decoding)
     top_p_drop(probs, p)   the tokens top-p drops: a row's stable descending sort, its
-                       cumsum, and drop where the mass before a token is ≥ p_b (no sort)
+                       cumsum, and drop where the mass before a token is ≥ p_b (no sort);
+                       top_p_fill(z, probs, p): z with −inf there
     rope(x, cos, sin)  each pair (x_2i, x_2i+1), 2i < r, rotated: (a c − b s, a s + b c)
     silu(x)            x σ(x)  (SwiGLU's gate), a decoding step's few rows
     norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
@@ -276,6 +277,19 @@ def top_p_drop(probs: Tensor, p: Tensor) -> Tensor | None:
     a histogram of the values' bits, and a sort of the few values near the cut). None where
     the kernel does not take them: another dtype or device, a row with a negative or infinite
     value, not built (then PyTorch's sort)."""
+    return _nucleus(probs, p, None)
+
+
+def top_p_fill(z: Tensor, probs: Tensor, p: Tensor) -> Tensor | None:
+    """``z.masked_fill(top_p_drop(probs, p), −inf)`` for float32 z [B, V] (contiguous, on a
+    CPU, probs = softmax(z) or any probabilities): the fill in the kernel's pass, not another
+    pass over [B, V]. None where :func:`top_p_drop` would be."""
+    if z.shape != probs.shape or z.dtype is not torch.float32 or not z.is_cpu:
+        return None
+    return _nucleus(probs, p, z.contiguous())
+
+
+def _nucleus(probs: Tensor, p: Tensor, z: Tensor | None) -> Tensor | None:
     if _rowwise is None or torch.compiler.is_compiling() or probs.ndim != 2:
         return None
     if probs.dtype is not torch.float32 or not probs.is_cpu or not probs.is_contiguous():
@@ -285,10 +299,12 @@ def top_p_drop(probs: Tensor, p: Tensor) -> Tensor | None:
         return None
     p = p.contiguous()
     drop = torch.empty(B, V, dtype=torch.bool)
+    out = None if z is None else torch.empty_like(z)
     if not _rowwise.top_p_drop(probs.data_ptr(), p.data_ptr(), drop.data_ptr(), B, V,
-                               torch.get_num_threads()):  # fmt: skip
+                               torch.get_num_threads(), 0 if z is None else z.data_ptr(),
+                               0 if out is None else out.data_ptr()):  # fmt: skip
         return None
-    return drop
+    return drop if out is None else out
 
 
 def write_kv(K: Tensor, V: Tensor, k: Tensor, v: Tensor, n: int) -> None:

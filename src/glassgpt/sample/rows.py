@@ -318,15 +318,14 @@ def _top_p(z: Tensor, p: Tensor) -> Tensor:
     probabilities are cut there (:func:`_nucleus_drop`, a partial top-k), the others sorted
     whole. Which way a row goes depends on that row alone."""
     probs = torch.softmax(z, dim=-1)
-    drop = kernels.top_p_drop(probs, p)
-    if drop is not None:  # (a row with p ≥ 2 keeps everything: its mass before is below 2)
-        return z.masked_fill(drop, -math.inf)
+    filled = kernels.top_p_fill(z, probs, p)  # (a row with p ≥ 2 keeps everything: its
+    if filled is not None:  # mass before a token is below 2)
+        return filled
     on = (p < 2).nonzero()[:, 0]  # without the kernel, the rows that use top-p alone (an
     # off row's p is 2: a softmax's mass before a token is below that, it drops nothing)
     if on.numel() < p.numel():
         return z.index_copy(0, on, _top_p(z[on], p[on])) if on.numel() else z
-    if z.shape[-1] > 2 * NUCLEUS:
-        drop = _nucleus_drop(probs, p)
+    drop = _nucleus_drop(probs, p) if z.shape[-1] > 2 * NUCLEUS else None
     return z.masked_fill(sorted_drop(probs, p) if drop is None else drop, -math.inf)
 
 

@@ -213,3 +213,35 @@ def test_top_p_filter_is_what_it_was_with_and_without_the_kernel(p_kind, portabl
     with kernels.hidden("_rowwise"):
         assert torch.equal(top_p_filter(z, p), want)
     assert torch.equal(top_p_filter(z.double(), p), old_top_p_filter(z.double(), p))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    V=st.integers(1, 300),
+    special=st.sampled_from(["none", "nan", "inf", "-inf row", "±0 max"]),
+    m=st.lists(st.sampled_from([0.0, 1e-30, 0.05, 0.5, 1.0]), min_size=3, max_size=3),
+    seed=st.integers(0, 2**31),
+)
+def test_min_p_fill_is_the_masked_fill(V, special, m, seed) -> None:
+    """min-p's one compiled pass gives ``z.masked_fill(z − z.max() < log m, −inf)``'s bits:
+    m = 0 (log 0 = −inf) fills nothing, a NaN anywhere in a row fills nothing there (its
+    maximum is NaN), ±inf and a row of −inf as PyTorch's arithmetic has them."""
+    rng = np.random.default_rng(seed)
+    z = torch.from_numpy(rng.normal(size=(3, V)).astype(np.float32) * 4)
+    i = int(rng.integers(V))
+    if special == "nan":
+        z[1, i] = torch.nan
+    elif special == "inf":
+        z[1, i] = torch.inf
+    elif special == "-inf row":
+        z[2] = -torch.inf
+    elif special == "±0 max":
+        z[0] = -z[0].abs()
+        z[0, i], z[0, (i + 1) % V] = -0.0, 0.0
+    log_m = torch.log(torch.tensor(m))
+    want = z.masked_fill(z - z.max(dim=-1, keepdim=True).values < log_m[:, None], -torch.inf)
+    got = kernels.min_p_fill(z, log_m)
+    assert got is not None
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert kernels.min_p_fill(z.double(), log_m) is None
+    assert kernels.min_p_fill(z.t(), log_m) is None

@@ -3,6 +3,8 @@
  *   top_p_drop(probs, p, drop, B, V, threads, z, out) → True, or False (nothing decided)
  *                              where a row holds a negative or infinite value; with z, out
  *                              (not 0) also out = z with −inf where dropped
+ *   min_p_fill(z, log_m, out, B, V)   out = z with −inf where z_i − max z < log m_b (min-p,
+ *                              the filter after top-p)
  *
  * For each row of B float32 rows of V probabilities x (contiguous) and its float32 p, the
  * bits PyTorch's sorted form gives (sample.filters.top_p_filter):
@@ -365,6 +367,39 @@ static PyObject *top_p_drop(PyObject *self, PyObject *const *args, Py_ssize_t na
                       (float *)(uintptr_t)a[7], 0};
     run_parts(nucleus_part, &job, part_count(a[5], (int)a[3]));
     return PyBool_FromLong(!job.failed);
+}
+
+/* min_p_fill(z, log_m, out, B, V): out = z with −inf where z_i − max z < log m_b (float32
+ * arithmetic, log m_b as PyTorch computed it: m_b = 0 gives −inf, nothing filled), the bits
+ * of sample.rows._min_p's z.masked_fill(z − z.max() < log m, −inf), in one pass after the
+ * maximum (PyTorch: a maximum and three passes). A row holding a NaN has a NaN maximum
+ * there, and nothing compares true: it is copied. */
+static PyObject *min_p_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[5];
+    if (!int_args(args, nargs, 5, a, "min_p_fill(z, log_m, out, B, V)"))
+        return NULL;
+    if (a[3] < 0 || a[4] <= 0) {
+        PyErr_SetString(PyExc_ValueError, "min_p_fill: need B >= 0 and V > 0");
+        return NULL;
+    }
+    const float *z = (const float *)(uintptr_t)a[0], *log_m = (const float *)(uintptr_t)a[1];
+    float *out = (float *)(uintptr_t)a[2];
+    const long long B = a[3], V = a[4];
+    for (long long b = 0; b < B; b++) {
+        const float *zb = z + b * V;
+        float *ob = out + b * V, top = zb[0];
+        int nan = 0;
+        for (long long i = 0; i < V; i++)
+            nan |= zb[i] != zb[i], top = zb[i] > top ? zb[i] : top;
+        if (nan)
+            top = NAN;
+        const float cut = log_m[b];
+        for (long long i = 0; i < V; i++) {
+            const float d = zb[i] - top; /* rounded to float, as PyTorch's z − z_max */
+            ob[i] = d < cut ? -INFINITY : zb[i];
+        }
+    }
+    Py_RETURN_NONE;
 }
 
 #endif

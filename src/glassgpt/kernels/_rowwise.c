@@ -80,6 +80,8 @@ static PyMethodDef methods[] = {
      "argmax_rows(z, B, V, stride) -> each row's first largest index, or None where a row is not finite"},
     {"top_p_drop", (PyCFunction)(void (*)(void))top_p_drop, METH_FASTCALL,
      "top_p_drop(probs, p, drop, B, V, threads, z, out) -> False where a row is negative or infinite"},
+    {"min_p_fill", (PyCFunction)(void (*)(void))min_p_fill, METH_FASTCALL,
+     "min_p_fill(z, log_m, out, B, V): out = z, -inf where z - max z < log m"},
     {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
      "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,

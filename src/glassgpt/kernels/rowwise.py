@@ -17,6 +17,7 @@
     top_p_drop(probs, p)   the tokens top-p drops: a row's stable descending sort, its
                        cumsum, and drop where the mass before a token is ≥ p_b (no sort);
                        top_p_fill(z, probs, p): z with −inf there
+    min_p_fill(z, log m)   z with −inf where z_i − max z < log m_b (min-p)
     rope(x, cos, sin)  each pair (x_2i, x_2i+1), 2i < r, rotated: (a c − b s, a s + b c)
     silu(x)            x σ(x)  (SwiGLU's gate), a decoding step's few rows
     norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
@@ -287,6 +288,22 @@ def top_p_fill(z: Tensor, probs: Tensor, p: Tensor) -> Tensor | None:
     if z.shape != probs.shape or z.dtype is not torch.float32 or not z.is_cpu:
         return None
     return _nucleus(probs, p, z.contiguous())
+
+
+def min_p_fill(z: Tensor, log_m: Tensor) -> Tensor | None:
+    """``z.masked_fill(z − z.max(−1) < log_m[:, None], −inf)`` for float32 z [B, V] on a CPU
+    (contiguous rows) and log_m [B] (float32, log m_b as ``torch.log`` gives it): the same
+    bits in one pass after the maximum; None where the kernel does not take them."""
+    if _rowwise is None or torch.compiler.is_compiling() or z.ndim != 2 or not z.shape[1]:
+        return None
+    if z.dtype is not torch.float32 or not z.is_cpu or not z.is_contiguous():
+        return None
+    if log_m.shape != z.shape[:1] or log_m.dtype is not torch.float32 or not log_m.is_cpu:
+        return None
+    log_m = log_m.contiguous()
+    out = torch.empty_like(z)
+    _rowwise.min_p_fill(z.data_ptr(), log_m.data_ptr(), out.data_ptr(), *z.shape)
+    return out
 
 
 def _nucleus(probs: Tensor, p: Tensor, z: Tensor | None) -> Tensor | None:

@@ -356,5 +356,9 @@ def _nucleus_drop(probs: Tensor, p: Tensor) -> Tensor | None:
 def _min_p(z: Tensor, m: Tensor) -> Tensor:
     """Row b keeps tokens with p_i ≥ m_b · max p (z_i − z_max ≥ log m_b; m_b = 0: log 0 = −∞,
     every token)."""
+    log_m = torch.log(m)
+    filled = kernels.min_p_fill(z, log_m)  # the same bits in one compiled pass
+    if filled is not None:
+        return filled
     z_max = z.max(dim=-1, keepdim=True).values
-    return z.masked_fill(z - z_max < torch.log(m)[:, None], -math.inf)
+    return z.masked_fill(z - z_max < log_m[:, None], -math.inf)

@@ -30,7 +30,15 @@ SHARED = ("_parallel", "_cpu", "_vexp", "_silu", "_tile", "_flash_rows", "_modul
 # the extensions' own headers: _rowwise.c is one translation unit of its families
 OWN = {
     "_rowwise": (
-        "_norms", "_gelu", "_kvcache", "_residual", "_rope", "_clip", "_transpose", "_argmax", "_nucleus"
+        "_norms",
+        "_gelu",
+        "_kvcache",
+        "_residual",
+        "_rope",
+        "_clip",
+        "_transpose",
+        "_argmax",
+        "_nucleus",
     )
 }
 

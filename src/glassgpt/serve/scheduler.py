@@ -37,12 +37,14 @@ explorer's analyses, which hold the lock between them, see the model as it is.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -155,7 +157,9 @@ class Scheduler(Admission):
 
     # -- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
-        self._prompts = ThreadPoolExecutor(1, thread_name_prefix="glassgpt-prompts")
+        self._prompts = ThreadPoolExecutor(
+            1, initializer=os_thread_name, initargs=("glassgpt-prompt",)
+        )
         self._thread = threading.Thread(target=self._run, name="glassgpt-scheduler", daemon=True)
         self._thread.start()
 
@@ -186,6 +190,7 @@ class Scheduler(Admission):
 
     # -- the loop -------------------------------------------------------------------------
     def _run(self) -> None:
+        os_thread_name("glassgpt-sched")
         waiting = self.waiting
         while not self._stop.is_set():
             block = not self.active and not waiting and self.flight is None
@@ -352,6 +357,13 @@ class Scheduler(Admission):
             if seq.infos and seq.infos[0][0] == t:
                 info = seq.infos.pop(0)[1]
             self._emit(seq.job, "token", (t, info))
+
+
+def os_thread_name(name: str) -> None:
+    """Name this thread for the OS (Linux: ``/proc/PID/task/TID/comm``, which top and
+    ``bench/serve.py`` read to tell the scheduler's CPU time from the event loop's)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name[:15])
 
 
 def _logprobs(logits: Tensor, chosen: int, k: int) -> dict[str, Any]:

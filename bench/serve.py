@@ -125,9 +125,9 @@ def cpu_seconds(pid: int) -> float:
 
 def thread_seconds(pid: int) -> dict[str, float]:
     """The CPU time of each of the server's threads so far, summed by part: ``scheduler``
-    and ``prompts`` (the threads ``glassgpt.serve.scheduler`` names), ``loop`` (the main
-    thread: uvicorn's event loop, HTTP and the streams) and ``other`` (OpenMP's workers …);
-    empty where /proc has no threads to read."""
+    and ``prompts`` (the threads ``glassgpt.serve.scheduler`` names, each with the OpenMP
+    workers it started, which take its name), ``loop`` (the main thread: uvicorn's event
+    loop, HTTP and the streams) and ``other``; empty where /proc has no threads to read."""
     parts = {"glassgpt-sched": "scheduler", "glassgpt-prompt": "prompts"}
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").glob("*"):

@@ -4,9 +4,9 @@
             prefix each loads (``serve.prefix``) and by length: their prompts written
             straight into free slots, neighbours that loaded as many cached positions sharing
             one forward over their common length, and their first tokens sampled in one pass
-    beside  while other sequences decode, the prompts go to the prompt thread (``launch``)
-            and the steps go on; the step after their forward has ended starts them
-            (``land``), in the slots after the active ones
+    beside  while other sequences decode (on a CPU, the model plain), the prompts go to the
+            prompt thread (``launch``) and the steps go on; the step after their forward
+            has ended starts them (``land``), in the slots after the active ones
     slide   a sequence whose context is full re-encodes its last ⌊3·C/4⌋ tokens alone
 
 A prompt costs several of a step's forwards (a prompt of 33 tokens about three steps of 8

@@ -210,7 +210,7 @@ class Scheduler(Admission):
             free = self.cache.slots - len(self.active)
             if waiting and free and self.flight is None:
                 self.admitted, waiting[:] = waiting[:free], waiting[free:]
-                if self.active and self._prompts is not None and self._plain():
+                if self._beside():
                     self._launch(self.admitted)  # encoded beside the steps
                 else:
                     try:
@@ -225,6 +225,13 @@ class Scheduler(Admission):
                     self._guarded([self.active[b].job], lambda _, b=b: self._slide(b))
             if self.active:
                 self._guarded(None, lambda _: self._step())
+
+    def _beside(self) -> bool:
+        """Whether prompts go to the prompt thread now: other sequences decode, on a CPU (a
+        GPU runs one stream's kernels one after another anyway, and its steps are graphs
+        captured on this thread), with the model as it is (no steering, no hooks)."""
+        return (bool(self.active) and self._prompts is not None and self.device.type == "cpu"
+                and self._plain())  # fmt: skip
 
     def _may_step_beside(self) -> bool:
         """Whether the next step may run while prompts are in flight: not a step of a new

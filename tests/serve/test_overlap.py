@@ -2,14 +2,17 @@
 (``serve.admission``): each request still decodes what ``generate`` gives it alone, when
 sequences end during the prompt's forward (its slots then move down, and a step of a batch
 size not yet recorded waits for the prompt), and an analysis that holds the model's lock
-stops both the steps and the prompts."""
+stops both the steps and the prompts; through the ``openai`` client, streams that arrive
+while another decodes equal their non-streamed completions."""
 
 from __future__ import annotations
 
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import pytest
 import torch
 from tests.serve.conftest import Collected
 
@@ -126,3 +129,33 @@ def test_the_model_lock_holds_both_the_steps_and_the_prompts() -> None:
     finally:
         sched.close()
     assert got.outs == [want(model, first), want(model, second)]
+
+
+def test_streams_that_arrive_while_another_decodes_equal_their_completions(live: Any) -> None:
+    openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    sched, before = live.scheduler, live.scheduler.overlapped
+    long = iter(client.completions.create(model="tiny", prompt="The cat", max_tokens=400,
+                                          seed=1, stream=True))  # fmt: skip
+    next(long)  # its first token has come: it is decoding
+    asks = [("Hello", 20, 5, {"temperature": 0.9}), ("To be", 15, 6, {"temperature": 0.0}),
+            ("one two", 25, 7, {"temperature": 1.1, "top_p": 0.8})]  # fmt: skip
+    streamed: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        prompt, m, seed, kw = asks[i]
+        chunks = client.completions.create(model="tiny", prompt=prompt, max_tokens=m, seed=seed,
+                                           stream=True, **kw)  # fmt: skip
+        streamed[i] = "".join(c.choices[0].text for c in chunks if c.choices)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sum(1 for c in long if c.choices) > 0  # (the long one was still decoding)
+    assert sched.overlapped > before
+    for i, (prompt, m, seed, kw) in enumerate(asks):
+        whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=m, seed=seed,
+                                          **kw)  # fmt: skip
+        assert streamed[i] == whole.choices[0].text

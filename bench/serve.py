@@ -20,7 +20,12 @@ to one client with the same settings and mixed's ratio to uniform at the same le
 time to first token and per token, the server process's CPU time (all its threads) per
 token and one client's over it (the throughput ratio the server would reach if its CPU
 time were the only limit: steadier than tokens/s on a shared machine, where a level's
-wall time depends on the other processes' load), errors; the server's RSS after a warm-up
+wall time depends on the other processes' load), errors; where that CPU goes, a token: the
+scheduler's thread (steps, sampling), its prompt thread, the event loop (HTTP, the streams),
+the server's other threads, and the clients' own (this process's: ``http.client`` reading
+the stream line by line and ``json.loads`` on each chunk, what a lean OpenAI-API streaming
+client does; the ``openai`` client itself costs more a chunk, so it would load the shared
+cores more, not measure the server better); the server's RSS after a warm-up
 and after the load; and the time to first token of ``--system-tokens`` characters of
 system prompt plus a short question, cold (a system prompt the server has not seen) and warm (one it has:
 its blocks come from the prefix cache). With ``--rounds R`` the levels run R times in turn
@@ -118,6 +123,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def thread_seconds(pid: int) -> dict[str, float]:
+    """The CPU time of each of the server's threads so far, summed by part: ``scheduler``
+    and ``prompts`` (the threads ``glassgpt.serve.scheduler`` names, each with the OpenMP
+    workers it started, which take its name), ``loop`` (the main thread: uvicorn's event
+    loop, HTTP and the streams) and ``other``; empty where /proc has no threads to read."""
+    parts = {"glassgpt-sched": "scheduler", "glassgpt-prompt": "prompts"}
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # (a thread that has just ended)
+            continue
+        part = "loop" if task.name == str(pid) else parts.get(name, "other")
+        seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[part] = out.get(part, 0.0) + seconds
+    return out
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -211,6 +235,7 @@ def load_level(
                     per_token.append((arrivals[-1] - arrivals[0]) / (len(arrivals) - 1))
 
     start, cpu = time.perf_counter(), cpu_seconds(pid) if pid else float("nan")
+    parts, mine = thread_seconds(pid) if pid else {}, time.process_time()  # mine: the clients'
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
         t.start()
@@ -218,9 +243,11 @@ def load_level(
         t.join()
     wall = time.perf_counter() - start
     cpu = (cpu_seconds(pid) if pid else float("nan")) - cpu
+    after = thread_seconds(pid) if pid else {}
+    parts = {k: after[k] - parts.get(k, 0.0) for k in after}
     return {"clients": clients, "mixed": mixed, "requests": requests[0], "errors": errors[0],
             "tokens": tokens[0], "wall": wall, "ttft": ttft, "per_token": per_token,
-            "cpu": cpu}  # fmt: skip
+            "cpu": cpu, "parts": parts, "client_cpu": time.process_time() - mine}  # fmt: skip
 
 
 def prefix_ttft(port: int, args: argparse.Namespace, n: int = 8) -> tuple[int, float, float]:
@@ -260,7 +287,11 @@ def pooled(runs: list[dict]) -> dict:  # of one level and settings
 
     ttft = [x for r in runs for x in r["ttft"]]
     per_token = [x for r in runs for x in r["per_token"]]
-    return {"clients": runs[0]["clients"], "mixed": runs[0]["mixed"],
+    made = max(1, sum(r["tokens"] for r in runs))
+    names = {k for r in runs for k in r["parts"]}
+    parts = {k: sum(r["parts"].get(k, 0.0) for r in runs) / made for k in names}
+    return {"parts": parts, "client_cpu": sum(r["client_cpu"] for r in runs) / made,
+            "clients": runs[0]["clients"], "mixed": runs[0]["mixed"],
             "requests": sum(r["requests"] for r in runs),
             "errors": sum(r["errors"] for r in runs),
             "tok_s": sum(r["tokens"] for r in runs) / sum(r["wall"] for r in runs),
@@ -325,6 +356,17 @@ def report(results: list[tuple[list[dict], tuple]], args: argparse.Namespace) ->
                   f"{1e3 * r['ttft99']:.0f} ms | {1e3 * r['tok50']:.1f} ms | "
                   f"{1e3 * r['tok99']:.1f} ms | {1e3 * r['cpu_token']:.2f} ms | "
                   f"{r['cpu_ratio']:.2f} | {r['errors']} |")  # fmt: skip
+    print("\nWhere the CPU goes, ms a token (the server's threads; the clients: this process)\n")
+    print("| model | clients | settings | scheduler | prompt thread | event loop | other "
+          "threads | clients | all |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for rows, _ in results:
+        for r in rows:
+            p = {k: 1e3 * r["parts"].get(k, 0.0) for k in ("scheduler", "prompts", "loop", "other")}
+            every = sum(p.values()) + 1e3 * r["client_cpu"]
+            print(f"| {r['model']} | {r['clients']} | {'mixed' if r['mixed'] else 'uniform'} | "
+                  f"{p['scheduler']:.3f} | {p['prompts']:.3f} | {p['loop']:.3f} | "
+                  f"{p['other']:.3f} | {1e3 * r['client_cpu']:.3f} | {every:.3f} |")  # fmt: skip
     print()
     for rows, (*_, ttft) in results:
         if ttft is not None:

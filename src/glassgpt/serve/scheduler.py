@@ -3,7 +3,9 @@
     loop:  admit   the new requests, as many as there are free slots: their prompts written
                    straight into free slots, prompts that loaded as many cached positions
                    sharing one forward over their common length (then each its rest), and
-                   their first tokens sampled in one pass
+                   their first tokens sampled in one pass; while other sequences decode, the
+                   prompts are encoded on the prompt thread and the steps go on meanwhile
+                   (``serve.admission``)
            step    feed every active sequence its last token in one batch [B, 1]
                    (``SlotCache``: each row at its own position), sample one token per row
            slide   a sequence whose context is full re-encodes its last ⌊3·C/4⌋ tokens (C: the
@@ -25,7 +27,9 @@ loop wakes once per batch of results, not once per token. A cancelled sequence (
 went away) is dropped before the next step, so no work continues.
 A prompt that begins with blocks of tokens an earlier prompt began with (a shared system
 prompt) loads their keys and values instead of encoding them (``serve.prefix``).
-Every forward holds ``lock``, which the explorer's analyses share: hooks are per model.
+The explorer's analyses hold ``lock`` (a :class:`ModelLock`: hooks are per model), which
+excludes every forward of the scheduler: its steps hold ``lock.step``, its prompts
+``lock.prompt``, so that a prompt can be encoded on the prompt thread while a step runs.
 Steering hooks (``steering``, e.g. from ``glassgpt.sample.steering.steering_hooks``) are
 attached around each of the scheduler's forwards, so every request is steered and the
 explorer's analyses, which hold the lock between them, see the model as it is.
@@ -33,31 +37,30 @@ explorer's analyses, which hold the lock between them, see the model as it is.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from glassgpt.kernels import PANEL_BLOCK_ROWS, cache_dtype
+from glassgpt.kernels import cache_dtype
 from glassgpt.sample import engine
 from glassgpt.sample.filters import SamplingConfig, mask_padded
 from glassgpt.sample.rows import Rows
 from glassgpt.sample.stops import StopMatcher
+from glassgpt.serve.admission import Admission, Flight, ModelLock
 from glassgpt.serve.prefix import DEFAULT_BYTES, PrefixCache
 from glassgpt.serve.slots import SlotCache, available_memory, served_context
 
 Emit = Callable[[str, Any], None]  # ("token", (id, info)) | ("done", reason) | ("error", text)
 NO_FINITE = "the model produced no finite logits (NaN or inf weights?)"
-# the most rows of tokens (prompts × their length) one admission forward takes. Up to this many,
-# packed float32 weights take the panels in row blocks (kernels.dense), where a row's sums are
-# its own whatever the rows beside it: prompts encoded together then give each prompt's logits,
-# keys and values bit for bit as alone (a request's tokens do not depend on its neighbours).
-PREFILL_TOKENS = PANEL_BLOCK_ROWS
 
 
 def _no_flush() -> None:
@@ -96,7 +99,7 @@ class _Seq:
         self.infos: list[tuple[int, Any]] = []  # (id, logprob info) sampled, not yet released
 
 
-class Scheduler:
+class Scheduler(Admission):
     """Owns the model while serving; ``submit`` jobs from any thread."""
 
     def __init__(
@@ -132,7 +135,7 @@ class Scheduler:
         self.prefix = PrefixCache.for_model(
             self.decoding, max_bytes=prefix_bytes
         )  # prompt blocks seen
-        self.lock = threading.Lock()
+        self.lock = ModelLock()
         self.inbox: queue.Queue[Job | None] = queue.Queue()
         self.active: list[_Seq] = []  # active[b] lives in slot b
         self.waiting: list[Job] = []  # received, not yet admitted
@@ -148,9 +151,15 @@ class Scheduler:
         self._flushes: set[Callable[[], None]] = set()  # of jobs that emitted since the last
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._prompts: ThreadPoolExecutor | None = None  # the prompt thread (while started)
+        self.flight: Flight | None = None  # prompts being encoded there now
+        self.overlapped = 0  # prompt batches encoded while steps went on (for tests and stats)
 
     # -- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
+        self._prompts = ThreadPoolExecutor(
+            1, initializer=os_thread_name, initargs=("glassgpt-prompt",)
+        )
         self._thread = threading.Thread(target=self._run, name="glassgpt-scheduler", daemon=True)
         self._thread.start()
 
@@ -159,6 +168,8 @@ class Scheduler:
         self.inbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._prompts is not None:
+            self._prompts.shutdown(wait=True)
 
     def submit(self, job: Job) -> None:
         self.inbox.put(job)
@@ -179,9 +190,10 @@ class Scheduler:
 
     # -- the loop -------------------------------------------------------------------------
     def _run(self) -> None:
+        os_thread_name("glassgpt-sched")
         waiting = self.waiting
         while not self._stop.is_set():
-            block = not self.active and not waiting
+            block = not self.active and not waiting and self.flight is None
             try:
                 item = self.inbox.get(block=block, timeout=0.5 if block else None)
                 while True:
@@ -193,19 +205,41 @@ class Scheduler:
             self._retire_cancelled()
             self.dropped += sum(j.cancelled.is_set() for j in waiting)
             waiting[:] = [j for j in waiting if not j.cancelled.is_set()]
+            if self.flight is not None and (self.flight.future.done() or not self.active):
+                self._land()  # (waiting for it when nothing else decodes)
             free = self.cache.slots - len(self.active)
-            if waiting and free:
+            if waiting and free and self.flight is None:
                 self.admitted, waiting[:] = waiting[:free], waiting[free:]
-                try:
-                    self._admit_all(self.admitted)
-                finally:
-                    self.admitted = []
+                if self._beside():
+                    self._launch(self.admitted)  # encoded beside the steps
+                else:
+                    try:
+                        self._admit_all(self.admitted)
+                    finally:
+                        self.admitted = []
+            if self.flight is not None and not self._may_step_beside():
+                self._land()
             lengths = self.cache.lengths[: len(self.active)].tolist()
             for b in reversed(range(len(lengths))):  # _free(b) moves a later one into b
                 if lengths[b] >= self.n_ctx:  # no room for the next feed
                     self._guarded([self.active[b].job], lambda _, b=b: self._slide(b))
             if self.active:
                 self._guarded(None, lambda _: self._step())
+
+    def _beside(self) -> bool:
+        """Whether prompts go to the prompt thread now: other sequences decode, on a CPU (a
+        GPU runs one stream's kernels one after another anyway, and its steps are graphs
+        captured on this thread), with the model as it is (no steering, no hooks)."""
+        return (bool(self.active) and self._prompts is not None and self.device.type == "cpu"
+                and self._plain())  # fmt: skip
+
+    def _may_step_beside(self) -> bool:
+        """Whether the next step may run while prompts are in flight: not a step of a new
+        batch size, which is recorded (``glassgpt.sample.replay``: the recording's pre-hook on
+        the model's first block would catch the prompt thread's forward too), nor a slide
+        (encoded on this thread, and reading the prefix cache)."""
+        B = len(self.active)
+        return B in self.decoders and not bool((self.cache.lengths[:B] >= self.n_ctx).any())
 
     def _guarded(self, jobs: list[Job] | None, fn: Callable[[Any], None]) -> None:
         """Run ``fn(jobs)``; an exception ends the affected sequences (``jobs``, or every
@@ -231,40 +265,6 @@ class Scheduler:
         job.emit(kind, payload)
         self._flushes.add(job.flush)
 
-    def _admit_all(self, jobs: list[Job]) -> None:
-        """Admit ``jobs`` (as many as there are free slots): together where the model is
-        plain (their prompts' common stretch in one forward, ``_prefill_many``), else (hooks,
-        steering) one after another; a batch whose forward fails is retried one by one."""
-        if len(jobs) > 1 and not self.steering and not self.decoding._hook_fns:
-            start = len(self.active)
-            # prompts that load prefixes of the same length sit side by side, shortest first
-            jobs = sorted(jobs, key=lambda j: (self.prefix.match(j.prompt), len(j.prompt)))
-            self.admitting = jobs[0]
-            try:
-                for b, job in enumerate(jobs):
-                    self.rows.set(start + b, job.sampling, job.seed, job.prompt)
-                logits = self._prefill_many([j.prompt for j in jobs], start)
-            except Exception:
-                logits = None  # (each job then meets its own error alone)
-            finally:
-                self.admitting = None
-            if logits is not None:
-                self._guarded(jobs, lambda _: self._start(jobs, logits, start))
-                return
-        for job in jobs:
-            self._guarded([job], self._admit)
-
-    def _admit(self, jobs: list[Job]) -> None:
-        (job,) = jobs
-        slot = len(self.active)
-        self.rows.set(slot, job.sampling, job.seed, job.prompt)
-        self.admitting = job
-        try:
-            logits = self._prefill(job.prompt, slot)
-        finally:
-            self.admitting = None
-        self._start([job], logits[None], slot)
-
     def _start(self, jobs: list[Job], logits: Tensor, start: int) -> None:
         """Jobs prefilled into slots start.. (``logits`` [k, V] after their prompts): draw
         their first tokens in one pass and keep those that go on."""
@@ -279,7 +279,7 @@ class Scheduler:
         B = len(self.active)
         self.widest = max(self.widest, B)
         fed = torch.tensor([[s.pending] for s in self.active], device=self.device)  # [B, 1]
-        with self.lock, torch.inference_mode(), self.steered():
+        with self.lock.step, torch.inference_mode(), self.steered():
             logits = self._forward(fed)  # [B, 1, V]
         self.steps += 1
         finished = self._sample(self.active, logits[:, -1])
@@ -300,74 +300,6 @@ class Scheduler:
             choice = engine.choose(model, slots=True, replay=self.replay)
             decoder = self.decoders[B] = engine.Decoder(model, self.cache, choice)
         return decoder.step(fed)
-
-    def _slide(self, b: int) -> None:
-        """The context is full: re-encode the last ``window`` tokens of slot b's sequence
-        (as ``generate`` slides, window = ⌊3·C/4⌋) and sample from their logits."""
-        seq = self.active[b]
-        window = seq.history[-max(1, 3 * self.n_ctx // 4) :]
-        logits = self._prefill(window, b)
-        if self._sample([seq], logits[None], b)[0]:
-            self._free(b)
-
-    def _prefill(self, ids: list[int], slot: int) -> Tensor:
-        """``ids`` encoded alone into ``slot`` (its keys and values written in place, as a
-        new ``KVCache`` would hold them): the logits [V] after the last one. A cached prefix
-        (``serve.prefix``) is loaded, not encoded; not with steering, whose hooks change the
-        keys and values."""
-        model = self.decoding
-        cache = self.cache.prompt_cache(slot, model)
-        with self.lock, torch.inference_mode(), self.steered():
-            plain = not self.steering and not model._hook_fns
-            n = self.prefix.load(ids, cache) if plain else 0
-            tokens = torch.tensor([ids[n:]], dtype=torch.long, device=self.device)
-            logits = model(tokens, cache=cache)  # [1, 1, V]
-            self.prompt_forwards += 1
-            if plain:
-                self.prefix.store(ids, cache)
-        self.cache.admit(slot, cache)
-        return logits[0, -1]
-
-    def _prefill_many(self, prompts: list[list[int]], start: int) -> Tensor:
-        """``prompts`` encoded into slots start.. (a plain model; sorted by the prefix each
-        loads, then by length): the logits [k, V] after each. Each loads its cached prefix
-        (``serve.prefix``); then neighbouring prompts that loaded as many positions n and have
-        as many m left go through one forward of those m tokens (a power of two of them, at
-        most ``PREFILL_TOKENS`` rows of tokens), the others each alone. A forward costs one
-        read of the weights plus its tokens' products, so k such prompts cost one read, not
-        k; each is the forward it would take alone (the same positions, n to n + m), so with
-        row-independent products (``PREFILL_TOKENS``) its results are its own, bit for bit."""
-        model, k = self.decoding, len(prompts)
-        caches = [self.cache.prompt_cache(start + b, model) for b in range(k)]
-        out: list[Tensor] = [torch.empty(0)] * k
-        with self.lock, torch.inference_mode():
-            done = [self.prefix.load(ids, c) for ids, c in zip(prompts, caches)]
-            b = 0
-            while b < k:  # prompts b.. that loaded n positions and have m tokens left
-                n, m = done[b], len(prompts[b]) - done[b]
-                e = b + 1
-                while (e < k and done[e] == n and len(prompts[e]) - n == m
-                       and (e + 1 - b) * m <= PREFILL_TOKENS):  # fmt: skip
-                    e += 1
-                # a power of two of rows: oneDNN makes (and keeps) a primitive for each new
-                # number of rows a product takes past 32, ~2 MB and a JIT compile each
-                e = b + (1 << ((e - b).bit_length() - 1))
-                many = self.cache.prompt_cache(start + b, model, rows=e - b) if e - b > 1 \
-                    else caches[b]  # fmt: skip
-                many.length = n
-                tokens = torch.tensor([prompts[i][n:] for i in range(b, e)], dtype=torch.long,
-                                      device=self.device)  # fmt: skip
-                logits = model(tokens, cache=many)[:, -1]  # [e − b, V]
-                self.prompt_forwards += 1
-                for i in range(b, e):
-                    caches[i].length = len(prompts[i])
-                    out[i] = logits[i - b]
-                b = e
-            for ids, c in zip(prompts, caches):
-                self.prefix.store(ids, c)
-        for b, c in enumerate(caches):
-            self.cache.admit(start + b, c)
-        return torch.stack(out)
 
     def _retire_cancelled(self) -> None:
         for b in reversed(range(len(self.active))):
@@ -432,6 +364,13 @@ class Scheduler:
             if seq.infos and seq.infos[0][0] == t:
                 info = seq.infos.pop(0)[1]
             self._emit(seq.job, "token", (t, info))
+
+
+def os_thread_name(name: str) -> None:
+    """Name this thread for the OS (Linux: ``/proc/PID/task/TID/comm``, which top and
+    ``bench/serve.py`` read to tell the scheduler's CPU time from the event loop's)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name[:15])
 
 
 def _logprobs(logits: Tensor, chosen: int, k: int) -> dict[str, Any]:

@@ -435,6 +435,46 @@ def test_bf16_panels_are_the_float32_panels_rounded(threads: int, kernel: str, b
         _gemv.wide_registers(True)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    M=st.integers(1, 8),
+    K=st.integers(1, 200),
+    N=st.integers(1, 400),  # 1, 2 or 3 slices of a panel shared between parts, from any slice
+    threads=st.sampled_from([1, 2, 3, 5]),
+    bias=st.booleans(),
+    kernel=st.sampled_from(["widest", "avx2", "portable"]),
+    seed=st.integers(0, 2**31),
+)
+def test_bf16_panels_are_the_float32_panels_of_the_widened_weights(
+    M: int, K: int, N: int, threads: int, bias: bool, kernel: str, seed: int
+) -> None:
+    """``gemv_panels_bf16`` (bf16 P; x, b and y float32) gives bit for bit, unrounded, what
+    ``gemv_panels`` gives on the weights widened to float32: the AVX-512F kernel widens two
+    slices at a time and keeps the sums by parity, the others one slice at a time, and each
+    output is the same multiply-adds over k in order either way, NaN and infinity included."""
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.randn(K, N, generator=gen).to(torch.bfloat16)
+    W[0, 0] = float("-inf")
+    b = torch.randn(N, generator=gen) if bias else None
+    try:
+        _gemv.use_portable(kernel == "portable")
+        _gemv.wide_registers(kernel == "widest")
+        x = torch.randn(min(M, _gemv.panels_rows()), K, generator=gen)
+        x[-1, -1] = float("nan")
+        want = _panels(x, W.float(), b, threads)
+        P = dense.panels(W)
+        got = torch.full_like(want, 7.0)
+        _gemv.gemv_panels_bf16(x.data_ptr(), P.data_ptr(), 0 if b is None else b.data_ptr(),
+                               got.data_ptr(), x.shape[0], K, N, threads)  # fmt: skip
+    finally:
+        _gemv.use_portable(False)
+        _gemv.wide_registers(True)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    if x.shape[0] > 1 and N > 1:  # the rows and columns that neither NaN nor -inf reach
+        _close(got[:-1, 1:], x[:-1], W[:, 1:].float(), None if b is None else b[1:])
+
+
 @pytest.mark.skipif(
     not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo to read flags from"
 )

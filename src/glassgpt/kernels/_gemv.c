@@ -54,6 +54,8 @@
  *   wide_registers(flag) -> whether the AVX-512F panels are in use (False: the AVX2 ones)
  *   solo_for(ns): the parts run one after another on the caller for the next ns
  *   (as after slow parallel runs, see _parallel.h; 0 ends it)
+ *   pacing_counts() -> (parallel runs, runs one after another that would have been
+ *   parallel, solo windows begun) of this module's calls so far (bench/step_profile.py)
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -371,9 +373,86 @@ AVX512 static void panel_avx512_half(const Job *j, int p, int q0, int q1, const 
     }
 }
 
+/* Rows m0 ≤ m < m0 + R (R ≤ 4) of panels_plain for the Q = 2 or 4 slices from q0 of a bf16
+ * panel p, widened two slices (32 weights, one 64-byte load) at a time in two operations:
+ * each 32-bit lane holds weights 2i (low half) and 2i + 1 (high half), so a shift left by
+ * 16 gives the even weights as float32 and masking the low half gives the odd ones, where
+ * load16 takes a zero-extend and a shift for every 16. The sums are kept by parity (even
+ * outputs in one register, odd in another) and put back in order once, at the end: each
+ * output's sum is the same fused multiply-adds over k in order, so the same bits. At
+ * SmolLM2's shapes the widening, not the memory, bounded load16's products (27 G weights/s
+ * a core from L2, against 31 GB/s a core from memory: the two do not fully overlap). */
+AVX512 static inline __attribute__((always_inline)) void
+pairs_rows_bf16(const Job *j, int p, int m0, const int R, int q0, const int Q) {
+    const int K = j->K, H = Q / 2;
+    const uint16_t *w = (const uint16_t *)j->W + (size_t)p * K * PANEL + (size_t)q0 * SLICE;
+    const float *x = j->x + (size_t)m0 * K;
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 even[4][2], odd[4][2];
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < 2; i++)
+            even[r][i] = odd[r][i] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++, w += PANEL) {
+        __m512 we[2], wo[2];
+        for (int i = 0; i < H; i++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(w + 32 * i));
+            we[i] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            wo[i] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+        }
+        for (int r = 0; r < R; r++) {
+            const __m512 s = _mm512_set1_ps(x[(size_t)r * K + k]);
+            for (int i = 0; i < H; i++) {
+                even[r][i] = _mm512_fmadd_ps(s, we[i], even[r][i]);
+                odd[r][i] = _mm512_fmadd_ps(s, wo[i], odd[r][i]);
+            }
+        }
+    }
+    /* outputs 2i and 2i + 1 of a pair from lane i of even and odd */
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    for (int r = 0; r < R; r++) {
+        float acc[PANEL];
+        for (int i = 0; i < H; i++) {
+            float *out = acc + SLICE * (q0 + 2 * i);
+            _mm512_storeu_ps(out, _mm512_permutex2var_ps(even[r][i], lo, odd[r][i]));
+            _mm512_storeu_ps(out + SLICE, _mm512_permutex2var_ps(even[r][i], hi, odd[r][i]));
+        }
+        panel_out(j, p, m0 + r, acc, q0 * SLICE, (q0 + Q) * SLICE);
+    }
+}
+
+/* pairs_rows_bf16 for every row of x, four at a time. */
+AVX512 static inline __attribute__((always_inline)) void
+pairs_bf16(const Job *j, int p, int q0, const int Q) {
+    for (int m0 = 0; m0 < j->M; m0 += 4) {
+        const int R = j->M - m0 < 4 ? j->M - m0 : 4;
+        if (R == 4)
+            pairs_rows_bf16(j, p, m0, 4, q0, Q);
+        else if (R == 3)
+            pairs_rows_bf16(j, p, m0, 3, q0, Q);
+        else if (R == 2)
+            pairs_rows_bf16(j, p, m0, 2, q0, Q);
+        else
+            pairs_rows_bf16(j, p, m0, 1, q0, Q);
+    }
+}
+
+/* The slices q0 ≤ q < q1 of a bf16 panel: pairs of slices widened by pairs_bf16, an odd
+ * one left (a part's first or last panel, shared with the next or previous part) by
+ * load16. */
+AVX512 static void panel_avx512_bf16(const Job *j, int p, int q0, int q1) {
+    switch (q1 - q0) {
+    case 4: pairs_bf16(j, p, 0, 4); break;
+    case 3: pairs_bf16(j, p, q0, 2), panel_avx512_body(j, p, q0 + 2, 1, 1); break;
+    case 2: pairs_bf16(j, p, q0, 2); break;
+    default: panel_avx512_body(j, p, q0, 1, 1); break;
+    }
+}
+
 AVX512 static void panels_avx512(const Job *j, int p, int q0, int q1) {
     if (j->bf16)
-        panel_avx512_half(j, p, q0, q1, 1);
+        panel_avx512_bf16(j, p, q0, q1);
     else
         panel_avx512_half(j, p, q0, q1, 0);
 }
@@ -715,6 +794,11 @@ static PyObject *py_solo_for(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_pacing_counts(PyObject *self, PyObject *args) {
+    return Py_BuildValue("LLL", (long long)pacing.parallel, (long long)pacing.solo,
+                         (long long)pacing.windows);
+}
+
 static PyMethodDef methods[] = {
     {"gemv_rows", (PyCFunction)(void (*)(void))py_rows, METH_FASTCALL,
      "y[M, N] = x[M, K] W[K, N] (+ b): W row-major [K, N] float32"},
@@ -741,6 +825,8 @@ static PyMethodDef methods[] = {
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},
     {"solo_for", py_solo_for, METH_VARARGS,
      "solo_for(ns): run the parts one after another on the caller for the next ns (tests)"},
+    {"pacing_counts", py_pacing_counts, METH_NOARGS,
+     "(parallel runs, runs one after another, solo windows begun) so far"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -108,7 +108,8 @@ static void parallel_body(void *arg) {
 static struct {
     int64_t solo_until, solo_span, gain;
     int paying_runs;
-} pacing = {0, SOLO_MIN_NS, 0, 0};
+    int64_t parallel, solo, windows; /* runs each way, and solo windows begun (counts) */
+} pacing = {0, SOLO_MIN_NS, 0, 0, 0, 0, 0};
 
 static void pace(int64_t end, int64_t total, int64_t own, int parts) {
     int64_t gain = own * parts - total;
@@ -121,6 +122,7 @@ static void pace(int64_t end, int64_t total, int64_t own, int parts) {
         return;
     }
     pacing.solo_until = end + pacing.solo_span;
+    pacing.windows++;
     pacing.solo_span = pacing.solo_span * 2 < SOLO_MAX_NS ? pacing.solo_span * 2 : SOLO_MAX_NS;
     pacing.gain = 0; /* the next parallel run starts a fresh average */
     pacing.paying_runs = 0;
@@ -136,8 +138,10 @@ static void run_parts(PartFn fn, const void *job, int parts) {
             gomp_parallel(parallel_body, &p, (unsigned)parts, 0);
             int64_t end = clock_ns();
             pace(end, end - start, p.own_ns, parts);
+            pacing.parallel++;
             return;
         }
+        pacing.solo++;
     }
     for (int part = 0; part < parts; part++)
         fn(job, part, parts);

@@ -78,6 +78,29 @@ def test_parts_on_the_caller_give_the_parallel_result(threads: int) -> None:
     _close(solo, x, W, b)
 
 
+def test_pacing_gives_its_verdict_on_several_runs_not_on_the_first_after_a_window() -> None:
+    """``_parallel.h``'s pacing, fed run times (``pace_run``): after a solo window (here
+    ``solo_for(0)``, the same fresh average) the first parallel run wakes the workers and is
+    not judged, and one slow run among paying ones opens no window; slow runs one after
+    another (a core held by another process) open one on the ninth run. On main the first
+    slow run after a window opened the next, so each window's retry, slow because the
+    window let the workers fall asleep, doubled it up to a second."""
+    own, parts = 10_000, 2
+    slow, paying = (20 * own, own, parts), (own + 1_000, own, parts)  # ns
+    try:
+        _gemv.solo_for(0)
+        assert not _gemv.pace_run(*slow)  # the workers' wake-up
+        assert not _gemv.pace_run(*slow)
+        assert not any(_gemv.pace_run(*paying) for _ in range(20))
+        assert not _gemv.pace_run(*slow)  # a late join now and then keeps the threads
+        assert not any(_gemv.pace_run(*paying) for _ in range(4))
+        _gemv.solo_for(0)
+        opened = [_gemv.pace_run(*slow) for _ in range(12)]
+        assert opened[:8] == [False] * 8 and all(opened[8:])
+    finally:
+        _gemv.solo_for(0)
+
+
 @pytest.mark.parametrize("K, N", [(768, 2304), (3072, 768), (1030, 5001)])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("M", [1, 3, 8])

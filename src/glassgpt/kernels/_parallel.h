@@ -104,14 +104,31 @@ static void parallel_body(void *arg) {
 /* Whether parallel runs have been paying: gain = the caller's part times the parts (what
  * running them one after another would have taken, about) minus what the run took, averaged
  * over recent runs. While that average is negative the parts run on the caller (until
- * solo_until). Races between callers only blur the average; every part is computed either way. */
+ * solo_until). Races between callers only blur the average; every part is computed either way.
+ *
+ * A fresh average (at the start, after a solo window) gives no verdict on its first run,
+ * whose workers were asleep (their spin ran out during the window: waking them is the run's
+ * cost, not a sign of a held core), nor before JUDGE_RUNS runs after it. A window judged on
+ * one run began the next one: a window's own end made its retry slow, so the windows
+ * doubled to a second each and a quiet process decoded on one thread (SmolLM2's thin
+ * 576×576 bf16 product in a loop: 7 parallel runs in 2 s, each followed by a window). */
+#define JUDGE_RUNS 8
+
 static struct {
     int64_t solo_until, solo_span, gain;
-    int paying_runs;
+    int paying_runs, since; /* since: parallel runs since the average was fresh */
     int64_t parallel, solo, windows; /* runs each way, and solo windows begun (counts) */
-} pacing = {0, SOLO_MIN_NS, 0, 0, 0, 0, 0};
+} pacing = {0, SOLO_MIN_NS, 0, 0, 0, 0, 0, 0};
+
+/* A fresh average: the next parallel run wakes the workers and is not judged. */
+static void fresh_pace(void) {
+    pacing.gain = 0;
+    pacing.since = 0;
+}
 
 static void pace(int64_t end, int64_t total, int64_t own, int parts) {
+    if (pacing.since++ == 0)
+        return;
     int64_t gain = own * parts - total;
     if (gain < -own * parts) /* one stall counts as one lost run, however long it was */
         gain = -own * parts;
@@ -121,10 +138,12 @@ static void pace(int64_t end, int64_t total, int64_t own, int parts) {
             pacing.solo_span = SOLO_MIN_NS;
         return;
     }
+    if (pacing.since <= JUDGE_RUNS)
+        return;
     pacing.solo_until = end + pacing.solo_span;
     pacing.windows++;
     pacing.solo_span = pacing.solo_span * 2 < SOLO_MAX_NS ? pacing.solo_span * 2 : SOLO_MAX_NS;
-    pacing.gain = 0; /* the next parallel run starts a fresh average */
+    fresh_pace();
     pacing.paying_runs = 0;
 }
 

@@ -8,6 +8,7 @@ its own weights), and oneDNN's packed product kept where the CPU has bf16 arithm
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 import pytest
@@ -78,25 +79,32 @@ def test_parts_on_the_caller_give_the_parallel_result(threads: int) -> None:
     _close(solo, x, W, b)
 
 
-def test_pacing_gives_its_verdict_on_several_runs_not_on_the_first_after_a_window() -> None:
-    """``_parallel.h``'s pacing, fed run times (``pace_run``): after a solo window (here
-    ``solo_for(0)``, the same fresh average) the first parallel run wakes the workers and is
-    not judged, and one slow run among paying ones opens no window; slow runs one after
-    another (a core held by another process) open one on the ninth run. On main the first
-    slow run after a window opened the next, so each window's retry, slow because the
-    window let the workers fall asleep, doubled it up to a second."""
-    own, parts = 10_000, 2
-    slow, paying = (20 * own, own, parts), (own + 1_000, own, parts)  # ns
+def test_pacing_does_not_judge_a_run_that_woke_the_workers() -> None:
+    """``_parallel.h``'s pacing, fed parallel runs on a clock of the test's own
+    (``pace_run``): a slow run right after another with nothing paying before begins a solo
+    window, one among paying runs does not, and a slow run more than 1 ms after the last
+    parallel run (its workers may have slept: the retry after a window, the first run of a
+    call after a rest) is not judged. On main the retry after a window was judged, so that
+    each retry, slow by its wake-up, began the next window, doubling up to a second."""
+    own, slow, paying = 10_000, 200_000, 11_000  # ns: the caller's part, two runs' times
+    clock = [time.monotonic_ns() + 10**12]  # far past now: the windows it begins end at once
+
+    def run(took: int, gap: int = 20_000) -> bool:
+        start = clock[0] + gap
+        clock[0] = start + took
+        return _gemv.pace_run(start, start + took, own, 2)
+
     try:
+        _gemv.solo_for(0)  # a fresh average
+        assert not run(slow, gap=5_000_000)  # woke the workers
+        assert not any(run(paying) for _ in range(20))
+        assert not run(slow)  # a late join now and then keeps the threads
+        assert not any(run(paying) for _ in range(4))
+        assert not run(slow, gap=2_000_000)
         _gemv.solo_for(0)
-        assert not _gemv.pace_run(*slow)  # the workers' wake-up
-        assert not _gemv.pace_run(*slow)
-        assert not any(_gemv.pace_run(*paying) for _ in range(20))
-        assert not _gemv.pace_run(*slow)  # a late join now and then keeps the threads
-        assert not any(_gemv.pace_run(*paying) for _ in range(4))
-        _gemv.solo_for(0)
-        opened = [_gemv.pace_run(*slow) for _ in range(12)]
-        assert opened[:8] == [False] * 8 and all(opened[8:])
+        assert run(slow)  # nothing paying before: a held core
+        assert not run(slow, gap=30_000_000)  # the retry after the 20 ms window
+        assert not any(run(paying) for _ in range(4))
     finally:
         _gemv.solo_for(0)
 

@@ -54,8 +54,8 @@
  *   wide_registers(flag) -> whether the AVX-512F panels are in use (False: the AVX2 ones)
  *   solo_for(ns): the parts run one after another on the caller for the next ns
  *   (as after slow parallel runs, see _parallel.h; 0 ends it)
- *   pace_run(total_ns, own_ns, parts) -> whether the parts now run one after another,
- *   after one parallel run of those times given to the pacing (tests)
+ *   pace_run(start_ns, end_ns, own_ns, parts) -> whether the parts run one after another
+ *   at end_ns, after one parallel run of those times given to the pacing (tests)
  *   pacing_counts() -> (parallel runs, runs one after another that would have been
  *   parallel, solo windows begun) of this module's calls so far (bench/step_profile.py)
  */
@@ -792,20 +792,20 @@ static PyObject *py_solo_for(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "L", &ns))
         return NULL;
     pacing.solo_until = clock_ns() + ns;
-    fresh_pace();
+    pacing.gain = 0;
     Py_RETURN_NONE;
 }
 
-/* pace_run(total_ns, own_ns, parts) -> whether the parts now run one after another: one
- * parallel run's times given to _parallel.h's pacing as run_parts gives them (tests). */
+/* pace_run(start_ns, end_ns, own_ns, parts) -> whether the parts run one after another at
+ * end_ns: one parallel run's times, on a clock of the caller's choosing, given to
+ * _parallel.h's pacing as run_parts gives them (tests; solo_for(0) ends what they began). */
 static PyObject *py_pace_run(PyObject *self, PyObject *args) {
-    long long total, own;
+    long long start, end, own;
     int parts;
-    if (!PyArg_ParseTuple(args, "LLi", &total, &own, &parts))
+    if (!PyArg_ParseTuple(args, "LLLi", &start, &end, &own, &parts))
         return NULL;
-    const int64_t now = clock_ns();
-    pace(now, total, own, parts);
-    return PyBool_FromLong(now < pacing.solo_until);
+    pace(start, end, own, parts);
+    return PyBool_FromLong(end < pacing.solo_until);
 }
 
 static PyObject *py_pacing_counts(PyObject *self, PyObject *args) {
@@ -840,7 +840,7 @@ static PyMethodDef methods[] = {
     {"solo_for", py_solo_for, METH_VARARGS,
      "solo_for(ns): run the parts one after another on the caller for the next ns (tests)"},
     {"pace_run", py_pace_run, METH_VARARGS,
-     "pace_run(total_ns, own_ns, parts): one parallel run's times to the pacing (tests)"},
+     "pace_run(start_ns, end_ns, own_ns, parts): a parallel run's times to the pacing (tests)"},
     {"pacing_counts", py_pacing_counts, METH_NOARGS,
      "(parallel runs, runs one after another, solo windows begun) so far"},
     {NULL, NULL, 0, NULL},

@@ -106,30 +106,27 @@ static void parallel_body(void *arg) {
  * over recent runs. While that average is negative the parts run on the caller (until
  * solo_until). Races between callers only blur the average; every part is computed either way.
  *
- * A fresh average (at the start, after a solo window) gives no verdict on its first run,
- * whose workers were asleep (their spin ran out during the window: waking them is the run's
- * cost, not a sign of a held core), nor before JUDGE_RUNS runs after it. A window judged on
- * one run began the next one: a window's own end made its retry slow, so the windows
- * doubled to a second each and a quiet process decoded on one thread (SmolLM2's thin
- * 576×576 bf16 product in a loop: 7 parallel runs in 2 s, each followed by a window). */
-#define JUDGE_RUNS 8
+ * A run that starts more than IDLE_NS after the last parallel run ended is not judged: its
+ * workers may have spun out and slept, and waking them is that run's cost, not a sign of a
+ * held core. Judged, the first run after a solo window began the next window whatever the
+ * host did, so that once one window began they doubled to a second each and the process
+ * stayed on one thread to its end (each retry one run, slow by its wake-up; on this host
+ * 1.4-5.7 ms under load, against 24-30 µs warm for SmolLM2's 576×960 float32 product). The
+ * same wake-up began each timed call of bench/generate.measure, after its rest. */
+#define IDLE_NS 1000000LL /* 1 ms */
 
 static struct {
-    int64_t solo_until, solo_span, gain;
-    int paying_runs, since; /* since: parallel runs since the average was fresh */
+    int64_t solo_until, solo_span, gain, last_end; /* last_end: of the last parallel run */
+    int paying_runs;
     int64_t parallel, solo, windows; /* runs each way, and solo windows begun (counts) */
 } pacing = {0, SOLO_MIN_NS, 0, 0, 0, 0, 0, 0};
 
-/* A fresh average: the next parallel run wakes the workers and is not judged. */
-static void fresh_pace(void) {
-    pacing.gain = 0;
-    pacing.since = 0;
-}
-
-static void pace(int64_t end, int64_t total, int64_t own, int parts) {
-    if (pacing.since++ == 0)
+static void pace(int64_t start, int64_t end, int64_t own, int parts) {
+    const int woke = start - pacing.last_end > IDLE_NS;
+    pacing.last_end = end;
+    if (woke)
         return;
-    int64_t gain = own * parts - total;
+    int64_t gain = own * parts - (end - start);
     if (gain < -own * parts) /* one stall counts as one lost run, however long it was */
         gain = -own * parts;
     pacing.gain += (gain - pacing.gain) / 8; /* an average over ~8 runs */
@@ -138,12 +135,10 @@ static void pace(int64_t end, int64_t total, int64_t own, int parts) {
             pacing.solo_span = SOLO_MIN_NS;
         return;
     }
-    if (pacing.since <= JUDGE_RUNS)
-        return;
     pacing.solo_until = end + pacing.solo_span;
     pacing.windows++;
     pacing.solo_span = pacing.solo_span * 2 < SOLO_MAX_NS ? pacing.solo_span * 2 : SOLO_MAX_NS;
-    fresh_pace();
+    pacing.gain = 0; /* the next parallel run starts a fresh average */
     pacing.paying_runs = 0;
 }
 
@@ -156,7 +151,7 @@ static void run_parts(PartFn fn, const void *job, int parts) {
             Parallel p = {fn, job, parts, 0};
             gomp_parallel(parallel_body, &p, (unsigned)parts, 0);
             int64_t end = clock_ns();
-            pace(end, end - start, p.own_ns, parts);
+            pace(start, end, p.own_ns, parts);
             pacing.parallel++;
             return;
         }

@@ -79,13 +79,12 @@ def test_parts_on_the_caller_give_the_parallel_result(threads: int) -> None:
     _close(solo, x, W, b)
 
 
-def test_pacing_does_not_judge_a_run_that_woke_the_workers() -> None:
+def test_pacing_does_not_judge_the_retry_after_a_solo_window() -> None:
     """``_parallel.h``'s pacing, fed parallel runs on a clock of the test's own
-    (``pace_run``): a slow run right after another with nothing paying before begins a solo
-    window, one among paying runs does not, and a slow run more than 1 ms after the last
-    parallel run (its workers may have slept: the retry after a window, the first run of a
-    call after a rest) is not judged. On main the retry after a window was judged, so that
-    each retry, slow by its wake-up, began the next window, doubling up to a second."""
+    (``pace_run``): a slow run with nothing paying before begins a solo window, one among
+    paying runs does not, and the first run after a window (its workers slept through it:
+    waking them makes it slow) is not judged, the next is. On main that retry was judged,
+    so each retry, slow by its wake-up, began the next window, doubling up to a second."""
     own, slow, paying = 10_000, 200_000, 11_000  # ns: the caller's part, two runs' times
     clock = [time.monotonic_ns() + 10**12]  # far past now: the windows it begins end at once
 
@@ -96,15 +95,16 @@ def test_pacing_does_not_judge_a_run_that_woke_the_workers() -> None:
 
     try:
         _gemv.solo_for(0)  # a fresh average
-        assert not run(slow, gap=5_000_000)  # woke the workers
         assert not any(run(paying) for _ in range(20))
         assert not run(slow)  # a late join now and then keeps the threads
         assert not any(run(paying) for _ in range(4))
-        assert not run(slow, gap=2_000_000)
         _gemv.solo_for(0)
         assert run(slow)  # nothing paying before: a held core
-        assert not run(slow, gap=30_000_000)  # the retry after the 20 ms window
-        assert not any(run(paying) for _ in range(4))
+        assert not run(slow, gap=2 * 10**9)  # the retry, after the window (at most 1 s)
+        assert not any(run(paying) for _ in range(8))
+        _gemv.solo_for(0)
+        assert run(slow) and not run(slow, gap=2 * 10**9)
+        assert run(slow)  # a held core still: the run after the retry begins the next
     finally:
         _gemv.solo_for(0)
 

@@ -793,6 +793,7 @@ static PyObject *py_solo_for(PyObject *self, PyObject *args) {
         return NULL;
     pacing.solo_until = clock_ns() + ns;
     pacing.gain = 0;
+    pacing.retry = ns > 0; /* as a window the pacing began */
     Py_RETURN_NONE;
 }
 

@@ -106,26 +106,23 @@ static void parallel_body(void *arg) {
  * over recent runs. While that average is negative the parts run on the caller (until
  * solo_until). Races between callers only blur the average; every part is computed either way.
  *
- * A run that starts more than IDLE_NS after the last parallel run ended is not judged: its
- * workers may have spun out and slept, and waking them is that run's cost, not a sign of a
- * held core. Judged, the first run after a solo window began the next window whatever the
- * host did, so that once one window began they doubled to a second each and the process
- * stayed on one thread to its end (each retry one run, slow by its wake-up; on this host
- * 1.4-5.7 ms under load, against 24-30 µs warm for SmolLM2's 576×960 float32 product). The
- * same wake-up began each timed call of bench/generate.measure, after its rest. */
-#define IDLE_NS 1000000LL /* 1 ms */
-
+ * The first parallel run after a solo window is not judged: the workers spun out and slept
+ * during the window, and waking them is that run's cost (1.4-5.7 ms on this host under load,
+ * against 24-30 µs warm for SmolLM2's 576×960 float32 product), not a held core's. Judged,
+ * it began the next window whatever the host did, so that once one window began they
+ * doubled to a second each and the process kept to one thread to its end. Only that run:
+ * runs after the caller's own pauses are judged, as a held core stalls them most. */
 static struct {
-    int64_t solo_until, solo_span, gain, last_end; /* last_end: of the last parallel run */
-    int paying_runs;
+    int64_t solo_until, solo_span, gain;
+    int paying_runs, retry; /* retry: the next parallel run is the first after a window */
     int64_t parallel, solo, windows; /* runs each way, and solo windows begun (counts) */
 } pacing = {0, SOLO_MIN_NS, 0, 0, 0, 0, 0, 0};
 
 static void pace(int64_t start, int64_t end, int64_t own, int parts) {
-    const int woke = start - pacing.last_end > IDLE_NS;
-    pacing.last_end = end;
-    if (woke)
+    if (pacing.retry) {
+        pacing.retry = 0;
         return;
+    }
     int64_t gain = own * parts - (end - start);
     if (gain < -own * parts) /* one stall counts as one lost run, however long it was */
         gain = -own * parts;
@@ -139,6 +136,7 @@ static void pace(int64_t start, int64_t end, int64_t own, int parts) {
     pacing.windows++;
     pacing.solo_span = pacing.solo_span * 2 < SOLO_MAX_NS ? pacing.solo_span * 2 : SOLO_MAX_NS;
     pacing.gain = 0; /* the next parallel run starts a fresh average */
+    pacing.retry = 1;
     pacing.paying_runs = 0;
 }
 

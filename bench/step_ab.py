@@ -71,13 +71,19 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--other", type=Path, required=True, help="the other checkout (its src/)")
+    p.add_argument(
+        "--this",
+        type=Path,
+        default=HERE.parent,
+        help="this checkout (a check: --this and --other the same)",
+    )
     p.add_argument("--dtype", default="bf16", choices=["float32", "bf16", "int8"])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--bursts", type=int, default=5)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    this = HERE.parent
+    this = args.this
     print(f"{args.dtype}, {args.threads} threads, this {this} against {args.other}")
     print(
         "| round | load | tree | ms a step | slowest burst | CPU ms a step | products 2 threads / 1 |"

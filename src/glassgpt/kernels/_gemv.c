@@ -303,9 +303,45 @@ slices_avx2_body(const Job *j, int p, int q0, int q1, const int half) {
     panel_out(j, p, 0, acc, q0 * SLICE, q1 * SLICE);
 }
 
+/* panel_avx2_body for a bf16 panel, widened sixteen weights (one 32-byte load) at a time in
+ * two operations, as pairs_rows_bf16 does with AVX-512F: a shift left by 16 gives the even
+ * weights of each 32-bit lane as float32, a mask of the low half the odd ones; the sums kept
+ * by parity are put back in order once. The same FMAs over k in order: the same bits. */
+AVX2 static void panel_avx2_bf16(const Job *j, int p) {
+    const int K = j->K;
+    const uint16_t *w = (const uint16_t *)j->W + (size_t)p * K * PANEL;
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0,
+           o3 = e0;
+    for (int k = 0; k < K; k++, w += PANEL) {
+        const __m256 xk = _mm256_broadcast_ss(j->x + k);
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)w);
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(w + 16));
+        const __m256i v2 = _mm256_loadu_si256((const __m256i *)(w + 32));
+        const __m256i v3 = _mm256_loadu_si256((const __m256i *)(w + 48));
+        e0 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), e0);
+        o0 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_and_si256(v0, high)), o0);
+        e1 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), e1);
+        o1 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_and_si256(v1, high)), o1);
+        e2 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_slli_epi32(v2, 16)), e2);
+        o2 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_and_si256(v2, high)), o2);
+        e3 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_slli_epi32(v3, 16)), e3);
+        o3 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_and_si256(v3, high)), o3);
+    }
+    const __m256 even[4] = {e0, e1, e2, e3}, odd[4] = {o0, o1, o2, o3};
+    float acc[PANEL];
+    for (int i = 0; i < 4; i++) { /* lanes [0..3 | 8..11] and [4..7 | 12..15] of 16 outputs */
+        const __m256 lo = _mm256_unpacklo_ps(even[i], odd[i]);
+        const __m256 hi = _mm256_unpackhi_ps(even[i], odd[i]);
+        _mm256_storeu_ps(acc + 16 * i, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(acc + 16 * i + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+    panel_out(j, p, 0, acc, 0, PANEL);
+}
+
 AVX2 static void panels_avx2(const Job *j, int p, int q0, int q1) {
     if (q0 == 0 && q1 == PANEL / SLICE)
-        j->bf16 ? panel_avx2_body(j, p, 1) : panel_avx2_body(j, p, 0);
+        j->bf16 ? panel_avx2_bf16(j, p) : panel_avx2_body(j, p, 0);
     else
         j->bf16 ? slices_avx2_body(j, p, q0, q1, 1) : slices_avx2_body(j, p, q0, q1, 0);
 }

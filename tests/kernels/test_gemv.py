@@ -466,16 +466,16 @@ def test_bf16_panels_are_the_float32_panels_rounded(threads: int, kernel: str, b
         _gemv.wide_registers(True)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     M=st.integers(1, 8),
     K=st.integers(1, 200),
     N=st.integers(1, 400),  # 1, 2 or 3 slices of a panel shared between parts, from any slice
     threads=st.sampled_from([1, 2, 3, 5]),
     bias=st.booleans(),
-    kernel=st.sampled_from(["widest", "avx2", "portable"]),
     seed=st.integers(0, 2**31),
 )
+@pytest.mark.parametrize("kernel", ["widest", "avx2", "portable"])
 def test_bf16_panels_are_the_float32_panels_of_the_widened_weights(
     M: int, K: int, N: int, threads: int, bias: bool, kernel: str, seed: int
 ) -> None:
@@ -491,7 +491,8 @@ def test_bf16_panels_are_the_float32_panels_of_the_widened_weights(
         _gemv.use_portable(kernel == "portable")
         _gemv.wide_registers(kernel == "widest")
         x = torch.randn(min(M, _gemv.panels_rows()), K, generator=gen)
-        x[-1, -1] = float("nan")
+        if x.shape[0] > 1:  # (a NaN in the only row would make every output NaN)
+            x[-1, -1] = float("nan")
         want = _panels(x, W.float(), b, threads)
         P = dense.panels(W)
         got = torch.full_like(want, 7.0)
@@ -502,8 +503,9 @@ def test_bf16_panels_are_the_float32_panels_of_the_widened_weights(
         _gemv.wide_registers(True)
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.nan_to_num(), want.nan_to_num())
-    if x.shape[0] > 1 and N > 1:  # the rows and columns that neither NaN nor -inf reach
-        _close(got[:-1, 1:], x[:-1], W[:, 1:].float(), None if b is None else b[1:])
+    rows = x.shape[0] - 1 if x.shape[0] > 1 else 1  # those that the NaN does not reach
+    if N > 1:  # and the columns that -inf does not
+        _close(got[:rows, 1:], x[:rows], W[:, 1:].float(), None if b is None else b[1:])
 
 
 @pytest.mark.skipif(

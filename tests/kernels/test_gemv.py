@@ -83,8 +83,10 @@ def test_pacing_does_not_judge_the_retry_after_a_solo_window() -> None:
     """``_parallel.h``'s pacing, fed parallel runs on a clock of the test's own
     (``pace_run``): a slow run with nothing paying before begins a solo window, one among
     paying runs does not, and the first run after a window (its workers slept through it:
-    waking them makes it slow) is not judged, the next is. On main that retry was judged,
-    so each retry, slow by its wake-up, began the next window, doubling up to a second."""
+    waking them makes it slow) begins the next only if it lost more than a millisecond (a
+    time slice of a held core), else the runs after it judge. On main that retry was judged
+    as any run, so each retry, slow by its wake-up, began the next window, doubling up to a
+    second."""
     own, slow, paying = 10_000, 200_000, 11_000  # ns: the caller's part, two runs' times
     clock = [time.monotonic_ns() + 10**12]  # far past now: the windows it begins end at once
 
@@ -105,6 +107,7 @@ def test_pacing_does_not_judge_the_retry_after_a_solo_window() -> None:
         _gemv.solo_for(0)
         assert run(slow) and not run(slow, gap=2 * 10**9)
         assert run(slow)  # a held core still: the run after the retry begins the next
+        assert run(3_000_000, gap=2 * 10**9)  # a retry that lost a time slice begins one too
     finally:
         _gemv.solo_for(0)
 

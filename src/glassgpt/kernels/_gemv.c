@@ -8,7 +8,8 @@
  *
  * with float32 products and sums (AVX2 + FMA where the CPU has them, plain C otherwise).
  * W is float32 or bfloat16 (gemv_rows_bf16: stored as uint16, each value widened exactly to
- * float32 as it is read, eight at a time by a zero-extend and a 16-bit shift), x, b and y
+ * float32 as it is read, eight at a time by a zero-extend and a 16-bit shift; a whole bf16
+ * panel, below, a 32-bit lane of two weights at a time by a shift and a mask), x, b and y
  * float32 in both: the result of a bf16 product with float32 accumulation, at half the
  * bytes read, on CPUs without native bf16 arithmetic. One kernel body serves both formats.
  * The rows of W are split over PyTorch's own OpenMP threads (see run_parts), each streaming

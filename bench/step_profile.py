@@ -8,7 +8,9 @@ then --steps replayed one-token steps (``glassgpt.sample.replay``) with a timer 
 recorded call. Printed per kernel, the products by shape (K × N, and two matrices for
 SwiGLU's fused pair): calls a step, ms a step, µs a call, and for the panel products the GB/s
 their weights were read at (a thin product far below the unembedding's says the cost is the
-call's, not the bytes'); and the step's median time with and without the timers. --cpu
+call's, not the bytes'); the step's median time with and without the timers; and how many
+products of the untimed steps ran on both threads or on one (``_parallel.h``'s pacing puts
+them on one for a while after parallel runs that a busy core made slow). --cpu
 times the calling thread's CPU time instead of the wall clock: on a loaded host that leaves
 out the time slices other processes took (with 1 thread, every call's whole cost; with more,
 the other threads' parts are not counted).
@@ -29,9 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/families.py's shapes
 from families import SHAPES, random_model
+from glassgpt.kernels.extensions import extension
 from glassgpt.model.precision import cast
 from glassgpt.sample.engine import Decoder
 from glassgpt.sample.replay import ReplayedStep
+
+_gemv = extension("_gemv")
 
 
 def main() -> None:
@@ -75,10 +80,12 @@ def main() -> None:
 
     plain, timed_steps = [], []
     calls = step.calls
+    counts = _gemv.pacing_counts()
     for i in range(args.steps):
         t = clock()
         decoder.step([7 + i])
         plain.append(clock() - t)
+    parallel, solo, windows = (b - a for a, b in zip(counts, _gemv.pacing_counts(), strict=True))
     step.calls = [(timed(fn, a), a, positional) for fn, a, positional in calls]
     for i in range(args.steps):  # the replay's own loop, each call through its timer
         t = clock()
@@ -86,7 +93,11 @@ def main() -> None:
         timed_steps.append(clock() - t)
     step.calls = calls
     print(f"step: {statistics.median(plain) / 1e6:.2f} ms "
-          f"({statistics.median(timed_steps) / 1e6:.2f} with a timer around each call)\n")  # fmt: skip
+          f"({statistics.median(timed_steps) / 1e6:.2f} with a timer around each call)")  # fmt: skip
+    # _parallel.h's pacing: products that ran on one thread because recent parallel runs
+    # were slow (another process held a core) make a slower step
+    print(f"products over the untimed steps: {parallel} parallel, {solo} on one thread "
+          f"({windows} solo windows begun)\n")  # fmt: skip
     print("| kernel | calls a step | ms a step | µs a call | weights GB/s |")
     print("|---|---:|---:|---:|---:|")
     for name, ns in total.most_common():

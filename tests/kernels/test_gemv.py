@@ -8,6 +8,7 @@ its own weights), and oneDNN's packed product kept where the CPU has bf16 arithm
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,39 @@ def test_parts_on_the_caller_give_the_parallel_result(threads: int) -> None:
         _gemv.solo_for(0)
     assert torch.equal(parallel, solo)
     _close(solo, x, W, b)
+
+
+def test_pacing_does_not_judge_the_retry_after_a_solo_window() -> None:
+    """``_parallel.h``'s pacing, fed parallel runs on a clock of the test's own
+    (``pace_run``): a slow run with nothing paying before begins a solo window, one among
+    paying runs does not, and the first run after a window (its workers slept through it:
+    waking them makes it slow) begins the next only if it lost more than a millisecond (a
+    time slice of a held core), else the runs after it judge. On main that retry was judged
+    as any run, so each retry, slow by its wake-up, began the next window, doubling up to a
+    second."""
+    own, slow, paying = 10_000, 200_000, 11_000  # ns: the caller's part, two runs' times
+    clock = [time.monotonic_ns() + 10**12]  # far past now: the windows it begins end at once
+
+    def run(took: int, gap: int = 20_000) -> bool:
+        start = clock[0] + gap
+        clock[0] = start + took
+        return _gemv.pace_run(start, start + took, own, 2)
+
+    try:
+        _gemv.solo_for(0)  # a fresh average
+        assert not any(run(paying) for _ in range(20))
+        assert not run(slow)  # a late join now and then keeps the threads
+        assert not any(run(paying) for _ in range(4))
+        _gemv.solo_for(0)
+        assert run(slow)  # nothing paying before: a held core
+        assert not run(slow, gap=2 * 10**9)  # the retry, after the window (at most 1 s)
+        assert not any(run(paying) for _ in range(8))
+        _gemv.solo_for(0)
+        assert run(slow) and not run(slow, gap=2 * 10**9)
+        assert run(slow)  # a held core still: the run after the retry begins the next
+        assert run(3_000_000, gap=2 * 10**9)  # a retry that lost a time slice begins one too
+    finally:
+        _gemv.solo_for(0)
 
 
 @pytest.mark.parametrize("K, N", [(768, 2304), (3072, 768), (1030, 5001)])
@@ -433,6 +467,48 @@ def test_bf16_panels_are_the_float32_panels_rounded(threads: int, kernel: str, b
     finally:
         _gemv.use_portable(False)
         _gemv.wide_registers(True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    M=st.integers(1, 8),
+    K=st.integers(1, 200),
+    N=st.integers(1, 400),  # 1, 2 or 3 slices of a panel shared between parts, from any slice
+    threads=st.sampled_from([1, 2, 3, 5]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+@pytest.mark.parametrize("kernel", ["widest", "avx2", "portable"])
+def test_bf16_panels_are_the_float32_panels_of_the_widened_weights(
+    M: int, K: int, N: int, threads: int, bias: bool, kernel: str, seed: int
+) -> None:
+    """``gemv_panels_bf16`` (bf16 P; x, b and y float32) gives bit for bit, unrounded, what
+    ``gemv_panels`` gives on the weights widened to float32: the AVX-512F kernel widens two
+    slices at a time and keeps the sums by parity, the others one slice at a time, and each
+    output is the same multiply-adds over k in order either way, NaN and infinity included."""
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.randn(K, N, generator=gen).to(torch.bfloat16)
+    W[0, 0] = float("-inf")
+    b = torch.randn(N, generator=gen) if bias else None
+    try:
+        _gemv.use_portable(kernel == "portable")
+        _gemv.wide_registers(kernel == "widest")
+        x = torch.randn(min(M, _gemv.panels_rows()), K, generator=gen)
+        if x.shape[0] > 1:  # (a NaN in the only row would make every output NaN)
+            x[-1, -1] = float("nan")
+        want = _panels(x, W.float(), b, threads)
+        P = dense.panels(W)
+        got = torch.full_like(want, 7.0)
+        _gemv.gemv_panels_bf16(x.data_ptr(), P.data_ptr(), 0 if b is None else b.data_ptr(),
+                               got.data_ptr(), x.shape[0], K, N, threads)  # fmt: skip
+    finally:
+        _gemv.use_portable(False)
+        _gemv.wide_registers(True)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    rows = x.shape[0] - 1 if x.shape[0] > 1 else 1  # those that the NaN does not reach
+    if N > 1:  # and the columns that -inf does not
+        _close(got[:rows, 1:], x[:rows], W[:, 1:].float(), None if b is None else b[1:])
 
 
 @pytest.mark.skipif(

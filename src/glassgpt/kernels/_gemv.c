@@ -8,7 +8,8 @@
  *
  * with float32 products and sums (AVX2 + FMA where the CPU has them, plain C otherwise).
  * W is float32 or bfloat16 (gemv_rows_bf16: stored as uint16, each value widened exactly to
- * float32 as it is read, eight at a time by a zero-extend and a 16-bit shift), x, b and y
+ * float32 as it is read, eight at a time by a zero-extend and a 16-bit shift; a whole bf16
+ * panel, below, a 32-bit lane of two weights at a time by a shift and a mask), x, b and y
  * float32 in both: the result of a bf16 product with float32 accumulation, at half the
  * bytes read, on CPUs without native bf16 arithmetic. One kernel body serves both formats.
  * The rows of W are split over PyTorch's own OpenMP threads (see run_parts), each streaming
@@ -54,6 +55,10 @@
  *   wide_registers(flag) -> whether the AVX-512F panels are in use (False: the AVX2 ones)
  *   solo_for(ns): the parts run one after another on the caller for the next ns
  *   (as after slow parallel runs, see _parallel.h; 0 ends it)
+ *   pace_run(start_ns, end_ns, own_ns, parts) -> whether the parts run one after another
+ *   at end_ns, after one parallel run of those times given to the pacing (tests)
+ *   pacing_counts() -> (parallel runs, runs one after another that would have been
+ *   parallel, solo windows begun) of this module's calls so far (bench/step_profile.py)
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -299,9 +304,45 @@ slices_avx2_body(const Job *j, int p, int q0, int q1, const int half) {
     panel_out(j, p, 0, acc, q0 * SLICE, q1 * SLICE);
 }
 
+/* panel_avx2_body for a bf16 panel, widened sixteen weights (one 32-byte load) at a time in
+ * two operations, as pairs_rows_bf16 does with AVX-512F: a shift left by 16 gives the even
+ * weights of each 32-bit lane as float32, a mask of the low half the odd ones; the sums kept
+ * by parity are put back in order once. The same FMAs over k in order: the same bits. */
+AVX2 static void panel_avx2_bf16(const Job *j, int p) {
+    const int K = j->K;
+    const uint16_t *w = (const uint16_t *)j->W + (size_t)p * K * PANEL;
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0,
+           o3 = e0;
+    for (int k = 0; k < K; k++, w += PANEL) {
+        const __m256 xk = _mm256_broadcast_ss(j->x + k);
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)w);
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(w + 16));
+        const __m256i v2 = _mm256_loadu_si256((const __m256i *)(w + 32));
+        const __m256i v3 = _mm256_loadu_si256((const __m256i *)(w + 48));
+        e0 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), e0);
+        o0 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_and_si256(v0, high)), o0);
+        e1 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), e1);
+        o1 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_and_si256(v1, high)), o1);
+        e2 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_slli_epi32(v2, 16)), e2);
+        o2 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_and_si256(v2, high)), o2);
+        e3 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_slli_epi32(v3, 16)), e3);
+        o3 = _mm256_fmadd_ps(xk, _mm256_castsi256_ps(_mm256_and_si256(v3, high)), o3);
+    }
+    const __m256 even[4] = {e0, e1, e2, e3}, odd[4] = {o0, o1, o2, o3};
+    float acc[PANEL];
+    for (int i = 0; i < 4; i++) { /* lanes [0..3 | 8..11] and [4..7 | 12..15] of 16 outputs */
+        const __m256 lo = _mm256_unpacklo_ps(even[i], odd[i]);
+        const __m256 hi = _mm256_unpackhi_ps(even[i], odd[i]);
+        _mm256_storeu_ps(acc + 16 * i, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(acc + 16 * i + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+    panel_out(j, p, 0, acc, 0, PANEL);
+}
+
 AVX2 static void panels_avx2(const Job *j, int p, int q0, int q1) {
     if (q0 == 0 && q1 == PANEL / SLICE)
-        j->bf16 ? panel_avx2_body(j, p, 1) : panel_avx2_body(j, p, 0);
+        j->bf16 ? panel_avx2_bf16(j, p) : panel_avx2_body(j, p, 0);
     else
         j->bf16 ? slices_avx2_body(j, p, q0, q1, 1) : slices_avx2_body(j, p, q0, q1, 0);
 }
@@ -371,9 +412,86 @@ AVX512 static void panel_avx512_half(const Job *j, int p, int q0, int q1, const 
     }
 }
 
+/* Rows m0 ≤ m < m0 + R (R ≤ 4) of panels_plain for the Q = 2 or 4 slices from q0 of a bf16
+ * panel p, widened two slices (32 weights, one 64-byte load) at a time in two operations:
+ * each 32-bit lane holds weights 2i (low half) and 2i + 1 (high half), so a shift left by
+ * 16 gives the even weights as float32 and masking the low half gives the odd ones, where
+ * load16 takes a zero-extend and a shift for every 16. The sums are kept by parity (even
+ * outputs in one register, odd in another) and put back in order once, at the end: each
+ * output's sum is the same fused multiply-adds over k in order, so the same bits. At
+ * SmolLM2's shapes the widening, not the memory, bounded load16's products (27 G weights/s
+ * a core from L2, against 31 GB/s a core from memory: the two do not fully overlap). */
+AVX512 static inline __attribute__((always_inline)) void
+pairs_rows_bf16(const Job *j, int p, int m0, const int R, int q0, const int Q) {
+    const int K = j->K, H = Q / 2;
+    const uint16_t *w = (const uint16_t *)j->W + (size_t)p * K * PANEL + (size_t)q0 * SLICE;
+    const float *x = j->x + (size_t)m0 * K;
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 even[4][2], odd[4][2];
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < 2; i++)
+            even[r][i] = odd[r][i] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++, w += PANEL) {
+        __m512 we[2], wo[2];
+        for (int i = 0; i < H; i++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(w + 32 * i));
+            we[i] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            wo[i] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+        }
+        for (int r = 0; r < R; r++) {
+            const __m512 s = _mm512_set1_ps(x[(size_t)r * K + k]);
+            for (int i = 0; i < H; i++) {
+                even[r][i] = _mm512_fmadd_ps(s, we[i], even[r][i]);
+                odd[r][i] = _mm512_fmadd_ps(s, wo[i], odd[r][i]);
+            }
+        }
+    }
+    /* outputs 2i and 2i + 1 of a pair from lane i of even and odd */
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    for (int r = 0; r < R; r++) {
+        float acc[PANEL];
+        for (int i = 0; i < H; i++) {
+            float *out = acc + SLICE * (q0 + 2 * i);
+            _mm512_storeu_ps(out, _mm512_permutex2var_ps(even[r][i], lo, odd[r][i]));
+            _mm512_storeu_ps(out + SLICE, _mm512_permutex2var_ps(even[r][i], hi, odd[r][i]));
+        }
+        panel_out(j, p, m0 + r, acc, q0 * SLICE, (q0 + Q) * SLICE);
+    }
+}
+
+/* pairs_rows_bf16 for every row of x, four at a time. */
+AVX512 static inline __attribute__((always_inline)) void
+pairs_bf16(const Job *j, int p, int q0, const int Q) {
+    for (int m0 = 0; m0 < j->M; m0 += 4) {
+        const int R = j->M - m0 < 4 ? j->M - m0 : 4;
+        if (R == 4)
+            pairs_rows_bf16(j, p, m0, 4, q0, Q);
+        else if (R == 3)
+            pairs_rows_bf16(j, p, m0, 3, q0, Q);
+        else if (R == 2)
+            pairs_rows_bf16(j, p, m0, 2, q0, Q);
+        else
+            pairs_rows_bf16(j, p, m0, 1, q0, Q);
+    }
+}
+
+/* The slices q0 ≤ q < q1 of a bf16 panel: pairs of slices widened by pairs_bf16, an odd
+ * one left (a part's first or last panel, shared with the next or previous part) by
+ * load16. */
+AVX512 static void panel_avx512_bf16(const Job *j, int p, int q0, int q1) {
+    switch (q1 - q0) {
+    case 4: pairs_bf16(j, p, 0, 4); break;
+    case 3: pairs_bf16(j, p, q0, 2), panel_avx512_body(j, p, q0 + 2, 1, 1); break;
+    case 2: pairs_bf16(j, p, q0, 2); break;
+    default: panel_avx512_body(j, p, q0, 1, 1); break;
+    }
+}
+
 AVX512 static void panels_avx512(const Job *j, int p, int q0, int q1) {
     if (j->bf16)
-        panel_avx512_half(j, p, q0, q1, 1);
+        panel_avx512_bf16(j, p, q0, q1);
     else
         panel_avx512_half(j, p, q0, q1, 0);
 }
@@ -712,7 +830,25 @@ static PyObject *py_solo_for(PyObject *self, PyObject *args) {
         return NULL;
     pacing.solo_until = clock_ns() + ns;
     pacing.gain = 0;
+    pacing.retry = ns > 0; /* as a window the pacing began */
     Py_RETURN_NONE;
+}
+
+/* pace_run(start_ns, end_ns, own_ns, parts) -> whether the parts run one after another at
+ * end_ns: one parallel run's times, on a clock of the caller's choosing, given to
+ * _parallel.h's pacing as run_parts gives them (tests; solo_for(0) ends what they began). */
+static PyObject *py_pace_run(PyObject *self, PyObject *args) {
+    long long start, end, own;
+    int parts;
+    if (!PyArg_ParseTuple(args, "LLLi", &start, &end, &own, &parts))
+        return NULL;
+    pace(start, end, own, parts);
+    return PyBool_FromLong(end < pacing.solo_until);
+}
+
+static PyObject *py_pacing_counts(PyObject *self, PyObject *args) {
+    return Py_BuildValue("LLL", (long long)pacing.parallel, (long long)pacing.solo,
+                         (long long)pacing.windows);
 }
 
 static PyMethodDef methods[] = {
@@ -741,6 +877,10 @@ static PyMethodDef methods[] = {
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},
     {"solo_for", py_solo_for, METH_VARARGS,
      "solo_for(ns): run the parts one after another on the caller for the next ns (tests)"},
+    {"pace_run", py_pace_run, METH_VARARGS,
+     "pace_run(start_ns, end_ns, own_ns, parts): a parallel run's times to the pacing (tests)"},
+    {"pacing_counts", py_pacing_counts, METH_NOARGS,
+     "(parallel runs, runs one after another, solo windows begun) so far"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -104,25 +104,46 @@ static void parallel_body(void *arg) {
 /* Whether parallel runs have been paying: gain = the caller's part times the parts (what
  * running them one after another would have taken, about) minus what the run took, averaged
  * over recent runs. While that average is negative the parts run on the caller (until
- * solo_until). Races between callers only blur the average; every part is computed either way. */
+ * solo_until). Races between callers only blur the average; every part is computed either way.
+ *
+ * The first parallel run after a solo window is judged apart: the workers spun out and slept
+ * during the window, and waking them is that run's cost, not a held core's. Judged with the
+ * rest, it began the next window whatever the host did, so that once one window began they
+ * doubled to a second each and the process kept to one thread to its end. It now begins
+ * the next window only if it lost more than WAKE_NS (a held core costs a time slice: the
+ * first parallel 576×960 float32 product after 50 ms idle took 1.4-5.7 ms on this host under
+ * load, against 24-30 µs for the next; waking an idle core takes tens of µs), and otherwise
+ * leaves the average to the runs after it. */
+#define WAKE_NS 1000000LL /* 1 ms */
+
 static struct {
     int64_t solo_until, solo_span, gain;
-    int paying_runs;
-} pacing = {0, SOLO_MIN_NS, 0, 0};
+    int paying_runs, retry; /* retry: the next parallel run is the first after a window */
+    int64_t parallel, solo, windows; /* runs each way, and solo windows begun (counts) */
+} pacing = {0, SOLO_MIN_NS, 0, 0, 0, 0, 0, 0};
 
-static void pace(int64_t end, int64_t total, int64_t own, int parts) {
-    int64_t gain = own * parts - total;
-    if (gain < -own * parts) /* one stall counts as one lost run, however long it was */
-        gain = -own * parts;
-    pacing.gain += (gain - pacing.gain) / 8; /* an average over ~8 runs */
+static void pace(int64_t start, int64_t end, int64_t own, int parts) {
+    int64_t gain = own * parts - (end - start);
+    if (pacing.retry) {
+        pacing.retry = 0;
+        if (gain >= -WAKE_NS)
+            return;
+        pacing.gain = -1; /* a held core still: the next window */
+    } else {
+        if (gain < -own * parts) /* one stall counts as one lost run, however long it was */
+            gain = -own * parts;
+        pacing.gain += (gain - pacing.gain) / 8; /* an average over ~8 runs */
+    }
     if (pacing.gain >= 0) {
         if (++pacing.paying_runs >= 64) /* the threads have been fine a while: short solos */
             pacing.solo_span = SOLO_MIN_NS;
         return;
     }
     pacing.solo_until = end + pacing.solo_span;
+    pacing.windows++;
     pacing.solo_span = pacing.solo_span * 2 < SOLO_MAX_NS ? pacing.solo_span * 2 : SOLO_MAX_NS;
     pacing.gain = 0; /* the next parallel run starts a fresh average */
+    pacing.retry = 1;
     pacing.paying_runs = 0;
 }
 
@@ -135,9 +156,11 @@ static void run_parts(PartFn fn, const void *job, int parts) {
             Parallel p = {fn, job, parts, 0};
             gomp_parallel(parallel_body, &p, (unsigned)parts, 0);
             int64_t end = clock_ns();
-            pace(end, end - start, p.own_ns, parts);
+            pace(start, end, p.own_ns, parts);
+            pacing.parallel++;
             return;
         }
+        pacing.solo++;
     }
     for (int part = 0; part < parts; part++)
         fn(job, part, parts);

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from glassgpt import kernels
 from glassgpt.errors import ConfigError
 from glassgpt.sample.filters import SamplingConfig, apply_penalties, probabilities, sorted_drop
-from glassgpt.sample.rows import FREQ, NUCLEUS, PRES, REP, Rows, _mix, _penalties, _top_p, uniforms
+from glassgpt.sample.rows import FREQ, PRES, REP, Rows, _mix, _penalties, _top_p, uniforms
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
@@ -153,9 +153,8 @@ def test_rows_sampled_together_equal_each_row_alone(
 def test_top_p_on_a_large_vocabulary_is_the_reference_and_row_independent(
     scale: float, path: str
 ) -> None:
-    """Top-p by the compiled kernel, and without it (past 2·NUCLEUS ids, the fallback looks
-    among each row's largest probabilities first and sorts the rows whose nucleus is wider):
-    the reference, row by row, alone or batched."""
+    """Top-p by the compiled kernel, and without it (PyTorch's sort): the reference, row by
+    row, alone or batched."""
     with kernels.hidden(*(["_rowwise"] if path == "fallback" else [])):
         _top_p_large_vocabulary(scale)
 
@@ -191,8 +190,7 @@ def _top_p_large_vocabulary(scale: float) -> None:
 def test_ties_at_the_cut_are_cut_as_the_filter_cuts_them(group: int, path: str) -> None:
     """A group of equal largest logits that the cut falls inside keeps its lowest ids in
     ``Rows`` (the server, ``generate``), as in the one-setting filter (``filters``: a stable
-    sort): with the kernel, and without it, where a group of 200 is cut among the NUCLEUS
-    largest (a top-k, whose order among ties is not the ids') and one of 1,500 is sorted."""
+    sort): with the kernel, and without it."""
     V, gen = 3000, torch.Generator().manual_seed(0)
     z = torch.randn(2, V, generator=gen) - 6
     z[:, torch.randperm(V, generator=gen)[:group]] = 0.0
@@ -208,6 +206,9 @@ def test_ties_at_the_cut_are_cut_as_the_filter_cuts_them(group: int, path: str) 
         )
 
 
+NUCLEUS = 256  # the rank below which the test puts p exactly at a token's mass
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     V=st.integers(2 * NUCLEUS + 1, 1200),
@@ -217,8 +218,8 @@ def test_ties_at_the_cut_are_cut_as_the_filter_cuts_them(group: int, path: str) 
     seed=st.integers(0, 2**31),
 )
 def test_top_p_without_the_kernel_is_the_sort(V, scale, levels, at_a_mass, seed) -> None:
-    """Without the kernel, a row cut among its largest probabilities (rows._nucleus_drop)
-    drops what the sort drops, p at random or exactly the mass before some token."""
+    """Without the kernel, top-p in ``Rows`` drops what the sort drops, p at random or exactly
+    the mass before some token."""
     rng = np.random.default_rng(seed)
     z = rng.normal(size=(3, V)) * scale
     z = torch.from_numpy(np.round(z / scale * levels) if levels else z).float()

@@ -38,8 +38,6 @@ from glassgpt.sample.filters import SamplingConfig, draw, sorted_drop
 # what a row uses, one bit each (``Rows.uses``): the step skips what no row uses
 REP, FREQ, PRES, BIAS, DRAW, TOP_K, TOP_P, MIN_P = (1 << i for i in range(8))
 PENALTY, EVERY = REP | FREQ | PRES, (1 << 8) - 1
-NUCLEUS = 256  # top-p without the kernel looks among a row's largest NUCLEUS probabilities first
-MARGIN = 2.0**-20  # ... and cuts there when the mass before the next clears p by this much
 SMALL = 1024  # up to this vocabulary a step filters every row (an off setting is exact)
 
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # SplitMix64's constants, as signed int64
@@ -314,9 +312,7 @@ def _top_k(z: Tensor, k: Tensor) -> Tensor:
 def _top_p(z: Tensor, p: Tensor) -> Tensor:
     """Row b keeps the shortest most-probable prefix whose mass reaches p_b (2: off): the bits
     of ``filters.top_p_drop``, whose kernel takes float32 rows on a CPU (no sort of the
-    vocabulary). Elsewhere, rows whose cut falls clearly among their NUCLEUS largest
-    probabilities are cut there (:func:`_nucleus_drop`, a partial top-k), the others sorted
-    whole. Which way a row goes depends on that row alone."""
+    vocabulary); elsewhere PyTorch's sort of the rows that use top-p."""
     probs = torch.softmax(z, dim=-1)
     filled = kernels.top_p_fill(z, probs, p)  # (a row with p ≥ 2 keeps everything: its
     if filled is not None:  # mass before a token is below 2)
@@ -325,32 +321,7 @@ def _top_p(z: Tensor, p: Tensor) -> Tensor:
     # off row's p is 2: a softmax's mass before a token is below that, it drops nothing)
     if on.numel() < p.numel():
         return z.index_copy(0, on, _top_p(z[on], p[on])) if on.numel() else z
-    drop = _nucleus_drop(probs, p) if z.shape[-1] > 2 * NUCLEUS else None
-    return z.masked_fill(sorted_drop(probs, p) if drop is None else drop, -math.inf)
-
-
-def _nucleus_drop(probs: Tensor, p: Tensor) -> Tensor | None:
-    """``sorted_drop(probs, p)`` [h, V] from each row's K = NUCLEUS + 1 largest probabilities,
-    for the rows where that is exact (the others sorted); None where no row is.
-
-    The K largest, in ascending id order, sorted again stably, are the first K of the sort
-    when no id outside them ties the K-th; their cumsum is then the sort's first K. The mass
-    before the K-th at least p + MARGIN drops every token from there on (the mass before a
-    token, as computed, is within 2⁻²² of the exact prefix sum; see kernels/_nucleus.h)."""
-    K = NUCLEUS + 1
-    top = torch.topk(probs, K, dim=-1).indices.sort(-1).values  # ascending ids
-    vals, at = torch.sort(probs.gather(-1, top), dim=-1, descending=True, stable=True)
-    ids = top.gather(-1, at)
-    before = vals.cumsum(-1) - vals
-    whole = (probs >= vals[:, -1:]).sum(-1) == K  # no tie with the K-th left out
-    cut = whole & (before[:, -1].double() >= p.double() + MARGIN)
-    if not bool(cut.any()):
-        return None
-    drop = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, ids, before >= p[:, None])
-    rest = (~cut).nonzero()[:, 0]
-    if rest.numel():
-        drop = drop.index_copy(0, rest, sorted_drop(probs[rest], p[rest]))
-    return drop
+    return z.masked_fill(sorted_drop(probs, p), -math.inf)
 
 
 def _min_p(z: Tensor, m: Tensor) -> Tensor:

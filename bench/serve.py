@@ -117,10 +117,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stat_seconds(stat: Path) -> float:
+    """User + system CPU seconds from a /proc ``stat`` file (a process's or a thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def cpu_seconds(pid: int) -> float:
     """The CPU time a process has used so far (user + system, all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return stat_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def thread_seconds(pid: int) -> dict[str, float]:
@@ -133,11 +138,10 @@ def thread_seconds(pid: int) -> dict[str, float]:
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds = stat_seconds(task / "stat")
         except OSError:  # (a thread that has just ended)
             continue
         part = "loop" if task.name == str(pid) else parts.get(name, "other")
-        seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         out[part] = out.get(part, 0.0) + seconds
     return out
 

@@ -257,10 +257,10 @@ AVX2 static void rows_avx2_bf16(const Job *j, float *out, const float *bias, int
     rows_avx2_body(j, out, bias, k0, k1, 1);
 }
 
-/* panels_plain for one row of x and a whole panel p, the 64 sums in eight registers, W
- * read once, in order; half: W bfloat16, each weight widened exactly as it is read (load8). */
-AVX2 static inline __attribute__((always_inline)) void
-panel_avx2_body(const Job *j, int p, const int half) {
+/* panels_plain for one row of x and a whole float32 panel p, the 64 sums in eight
+ * registers, W read once, in order (bf16 panels: panel_avx2_bf16). */
+AVX2 static void panel_avx2_f32(const Job *j, int p) {
+    const int half = 0;
     const int K = j->K;
     size_t w = (size_t)p * K * PANEL;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
@@ -304,7 +304,7 @@ slices_avx2_body(const Job *j, int p, int q0, int q1, const int half) {
     panel_out(j, p, 0, acc, q0 * SLICE, q1 * SLICE);
 }
 
-/* panel_avx2_body for a bf16 panel, widened sixteen weights (one 32-byte load) at a time in
+/* panel_avx2_f32 for a bf16 panel, widened sixteen weights (one 32-byte load) at a time in
  * two operations, as pairs_rows_bf16 does with AVX-512F: a shift left by 16 gives the even
  * weights of each 32-bit lane as float32, a mask of the low half the odd ones; the sums kept
  * by parity are put back in order once. The same FMAs over k in order: the same bits. */
@@ -342,7 +342,7 @@ AVX2 static void panel_avx2_bf16(const Job *j, int p) {
 
 AVX2 static void panels_avx2(const Job *j, int p, int q0, int q1) {
     if (q0 == 0 && q1 == PANEL / SLICE)
-        j->bf16 ? panel_avx2_bf16(j, p) : panel_avx2_body(j, p, 0);
+        j->bf16 ? panel_avx2_bf16(j, p) : panel_avx2_f32(j, p);
     else
         j->bf16 ? slices_avx2_body(j, p, q0, q1, 1) : slices_avx2_body(j, p, q0, q1, 0);
 }
@@ -403,12 +403,12 @@ panel_avx512_body(const Job *j, int p, int q0, const int Q, const int half) {
     }
 }
 
-AVX512 static void panel_avx512_half(const Job *j, int p, int q0, int q1, const int half) {
+AVX512 static void panel_avx512_f32(const Job *j, int p, int q0, int q1) {
     switch (q1 - q0) {
-    case 4: panel_avx512_body(j, p, 0, 4, half); break;
-    case 3: panel_avx512_body(j, p, q0, 3, half); break;
-    case 2: panel_avx512_body(j, p, q0, 2, half); break;
-    default: panel_avx512_body(j, p, q0, 1, half); break;
+    case 4: panel_avx512_body(j, p, 0, 4, 0); break;
+    case 3: panel_avx512_body(j, p, q0, 3, 0); break;
+    case 2: panel_avx512_body(j, p, q0, 2, 0); break;
+    default: panel_avx512_body(j, p, q0, 1, 0); break;
     }
 }
 
@@ -493,7 +493,7 @@ AVX512 static void panels_avx512(const Job *j, int p, int q0, int q1) {
     if (j->bf16)
         panel_avx512_bf16(j, p, q0, q1);
     else
-        panel_avx512_half(j, p, q0, q1, 0);
+        panel_avx512_f32(j, p, q0, q1);
 }
 
 #endif

@@ -1,6 +1,7 @@
 """Memory read bandwidth on the CPU, and the decoding roofline it sets for the family shapes.
 
     PYTHONPATH=src python bench/bandwidth.py [--threads 2] [--gib 1] [--repeats 5]
+    PYTHONPATH=src python bench/bandwidth.py --residency [--threads 1]
 
 A batch-1 decoding step reads every weight once (two flops per weight read), so it cannot
 take less than weight bytes / read bandwidth. This probe reads one buffer of --gib GiB (far
@@ -21,6 +22,14 @@ reads (the weights that take part in a product, the unembedding once, float32, b
 int8 with its float32 scale per output; the KV cache at 144 positions) over that bandwidth,
 and the ratio to llama.cpp that it allows, given llama.cpp's ms per token (--llama, as
 ``bench/families.py`` prints them).
+
+--residency asks whether a few MB of weights could stay in the L3 cache from one decoding
+step to the next (a step streams 276-545 MB through it, so only a subset read apart from
+the stream could). A matrix of 8, 16 and 24 MB on 2 MiB pages is read by the panel product
+(medians of --repeats × 5 reads, GB/s): back to back (the L3's rate); after the process
+idles 1 ms and 10 ms (reading nothing: what other processes and the host's other tenants
+evict meanwhile); and after a 256 MB product between reads (a step's stream, read normally).
+If the idle reads already run at the memory's rate, no read hint can keep the subset.
 """
 
 from __future__ import annotations
@@ -100,6 +109,38 @@ def probes(gib: float, threads: int, repeats: int) -> dict[str, float]:
     return rates
 
 
+def residency(threads: int, repeats: int) -> None:
+    """Print the read rate of an 8, 16 and 24 MB panel matrix read back to back, after an
+    idle pause and after a 256 MB stream (see the module docstring)."""
+    gemv = extension("_gemv")
+    if gemv is None:
+        raise SystemExit("glassgpt's _gemv is not built")
+    torch.set_num_threads(threads)
+    N = 4096
+
+    def product(mb: float) -> Any:
+        K = int(mb * 2**20) // 4 // N
+        P, row, y = huge_page_copy(torch.rand(K * N)), torch.rand(K), torch.empty(N)
+        return lambda: gemv.gemv_panels(row.data_ptr(), P.data_ptr(), 0, y.data_ptr(), 1, K,
+                                        N, threads), K * N * 4  # fmt: skip
+
+    stream, _ = product(256)
+    print("| MB | back to back | after 1 ms idle | after 10 ms idle | after a 256 MB stream |")
+    print("|---:|---:|---:|---:|---:|")
+    for mb in (8, 16, 24):
+        read, nbytes = product(mb)
+        rates = []
+        for before in (lambda: None, lambda: time.sleep(0.001), lambda: time.sleep(0.01), stream):
+            times = []
+            for _ in range(5 * repeats):
+                before()
+                t = time.perf_counter()
+                read()
+                times.append(time.perf_counter() - t)
+            rates.append(nbytes / statistics.median(times) / 1e9)
+        print(f"| {mb} | " + " | ".join(f"{r:.1f}" for r in rates) + " |")
+
+
 def step_bytes(shape: dict[str, int], precision: str, positions: int = 144) -> float:
     """Bytes one batch-1 decoding step reads: the block and unembedding weights (int8: one
     float32 scale per output column beside them), the norms' gains, the KV cache (float32)."""
@@ -117,6 +158,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--gib", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--residency", action="store_true",
+                   help="whether a few MB stay in the L3 cache between reads (see above)")
     p.add_argument("--llama", action="append", default=[], metavar="SHAPE:PRECISION=MS",
                    help="llama.cpp's ms per token, e.g. smollm2-135m:bf16=10.1")  # fmt: skip
     args = p.parse_args()
@@ -126,6 +169,10 @@ def main() -> None:
         shape, _, precision = key.partition(":")
         llama[(shape, precision)] = float(ms)
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    if args.residency:
+        print(f"{args.threads} threads, panel products on 2 MiB pages; load average {load}")
+        residency(args.threads, args.repeats)
+        return
     print(f"{args.threads} threads, {args.gib:g} GiB buffer, medians of {args.repeats}; "
           f"load average {load}")  # fmt: skip
     rates = probes(args.gib, args.threads, args.repeats)

@@ -159,7 +159,7 @@ def main() -> None:
     p.add_argument("--gib", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--residency", action="store_true",
-                   help="whether a few MB stay in the L3 cache between reads (see above)")
+                   help="whether a few MB stay in the L3 cache between reads (see above)")  # fmt: skip
     p.add_argument("--llama", action="append", default=[], metavar="SHAPE:PRECISION=MS",
                    help="llama.cpp's ms per token, e.g. smollm2-135m:bf16=10.1")  # fmt: skip
     args = p.parse_args()

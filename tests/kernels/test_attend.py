@@ -154,3 +154,73 @@ def test_without_the_extension_pytorch_computes_it(monkeypatch: pytest.MonkeyPat
         got = attention_door.attention(q, k, v, offset=4)
     torch.testing.assert_close(got, torch.nn.functional.scaled_dot_product_attention(q, k, v))
     assert calls == []
+
+
+def _decoding_attention(threads: int, Tk: int = 144) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """A SmolLM2-shaped decoding step's attention (9 query heads over 3 key/value heads of
+    64, one query over Tk cached keys) through ``_attend`` with ``threads`` threads: z, and
+    the process's pacing counts it added (parallel runs, runs on the caller, windows)."""
+    from glassgpt.kernels.extensions import extension
+
+    _attend, _gemv = extension("_attend"), extension("_gemv")
+    gen = torch.Generator().manual_seed(Tk)
+    q = torch.randn(1, 9, 1, 64, generator=gen)
+    k, v = (torch.randn(1, 3, Tk + 16, 64, generator=gen) for _ in range(2))
+    z = torch.empty(1, 9, 1, 64)
+    strides = (*q.stride(), *k.stride(), *v.stride(), 0, 0, 0, 0, *z.stride())
+    before = _gemv.pacing_counts()
+    _attend.attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, z.data_ptr(), 1, 9, 1, Tk, 64,
+                   Tk - 1, strides, threads, 0, 3)  # fmt: skip
+    counts = tuple(b - a for a, b in zip(before, _gemv.pacing_counts(), strict=True))
+    return z, counts
+
+
+def _threads_run(_gemv: object) -> bool:
+    """Whether a product given two threads runs in parallel here (an OpenMP runtime found)."""
+    x, P, y = torch.ones(512), torch.ones(512 * 128), torch.empty(128)
+    try:
+        _gemv.solo_for(0)  # type: ignore[attr-defined]
+        before = _gemv.pacing_counts()[0]  # type: ignore[attr-defined]
+        _gemv.gemv_panels(x.data_ptr(), P.data_ptr(), 0, y.data_ptr(), 1, 512, 128, 2)  # type: ignore[attr-defined]
+        return _gemv.pacing_counts()[0] > before  # type: ignore[attr-defined]
+    finally:
+        _gemv.solo_for(0)  # type: ignore[attr-defined]
+
+
+def test_a_decoding_steps_heads_run_on_two_threads_with_the_one_thread_bits() -> None:
+    """At SmolLM2's decoding shape (9 heads, 144 keys) the heads are shared by two threads
+    (one thread's 221 KB of cached keys and values read at one core's rate took 20-28 µs a
+    layer); each head is one item on one thread either way, so z is the same bits."""
+    pytest.importorskip("glassgpt.kernels._gemv")
+    from glassgpt.kernels.extensions import extension
+
+    _gemv = extension("_gemv")
+    if not _threads_run(_gemv):
+        pytest.skip("no OpenMP runtime found: every part runs on the caller")
+    try:
+        _gemv.solo_for(0)
+        parallel, counts = _decoding_attention(2)
+    finally:
+        _gemv.solo_for(0)
+    one, _ = _decoding_attention(1)
+    assert counts[0] == 1  # one parallel run (the pacing had nothing against it)
+    assert torch.equal(parallel, one)
+
+
+def test_one_pacing_for_the_process() -> None:
+    """A window on one thread that the products' pacing began (``_gemv.solo_for``, as after
+    slow parallel runs) holds for the attention too: its parts run one after another on the
+    caller, counted in the one pacing's counts (each extension kept a pacing of its own
+    before, so the attention kept trying its threads while a held core stalled it)."""
+    pytest.importorskip("glassgpt.kernels._gemv")
+    from glassgpt.kernels.extensions import extension
+
+    _gemv = extension("_gemv")
+    try:
+        _gemv.solo_for(10**10)
+        solo, counts = _decoding_attention(2)
+    finally:
+        _gemv.solo_for(0)
+    assert counts[:2] == (0, 1)
+    one, _ = _decoding_attention(1)
+    assert torch.equal(solo, one)

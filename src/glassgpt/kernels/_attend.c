@@ -330,8 +330,13 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
         threads = MAX_THREADS;
     if (threads > items)
         threads = items;
-    /* A second thread's wake-up costs about as much as 2^17 multiply-adds here. */
-    if ((long long)items * Tk * D < (1LL << 17))
+    /* A second thread pays from about 2^16 multiply-adds: a decoding step's attention reads
+     * its cached keys and values from memory (the step's weights streamed through every
+     * cache since), one core at a time below that. SmolLM2's 9 heads over 144 keys (2^16.3):
+     * 20.5 µs on one thread, 17.0 on two, its worker warm from the product before (under
+     * load; 300 keys 32.8 and 23.4; 64 keys no gain). It was 2^17 while waking a slept
+     * worker was the cost; a decoding step's worker has just run the q, k, v product. */
+    if ((long long)items * Tk * D < (1LL << 16))
         threads = 1;
     job.scratch = PyMem_RawMalloc(sizeof(float) * (size_t)threads * Tk);
     if (!job.scratch)

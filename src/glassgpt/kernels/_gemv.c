@@ -58,7 +58,8 @@
  *   pace_run(start_ns, end_ns, own_ns, parts) -> whether the parts run one after another
  *   at end_ns, after one parallel run of those times given to the pacing (tests)
  *   pacing_counts() -> (parallel runs, runs one after another that would have been
- *   parallel, solo windows begun) of this module's calls so far (bench/step_profile.py)
+ *   parallel, solo windows begun) so far, of every glassgpt extension's calls in the
+ *   process (one pacing: _parallel.h; bench/step_profile.py)
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -828,9 +829,10 @@ static PyObject *py_solo_for(PyObject *self, PyObject *args) {
     long long ns;
     if (!PyArg_ParseTuple(args, "L", &ns))
         return NULL;
-    pacing.solo_until = clock_ns() + ns;
-    pacing.gain = 0;
-    pacing.retry = ns > 0; /* as a window the pacing began */
+    Pacing *pacing = pacing_state();
+    pacing->solo_until = clock_ns() + ns;
+    pacing->gain = 0;
+    pacing->retry = ns > 0; /* as a window the pacing began */
     Py_RETURN_NONE;
 }
 
@@ -843,12 +845,13 @@ static PyObject *py_pace_run(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "LLLi", &start, &end, &own, &parts))
         return NULL;
     pace(start, end, own, parts);
-    return PyBool_FromLong(end < pacing.solo_until);
+    return PyBool_FromLong(end < pacing_state()->solo_until);
 }
 
 static PyObject *py_pacing_counts(PyObject *self, PyObject *args) {
-    return Py_BuildValue("LLL", (long long)pacing.parallel, (long long)pacing.solo,
-                         (long long)pacing.windows);
+    const Pacing *pacing = pacing_state();
+    return Py_BuildValue("LLL", (long long)pacing->parallel, (long long)pacing->solo,
+                         (long long)pacing->windows);
 }
 
 static PyMethodDef methods[] = {

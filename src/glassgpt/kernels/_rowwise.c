@@ -16,8 +16,8 @@
  * A decoding step's few rows on one thread: PyTorch's kernels spend most of a call on set-up
  * when the input is one row of 768 values (10-17 µs in a decoding step against about 1 µs of
  * arithmetic); these do the arithmetic alone. A training step's GELU and norms over whole
- * activations in parts on PyTorch's threads (_parallel.h: one thread pool and one pacing for
- * the whole extension, which is why the families are headers of one translation unit): one
+ * activations in parts on PyTorch's threads (_parallel.h: one thread pool, and one pacing for
+ * the process; the families are headers of one translation unit): one
  * pass each, where PyTorch's tanh GELU takes a slow vectorised tanh and its σ form four
  * passes ([12, 64, 512], 2 threads: forward 127 µs against 476 for the σ form, forward and
  * backward 307 against 1,131).

@@ -571,3 +571,43 @@ def test_float32_x_of_a_bf16_weight_past_the_panels_prompt_rows(
     unpack(W)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), x.double() @ W.double(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize(
+    "K, N", [(576, 576), (576, 960), (1536, 576), (576, 3072), (64, 1000), (40, 130), (9, 320)]
+)
+def test_two_streams_give_the_one_panel_at_a_time_bits(bf16: bool, K: int, N: int) -> None:
+    """One row's whole panels read two at a time (AVX-512F: the first half of a part's panels
+    beside the second, two streams of W a thread) give bit for bit what one panel at a time
+    gives: each output is the same multiply-adds over k in order. SmolLM2's shapes (9, 15
+    and 48 panels), a partial last panel, 1-5 threads so that a part begins and ends at every
+    slice and holds an odd or even count of whole panels; NaN and -inf among the weights."""
+    if _gemv.panels_rows() == 1:
+        pytest.skip("no AVX-512F here: one panel at a time is the only kernel")
+    gen = torch.Generator().manual_seed(K * N)
+    W = torch.randn(K, N, generator=gen)
+    W[1, 5], W[2, -1] = float("nan"), float("-inf")
+    W = W.to(torch.bfloat16) if bf16 else W
+    P, b = dense.panels(W), torch.randn(N, generator=gen)
+    call = _gemv.gemv_panels_bf16 if bf16 else _gemv.gemv_panels
+    x = torch.randn(1, K, generator=gen)
+
+    def product(threads: int) -> torch.Tensor:
+        y = torch.full((1, N), 7.0)
+        call(x.data_ptr(), P.data_ptr(), b.data_ptr(), y.data_ptr(), 1, K, N, threads)
+        return y
+
+    try:
+        for threads in (1, 2, 3, 5):
+            _gemv.two_streams(False)
+            one = product(threads)
+            assert _gemv.two_streams(True)
+            two = product(threads)
+            assert torch.equal(two.isnan(), one.isnan()), threads
+            assert torch.equal(two.nan_to_num(), one.nan_to_num()), threads
+    finally:
+        _gemv.two_streams(True)
+    keep = torch.ones(N, dtype=torch.bool)  # the columns that NaN and -inf do not reach
+    keep[5], keep[-1] = False, False
+    _close(one[:, keep], x, W[:, keep].float(), b[keep])

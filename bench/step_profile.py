@@ -1,7 +1,7 @@
 """Where a replayed decoding step's time goes: each compiled call timed, by kernel.
 
     PYTHONPATH=src python bench/step_profile.py [--shape smollm2-135m] [--dtype float32]
-        [--threads 2] [--steps 20] [--cpu] [--two-streams-ab 20]
+        [--threads 2] [--steps 20] [--cpu]
 
 Random weights at one of ``bench/families.py``'s shapes, cast to --dtype, a 16-token prompt,
 then --steps replayed one-token steps (``glassgpt.sample.replay``) with a timer around every
@@ -14,12 +14,6 @@ them on one for a while after parallel runs that a busy core made slow). --cpu
 times the calling thread's CPU time instead of the wall clock: on a loaded host that leaves
 out the time slices other processes took (with 1 thread, every call's whole cost; with more,
 the other threads' parts are not counted).
-
---two-streams-ab N instead alternates N bursts of 16 replayed steps with one row's panels
-read two at a time (``_gemv.two_streams``, AVX-512F) and N with one panel at a time, in this
-one process (half a second's rest before each burst), and prints each way's median ms a
-step and the median of the per-pair ratios (one / two): an A/B in the same minutes, without
-a second process's start.
 """
 
 from __future__ import annotations
@@ -52,13 +46,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cpu", action="store_true", help="the thread's CPU time, not wall time")
-    p.add_argument("--two-streams-ab", type=int, default=0, metavar="N",
-                   help="alternate N bursts each with and without two streams (see above)")  # fmt: skip
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.thread_time_ns if args.cpu else time.perf_counter_ns
-    capacity = 16 + 2 * args.two_streams_ab * 16 + 8 if args.two_streams_ab else 256
-    decoder = Decoder.start(cast(random_model(SHAPES[args.shape][0]), args.dtype), 1, capacity)
+    decoder = Decoder.start(cast(random_model(SHAPES[args.shape][0]), args.dtype), 1, 256)
     with torch.inference_mode():
         decoder.model(torch.arange(16)[None], cache=decoder.cache)
     decoder.step([5])
@@ -66,9 +57,6 @@ def main() -> None:
     if not isinstance(step, ReplayedStep):
         sys.exit(f"not replayed: {decoder.why}")
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    if args.two_streams_ab:
-        two_streams_ab(decoder, args, load)
-        return
     print(f"{args.shape} {args.dtype}, {args.threads} threads, {len(step.calls)} calls a step, "
           f"{'CPU' if args.cpu else 'wall'} time; load average {load}")  # fmt: skip
     total: collections.Counter[str] = collections.Counter()
@@ -116,32 +104,6 @@ def main() -> None:
         rate = f"{read[name] * count[name] / ns:.1f}" if name in read else ""
         print(f"| {name} | {count[name] // args.steps} | {ns / args.steps / 1e6:.3f} | "
               f"{ns / count[name] / 1e3:.2f} | {rate} |")  # fmt: skip
-
-
-def two_streams_ab(decoder: Decoder, args: argparse.Namespace, load: str) -> None:
-    """Alternate bursts of 16 steps with ``_gemv.two_streams`` on and off (see above)."""
-    if not hasattr(_gemv, "two_streams") or _gemv.panels_rows() == 1:
-        sys.exit("this _gemv reads one panel at a time only (no two_streams, or no AVX-512F)")
-    ms: dict[bool, list[float]] = {True: [], False: []}
-    try:
-        for b in range(2 * args.two_streams_ab):
-            on = b % 2 == 0
-            _gemv.two_streams(on)
-            time.sleep(0.5)
-            t = time.perf_counter_ns()
-            for i in range(16):
-                decoder.step([(7 * i + b) % 1000])
-            ms[on].append((time.perf_counter_ns() - t) / 16 / 1e6)
-    finally:
-        _gemv.two_streams(True)
-    ratios = sorted(one / two for two, one in zip(ms[True], ms[False], strict=True))
-    after = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"{args.shape} {args.dtype}, {args.threads} threads, {args.two_streams_ab} bursts of "
-          f"16 steps each way; load average {load} → {after}")  # fmt: skip
-    print(f"two streams {statistics.median(ms[True]):.2f} ms a step, one "
-          f"{statistics.median(ms[False]):.2f}; one / two per pair: median "
-          f"{statistics.median(ratios):.3f}, quartiles {ratios[len(ratios) // 4]:.3f}–"
-          f"{ratios[3 * len(ratios) // 4]:.3f}")  # fmt: skip
 
 
 # The panel products' arguments: (M, K, N) at 4..6 with the bf16 flag (half) after threads at

@@ -53,8 +53,6 @@
  *   panels_rows() -> the most rows of x gemv_panels takes (8 with AVX-512F, else 1)
  *   has_avx2() -> bool; kernel() -> "avx2" or "portable"; use_portable(flag) (tests)
  *   wide_registers(flag) -> whether the AVX-512F panels are in use (False: the AVX2 ones)
- *   two_streams(flag) -> whether one row's whole panels are read two at a time, each thread
- *   two streams of W (AVX-512F; False: one panel after another), for tests and benches
  *   solo_for(ns): the parts run one after another on the caller for the next ns
  *   (as after slow parallel runs, see _parallel.h; 0 ends it)
  *   pace_run(start_ns, end_ns, own_ns, parts) -> whether the parts run one after another
@@ -492,78 +490,6 @@ AVX512 static void panel_avx512_bf16(const Job *j, int p, int q0, int q1) {
     }
 }
 
-/* Two whole panels pa and pb for one row of x, read as two streams at once, a row (k) of
- * each in turn: panel_avx512_f32's sums of both (four registers each), the same FMAs over k
- * in order, so the same bits. Two streams a core draw more from memory than one: a probe
- * reading the same bytes as 1, 2, 4 and 8 interleaved streams a thread (rows of 256 bytes,
- * medians of 41 alternating passes, 256 MB on 2 MiB pages) read 30.6, 32.3, 32.0 and 31.3
- * GB/s on one thread and 56.9, 60.6, 59.1 and 55.1 on two (+5-6% for two). */
-AVX512 static void two_panels_avx512_f32(const Job *j, int pa, int pb) {
-    const int K = j->K;
-    const float *wa = (const float *)j->W + (size_t)pa * K * PANEL;
-    const float *wb = (const float *)j->W + (size_t)pb * K * PANEL;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
-           b3 = a0;
-    for (int k = 0; k < K; k++, wa += PANEL, wb += PANEL) {
-        const __m512 s = _mm512_set1_ps(j->x[k]);
-        a0 = _mm512_fmadd_ps(s, _mm512_loadu_ps(wa), a0);
-        b0 = _mm512_fmadd_ps(s, _mm512_loadu_ps(wb), b0);
-        a1 = _mm512_fmadd_ps(s, _mm512_loadu_ps(wa + 16), a1);
-        b1 = _mm512_fmadd_ps(s, _mm512_loadu_ps(wb + 16), b1);
-        a2 = _mm512_fmadd_ps(s, _mm512_loadu_ps(wa + 32), a2);
-        b2 = _mm512_fmadd_ps(s, _mm512_loadu_ps(wb + 32), b2);
-        a3 = _mm512_fmadd_ps(s, _mm512_loadu_ps(wa + 48), a3);
-        b3 = _mm512_fmadd_ps(s, _mm512_loadu_ps(wb + 48), b3);
-    }
-    float acc[PANEL];
-    _mm512_storeu_ps(acc, a0), _mm512_storeu_ps(acc + 16, a1);
-    _mm512_storeu_ps(acc + 32, a2), _mm512_storeu_ps(acc + 48, a3);
-    panel_out(j, pa, 0, acc, 0, PANEL);
-    _mm512_storeu_ps(acc, b0), _mm512_storeu_ps(acc + 16, b1);
-    _mm512_storeu_ps(acc + 32, b2), _mm512_storeu_ps(acc + 48, b3);
-    panel_out(j, pb, 0, acc, 0, PANEL);
-}
-
-/* The same for two whole bf16 panels: pairs_rows_bf16's widening and sums by parity (four
- * registers a panel), the same FMAs over k in order, so the same bits. */
-AVX512 static void two_panels_avx512_bf16(const Job *j, int pa, int pb) {
-    const int K = j->K;
-    const uint16_t *wa = (const uint16_t *)j->W + (size_t)pa * K * PANEL;
-    const uint16_t *wb = (const uint16_t *)j->W + (size_t)pb * K * PANEL;
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-    __m512 even[2][2], odd[2][2];
-    for (int i = 0; i < 2; i++)
-        even[0][i] = odd[0][i] = even[1][i] = odd[1][i] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k++, wa += PANEL, wb += PANEL) {
-        const __m512 s = _mm512_set1_ps(j->x[k]);
-        for (int i = 0; i < 2; i++) {
-            const __m512i va = _mm512_loadu_si512((const void *)(wa + 32 * i));
-            const __m512i vb = _mm512_loadu_si512((const void *)(wb + 32 * i));
-            even[0][i] = _mm512_fmadd_ps(s, _mm512_castsi512_ps(_mm512_slli_epi32(va, 16)),
-                                         even[0][i]);
-            odd[0][i] = _mm512_fmadd_ps(s, _mm512_castsi512_ps(_mm512_and_si512(va, high)),
-                                        odd[0][i]);
-            even[1][i] = _mm512_fmadd_ps(s, _mm512_castsi512_ps(_mm512_slli_epi32(vb, 16)),
-                                         even[1][i]);
-            odd[1][i] = _mm512_fmadd_ps(s, _mm512_castsi512_ps(_mm512_and_si512(vb, high)),
-                                        odd[1][i]);
-        }
-    }
-    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i hi =
-        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-    const int panel[2] = {pa, pb};
-    for (int r = 0; r < 2; r++) {
-        float acc[PANEL];
-        for (int i = 0; i < 2; i++) {
-            float *out = acc + SLICE * 2 * i;
-            _mm512_storeu_ps(out, _mm512_permutex2var_ps(even[r][i], lo, odd[r][i]));
-            _mm512_storeu_ps(out + SLICE, _mm512_permutex2var_ps(even[r][i], hi, odd[r][i]));
-        }
-        panel_out(j, panel[r], 0, acc, 0, PANEL);
-    }
-}
-
 AVX512 static void panels_avx512(const Job *j, int p, int q0, int q1) {
     if (j->bf16)
         panel_avx512_bf16(j, p, q0, q1);
@@ -601,25 +527,9 @@ static void rows_part(const void *job, int part, int parts) {
     rows_plain(j, out, bias, k0, k1);
 }
 
-static int two_streams = 1; /* tests and benches: 0 reads one panel at a time */
-
 /* The slices s0 ≤ s < s1 (16 outputs each) of the panels form into y. */
 static void run_slices(const Job *j, int s0, int s1) {
     const int per = PANEL / SLICE;
-#if GG_X86
-    /* One row of x on AVX-512F: the whole panels of the run as two streams, the first half
-     * of them beside the second (two_panels_avx512_f32); any part panel at either end and
-     * an odd panel left as before. */
-    const int w0 = (s0 + per - 1) / per, w1 = s1 / per, n = w1 - w0;
-    if (use_avx512 && two_streams && j->M == 1 && n >= 2) {
-        const int h = n / 2;
-        if (s0 < w0 * per)
-            run_slices(j, s0, w0 * per);
-        for (int i = 0; i < h; i++)
-            (j->bf16 ? two_panels_avx512_bf16 : two_panels_avx512_f32)(j, w0 + i, w0 + h + i);
-        s0 = (w0 + 2 * h) * per; /* the odd panel, if any, and the tail: below */
-    }
-#endif
     while (s0 < s1) {
         const int p = s0 / per, q0 = s0 % per, q1 = s1 - p * per < per ? s1 - p * per : per;
 #if GG_X86
@@ -915,16 +825,6 @@ static PyObject *py_wide_registers(PyObject *self, PyObject *flag) {
     return PyBool_FromLong(use_avx512);
 }
 
-/* two_streams(flag): whether one row's whole panels are read two at a time (AVX-512F; tests
- * and benches, no call in flight); returns the setting now. */
-static PyObject *py_two_streams(PyObject *self, PyObject *flag) {
-    const int on = PyObject_IsTrue(flag);
-    if (on < 0)
-        return NULL;
-    two_streams = on;
-    return PyBool_FromLong(two_streams);
-}
-
 static PyObject *py_solo_for(PyObject *self, PyObject *args) {
     long long ns;
     if (!PyArg_ParseTuple(args, "L", &ns))
@@ -976,8 +876,6 @@ static PyMethodDef methods[] = {
     {"has_avx2", py_has_avx2, METH_NOARGS, "whether the AVX2 + FMA kernels are in use"},
     {"wide_registers", py_wide_registers, METH_O,
      "wide_registers(flag): the AVX-512F panels where the CPU has them, or the AVX2 ones (tests)"},
-    {"two_streams", py_two_streams, METH_O,
-     "two_streams(flag): one row's whole panels read two at a time (AVX-512F), or one (tests)"},
     {"kernel", kernel_name, METH_NOARGS, "the kernels in use: 'avx2' or 'portable'"},
     {"use_portable", use_portable, METH_O, "use_portable(flag): force the portable loops (tests)"},
     {"solo_for", py_solo_for, METH_VARARGS,

@@ -9,8 +9,9 @@ recorded call. Printed per kernel, the products by shape (K × N, and two matric
 SwiGLU's fused pair): calls a step, ms a step, µs a call, and for the panel products the GB/s
 their weights were read at (a thin product far below the unembedding's says the cost is the
 call's, not the bytes'); the step's median time with and without the timers; and how many
-products of the untimed steps ran on both threads or on one (``_parallel.h``'s pacing puts
-them on one for a while after parallel runs that a busy core made slow). --cpu
+calls of the untimed steps (products and attention: one pacing for the process) ran on both
+threads or on one (``_parallel.h``'s pacing puts them on one for a while after parallel runs
+that a busy core made slow). --cpu
 times the calling thread's CPU time instead of the wall clock: on a loaded host that leaves
 out the time slices other processes took (with 1 thread, every call's whole cost; with more,
 the other threads' parts are not counted).
@@ -96,8 +97,8 @@ def main() -> None:
           f"({statistics.median(timed_steps) / 1e6:.2f} with a timer around each call)")  # fmt: skip
     # _parallel.h's pacing: products that ran on one thread because recent parallel runs
     # were slow (another process held a core) make a slower step
-    print(f"products over the untimed steps: {parallel} parallel, {solo} on one thread "
-          f"({windows} solo windows begun)\n")  # fmt: skip
+    print(f"parallel calls over the untimed steps (products, attention): {parallel} parallel, "
+          f"{solo} on one thread ({windows} solo windows begun)\n")  # fmt: skip
     print("| kernel | calls a step | ms a step | µs a call | weights GB/s |")
     print("|---|---:|---:|---:|---:|")
     for name, ns in total.most_common():

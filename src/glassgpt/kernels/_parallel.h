@@ -14,7 +14,8 @@
  * after another on the caller for a while, then try the threads again, waiting longer after
  * each failed try (SOLO_MIN_NS doubling up to SOLO_MAX_NS). A late join now and then (a busy
  * host) does not stop the threads; a core held by another process does. Every part computes
- * the same thing either way, so results do not depend on which way they ran.
+ * the same thing either way, so results do not depend on which way they ran. The pacing is
+ * one for the process, shared by every extension that includes this header (pacing_state).
  *
  * Finding the runtime: on Linux, among the loaded libraries (dl_iterate_phdr, as PyTorch
  * loads its libgomp privately); on macOS and the BSDs, by name among every loaded image

@@ -1,17 +1,26 @@
-"""Replayed decoding steps of two checkouts, alternated process by process (an A/B).
+"""Replayed decoding steps (and prompts) of two checkouts, alternated process by process (an A/B).
 
     PYTHONPATH=src python bench/step_ab.py --other /work/main [--dtype bf16] [--rounds 6]
-        [--bursts 5] [--tokens 128] [--threads 2]
+        [--bursts 5] [--tokens 128] [--threads 2] [--shape smollm2-135m] [--rows 1]
+        [--prompt 0]
+    python bench/step_ab.py --other /work/main --dtype float32 --shape shakespeare --rows 8 \\
+        --prompt 32 --threads 1       # a server's 8-row step and 32-token prompt, CPU time
 
 Each round runs this checkout and --other once each (the order alternating), each in its own
-process: random weights at SmolLM2-135M's shape (``bench/families.py``), cast to --dtype, a
-16-token prompt, then --bursts bursts of --tokens replayed steps, each after half a second of
-rest (as ``bench/generate.measure`` rests before a timed call, so the worker threads have
-gone to sleep). Printed per process: the median ms a step over its bursts, the slowest
-burst's, the thread's CPU time a step, and where the checkout's ``_gemv`` counts them, the
-products that ran on both threads and on one (``_parallel.h``'s pacing). Then per round the
-ratio other / this, and their median: ratios from the same minutes, as the host's load and
-memory bandwidth move between rounds (the load average is printed with each).
+process: random weights at --shape (SmolLM2-135M's and Qwen3-0.6B's from
+``bench/families.py``, the 10.7M ``shakespeare-char`` preset's with 65 characters, or GPT-2
+small's), cast to --dtype, a 16-token prompt in each of --rows rows, then --bursts bursts
+of --tokens replayed steps of --rows rows (a server's batched step at --rows > 1), each
+after half a second of rest (as ``bench/generate.measure`` rests before a timed call, so the
+worker threads have gone to sleep). Printed per process: the median ms a step over its
+bursts, the slowest burst's, the calling thread's CPU time a step, the whole process's
+(every thread: the OpenMP workers' parts and their spinning, what a server's cores pay),
+and where the checkout's ``_gemv`` counts them, the products that ran on both threads and
+on one (``_parallel.h``'s pacing). With --prompt N, also the forward of an N-token prompt
+(one row, a fresh cache each, as a server's prompt thread runs it): its median process CPU
+ms over 16 forwards after a cold one. Then per round the ratios other / this, and their
+medians: ratios from the same minutes, as the host's load and memory bandwidth move between
+rounds (the load average is printed with each).
 """
 
 from __future__ import annotations
@@ -27,44 +36,81 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+# the shapes the bench builds itself, beside bench/families.py's (GPTConfig fields)
+OWN_SHAPES = {
+    "shakespeare": None,  # the shakespeare-char preset's model table, 65 characters
+    "gpt2-small": {"n_vocab": 50257, "n_ctx": 1024, "d_model": 768, "n_layers": 12,
+                   "n_heads": 12},
+}  # fmt: skip
+
 CHILD = """
-import json, os, statistics, sys, time
+import json, os, statistics, sys, time, tomllib
 import torch
 sys.path.insert(0, {bench!r})
-from families import SHAPES, random_model
 import glassgpt
 assert glassgpt.__file__.startswith({src!r}), glassgpt.__file__
 from glassgpt.kernels.extensions import extension
+from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import cast
+from glassgpt.sample.cache import KVCache
 from glassgpt.sample.engine import Decoder
 torch.set_num_threads({threads})
+shape, rows, bursts, tokens, prompt = {shape!r}, {rows}, {bursts}, {tokens}, {prompt}
+if shape == "shakespeare":
+    preset = os.path.join({src!r}, "glassgpt", "presets", "shakespeare-char.toml")
+    with open(preset, "rb") as f:
+        config = {{**tomllib.load(f)["model"], "dropout": 0.0, "n_vocab": 65}}
+elif {own!r} is not None:
+    config = {own!r}
+else:
+    from families import SHAPES
+    config = SHAPES[shape][0]
+torch.manual_seed(0)
+model = cast(GPT(GPTConfig(**config)).eval(), {dtype!r})
 gemv = extension("_gemv")
 counts = getattr(gemv, "pacing_counts", lambda: (0, 0, 0))
-decoder = Decoder.start(cast(random_model(SHAPES["smollm2-135m"][0]), {dtype!r}), 1, 16 + {bursts} * {tokens} + 8)
+decoder = Decoder.start(model, rows, 16 + bursts * tokens + 8)
 with torch.inference_mode():
-    decoder.model(torch.arange(16)[None], cache=decoder.cache)
-decoder.step([5])
-c0, bursts, cpu = counts(), [], 0
-for b in range({bursts}):
+    decoder.model(torch.arange(16).repeat(rows, 1), cache=decoder.cache)
+decoder.step([5] * rows)
+c0, times, cpu, proc = counts(), [], 0, 0
+for b in range(bursts):
     time.sleep(0.5)
-    t, c = time.perf_counter_ns(), time.thread_time_ns()
-    for i in range({tokens}):
-        decoder.step([(7 * i + b) % 1000])
-    bursts.append((time.perf_counter_ns() - t) / {tokens} / 1e6)
-    cpu += (time.thread_time_ns() - c) / {tokens} / 1e6
+    t, c, p = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
+    for i in range(tokens):
+        decoder.step([(7 * i + b + r) % 60 for r in range(rows)])
+    times.append((time.perf_counter_ns() - t) / tokens / 1e6)
+    cpu += (time.thread_time_ns() - c) / tokens / 1e6
+    proc += (time.process_time_ns() - p) / tokens / 1e6
 par, solo, windows = (b - a for a, b in zip(c0, counts()))
-print(json.dumps(dict(ms=statistics.median(bursts), worst=max(bursts), cpu=cpu / {bursts},
-                      parallel=par, solo=solo, windows=windows, why=decoder.why)))
+out = dict(ms=statistics.median(times), worst=max(times), cpu=cpu / bursts, proc=proc / bursts,
+           parallel=par, solo=solo, windows=windows, why=decoder.why)
+if prompt:
+    ids = torch.arange(prompt)[None] % 60
+    walls, procs = [], []
+    with torch.inference_mode():
+        for i in range(17):
+            cache = KVCache.for_model(model, 1, prompt + 8)
+            time.sleep(0.05)
+            t, p = time.perf_counter_ns(), time.process_time_ns()
+            model(ids, cache=cache)
+            walls.append((time.perf_counter_ns() - t) / 1e6)
+            procs.append((time.process_time_ns() - p) / 1e6)
+    out.update(prompt_ms=statistics.median(walls[1:]), prompt_proc=statistics.median(procs[1:]))
+print(json.dumps(out))
 """
 
 
 def run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     code = CHILD.format(bench=str(tree / "bench"),  # its own shapes, its own src/
-                         threads=args.threads, dtype=args.dtype,
-                        bursts=args.bursts, tokens=args.tokens, src=str(tree / "src"))  # fmt: skip
+                        src=str(tree / "src"), threads=args.threads, dtype=args.dtype,
+                        shape=args.shape, own=OWN_SHAPES.get(args.shape), rows=args.rows,
+                        bursts=args.bursts, tokens=args.tokens, prompt=args.prompt)  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)  # fmt: skip
+                         check=False)  # fmt: skip
+    if out.returncode:
+        sys.exit(f"{tree}: {out.stderr.strip().splitlines()[-1]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -78,18 +124,26 @@ def main() -> None:
         help="this checkout (a check: --this and --other the same)",
     )
     p.add_argument("--dtype", default="bf16", choices=["float32", "bf16", "int8"])
+    p.add_argument("--shape", default="smollm2-135m",
+                   choices=["smollm2-135m", "qwen3-0.6b", *OWN_SHAPES])  # fmt: skip
+    p.add_argument("--rows", type=int, default=1, help="rows of a step (a server's batch)")
+    p.add_argument("--prompt", type=int, default=0, help="also time an N-token prompt (0: not)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--bursts", type=int, default=5)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
+    if args.rows < 1 or args.prompt < 0:
+        p.error("--rows must be at least 1 and --prompt at least 0")
     this = args.this
-    print(f"{args.dtype}, {args.threads} threads, this {this} against {args.other}")
-    print(
-        "| round | load | tree | ms a step | slowest burst | CPU ms a step | products 2 threads / 1 |"
-    )
-    print("|---:|---:|---|---:|---:|---:|---|")
-    ratios = []
+    print(f"{args.shape} {args.dtype}, {args.rows} rows a step, {args.threads} threads, "
+          f"this {this} against {args.other}")  # fmt: skip
+    head = "| round | load | tree | ms a step | slowest burst | thread CPU ms | process CPU ms |"
+    rule = "|---:|---:|---|---:|---:|---:|---:|"
+    if args.prompt:
+        head, rule = head + f" {args.prompt}-token prompt ms | its CPU ms |", rule + "---:|---:|"
+    print(head + " products 2 threads / 1 |\n" + rule + "---|")
+    ratios: dict[str, list[float]] = {"ms": [], "proc": [], "prompt_proc": []}
     for r in range(args.rounds):
         order = [("this", this), ("other", args.other)]
         got = {}
@@ -97,12 +151,21 @@ def main() -> None:
             got[name] = res = run(tree, args)
             load = os.getloadavg()[0]
             par = f"{res['parallel']} / {res['solo']}" if res["parallel"] + res["solo"] else "–"
-            print(f"| {r} | {load:.2f} | {name} | {res['ms']:.2f} | {res['worst']:.2f} | "
-                  f"{res['cpu']:.2f} | {par} |", flush=True)  # fmt: skip
+            line = (f"| {r} | {load:.2f} | {name} | {res['ms']:.3f} | {res['worst']:.3f} | "
+                    f"{res['cpu']:.3f} | {res['proc']:.3f} |")  # fmt: skip
+            if args.prompt:
+                line += f" {res['prompt_ms']:.2f} | {res['prompt_proc']:.2f} |"
+            print(f"{line} {par} |", flush=True)
             time.sleep(1)
-        ratios.append(got["other"]["ms"] / got["this"]["ms"])
-    print("\nother / this, per round: " + ", ".join(f"{x:.2f}" for x in ratios))
-    print(f"median {statistics.median(ratios):.2f}×")
+        for key in ratios if args.prompt else ("ms", "proc"):
+            ratios[key].append(got["other"][key] / got["this"][key])
+    print()
+    for key, label in (("ms", "step ms"), ("proc", "step process CPU"),
+                       ("prompt_proc", "prompt process CPU")):  # fmt: skip
+        if ratios[key]:
+            each = ", ".join(f"{x:.3f}" for x in ratios[key])
+            print(f"other / this, {label}, per round: {each}; "
+                  f"median {statistics.median(ratios[key]):.3f}×")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -150,8 +150,8 @@ def _streamed(
     W takes ``gemv_rows_bf16_io`` for bf16 x (x and b widened to float32, float32 sums, y
     rounded to bf16, all in the kernel) and ``gemv_rows_bf16`` for float32 x (bf16 weights
     under float32 activations: y float32, :func:`pack`'s mixed products). One row of x (a
-    decoding step; with AVX-512F up to 32 rows, batched decoding and short prompts, and up
-    to ``IO_PANEL_ROWS`` of bf16 x) reads W from its
+    decoding step; with AVX-512F up to 32 rows, batched decoding and short prompts, but up
+    to ``IO_PANEL_ROWS`` of bf16 x without ``rows_form``) reads W from its
     panel copy (:func:`panels`, float32 or bf16) where one was made (:func:`_panel_copy`;
     none without ``with_panels``: a caller whose own kernel takes those rows); a bf16 W's
     panel copy is made at its first decoding step's product (x [..., 1, d_in]: one token a
@@ -185,7 +185,7 @@ def _streamed(
         if M == 0 or (b is not None and not b.is_contiguous()):
             return fallback(x, W, b)
         panel_rows = _gemv.panels_rows() if with_panels else 0  # (asked each call: tests)
-        if half and x.dtype == torch.bfloat16:
+        if half and x.dtype == torch.bfloat16 and not rows_form:  # PyTorch's bf16 past them
             panel_rows = min(panel_rows, IO_PANEL_ROWS)
         if half and x.dtype == torch.float32 and panel_rows < M <= PANEL_PROMPT_ROWS:
             P = panel_copy(x, W)  # a decoding copy's prompt: its rows a few at a time
@@ -234,10 +234,11 @@ def _streamed(
 # batched).
 PANEL_BLOCK_ROWS = 64
 
-# Up to this many rows of bf16 x (a batched bf16 decoding step), a bf16 W's panels take them;
-# past it PyTorch's bf16 products where the CPU has bf16 arithmetic, else the rows kernel
-# (what they took when the panels took 8 rows; the panels were not timed against them there).
-IO_PANEL_ROWS = 8
+# On a CPU with bf16 arithmetic, up to this many rows of bf16 x a bf16 W's panels take them
+# (widened to float32), past it PyTorch's bf16 products: on a Zen 4 with AVX512_BF16, GPT-2
+# small's block matrices at 16 rows in 0.89x PyTorch's time, at 32 in 1.22x (one thread).
+# Without it the panels take all they can (32 rows: 0.43x the rows kernel's time there).
+IO_PANEL_ROWS = 16
 
 # Up to this many rows of float32 x, a bf16 W's panels serve a prompt (a few rows at a time,
 # each block one pass over W): for more, one float32 product of widened copies is faster.

@@ -10,8 +10,9 @@ Each round runs this checkout and --other once each (the order alternating), eac
 process: random weights at --shape (SmolLM2-135M's and Qwen3-0.6B's from
 ``bench/families.py``, the 10.7M ``shakespeare-char`` preset's with 65 characters, or GPT-2
 small's), cast to --dtype, a 16-token prompt in each of --rows rows, then --bursts bursts
-of --tokens replayed steps of --rows rows (a server's batched step at --rows > 1), each
-after half a second of rest (as ``bench/generate.measure`` rests before a timed call, so the
+of --tokens replayed steps of --rows rows (a server's batched step at --rows > 1; where the
+model's context cannot hold every burst, each starts again at position 17), each after
+half a second of rest (as ``bench/generate.measure`` rests before a timed call, so the
 worker threads have gone to sleep). Printed per process: the median ms a step over its
 bursts, the slowest burst's, the calling thread's CPU time a step, the whole process's
 (every thread: the OpenMP workers' parts and their spinning, what a server's cores pay),
@@ -69,12 +70,17 @@ torch.manual_seed(0)
 model = cast(GPT(GPTConfig(**config)).eval(), {dtype!r})
 gemv = extension("_gemv")
 counts = getattr(gemv, "pacing_counts", lambda: (0, 0, 0))
-decoder = Decoder.start(model, rows, 16 + bursts * tokens + 8)
+n_ctx = model.config.n_ctx
+if 17 + tokens > n_ctx:
+    sys.exit(f"--tokens {{tokens}}: a burst must fit in n_ctx {{n_ctx}} after 17 positions")
+decoder = Decoder.start(model, rows, min(n_ctx, 17 + bursts * tokens))
 with torch.inference_mode():
     decoder.model(torch.arange(16).repeat(rows, 1), cache=decoder.cache)
 decoder.step([5] * rows)
 c0, times, cpu, proc = counts(), [], 0, 0
 for b in range(bursts):
+    if decoder.cache.length + tokens > decoder.cache.capacity:
+        decoder.cache.length = 17  # a short context: each burst from position 17 again
     time.sleep(0.5)
     t, c, p = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
     for i in range(tokens):

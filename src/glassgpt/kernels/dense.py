@@ -9,7 +9,7 @@ The kernel, first that applies:
    since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
    (``glassgpt.kernels._gemv``), which streams W once for all rows (with AVX-512F, up to
-   ``PANEL_BLOCK_ROWS`` rows by its panels, 32 rows a pass), and for bfloat16 too on
+   ``PANEL_BLOCK_ROWS`` rows by its panels, 32 rows a call), and for bfloat16 too on
    CPUs without bf16 arithmetic (``glassgpt.kernels.bf16.native``), and on those with it
    for the rows that its panels take (decoding);
 2. under CPU autocast to bf16 on a CPU without bf16 arithmetic, float32 products of the
@@ -235,9 +235,9 @@ def _streamed(
 PANEL_BLOCK_ROWS = 64
 
 # On a CPU with bf16 arithmetic, up to this many rows of bf16 x a bf16 W's panels take them
-# (widened to float32), past it PyTorch's bf16 products: on a Zen 4 with AVX512_BF16, GPT-2
-# small's block matrices at 16 rows in 0.89x PyTorch's time, at 32 in 1.22x (one thread).
-# Without it the panels take all they can (32 rows: 0.43x the rows kernel's time there).
+# (widened to float32), past it PyTorch's bf16 products, faster there at 32 rows; without it
+# the panels take all they can, faster than the rows kernel (docs/performance.md, "A step
+# of 8 rows and a prompt of 32").
 IO_PANEL_ROWS = 16
 
 # Up to this many rows of float32 x, a bf16 W's panels serve a prompt (a few rows at a time,
@@ -361,8 +361,8 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
       rows of a decoding step (1, or up to ``IO_PANEL_ROWS`` with AVX-512F) a bf16 panel copy
       that ``_gemv`` streams, widening each weight exactly to float32 (faster than oneDNN's
       packed GEMV), made at its first decoding step (a model loaded for a prompt, or not yet
-      decoding, holds its weights once); more rows take PyTorch's bf16 product of W itself (oneDNN,
-      which re-packs W per call: a prompt's cost, not a step's). No oneDNN packed copy is
+      decoding, holds its weights once); more rows take PyTorch's bf16 product of W itself
+      (oneDNN, which re-packs W per call: a prompt's cost, not a step's). No oneDNN packed copy is
       kept: it doubled a loaded model's memory and took most of its load time;
     - bfloat16 elsewhere (bf16 products there run many times slower than float32 ones): as for
       float32 below, ``_gemv`` streams the bf16 W (read live or copied) for up to
@@ -379,7 +379,7 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
       of x, the unpacked kernels read W itself for more. What it streams lives on 2 MiB
       pages (``glassgpt.kernels.pages``): the copy, or W itself, moved there with its
       values. W also gets a panel copy for the products of one row (decoding; with
-      AVX-512F up to ``PANEL_BLOCK_ROWS`` rows, 32 a pass), while memory allows
+      AVX-512F up to ``PANEL_BLOCK_ROWS`` rows, 32 a call), while memory allows
       (:func:`_panel_copy`): W's bytes again, for a faster stream.
 
     The weight's values are untouched (hooks, training and the embedding still read them).

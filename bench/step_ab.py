@@ -5,6 +5,8 @@
         [--prompt 0]
     python bench/step_ab.py --other /work/main --dtype float32 --shape shakespeare --rows 8 \\
         --prompt 32 --threads 1       # a server's 8-row step and 32-token prompt, CPU time
+    python bench/step_ab.py --other /work/main --dtype float32 --shape gpt2-small --rows 8 \\
+        --threads 1 --products        # the block products alone, both kernels in one process
 
 Each round runs this checkout and --other once each (the order alternating), each in its own
 process: random weights at --shape (SmolLM2-135M's and Qwen3-0.6B's from
@@ -22,11 +24,20 @@ on one (``_parallel.h``'s pacing). With --prompt N, also the forward of an N-tok
 ms over 16 forwards after a cold one. Then per round the ratios other / this, and their
 medians: ratios from the same minutes, as the host's load and memory bandwidth move between
 rounds (the load average is printed with each).
+
+With --products, no decoding: this checkout's ``_gemv`` and --other's are loaded side by
+side in this process, and 20 × --rounds passes over the shape's block matrices (each
+layer's W_QKV, W_O and MLP weights, on their panels; bf16 panels with --dtype bf16) take
+--rows rows of x each, the two kernels in turn, each in blocks of the rows its panels take:
+the median process CPU ms of a pass for each, and other / this. Without processes or a
+model between them, this is the steadiest A/B of the products themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import json
 import os
 import statistics
@@ -34,6 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,9 +57,8 @@ OWN_SHAPES = {
 }  # fmt: skip
 
 CHILD = """
-import json, os, statistics, sys, time, tomllib
+import json, os, statistics, sys, time
 import torch
-sys.path.insert(0, {bench!r})
 import glassgpt
 assert glassgpt.__file__.startswith({src!r}), glassgpt.__file__
 from glassgpt.kernels.extensions import extension
@@ -56,16 +67,7 @@ from glassgpt.model.precision import cast
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.engine import Decoder
 torch.set_num_threads({threads})
-shape, rows, bursts, tokens, prompt = {shape!r}, {rows}, {bursts}, {tokens}, {prompt}
-if shape == "shakespeare":
-    preset = os.path.join({src!r}, "glassgpt", "presets", "shakespeare-char.toml")
-    with open(preset, "rb") as f:
-        config = {{**tomllib.load(f)["model"], "dropout": 0.0, "n_vocab": 65}}
-elif {own!r} is not None:
-    config = {own!r}
-else:
-    from families import SHAPES
-    config = SHAPES[shape][0]
+config, rows, bursts, tokens, prompt = {config!r}, {rows}, {bursts}, {tokens}, {prompt}
 torch.manual_seed(0)
 model = cast(GPT(GPTConfig(**config)).eval(), {dtype!r})
 gemv = extension("_gemv")
@@ -108,9 +110,8 @@ print(json.dumps(out))
 
 
 def run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
-    code = CHILD.format(bench=str(tree / "bench"),  # its own shapes, its own src/
-                        src=str(tree / "src"), threads=args.threads, dtype=args.dtype,
-                        shape=args.shape, own=OWN_SHAPES.get(args.shape), rows=args.rows,
+    code = CHILD.format(src=str(tree / "src"), threads=args.threads, dtype=args.dtype,
+                        config=shape_config(args.shape, tree), rows=args.rows,
                         bursts=args.bursts, tokens=args.tokens, prompt=args.prompt)  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -118,6 +119,81 @@ def run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     if out.returncode:
         sys.exit(f"{tree}: {out.stderr.strip().splitlines()[-1]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _extension(tree: Path, tag: str) -> ModuleType:
+    """``tree``'s built ``glassgpt.kernels._gemv``, loaded under its own name ``tag._gemv``."""
+    found = sorted((tree / "src" / "glassgpt" / "kernels").glob("_gemv.*.so"))
+    if not found:
+        sys.exit(f"{tree}: _gemv is not built (python setup.py build_ext --inplace)")
+    loader = importlib.machinery.ExtensionFileLoader(f"{tag}._gemv", str(found[0]))
+    spec = importlib.util.spec_from_file_location(f"{tag}._gemv", found[0], loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def products(args: argparse.Namespace) -> None:
+    """The --products A/B (see the module docstring)."""
+    import torch  # (first: its OpenMP runtime, which _gemv's parallel parts look for)
+
+    sys.path.insert(0, str(HERE))
+    from glassgpt.kernels import dense
+    from glassgpt.model import GPT, GPTConfig
+    from glassgpt.model.precision import _projections
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**shape_config(args.shape, HERE.parent)))
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    Ws = [dense.out_in_view(W).T.to(dtype) for W in _projections(model)]  # [d_in, d_out]
+    del model
+    Ps = [dense.panels(W) for W in Ws]
+    gen = torch.Generator().manual_seed(1)
+    xs = {K: torch.randn(args.rows, K, generator=gen) for K in {W.shape[0] for W in Ws}}
+    ys = [torch.empty(args.rows, W.shape[1]) for W in Ws]
+    kernels = {"this": _extension(args.this, "this"), "other": _extension(args.other, "other")}
+    name = "gemv_panels_bf16" if args.dtype == "bf16" else "gemv_panels"
+
+    def run(g: ModuleType) -> float:
+        kernel, block, M = getattr(g, name), g.panels_rows(), args.rows
+        t = time.process_time_ns()
+        for W, P, y in zip(Ws, Ps, ys, strict=True):
+            (K, N), x = W.shape, xs[W.shape[0]]
+            for m0 in range(0, M, block):
+                kernel(x[m0].data_ptr(), P.data_ptr(), 0, y[m0].data_ptr(), min(block, M - m0),
+                       K, N, args.threads)  # fmt: skip
+        return (time.process_time_ns() - t) / 1e6
+
+    for g in kernels.values():
+        run(g)  # cold first pass, not counted
+    took: dict[str, list[float]] = {"this": [], "other": []}
+    for i in range(20 * args.rounds):
+        for tree in ("this", "other") if i % 2 == 0 else ("other", "this"):
+            took[tree].append(run(kernels[tree]))
+    this, other = (statistics.median(took[t]) for t in ("this", "other"))
+    rows = {t: kernels[t].panels_rows() for t in kernels}
+    print(f"{args.shape} {args.dtype} block products, {len(Ws)} matrices, {args.rows} rows, "
+          f"{args.threads} threads; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(f"this ({rows['this']} rows a call): {this:.3f} ms a pass; other ({rows['other']} rows "
+          f"a call): {other:.3f} ms; other / this {other / this:.3f}×")  # fmt: skip
+
+
+def shape_config(shape: str, tree: Path) -> dict:
+    """The GPTConfig fields of --shape (the preset's file read from ``tree``)."""
+    if shape == "shakespeare":
+        import tomllib
+
+        preset = tree / "src" / "glassgpt" / "presets" / "shakespeare-char.toml"
+        with open(preset, "rb") as f:
+            return {**tomllib.load(f)["model"], "dropout": 0.0, "n_vocab": 65}
+    if OWN_SHAPES.get(shape) is not None:
+        return dict(OWN_SHAPES[shape])
+    sys.path.insert(0, str(HERE))
+    from families import SHAPES
+
+    return dict(SHAPES[shape][0])
 
 
 def main() -> None:
@@ -138,9 +214,15 @@ def main() -> None:
     p.add_argument("--bursts", type=int, default=5)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--products", action="store_true", help="the block products alone, in-process")
     args = p.parse_args()
     if args.rows < 1 or args.prompt < 0:
         p.error("--rows must be at least 1 and --prompt at least 0")
+    if args.products:
+        if args.dtype == "int8":
+            p.error("--products: float32 or bf16 panels")
+        products(args)
+        return
     this = args.this
     print(f"{args.shape} {args.dtype}, {args.rows} rows a step, {args.threads} threads, "
           f"this {this} against {args.other}")  # fmt: skip

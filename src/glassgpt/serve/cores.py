@@ -1,0 +1,74 @@
+"""One OpenMP thread for one Python thread's PyTorch operations: the server's sampling and its
+prompt thread.
+
+The server has two threads that compute at once (the scheduler's steps and the prompt
+thread's forwards) and an event loop beside them. A PyTorch operation that parts its rows
+over the OpenMP team (``torch.softmax`` of a step's [8, V] rows does) waits at its join for
+a worker whose core is busy with the other thread: on 2 cores under 8 streaming clients the
+sampler's float64 softmax of [8, 65] took 0.3–0.6 ms a step that way, against 3 µs on the
+caller alone. OpenMP's thread count is per thread (its ``nthreads-var``, which
+``torch.get_num_threads`` reads on the calling thread), so :func:`one_thread` sets it to 1 on
+the calling thread only, for a ``with`` block; :func:`keep_one_thread` for the rest of a
+thread's life (the prompt thread's initializer). Every row's result is its own whatever the
+team (each of these operations gives a row to one thread, and glassgpt's kernels compute
+every part alike), so the bits do not change; ``tests/serve/test_cores.py`` checks that.
+
+The runtime is the OpenMP library PyTorch loaded (libgomp, libiomp5 or libomp), found among
+the process's mapped files (Linux's ``/proc/self/maps``); elsewhere both are no-ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_NAMES = ("libgomp", "libiomp", "libomp")
+
+
+@functools.cache
+def runtime() -> Any | None:
+    """The OpenMP library PyTorch loaded (a ``ctypes.CDLL``), or None where none is found."""
+    if not torch.backends.openmp.is_available():  # (importing torch loaded it, if any)
+        return None
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if Path(path).name.startswith(_NAMES):
+            with contextlib.suppress(OSError, AttributeError):
+                lib = ctypes.CDLL(path)  # already loaded: the same handle
+                lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+                lib.omp_get_max_threads.restype = ctypes.c_int
+                return lib
+    return None
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """PyTorch's operations on this thread run on it alone inside the block (other threads
+    keep their teams)."""
+    lib = runtime()
+    if lib is None:
+        yield
+        return
+    n = lib.omp_get_max_threads()
+    lib.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        lib.omp_set_num_threads(n)
+
+
+def keep_one_thread() -> None:
+    """PyTorch's operations on this thread run on it alone from now on."""
+    lib = runtime()
+    if lib is not None:
+        lib.omp_set_num_threads(1)

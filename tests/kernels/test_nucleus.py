@@ -245,3 +245,91 @@ def test_min_p_fill_is_the_masked_fill(V, special, m, seed) -> None:
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     assert kernels.min_p_fill(z.double(), log_m) is None
     assert kernels.min_p_fill(z.t(), log_m) is None
+
+
+def topk_fill_torch(z: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``sample.rows._top_k``'s PyTorch form: the k_b-th of ``torch.topk``'s values, the fill
+    below it (a row with k_b outside (0, V) kept)."""
+    V = z.shape[-1]
+    on = (k > 0) & (k < V)
+    k_max = int(torch.where(on, k, 0).max())
+    if k_max == 0:
+        return z.clone()
+    kth = torch.topk(z, k_max, dim=-1).values.gather(-1, (k.clamp(1, k_max) - 1)[:, None])
+    return z.masked_fill(z < torch.where(on[:, None], kth, -torch.inf), -torch.inf)
+
+
+def numpy_kth(row: np.ndarray, k: int) -> np.float32:
+    """The definition: NaN above +inf, then the values descending; the k-th of them."""
+    nan = np.isnan(row)
+    rest = np.sort(row[~nan])[::-1]
+    return np.float32(np.nan) if k <= nan.sum() else rest[k - 1 - nan.sum()]
+
+
+def topk_row(kind: str, V: int, rng: np.random.Generator) -> np.ndarray:
+    if kind in ("flat", "peaked", "ties", "one", "masked"):
+        return logits_row(kind, V, rng)
+    z = rng.normal(size=V).astype(np.float32)
+    if kind == "nan":  # NaNs (either sign bit) count as the largest values, as in torch.topk
+        at = rng.random(V) < 0.1
+        z[at] = np.where(rng.random(int(at.sum())) < 0.5, np.float32(np.nan), -np.float32(np.nan))
+    elif kind == "±0":  # zeros of both signs, ties among them around the k-th
+        z = rng.choice(np.array([-0.0, 0.0, 1.0, -1.0], np.float32), size=V)
+    elif kind == "inf":
+        z[rng.random(V) < 0.2] = rng.choice(np.array([np.inf, -np.inf], np.float32))
+    elif kind == "close":  # values a few ulps apart: the low bits decide
+        z = (np.float32(1.5) + rng.integers(0, 600, size=V) * np.float32(2.0**-23)).astype(
+            np.float32
+        )
+    return z
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    V=st.one_of(st.integers(1, 400), st.sampled_from([1000, 4099, 50257])),
+    kinds=st.lists(
+        st.sampled_from(["flat", "peaked", "ties", "one", "masked", "nan", "±0", "inf", "close"]),
+        min_size=1,
+        max_size=4,
+    ),
+    ks=st.lists(
+        st.sampled_from(["0", "1", "small", "any", "V-1", "V", "past V"]), min_size=4, max_size=4
+    ),  # fmt: skip
+    seed=st.integers(0, 2**31),
+    fast=st.booleans(),
+)
+def test_top_k_fill_is_torch_topks_threshold_and_the_definition(V, kinds, ks, seed, fast) -> None:
+    """top-k's compiled fill gives the bits of the fill below ``torch.topk``'s k_b-th value,
+    and that value is the definition's (NaN largest, ties by value): ties, ±0, ±inf, NaN,
+    values an ulp apart, k at 0, 1, V − 1, V and past V (kept whole)."""
+    rng = np.random.default_rng(seed)
+    z = torch.from_numpy(np.stack([topk_row(kind, V, rng) for kind in kinds]))
+    pick = {"0": 0, "1": 1, "small": int(rng.integers(1, 41)), "any": int(rng.integers(1, V + 1)),
+            "V-1": V - 1, "V": V, "past V": V + 7}  # fmt: skip
+    k = torch.tensor([pick[ks[b % len(ks)]] for b in range(len(kinds))])
+    ext.use_portable(not fast)
+    try:
+        got = kernels.top_k_fill(z, k)
+    finally:
+        ext.use_portable(False)
+    assert got is not None
+    want = topk_fill_torch(z, k)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    for b, row in enumerate(z.numpy()):
+        kb = int(k[b])
+        t = numpy_kth(row, kb) if 0 < kb < V else np.float32(-np.inf)
+        with np.errstate(invalid="ignore"):
+            mine = np.where(row < t, np.float32(-np.inf), row)
+        assert np.array_equal(got[b].numpy().view(np.int32), mine.view(np.int32))
+
+
+def test_top_k_fill_refuses_what_it_does_not_take() -> None:
+    """float64, int32 k, a strided z or a k of another length: None (PyTorch's topk then)."""
+    z = torch.randn(2, 50)
+    k = torch.tensor([3, 5])
+    assert kernels.top_k_fill(z.double(), k) is None
+    assert kernels.top_k_fill(z, k.int()) is None
+    assert kernels.top_k_fill(torch.randn(50, 2).t(), k) is None
+    assert kernels.top_k_fill(z, k[:1]) is None
+    with kernels.hidden("_rowwise"):
+        assert kernels.top_k_fill(z, k) is None

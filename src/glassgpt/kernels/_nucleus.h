@@ -5,6 +5,8 @@
  *                              (not 0) also out = z with −inf where dropped
  *   min_p_fill(z, log_m, out, B, V)   out = z with −inf where z_i − max z < log m_b (min-p,
  *                              the filter after top-p)
+ *   top_k_fill(z, k, out, B, V, threads)   out = z with −inf where z_i < the k_b-th largest
+ *                              of row b (top-k, the filter before top-p; see top_k_row)
  *
  * For each row of B float32 rows of V probabilities x (contiguous) and its float32 p, the
  * bits PyTorch's sorted form gives (sample.filters.top_p_filter):
@@ -400,6 +402,145 @@ static PyObject *min_p_fill(PyObject *self, PyObject *const *args, Py_ssize_t na
         }
     }
     Py_RETURN_NONE;
+}
+
+/* Top-k's threshold without a sort: the k-th largest value of a row as torch.topk's values
+ * give it (NaN counts as larger than +inf; ties by value, so which of equal values is k-th
+ * does not matter) and the fill of sample.rows._top_k,
+ *
+ *     out_i = z_i < t_b ? −inf : z_i          t_b = topk(z_b, k_b).values[k_b − 1]
+ *
+ * (masked_fill's bits; a NaN t_b, k_b ≥ NaNs in the row, compares false: nothing is filled;
+ * a NaN z_i is kept). Each value's order key, a uint32 that orders as the floats do (a
+ * negative's bits inverted, a positive's with the sign set, every NaN the largest key), is
+ * counted into a histogram of its top 12 bits; walking down from the largest bucket gives
+ * the bucket holding the k-th largest, whose keys (a few on peaked rows, a few hundred on
+ * flat ones) are then selected the same way on their next 12 bits and their last 8. The key
+ * found is the k-th largest key: its float is the k-th largest value, bit for bit (−0 and +0
+ * have two keys but compare equal, so either threshold fills the same places). */
+#define TOPK_BITS 12
+#define TOPK_BUCKETS (1 << TOPK_BITS)
+
+static inline uint32_t topk_key(float v) {
+    const uint32_t u = nuc_bits(v);
+    if (v != v)
+        return UINT32_MAX;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+static inline float topk_value(uint32_t key) {
+    if (key == UINT32_MAX)
+        return NAN;
+    const uint32_t u = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+    float v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* The bucket (key >> shift) & mask holding the k-th largest of keys[0..n) (or of x's keys
+ * where keys is NULL); *k becomes its rank within that bucket. */
+static int topk_bucket(const float *x, const uint32_t *keys, long long n, int shift,
+                       uint32_t mask, long long *k, uint32_t *count) {
+    memset(count, 0, (mask + 1) * sizeof *count);
+    if (keys)
+        for (long long i = 0; i < n; i++)
+            count[(keys[i] >> shift) & mask]++;
+    else
+        for (long long i = 0; i < n; i++)
+            count[(topk_key(x[i]) >> shift) & mask]++;
+    long long above = 0;
+    int b = (int)mask;
+    for (; b > 0 && above + count[b] < *k; b--)
+        above += count[b];
+    *k -= above;
+    return b;
+}
+
+typedef struct {
+    uint32_t count[TOPK_BUCKETS];
+    uint32_t *keys;
+    long long capacity;
+} TopkScratch;
+
+/* Row z [V] with k (0 < k < V: else every value kept) into out; −1 where scratch could not
+ * be had. */
+static int top_k_row(const float *z, long long V, long long k, float *out, TopkScratch *s) {
+    float t = -INFINITY;
+    if (k > 0 && k < V) {
+        const int shift1 = 32 - TOPK_BITS;
+        const uint32_t top = (uint32_t)topk_bucket(z, NULL, V, shift1, TOPK_BUCKETS - 1, &k,
+                                                   s->count);
+        long long n = s->count[top];
+        if (n > s->capacity) {
+            free(s->keys);
+            s->keys = malloc((size_t)n * sizeof *s->keys);
+            s->capacity = s->keys ? n : 0;
+            if (!s->keys)
+                return -1;
+        }
+        long long m = 0;
+        for (long long i = 0; i < V; i++) {
+            const uint32_t key = topk_key(z[i]);
+            if ((key >> shift1) == top)
+                s->keys[m++] = key;
+        }
+        /* the next 12 bits among those, then the last 8 */
+        const uint32_t mid = (uint32_t)topk_bucket(NULL, s->keys, m, 8, TOPK_BUCKETS - 1, &k,
+                                                   s->count);
+        long long r = 0;
+        for (long long i = 0; i < m; i++)
+            if (((s->keys[i] >> 8) & (TOPK_BUCKETS - 1)) == mid)
+                s->keys[r++] = s->keys[i];
+        const uint32_t low = (uint32_t)topk_bucket(NULL, s->keys, r, 0, 255, &k, s->count);
+        t = topk_value((top << shift1) | (mid << 8) | low);
+    }
+    for (long long i = 0; i < V; i++) /* a select the compiler vectorises */
+        out[i] = z[i] < t ? -INFINITY : z[i];
+    return 0;
+}
+
+typedef struct {
+    const float *z;
+    const long long *k;
+    float *out;
+    long long B, V;
+    int failed; /* a part sets it; read after the join */
+} TopkJob;
+
+static void top_k_part(const void *arg, int part, int parts) {
+    TopkJob *job = (TopkJob *)arg;
+    static __thread TopkScratch *s; /* each thread's, kept across calls (and its capacity) */
+    if (!s && !(s = calloc(1, sizeof *s))) {
+        job->failed = 1;
+        return;
+    }
+    int lo, hi;
+    share((int)job->B, 1, part, parts, &lo, &hi);
+    for (int b = lo; b < hi; b++)
+        if (top_k_row(job->z + b * job->V, job->V, job->k[b], job->out + b * job->V, s) < 0)
+            job->failed = 1;
+}
+
+/* top_k_fill(z, k, out, B, V, threads) → True with out [B, V] written (see top_k_row), False
+ * where scratch could not be had. z float32 [B, V] contiguous, k int64 [B]. Rows in parts on
+ * PyTorch's threads; a row's result does not depend on the parts. */
+static PyObject *top_k_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[6];
+    if (!int_args(args, nargs, 6, a, "top_k_fill(z, k, out, B, V, threads)"))
+        return NULL;
+    if (a[3] < 0 || a[3] > INT32_MAX || a[4] <= 0) {
+        PyErr_SetString(PyExc_ValueError, "top_k_fill: need 0 <= B < 2^31 and V > 0");
+        return NULL;
+    }
+    TopkJob job = {(const float *)(uintptr_t)a[0], (const long long *)(uintptr_t)a[1],
+                   (float *)(uintptr_t)a[2], a[3], a[4], 0};
+    /* the GIL let go only for a long call (a server's event loop then runs meanwhile): its
+     * hand-off would cost a short one more than the call */
+    PyThreadState *state = a[3] * a[4] >= (1 << 16) ? PyEval_SaveThread() : NULL;
+    run_parts(top_k_part, &job, part_count(a[5], (int)a[3]));
+    if (state)
+        PyEval_RestoreThread(state);
+    return PyBool_FromLong(!job.failed);
 }
 
 #endif

@@ -82,6 +82,8 @@ static PyMethodDef methods[] = {
      "top_p_drop(probs, p, drop, B, V, threads, z, out) -> False where a row is negative or infinite"},
     {"min_p_fill", (PyCFunction)(void (*)(void))min_p_fill, METH_FASTCALL,
      "min_p_fill(z, log_m, out, B, V): out = z, -inf where z - max z < log m"},
+    {"top_k_fill", (PyCFunction)(void (*)(void))top_k_fill, METH_FASTCALL,
+     "top_k_fill(z, k, out, B, V, threads) -> out = z, -inf below each row's k-th largest"},
     {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
      "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,

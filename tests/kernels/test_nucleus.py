@@ -294,7 +294,7 @@ def topk_row(kind: str, V: int, rng: np.random.Generator) -> np.ndarray:
     ),
     ks=st.lists(
         st.sampled_from(["0", "1", "small", "any", "V-1", "V", "past V"]), min_size=4, max_size=4
-    ),  # fmt: skip
+    ),
     seed=st.integers(0, 2**31),
     fast=st.booleans(),
 )

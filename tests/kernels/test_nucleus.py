@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from glassgpt import kernels
-from glassgpt.sample.filters import sorted_drop, top_p_drop, top_p_filter
+from glassgpt.sample.filters import draw, sorted_drop, top_p_drop, top_p_filter
 
 ext = pytest.importorskip(
     "glassgpt.kernels._rowwise", reason="the C extension is not built (no compiler at install)"
@@ -333,3 +333,75 @@ def test_top_k_fill_refuses_what_it_does_not_take() -> None:
     assert kernels.top_k_fill(z, k[:1]) is None
     with kernels.hidden("_rowwise"):
         assert kernels.top_k_fill(z, k) is None
+
+
+def draw_torch(z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``filters.draw`` by PyTorch's operations alone (the kernel hidden)."""
+    with kernels.hidden("_rowwise"):
+        return draw(z, u)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    V=st.one_of(st.integers(1, 300), st.sampled_from([4099, 50257])),
+    kinds=st.lists(
+        st.sampled_from(["flat", "peaked", "ties", "one", "masked", "tail", "nan"]),
+        min_size=1,
+        max_size=5,
+    ),
+    u_kind=st.sampled_from(["any", "0", "1 − 2⁻⁵³", "at a mass"]),
+    seed=st.integers(0, 2**31),
+)
+def test_draw_rows_is_pytorchs_search_and_fallback(V, kinds, u_kind, seed) -> None:
+    """The compiled rest of ``filters.draw`` (after its softmax and cumsum) gives PyTorch's ids:
+    u at 0, just below 1 (x rounds up to the total, past the last id with mass: the fallback),
+    exactly at a cumulative mass (right=True goes past it), ties, rows whose tail has no mass,
+    and a NaN row (softmax of +inf), whose search ends where PyTorch's binary search does."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for kind in kinds:
+        if kind == "tail":  # the last ids at −inf: no mass where x = total lands
+            z = rng.normal(size=V).astype(np.float32)
+            z[V // 2 :] = -np.inf
+            z[0] = 0.0
+        elif kind == "nan":
+            z = rng.normal(size=V).astype(np.float32)
+            z[int(rng.integers(V))] = np.inf
+        else:
+            z = logits_row(kind, V, rng) if V > 1 else np.zeros(1, np.float32)
+        rows.append(z)
+    zt = torch.from_numpy(np.stack(rows))
+    B = len(rows)
+    if u_kind == "any":
+        u = rng.random(B)
+    elif u_kind == "0":
+        u = np.zeros(B)
+    elif u_kind == "1 − 2⁻⁵³":
+        u = np.full(B, 1 - 2.0**-53)
+    else:  # u · total is exactly some token's cumulative mass
+        cdf = torch.softmax(zt.double(), -1).cumsum(-1).numpy()
+        u = np.array([cdf[b, int(rng.integers(V))] / cdf[b, -1] for b in range(B)])
+        u = np.nan_to_num(u)
+    ut = torch.from_numpy(u)
+    got = draw(zt, ut)
+    want = draw_torch(zt, ut)
+    assert torch.equal(got, want)
+    probs = torch.softmax(zt.double(), -1)
+    assert kernels.draw_rows(probs, probs.cumsum(-1), ut) is not None  # (the kernel took them)
+    fine = ~torch.isnan(probs).any(-1)
+    for b in np.flatnonzero(fine.numpy()):  # the definition, where the row is a distribution
+        p = probs[b].numpy()
+        c = np.cumsum(p)
+        i = min(int(np.searchsorted(c, u[b] * c[-1], side="right")), V - 1)
+        if p[i] == 0:
+            i = int(np.flatnonzero(p > 0)[-1])
+        assert int(got[b]) == i
+
+
+def test_draw_rows_refuses_what_it_does_not_take() -> None:
+    probs = torch.softmax(torch.randn(2, 9, dtype=torch.float64), -1)
+    u = torch.tensor([0.3, 0.6], dtype=torch.float64)
+    assert kernels.draw_rows(probs.float(), probs.cumsum(-1), u) is None
+    assert kernels.draw_rows(probs, probs.cumsum(-1), u.float()) is None
+    assert kernels.draw_rows(probs, probs.cumsum(-1)[:, :8], u) is None
+    assert kernels.draw_rows(probs.t().contiguous().t(), probs.cumsum(-1), u) is None

@@ -7,6 +7,8 @@
  *                              the filter after top-p)
  *   top_k_fill(z, k, out, B, V, threads)   out = z with −inf where z_i < the k_b-th largest
  *                              of row b (top-k, the filter before top-p; see top_k_row)
+ *   draw_rows(probs, cdf, u, ids, B, V)   the inverse-CDF draw of sample.filters.draw after
+ *                              its softmax and cumsum (see draw_rows)
  *
  * For each row of B float32 rows of V probabilities x (contiguous) and its float32 p, the
  * bits PyTorch's sorted form gives (sample.filters.top_p_filter):
@@ -604,6 +606,55 @@ static PyObject *top_k_fill(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (state)
         PyEval_RestoreThread(state);
     return PyBool_FromLong(!job.failed);
+}
+
+/* draw_rows(probs, cdf, u, ids, B, V): the rest of sample.filters.draw after its softmax
+ * and cumsum (float64 probs [B, V] and their cumsum, u [B] float64, ids [B] int64 written),
+ * one call for PyTorch's eleven operations over a step's rows:
+ *
+ *     x = u_b · cdf[b, V − 1]                           (a float64 product)
+ *     i = searchsorted(cdf[b], x, right=True)           PyTorch's binary search: the first
+ *         clamped to V − 1                              i with cdf_i > x, by !(cdf_mid > x)
+ *     where probs[b, i] = 0 (x rounded up to the total): the last i with probs > 0 (V − 1
+ *     if none)
+ *
+ * The search is PyTorch's cus_upper_bound step for step, so a row with NaNs (where "sorted"
+ * means nothing) ends where PyTorch's does. */
+static PyObject *draw_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[6];
+    if (!int_args(args, nargs, 6, a, "draw_rows(probs, cdf, u, ids, B, V)"))
+        return NULL;
+    if (a[4] < 0 || a[5] <= 0) {
+        PyErr_SetString(PyExc_ValueError, "draw_rows: need B >= 0 and V > 0");
+        return NULL;
+    }
+    const double *probs = (const double *)(uintptr_t)a[0], *cdf = (const double *)(uintptr_t)a[1];
+    const double *u = (const double *)(uintptr_t)a[2];
+    long long *ids = (long long *)(uintptr_t)a[3];
+    const long long B = a[4], V = a[5];
+    for (long long b = 0; b < B; b++) {
+        const double *c = cdf + b * V, *p = probs + b * V;
+        const double x = u[b] * c[V - 1];
+        long long lo = 0, hi = V;
+        while (lo < hi) {
+            const long long mid = lo + ((hi - lo) >> 1);
+            if (!(c[mid] > x))
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        long long i = lo < V - 1 ? lo : V - 1;
+        if (p[i] == 0) {
+            i = V - 1;
+            for (long long j = V - 1; j >= 0; j--)
+                if (p[j] > 0) {
+                    i = j;
+                    break;
+                }
+        }
+        ids[b] = i;
+    }
+    Py_RETURN_NONE;
 }
 
 #endif

@@ -84,6 +84,8 @@ static PyMethodDef methods[] = {
      "min_p_fill(z, log_m, out, B, V): out = z, -inf where z - max z < log m"},
     {"top_k_fill", (PyCFunction)(void (*)(void))top_k_fill, METH_FASTCALL,
      "top_k_fill(z, k, out, B, V, threads) -> out = z, -inf below each row's k-th largest"},
+    {"draw_rows", (PyCFunction)(void (*)(void))draw_rows, METH_FASTCALL,
+     "draw_rows(probs, cdf, u, ids, B, V): each row's inverse-CDF draw (filters.draw's rest)"},
     {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
      "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,

@@ -19,6 +19,8 @@
                        top_p_fill(z, probs, p): z with −inf there
     min_p_fill(z, log m)   z with −inf where z_i − max z < log m_b (min-p)
     top_k_fill(z, k)   z with −inf below each row's k_b-th largest (top-k; no sort)
+    draw_rows(probs, cdf, u)   each row's inverse-CDF draw (``sample.filters.draw`` after its
+                       softmax and cumsum) in one call
     rope(x, cos, sin)  each pair (x_2i, x_2i+1), 2i < r, rotated: (a c − b s, a s + b c)
     silu(x)            x σ(x)  (SwiGLU's gate), a decoding step's few rows
     norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
@@ -324,6 +326,24 @@ def top_k_fill(z: Tensor, k: Tensor) -> Tensor | None:
                                torch.get_num_threads()):  # fmt: skip
         return None
     return out
+
+
+def draw_rows(probs: Tensor, cdf: Tensor, u: Tensor) -> Tensor | None:
+    """Each row's id [B] (int64) from float64 probabilities [B, V], their cumsum and uniforms
+    u [B] (CPU, contiguous), the bits of ``sample.filters.draw``'s PyTorch operations after
+    the cumsum: ``searchsorted(cdf, u · cdf[:, −1], right=True)`` clamped to V − 1, and where
+    that id has no mass the last one that has. None where the kernel does not take them."""
+    if _rowwise is None or torch.compiler.is_compiling() or probs.ndim != 2:
+        return None
+    B, V = probs.shape
+    if not V or cdf.shape != (B, V) or u.shape != (B,):
+        return None
+    if any(t.dtype is not torch.float64 or not t.is_cpu or not t.is_contiguous()
+           for t in (probs, cdf, u)):  # fmt: skip
+        return None
+    ids = torch.empty(B, dtype=torch.long)
+    _rowwise.draw_rows(probs.data_ptr(), cdf.data_ptr(), u.data_ptr(), ids.data_ptr(), B, V)
+    return ids
 
 
 def _nucleus(probs: Tensor, p: Tensor, z: Tensor | None) -> Tensor | None:

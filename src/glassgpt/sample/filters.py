@@ -266,6 +266,9 @@ def draw(z: Tensor, u: Tensor) -> Tensor:
     """
     probs = torch.softmax(z.double(), dim=-1)  # [B, V]
     cdf = probs.cumsum(-1)
+    picked = kernels.draw_rows(probs, cdf, u)  # the rest in one compiled call, its bits
+    if picked is not None:
+        return picked
     u = u.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]  # [B, 1]
     idx = torch.searchsorted(cdf, u, right=True).clamp_(max=z.shape[-1] - 1)
     # u · total can round up to the total itself: fall back to the last token with mass

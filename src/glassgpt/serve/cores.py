@@ -13,6 +13,10 @@ thread's life (the prompt thread's initializer). Every row's result is its own w
 team (each of these operations gives a row to one thread, and glassgpt's kernels compute
 every part alike), so the bits do not change; ``tests/serve/test_cores.py`` checks that.
 
+PyTorch sets a thread's count once, at its first parallel operation there (to
+``torch.set_num_threads``'s, or MKL's): ``torch.get_num_threads`` makes that happen first,
+so the 1 set here is not undone by it.
+
 The runtime is the OpenMP library PyTorch loaded (libgomp, libiomp5 or libomp), found among
 the process's mapped files (Linux's ``/proc/self/maps``); elsewhere both are no-ops.
 """
@@ -59,7 +63,7 @@ def one_thread() -> Iterator[None]:
     if lib is None:
         yield
         return
-    n = lib.omp_get_max_threads()
+    n = torch.get_num_threads()  # (after PyTorch's first look on this thread: see below)
     lib.omp_set_num_threads(1)
     try:
         yield
@@ -71,4 +75,5 @@ def keep_one_thread() -> None:
     """PyTorch's operations on this thread run on it alone from now on."""
     lib = runtime()
     if lib is not None:
+        torch.get_num_threads()  # see below
         lib.omp_set_num_threads(1)

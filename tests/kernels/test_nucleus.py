@@ -405,3 +405,33 @@ def test_draw_rows_refuses_what_it_does_not_take() -> None:
     assert kernels.draw_rows(probs, probs.cumsum(-1), u.float()) is None
     assert kernels.draw_rows(probs, probs.cumsum(-1)[:, :8], u) is None
     assert kernels.draw_rows(probs.t().contiguous().t(), probs.cumsum(-1), u) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    V=st.integers(1, 70),
+    rows=st.lists(
+        st.sampled_from(["normal", "-inf", "inf", "nan", "mixed", "last"]), min_size=1, max_size=6
+    ),  # fmt: skip
+    seed=st.integers(0, 2**31),
+)
+def test_finite_rows_is_isfinite_any(V, rows, seed) -> None:
+    """Rows of −inf, +inf, NaN (of both signs), a mix, one finite value last: each row's
+    ``torch.isfinite(z).any(-1)`` and whether all rows have one."""
+    rng = np.random.default_rng(seed)
+    specials = np.array([np.inf, -np.inf, np.nan, -np.float32(np.nan)], np.float32)
+    z = rng.normal(size=(len(rows), V)).astype(np.float32)
+    for b, kind in enumerate(rows):
+        if kind in ("-inf", "inf", "nan"):
+            z[b] = {"-inf": -np.inf, "inf": np.inf, "nan": np.nan}[kind]
+        elif kind == "mixed":
+            z[b] = rng.choice(specials, size=V)
+        elif kind == "last":
+            z[b, :-1] = rng.choice(specials, size=V - 1)
+    zt = torch.from_numpy(z)
+    found = kernels.finite_rows(zt)
+    assert found is not None
+    want = torch.isfinite(zt).any(-1)
+    assert torch.equal(found[0], want) and found[1] == bool(want.all())
+    strided = torch.randn(3, 4).t()
+    assert kernels.finite_rows(zt.double()) is None and kernels.finite_rows(strided) is None

@@ -9,6 +9,7 @@
  *                              of row b (top-k, the filter before top-p; see top_k_row)
  *   draw_rows(probs, cdf, u, ids, B, V)   the inverse-CDF draw of sample.filters.draw after
  *                              its softmax and cumsum (see draw_rows)
+ *   finite_rows(z, ok, B, V)   ok_b = whether row b of z holds a finite value (isfinite.any)
  *
  * For each row of B float32 rows of V probabilities x (contiguous) and its float32 p, the
  * bits PyTorch's sorted form gives (sample.filters.top_p_filter):
@@ -655,6 +656,32 @@ static PyObject *draw_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
         ids[b] = i;
     }
     Py_RETURN_NONE;
+}
+
+/* finite_rows(z, ok, B, V) → whether every row holds a finite value, with ok [B] (bytes 0/1)
+ * written: torch.isfinite(z).any(-1) for float32 z [B, V] (contiguous). A row stops at its
+ * first finite value (a logit row's first, almost always). */
+static PyObject *finite_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long a[4];
+    if (!int_args(args, nargs, 4, a, "finite_rows(z, ok, B, V)"))
+        return NULL;
+    if (a[2] < 0 || a[3] <= 0) {
+        PyErr_SetString(PyExc_ValueError, "finite_rows: need B >= 0 and V > 0");
+        return NULL;
+    }
+    const float *z = (const float *)(uintptr_t)a[0];
+    uint8_t *ok = (uint8_t *)(uintptr_t)a[1];
+    const long long B = a[2], V = a[3];
+    int every = 1;
+    for (long long b = 0; b < B; b++) {
+        const float *row = z + b * V;
+        uint8_t found = 0;
+        for (long long i = 0; i < V && !found; i++)
+            found = (nuc_bits(row[i]) & 0x7f800000u) != 0x7f800000u; /* not inf, not NaN */
+        ok[b] = found;
+        every &= found;
+    }
+    return PyBool_FromLong(every);
 }
 
 #endif

@@ -86,6 +86,8 @@ static PyMethodDef methods[] = {
      "top_k_fill(z, k, out, B, V, threads) -> out = z, -inf below each row's k-th largest"},
     {"draw_rows", (PyCFunction)(void (*)(void))draw_rows, METH_FASTCALL,
      "draw_rows(probs, cdf, u, ids, B, V): each row's inverse-CDF draw (filters.draw's rest)"},
+    {"finite_rows", (PyCFunction)(void (*)(void))finite_rows, METH_FASTCALL,
+     "finite_rows(z, ok, B, V) -> whether every row holds a finite value (ok: each row's)"},
     {"kv_write_rows", (PyCFunction)(void (*)(void))kv_write_rows, METH_FASTCALL,
      "kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, :, lengths[b]] = k[b, :, 0]"},
     {"advance", (PyCFunction)(void (*)(void))advance, METH_FASTCALL,

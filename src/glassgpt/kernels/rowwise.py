@@ -21,6 +21,7 @@
     top_k_fill(z, k)   z with −inf below each row's k_b-th largest (top-k; no sort)
     draw_rows(probs, cdf, u)   each row's inverse-CDF draw (``sample.filters.draw`` after its
                        softmax and cumsum) in one call
+    finite_rows(z)     whether each row holds a finite value (``isfinite(z).any(-1)``), and all
     rope(x, cos, sin)  each pair (x_2i, x_2i+1), 2i < r, rotated: (a c − b s, a s + b c)
     silu(x)            x σ(x)  (SwiGLU's gate), a decoding step's few rows
     norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
@@ -344,6 +345,19 @@ def draw_rows(probs: Tensor, cdf: Tensor, u: Tensor) -> Tensor | None:
     ids = torch.empty(B, dtype=torch.long)
     _rowwise.draw_rows(probs.data_ptr(), cdf.data_ptr(), u.data_ptr(), ids.data_ptr(), B, V)
     return ids
+
+
+def finite_rows(z: Tensor) -> tuple[Tensor, bool] | None:
+    """(``torch.isfinite(z).any(-1)`` [B] bool, whether every row has one) for float32 z
+    [B, V] on a CPU (contiguous), in one call that does not let go of the GIL (a sampler's
+    check between two steps); None where the kernel does not take z."""
+    if _rowwise is None or torch.compiler.is_compiling() or z.ndim != 2 or not z.shape[1]:
+        return None
+    if z.dtype is not torch.float32 or not z.is_cpu or not z.is_contiguous():
+        return None
+    ok = torch.empty(z.shape[0], dtype=torch.bool)
+    every = _rowwise.finite_rows(z.data_ptr(), ok.data_ptr(), *z.shape)
+    return ok, bool(every)
 
 
 def _nucleus(probs: Tensor, p: Tensor, z: Tensor | None) -> Tensor | None:

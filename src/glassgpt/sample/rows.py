@@ -120,6 +120,7 @@ class Rows:
         self.top_k = full(0, torch.long)  # 0: off
         self.repetition, self.frequency, self.presence = full(1.0), full(0.0), full(0.0)
         self.seed, self.drawn = full(0, torch.long), full(0, torch.long)
+        self._drawn = self.drawn.numpy() if self.drawn.is_cpu else None  # the same memory
         self.state = _mix(self.seed)  # mix(seed): the stream's state (uniforms)
         # each row's setting as a step over every row applies it: the value that changes
         # nothing where the row has it off (T = 0: 1, the argmax replaces the draw (small
@@ -196,22 +197,25 @@ class Rows:
         if hot is not None and (ids is None or ok is None):
             ids, ok = z.argmax(-1), torch.isfinite(z).any(-1)
         if hot is None:  # every row draws (a greedy row's draw is then replaced)
-            ok = torch.isfinite(zs).any(-1)
+            ok, every = _finite(zs)
             u = _stream(self.state[r], self.drawn[r])
-            ids = draw(zs if bool(ok.all()) else zs.masked_fill(~ok[:, None], 0.0), u)
+            ids = draw(zs if every else zs.masked_fill(~ok[:, None], 0.0), u)
             if not reduce(operator.and_, self.uses[r], DRAW):
                 greedy = self.temperature[r] == 0
                 ids = torch.where(greedy, z.argmax(-1), ids)
                 ok = torch.where(greedy, torch.isfinite(z).any(-1), ok)
         elif hot.numel() and ids is not None and ok is not None:
-            fine = torch.isfinite(zs).any(-1)
+            fine, every = _finite(zs)
             u = _stream(self.state[r][hot], self.drawn[r][hot])
-            zs = zs if bool(fine.all()) else zs.masked_fill(~fine[:, None], 0.0)
+            zs = zs if every else zs.masked_fill(~fine[:, None], 0.0)
             ids[hot] = draw(zs, u).to(ids.device)
             ok[hot] = fine.to(ok.device)
         assert ids is not None and ok is not None
         took = ok.to(self.device)
-        self.drawn[r] += took
+        if self._drawn is not None:  # (NumPy's view: no PyTorch operation)
+            self._drawn[r] += took.numpy()
+        else:
+            self.drawn[r] += took
         if self.counts is not None:
             at = torch.arange(start, start + B, device=self.device)
             self.counts.index_put_((at, ids.to(self.device)), took.float(), accumulate=True)
@@ -257,6 +261,15 @@ class Rows:
             if some & bit:
                 zs = fn(zs, param[r] if hot is None else param[r][hot])
         return z, hot, zs
+
+
+def _finite(z: Tensor) -> tuple[Tensor, bool]:
+    """(whether each row of z [h, V] holds a finite logit, whether all do)."""
+    found = kernels.finite_rows(z)
+    if found is not None:
+        return found
+    ok = torch.isfinite(z).any(-1)
+    return ok, bool(ok.all())
 
 
 def _penalties(

@@ -37,7 +37,7 @@ _NAMES = ("libgomp", "libiomp", "libomp")
 
 @functools.cache
 def runtime() -> Any | None:
-    """The OpenMP library PyTorch loaded (a ``ctypes.CDLL``), or None where none is found."""
+    """The OpenMP library PyTorch loaded (a ``ctypes.PyDLL``), or None where none is found."""
     if not torch.backends.openmp.is_available():  # (importing torch loaded it, if any)
         return None
     try:
@@ -48,7 +48,10 @@ def runtime() -> Any | None:
         path = line.split()[-1] if len(line.split()) >= 6 else ""
         if Path(path).name.startswith(_NAMES):
             with contextlib.suppress(OSError, AttributeError):
-                lib = ctypes.CDLL(path)  # already loaded: the same handle
+                # already loaded: the same handle; PyDLL keeps the GIL across a call (a
+                # CDLL call lets go of it, and taking it back waits for whichever thread
+                # took it meanwhile)
+                lib = ctypes.PyDLL(path)
                 lib.omp_set_num_threads.argtypes = [ctypes.c_int]
                 lib.omp_get_max_threads.restype = ctypes.c_int
                 return lib

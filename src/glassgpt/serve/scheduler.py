@@ -322,7 +322,7 @@ class Scheduler(Admission):
         with one_thread():  # (a team's join would wait for the core the prompts hold)
             last = mask_padded(logits, self.n_valid)  # [B, V]
             picked, ok = self.rows.sample(last, start)
-            ids = torch.where(ok, picked, -1).tolist()  # -1: no finite logit
+            ids = [t if f else -1 for t, f in zip(picked.tolist(), ok.tolist())]  # -1: none
         return [self._take(s, t if t >= 0 else None, last[b])
                 for b, (s, t) in enumerate(zip(seqs, ids))]  # fmt: skip
 

@@ -412,7 +412,7 @@ def test_draw_rows_refuses_what_it_does_not_take() -> None:
     V=st.integers(1, 70),
     rows=st.lists(
         st.sampled_from(["normal", "-inf", "inf", "nan", "mixed", "last"]), min_size=1, max_size=6
-    ),  # fmt: skip
+    ),
     seed=st.integers(0, 2**31),
 )
 def test_finite_rows_is_isfinite_any(V, rows, seed) -> None:

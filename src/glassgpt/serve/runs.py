@@ -36,15 +36,18 @@ class _Mailbox:
 
     The self-pipe's write is not the scheduler's: a write lets go of the GIL, and taking it
     back waited for whichever thread took it meanwhile (the prompt thread, the loop): 0.2–0.4
-    ms a step under 8 streaming clients, on the steps' own path. ``wake`` sets an event
-    instead (a lock's release, which keeps the GIL) and the mailbox's waker thread writes,
-    while the scheduler's next step runs its kernels without the GIL."""
+    ms a step under 8 streaming clients, on the steps' own path. ``wake`` releases a lock
+    instead (which keeps the GIL) and the mailbox's waker thread, waiting on that lock,
+    writes while the scheduler's next step runs its kernels without the GIL."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop, self.lock = loop, threading.Lock()
         self.items: list[tuple[asyncio.Queue[Any], Any]] = []
         self.scheduled = False  # a drain is pending
-        self.ring = threading.Event()
+        # released once per drain scheduled (only while ``scheduled`` turns True, so always
+        # held then: the waker took it before the drain it scheduled ran)
+        self.bell = threading.Lock()
+        self.bell.acquire()
         self.waker = threading.Thread(target=self._wake_loop, name="glassgpt-waker", daemon=True)
         self.waker.start()
 
@@ -57,14 +60,14 @@ class _Mailbox:
             if self.scheduled or not self.items:
                 return
             self.scheduled = True
-        self.ring.set()
+        self.bell.release()
 
     def _wake_loop(self) -> None:
-        """The waker thread: each ring, one drain scheduled on the loop, until it closes."""
+        """The waker thread: each release of the bell, one drain scheduled on the loop, until the
+        loop closes."""
         while not self.loop.is_closed():
-            if not self.ring.wait(timeout=1.0):
+            if not self.bell.acquire(timeout=1.0):
                 continue
-            self.ring.clear()
             try:
                 self.loop.call_soon_threadsafe(self._drain)
             except RuntimeError:  # the loop has closed (shutting down)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from glassgpt import kernels
-from glassgpt.sample.filters import draw, sorted_drop, top_p_drop, top_p_filter
+from glassgpt.sample.filters import draw, sorted_drop, top_k_filter, top_p_drop, top_p_filter
 
 ext = pytest.importorskip(
     "glassgpt.kernels._rowwise", reason="the C extension is not built (no compiler at install)"
@@ -317,6 +317,14 @@ def test_top_k_fill_is_torch_topks_threshold_and_the_definition(V, kinds, ks, se
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     for b, row in enumerate(z.numpy()):
         kb = int(k[b])
+        if 0 < kb < V:  # torch.topk's ids are kept as they were; the one-setting filter agrees
+            top = torch.topk(z[b], kb).indices
+            assert torch.equal(got[b, top].view(torch.int32), z[b, top].view(torch.int32))
+            assert torch.equal(top_k_filter(z[b : b + 1], kb).view(torch.int32),
+                               got[b : b + 1].view(torch.int32))  # fmt: skip
+            with kernels.hidden("_rowwise"):
+                alone = top_k_filter(z[b : b + 1], kb)
+            assert torch.equal(alone.view(torch.int32), got[b : b + 1].view(torch.int32))
         t = numpy_kth(row, kb) if 0 < kb < V else np.float32(-np.inf)
         with np.errstate(invalid="ignore"):
             mine = np.where(row < t, np.float32(-np.inf), row)

@@ -20,7 +20,7 @@ SHAPES = [(384, 1152), (1536, 384), (384, 65)]
 @pytest.mark.skipif(_gemv is None or not _gemv.has_avx2(), reason="no AVX2 kernels here")
 @pytest.mark.parametrize("variant", ["widest", "avx2", "portable"])
 def test_a_rows_product_is_its_own_among_other_rows(variant: str) -> None:
-    """With the AVX-512F panels (8 rows a call) every row count up to ``PANEL_BLOCK_ROWS``
+    """With the AVX-512F panels (32 rows a call) every row count up to ``PANEL_BLOCK_ROWS``
     gives each row the bits of its product alone (one-row steps and batched steps agree);
     with the AVX2 or portable ones (one row a call) a row among 2-32 rows (the rows kernel)
     has the bits it has among any other 2-32, near float64 either way."""

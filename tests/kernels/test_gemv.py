@@ -171,7 +171,7 @@ def _panels(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, threads: i
 
 @settings(max_examples=60, deadline=None)
 @given(
-    M=st.integers(1, 8),
+    M=st.integers(1, 32),
     K=st.integers(1, 300),
     N=st.integers(1, 700),  # partial last panels, fewer panels than threads
     threads=st.sampled_from([1, 2, 3]),
@@ -182,7 +182,7 @@ def _panels(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, threads: i
 def test_panels_kernel_is_x_w_plus_b(
     M: int, K: int, N: int, threads: int, bias: bool, kernel: str, seed: int
 ) -> None:
-    """Every row count the panels take here (1; up to 8 with AVX-512F, four at a time and
+    """Every row count the panels take here (1; up to 32 with AVX-512F, six at a time and
     the rest), the AVX2 panels (one row) and the portable loop."""
     gen = torch.Generator().manual_seed(seed)
     W, b = torch.randn(K, N, generator=gen), torch.randn(N, generator=gen) if bias else None
@@ -204,6 +204,42 @@ def test_panels_are_w_by_64_outputs_padded_with_zeros(d_out: int) -> None:
     want = torch.stack([padded[:, 64 * p : 64 * (p + 1)] for p in range(padded.shape[1] // 64)])
     for P in (dense.panels(W), dense.panels(W, out=torch.full(want.shape, float("nan")))):
         assert P.is_contiguous() and torch.equal(P, want)
+
+
+@pytest.mark.skipif(_gemv.panels_rows() < 2, reason="the panels take one row on this CPU")
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("K, N", [(384, 1152), (1536, 384), (70, 65)])
+def test_every_row_count_of_the_panels_gives_each_row_its_own_product(
+    half: bool, K: int, N: int
+) -> None:
+    """1 to panels_rows() rows in one call (a pass over a panel for six rows, then the next
+    six from the cache): each row's outputs are bit for bit that row's product alone, so a
+    row read or written in another's place, a row left out of a pass or summed twice, or a
+    sum out of k order fails it, for 1-3 threads (panels shared by slices of 16 outputs);
+    no row past M is written; and the rows alone are near float64."""
+    gen = torch.Generator().manual_seed(K + N + half)
+    top = _gemv.panels_rows()
+    W, b = torch.randn(K, N, generator=gen), torch.randn(N, generator=gen)
+    W = W.to(torch.bfloat16) if half else W
+    P, x = dense.panels(W), torch.randn(top, K, generator=gen)
+    kernel = _gemv.gemv_panels_bf16 if half else _gemv.gemv_panels
+
+    def product(M: int, threads: int) -> torch.Tensor:
+        y = torch.full((top + 1, N), -7.0)  # rows past M keep it
+        kernel(x.data_ptr(), P.data_ptr(), b.data_ptr(), y.data_ptr(), M, K, N, threads)
+        assert torch.equal(y[M:], torch.full((top + 1 - M, N), -7.0)), (M, threads)
+        return y[:M]
+
+    alone = []
+    for m in range(top):  # row m as the only row of a call
+        y = torch.empty(1, N)
+        kernel(x[m].data_ptr(), P.data_ptr(), b.data_ptr(), y.data_ptr(), 1, K, N, 1)
+        alone.append(y)
+    want = torch.cat(alone)
+    for M in range(1, top + 1):
+        for threads in (1, 2, 3):
+            assert torch.equal(product(M, threads), want[:M]), (M, threads)
+    _close(want, x, W, b)
 
 
 def test_panels_kernel_rejects_more_rows_than_it_takes() -> None:
@@ -408,7 +444,8 @@ def test_cpu_with_native_bf16_takes_the_panels_for_their_rows_and_pytorch_past_t
     stored = W.T.contiguous() if transposed else W
     assert pack(stored, transposed=transposed)
     assert made == []  # nothing at packing
-    top = _gemv.panels_rows()
+    top = _gemv.panels_rows()  # bf16 x: up to IO_PANEL_ROWS, PyTorch's bf16 products past it
+    top = top if activations == torch.float32 else min(top, dense.IO_PANEL_ROWS)
     with torch.no_grad():  # a short prompt (one row of tokens)
         prompt = matmul(torch.randn(1, top, 64).to(activations), stored, transposed=transposed)
     assert prompt.shape == (1, top, 48)

@@ -72,6 +72,7 @@ static float dot_plain(const float *a, const float *b, long long sb, int D, long
  * every cache since), and an item's rows are few, so the hardware's stream prefetcher
  * barely ramps up within one. */
 #define AHEAD 16
+#define LEAD 128 /* the next item's first rows asked for into L2 (prefetch_item) */
 #ifndef GG_NO_PREFETCH
 #define PREFETCH_ROW(p, D)                                                                     \
     do {                                                                                       \
@@ -155,13 +156,32 @@ AVX2 static float exps_avx2(float *s, int n, float best) {
     return _mm_cvtss_f32(h) + rest;
 }
 
-/* The first AHEAD key rows of item `item`'s (b, h), asked for while the item before it runs
- * (each item's rows start cold). */
+/* The first AHEAD key rows of item `item`'s (b, h) into L1, and its first LEAD key and value
+ * rows (of those its last query sees) into L2, asked for while the item before it runs,
+ * unless that one reads the same rows: each item's rows start cold (a decoding step's
+ * weights have streamed through the caches since), and a short run of rows (a server's
+ * contexts), 64 KB from the next item's on 4 KiB pages, ends before the hardware's
+ * prefetcher ramps up (docs/performance.md, "A step of 8 rows and a prompt of 32"). */
 static void prefetch_item(const Job *j, int item) {
     const int bh = item / j->Tq, b = bh / j->H, h = bh % j->H;
     const float *k = j->k + b * j->s[4] + (h / j->group) * j->s[5];
     for (int t = 0; t < AHEAD && t < j->Tk; t++)
         PREFETCH_ROW(k + t * j->s[6], j->D);
+#ifndef GG_NO_PREFETCH
+    const float *v = j->v + b * j->s[8] + (h / j->group) * j->s[9];
+    const int before = (item - 1) / j->Tq; /* the item running now: its rows are in flight */
+    if (before / j->H == b && (before % j->H) / j->group == h / j->group)
+        return; /* the same key/value head (grouped-query attention) */
+    const long long seen = (j->offsets ? j->offsets[b] : j->offset) + j->Tq;
+    const int n = j->mask ? j->Tk : (int)(seen < j->Tk ? (seen > 0 ? seen : 0) : j->Tk);
+    const int t0 = j->window > 0 && !j->mask && n > j->window ? n - (int)j->window : 0;
+    for (int t = t0; t < n && t < t0 + LEAD; t++)
+        for (int l = 0; l < j->D; l += 16) {
+            if (t >= AHEAD)
+                _mm_prefetch((const char *)(k + t * j->s[6] + l), _MM_HINT_T1);
+            _mm_prefetch((const char *)(v + t * j->s[10] + l), _MM_HINT_T1);
+        }
+#endif
 }
 
 /* z = Σ_t w[t] v_t / total, 64 columns of D at a time held in registers (then 32, then 8),

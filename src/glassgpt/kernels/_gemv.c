@@ -23,9 +23,10 @@
  * small's block matrices (2.4-9.4 MB each) the panels streamed at 28-31 GB/s where the rows
  * form streamed at 24-26 and a plain sum of the same matrices read 28-31 (2 threads, an
  * AVX-512 EPYC). Each output's sum runs over k in order on one thread. On CPUs with AVX-512F
- * a few rows of x (M ≤ 8: batched decoding) take the panels too, four rows at a time: the
- * 4 × 64 sums in 16 of its 32 vector registers, each weight read once for four rows (the
- * block matrices at M = 8 in 13.1 ms against the rows form's 19.5).
+ * several rows of x (M ≤ 32: batched decoding, a short prompt) take the panels too, in one
+ * call: each panel is read from memory once, for its first ROW_BLOCK rows (6 × 64 sums in
+ * 24 of the 32 vector registers, each weight read once for six rows), then from the cache
+ * for the next six, and so on (bench/step_ab.py --rows, and bench/rows.py, time it).
  * The threads share the panels by slices of 16 outputs (a panel may be split between two),
  * so that an odd count of panels still splits evenly; each output's sum is the same either way.
  * The GIL is released while they run.
@@ -38,7 +39,7 @@
  *                   widened here, y rounded to nearest (ties to even) at the end, which
  *                   saves a bf16 decoding step's three conversions per product in Python
  *   gemv_panels(x, P, b or 0, y, M, K, N, threads)  W float32 in panels (above):
- *                   y [M, N] = x [M, K] W + b, for M = 1, or M ≤ 8 where panels_rows() says
+ *                   y [M, N] = x [M, K] W + b, for M = 1, or M ≤ 32 where panels_rows() says
  *   gemv_panels_bf16(x, P, b or 0, y, M, K, N, threads)  the same with P bfloat16, x, b
  *                   and y float32: bf16 weights under float32 activations (a replayed
  *                   bf16 decoding step, glassgpt.model.precision.decoding_copy)
@@ -50,7 +51,7 @@
  *                   a = x Wa + ba and g = x Wg + bg, then s = silu(g) (_silu.h's AVX2 or
  *                   portable loop) and h = s ⊙ a, in one parallel run: SwiGLU's products
  *                   (both fused calls: glassgpt.kernels.fusion, bit for bit the separate calls)
- *   panels_rows() -> the most rows of x gemv_panels takes (8 with AVX-512F, else 1)
+ *   panels_rows() -> the most rows of x gemv_panels takes (32 with AVX-512F, else 1)
  *   has_avx2() -> bool; kernel() -> "avx2" or "portable"; use_portable(flag) (tests)
  *   wide_registers(flag) -> whether the AVX-512F panels are in use (False: the AVX2 ones)
  *   solo_for(ns): the parts run one after another on the caller for the next ns
@@ -100,7 +101,9 @@ static inline float weight(const void *W, size_t i, int bf16) {
 }
 
 #define PANEL 64         /* outputs a panel */
-#define PANEL_ROWS_MAX 8 /* rows of x the panels form takes, with AVX-512F */
+#define PANEL_ROWS_MAX MAX_ROWS /* rows of x the panels form takes, with AVX-512F */
+#define ROW_BLOCK 6 /* rows of x a pass over a panel's weights (AVX-512F: 6 × 4 sums of 16) */
+_Static_assert(ROW_BLOCK == 6, "panel_avx512_body and pairs_bf16 switch over 1-6 rows");
 #define SLICE 16         /* columns of a panel: the threads share a product's slices */
 
 /* ------------------------------------------------------------------- plain C kernels -- */
@@ -356,16 +359,18 @@ AVX512 static inline __attribute__((always_inline)) __m512 load16(const void *W,
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Rows m0 ≤ m < m0 + R (R ≤ 4) of panels_plain for the Q slices q0 ≤ q < q0 + Q of panel p:
- * R × Q sums of 16 in registers, each 16Q weights of a k read once for the R rows (half: W
- * bfloat16, widened as read). */
+/* Rows m0 ≤ m < m0 + R (R ≤ ROW_BLOCK) of panels_plain for the Q slices q0 ≤ q < q0 + Q of
+ * panel p: R × Q sums of 16 in registers, each 16Q weights of a k read once for the R rows
+ * (half: W bfloat16, widened as read). A pass of the first R rows reads the panel from
+ * memory, at the memory's pace where R is small; six rows keep the FMAs busy meanwhile, and
+ * the next pass finds the panel in the cache. */
 AVX512 static inline __attribute__((always_inline)) void
 panel_rows_avx512(const Job *j, int p, int m0, const int R, const int half, int q0, const int Q) {
     const int K = j->K;
     size_t w = (size_t)p * K * PANEL + (size_t)q0 * SLICE;
     const float *x = j->x + (size_t)m0 * K;
-    __m512 a[4][4];
-    for (int r = 0; r < 4; r++)
+    __m512 a[ROW_BLOCK][4];
+    for (int r = 0; r < ROW_BLOCK; r++)
         for (int i = 0; i < 4; i++)
             a[r][i] = _mm512_setzero_ps();
     for (int k = 0; k < K; k++, w += PANEL) {
@@ -386,20 +391,19 @@ panel_rows_avx512(const Job *j, int p, int m0, const int R, const int half, int 
     }
 }
 
-/* panels_plain for up to PANEL_ROWS_MAX rows of x, four at a time, Q slices from q0
+/* panels_plain for up to PANEL_ROWS_MAX rows of x, ROW_BLOCK at a time, Q slices from q0
  * (constant in each call below). */
 AVX512 static inline __attribute__((always_inline)) void
 panel_avx512_body(const Job *j, int p, int q0, const int Q, const int half) {
-    for (int m0 = 0; m0 < j->M; m0 += 4) {
-        const int R = j->M - m0 < 4 ? j->M - m0 : 4;
-        if (R == 4)
-            panel_rows_avx512(j, p, m0, 4, half, q0, Q);
-        else if (R == 3)
-            panel_rows_avx512(j, p, m0, 3, half, q0, Q);
-        else if (R == 2)
-            panel_rows_avx512(j, p, m0, 2, half, q0, Q);
-        else
-            panel_rows_avx512(j, p, m0, 1, half, q0, Q);
+    for (int m0 = 0; m0 < j->M; m0 += ROW_BLOCK) {
+        switch (j->M - m0 < ROW_BLOCK ? j->M - m0 : ROW_BLOCK) {
+        case 6: panel_rows_avx512(j, p, m0, 6, half, q0, Q); break;
+        case 5: panel_rows_avx512(j, p, m0, 5, half, q0, Q); break;
+        case 4: panel_rows_avx512(j, p, m0, 4, half, q0, Q); break;
+        case 3: panel_rows_avx512(j, p, m0, 3, half, q0, Q); break;
+        case 2: panel_rows_avx512(j, p, m0, 2, half, q0, Q); break;
+        default: panel_rows_avx512(j, p, m0, 1, half, q0, Q); break;
+        }
     }
 }
 
@@ -412,8 +416,8 @@ AVX512 static void panel_avx512_f32(const Job *j, int p, int q0, int q1) {
     }
 }
 
-/* Rows m0 ≤ m < m0 + R (R ≤ 4) of panels_plain for the Q = 2 or 4 slices from q0 of a bf16
- * panel p, widened two slices (32 weights, one 64-byte load) at a time in two operations:
+/* Rows m0 ≤ m < m0 + R (R ≤ ROW_BLOCK) of panels_plain for the Q = 2 or 4 slices from q0 of
+ * a bf16 panel p, widened two slices (32 weights, one 64-byte load) at a time in two operations:
  * each 32-bit lane holds weights 2i (low half) and 2i + 1 (high half), so a shift left by
  * 16 gives the even weights as float32 and masking the low half gives the odd ones, where
  * load16 takes a zero-extend and a shift for every 16. The sums are kept by parity (even
@@ -427,8 +431,8 @@ pairs_rows_bf16(const Job *j, int p, int m0, const int R, int q0, const int Q) {
     const uint16_t *w = (const uint16_t *)j->W + (size_t)p * K * PANEL + (size_t)q0 * SLICE;
     const float *x = j->x + (size_t)m0 * K;
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-    __m512 even[4][2], odd[4][2];
-    for (int r = 0; r < 4; r++)
+    __m512 even[ROW_BLOCK][2], odd[ROW_BLOCK][2];
+    for (int r = 0; r < ROW_BLOCK; r++)
         for (int i = 0; i < 2; i++)
             even[r][i] = odd[r][i] = _mm512_setzero_ps();
     for (int k = 0; k < K; k++, w += PANEL) {
@@ -461,19 +465,18 @@ pairs_rows_bf16(const Job *j, int p, int m0, const int R, int q0, const int Q) {
     }
 }
 
-/* pairs_rows_bf16 for every row of x, four at a time. */
+/* pairs_rows_bf16 for every row of x, ROW_BLOCK at a time. */
 AVX512 static inline __attribute__((always_inline)) void
 pairs_bf16(const Job *j, int p, int q0, const int Q) {
-    for (int m0 = 0; m0 < j->M; m0 += 4) {
-        const int R = j->M - m0 < 4 ? j->M - m0 : 4;
-        if (R == 4)
-            pairs_rows_bf16(j, p, m0, 4, q0, Q);
-        else if (R == 3)
-            pairs_rows_bf16(j, p, m0, 3, q0, Q);
-        else if (R == 2)
-            pairs_rows_bf16(j, p, m0, 2, q0, Q);
-        else
-            pairs_rows_bf16(j, p, m0, 1, q0, Q);
+    for (int m0 = 0; m0 < j->M; m0 += ROW_BLOCK) {
+        switch (j->M - m0 < ROW_BLOCK ? j->M - m0 : ROW_BLOCK) {
+        case 6: pairs_rows_bf16(j, p, m0, 6, q0, Q); break;
+        case 5: pairs_rows_bf16(j, p, m0, 5, q0, Q); break;
+        case 4: pairs_rows_bf16(j, p, m0, 4, q0, Q); break;
+        case 3: pairs_rows_bf16(j, p, m0, 3, q0, Q); break;
+        case 2: pairs_rows_bf16(j, p, m0, 2, q0, Q); break;
+        default: pairs_rows_bf16(j, p, m0, 1, q0, Q); break;
+        }
     }
 }
 
@@ -699,7 +702,7 @@ static PyObject *py_rows_bf16_io(PyObject *self, PyObject *const *args, Py_ssize
     return call(args, nargs, 1, 1);
 }
 
-/* The most rows of x the panels form takes: PANEL_ROWS_MAX where AVX-512F holds four rows'
+/* The most rows of x the panels form takes: PANEL_ROWS_MAX where AVX-512F holds six rows'
  * sums in registers, else one. */
 static int panel_rows(void) { return use_avx512 ? PANEL_ROWS_MAX : 1; }
 

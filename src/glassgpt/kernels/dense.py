@@ -9,7 +9,7 @@ The kernel, first that applies:
    since it was packed); for
    float32 at up to ``SMALL_BATCH`` rows of x (decoding) that is glassgpt's own product
    (``glassgpt.kernels._gemv``), which streams W once for all rows (with AVX-512F, up to
-   ``PANEL_BLOCK_ROWS`` rows by its panels, 8 rows a pass), and for bfloat16 too on
+   ``PANEL_BLOCK_ROWS`` rows by its panels, 32 rows a call), and for bfloat16 too on
    CPUs without bf16 arithmetic (``glassgpt.kernels.bf16.native``), and on those with it
    for the rows that its panels take (decoding);
 2. under CPU autocast to bf16 on a CPU without bf16 arithmetic, float32 products of the
@@ -150,7 +150,8 @@ def _streamed(
     W takes ``gemv_rows_bf16_io`` for bf16 x (x and b widened to float32, float32 sums, y
     rounded to bf16, all in the kernel) and ``gemv_rows_bf16`` for float32 x (bf16 weights
     under float32 activations: y float32, :func:`pack`'s mixed products). One row of x (a
-    decoding step; up to 8 rows, batched decoding, on CPUs with AVX-512F) reads W from its
+    decoding step; with AVX-512F up to 32 rows, batched decoding and short prompts, but up
+    to ``IO_PANEL_ROWS`` of bf16 x without ``rows_form``) reads W from its
     panel copy (:func:`panels`, float32 or bf16) where one was made (:func:`_panel_copy`;
     none without ``with_panels``: a caller whose own kernel takes those rows); a bf16 W's
     panel copy is made at its first decoding step's product (x [..., 1, d_in]: one token a
@@ -184,6 +185,8 @@ def _streamed(
         if M == 0 or (b is not None and not b.is_contiguous()):
             return fallback(x, W, b)
         panel_rows = _gemv.panels_rows() if with_panels else 0  # (asked each call: tests)
+        if half and x.dtype == torch.bfloat16 and not rows_form:  # PyTorch's bf16 past them
+            panel_rows = min(panel_rows, IO_PANEL_ROWS)
         if half and x.dtype == torch.float32 and panel_rows < M <= PANEL_PROMPT_ROWS:
             P = panel_copy(x, W)  # a decoding copy's prompt: its rows a few at a time
             if P is not None:
@@ -224,11 +227,18 @@ def _streamed(
     return fn
 
 
-# Up to this many rows of x, a float32 W's panels take them, a block of panels_rows() (8 with
-# AVX-512F) at a time, where the panels take more than one row: faster than the rows kernel
-# for 9-32 rows (1.15-1.45x a step, bench/rows.py) and no slower than oneDNN up to 64, and a
-# row's sums are its own whatever the rows beside it (a request's logits alone or batched).
+# Up to this many rows of x, a float32 W's panels take them, a block of panels_rows() (32 with
+# AVX-512F: one pass over W a block) at a time, where the panels take more than one row:
+# faster than the rows kernel for 9-32 rows (bench/rows.py) and no slower than oneDNN up to
+# 64, and a row's sums are its own whatever the rows beside it (a request's logits alone or
+# batched).
 PANEL_BLOCK_ROWS = 64
+
+# On a CPU with bf16 arithmetic, up to this many rows of bf16 x a bf16 W's panels take them
+# (widened to float32), past it PyTorch's bf16 products, faster there at 32 rows; without it
+# the panels take all they can, faster than the rows kernel (docs/performance.md, "A step
+# of 8 rows and a prompt of 32").
+IO_PANEL_ROWS = 16
 
 # Up to this many rows of float32 x, a bf16 W's panels serve a prompt (a few rows at a time,
 # each block one pass over W): for more, one float32 product of widened copies is faster.
@@ -289,9 +299,10 @@ def panels(W: Tensor, out: Tensor | None = None) -> Tensor:
 def _panel_copy(W: Tensor) -> Tensor | None:
     """The panels of a float32 or bf16 W [d_in, d_out] on 2 MiB pages, for products of a few rows
     (``_gemv.gemv_panels``: one stream of memory a thread, faster than streaming W's rows;
-    with AVX-512F up to 8 rows, four at a time from one read of each weight); None where the kernel is not built, W is neither
-    float32 nor bf16, or the copy would take more than ``PANEL_MEMORY_SHARE`` of the memory
-    available now (the rows of the live W serve then, a little slower)."""
+    with AVX-512F up to 32 rows, six at a time, each panel read from memory once); None where
+    the kernel is not built, W is neither float32 nor bf16, or the copy would take more than
+    ``PANEL_MEMORY_SHARE`` of the memory available now (the rows of the live W serve then, a
+    little slower)."""
     if _gemv is None or W.dtype not in (torch.float32, torch.bfloat16):
         return None
     d_in, d_out = W.shape
@@ -347,11 +358,11 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
     """Register a packed copy of a CPU weight for inference products; returns whether one was made.
 
     - bfloat16 on a CPU with bf16 arithmetic (``glassgpt.kernels.bf16.native``): for the
-      rows of a decoding step (1, or up to 8 with AVX-512F) a bf16 panel copy that ``_gemv``
-      streams, widening each weight exactly to float32 (faster than oneDNN's packed GEMV),
-      made at its first decoding step (a model loaded for a prompt, or not yet decoding,
-      holds its weights once); more rows take PyTorch's bf16 product of W itself (oneDNN,
-      which re-packs W per call: a prompt's cost, not a step's). No oneDNN packed copy is
+      rows of a decoding step (1, or up to ``IO_PANEL_ROWS`` with AVX-512F) a bf16 panel copy
+      that ``_gemv`` streams, widening each weight exactly to float32 (faster than oneDNN's
+      packed GEMV), made at its first decoding step (a model loaded for a prompt, or not yet
+      decoding, holds its weights once); more rows take PyTorch's bf16 product of W itself
+      (oneDNN, which re-packs W per call: a prompt's cost, not a step's). No oneDNN packed copy is
       kept: it doubled a loaded model's memory and took most of its load time;
     - bfloat16 elsewhere (bf16 products there run many times slower than float32 ones): as for
       float32 below, ``_gemv`` streams the bf16 W (read live or copied) for up to
@@ -368,7 +379,7 @@ def pack(W: Tensor, *, transposed: bool = False) -> bool:
       of x, the unpacked kernels read W itself for more. What it streams lives on 2 MiB
       pages (``glassgpt.kernels.pages``): the copy, or W itself, moved there with its
       values. W also gets a panel copy for the products of one row (decoding; with
-      AVX-512F up to ``PANEL_BLOCK_ROWS`` rows, 8 a pass), while memory allows
+      AVX-512F up to ``PANEL_BLOCK_ROWS`` rows, 32 a call), while memory allows
       (:func:`_panel_copy`): W's bytes again, for a faster stream.
 
     The weight's values are untouched (hooks, training and the embedding still read them).

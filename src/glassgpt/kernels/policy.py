@@ -172,7 +172,7 @@ def cpu_paths() -> dict[str, str]:
     """The path each precision's decoding products take on this CPU, in words (what
     ``bench/generate.py`` prints beside its figures):
 
-    - float32: ``_gemv``'s AVX-512F panels (up to 8 rows at a time), its AVX2 + FMA ones,
+    - float32: ``_gemv``'s AVX-512F panels (up to 32 rows a call), its AVX2 + FMA ones,
       or the portable loops;
     - bf16: the same float32 kernels reading bf16 weights (each widened exactly by a shift:
       decoding is bound by reading the weights, and float32 products keep the activations

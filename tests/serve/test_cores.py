@@ -1,7 +1,8 @@
 """``serve.cores``: one OpenMP thread for one Python thread's PyTorch operations. Inside
-``one_thread`` this thread's team is 1 and another thread's is not; the prompt thread keeps 1;
-and the sampler gives the same bits with a team of 1 as with PyTorch's own team (the
-scheduler samples inside ``one_thread``)."""
+``one_thread`` this thread's team is 1 and another thread's is not, also where PyTorch has
+not yet looked at this thread's count (it would set its own); and the sampler gives the same
+bits with a team of 1 as with PyTorch's own team (the scheduler samples inside
+``one_thread``)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,10 @@ import threading
 
 import pytest
 import torch
-from tests.serve.test_overlap import TOK, model_of
 
 from glassgpt.sample.filters import SamplingConfig
 from glassgpt.sample.rows import Rows
 from glassgpt.serve import cores
-from glassgpt.serve.scheduler import Scheduler
 
 pytestmark = pytest.mark.skipif(cores.runtime() is None, reason="no OpenMP runtime found")
 
@@ -48,16 +47,21 @@ def test_one_thread_is_this_threads_alone_and_restored() -> None:
     assert inside == [1] and other == [n] and torch.get_num_threads() == n
 
 
-def test_the_prompt_thread_runs_on_one_thread() -> None:
-    n = torch.get_num_threads()
-    sched = Scheduler(model_of(), TOK, slots=2)
-    sched.start()
-    try:
-        assert sched._prompts is not None
-        assert sched._prompts.submit(torch.get_num_threads).result(timeout=10) == 1
-        assert torch.get_num_threads() == n  # (this thread's team is untouched)
-    finally:
-        sched.close()
+def test_one_thread_holds_on_a_thread_pytorch_has_not_seen() -> None:
+    """A new thread's first parallel PyTorch operation sets its count to PyTorch's own (2
+    here) unless PyTorch looked at the thread before the 1 was set (as the prompt thread's
+    first forward did to a 1 set in its initializer)."""
+    seen: list[int] = []
+
+    def fresh() -> None:
+        with cores.one_thread():
+            torch.softmax(torch.randn(8, 65, dtype=torch.float64), dim=-1)  # (parts its rows)
+            seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=fresh)
+    t.start()
+    t.join(10)
+    assert seen == [1]
 
 
 def test_sampling_on_one_thread_gives_the_teams_bits() -> None:

@@ -56,7 +56,7 @@ from glassgpt.sample.filters import SamplingConfig, mask_padded
 from glassgpt.sample.rows import Rows
 from glassgpt.sample.stops import StopMatcher
 from glassgpt.serve.admission import Admission, Flight, ModelLock
-from glassgpt.serve.cores import keep_one_thread, one_thread
+from glassgpt.serve.cores import one_thread
 from glassgpt.serve.prefix import DEFAULT_BYTES, PrefixCache
 from glassgpt.serve.slots import SlotCache, available_memory, served_context
 
@@ -158,7 +158,9 @@ class Scheduler(Admission):
 
     # -- life cycle -----------------------------------------------------------------------
     def start(self) -> None:
-        self._prompts = ThreadPoolExecutor(1, initializer=_prompt_thread)
+        self._prompts = ThreadPoolExecutor(
+            1, initializer=os_thread_name, initargs=("glassgpt-prompt",)
+        )
         self._thread = threading.Thread(target=self._run, name="glassgpt-scheduler", daemon=True)
         self._thread.start()
 
@@ -371,14 +373,6 @@ def os_thread_name(name: str) -> None:
     ``bench/serve.py`` read to tell the scheduler's CPU time from the event loop's)."""
     with contextlib.suppress(OSError):
         Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name[:15])
-
-
-def _prompt_thread() -> None:
-    """The prompt thread's start: named, and its PyTorch operations and kernels on it alone
-    (it computes while the steps hold the other core: a team would wait for that core at
-    every join; ``serve.cores``)."""
-    os_thread_name("glassgpt-prompt")
-    keep_one_thread()
 
 
 def _logprobs(logits: Tensor, chosen: int, k: int) -> dict[str, Any]:

@@ -3,6 +3,9 @@ histogram of the values' bits, a sort of the few near the cut) against PyTorch's
 (``filters.sorted_drop``, the fallback and what ``top_p_filter`` did); and a server step's
 whole top-p (``rows._top_p``: softmax, mask, −∞ fill) with the kernel and without it (its
 partial top-k where the cut is among the 256 largest, else the sort: what it did before).
+Then top-k's fill (``rows._top_k``) by its kernel (``kernels.top_k_fill``: a histogram of the
+values' order keys) and by ``torch.topk`` (the fallback), with k = 0, 0, 20, 40 by row (the
+mix ``bench/serve.py`` sends: half the rows use top-k).
 
     python bench/topp.py                     # [8, 50257], flat and peaked rows, 1 and 2 threads
     python bench/topp.py --rows 32 --vocab 65 --repeats 200
@@ -76,12 +79,31 @@ def main() -> None:
             w = timed(sample_rows._top_p, (z, p), args.repeats)
             f = timed(fallback, (z, p), args.repeats)
 
-            def ms(t: tuple[float, float, float]) -> str:
-                return f"{t[1] * 1e3:.2f} / {t[2] * 1e3:.2f} / {t[0] * 1e3:.2f}"
-
             print(f"| {name} ({kept:.0f} kept a row) | {threads} | {ms(k)} | {ms(s)} "
                   f"| {s[1] / k[1]:.1f}× | {ms(w)} | {ms(f)} | {f[1] / w[1]:.1f}× |")  # fmt: skip
+    k = torch.tensor([0, 0, 20, 40])[torch.arange(args.rows) % 4]
+    print(f"\ntop-k fill, [{args.rows}, {args.vocab}] float32, k 0/0/20/40 by row; ms a call "
+          "(median CPU / median wall / cold wall)")  # fmt: skip
+    print("| rows | threads | kernel | torch.topk | topk / kernel (CPU) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, sigma in (("flat σ 0.5", 0.5), ("peaked σ 3", 3.0), ("peaked σ 12", 12.0)):
+        z = torch.randn(args.rows, args.vocab, generator=gen) * sigma
+        assert torch.equal(sample_rows._top_k(z, k), topk_fallback(z, k)), "fills differ"
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            a = timed(sample_rows._top_k, (z, k), args.repeats)
+            b = timed(topk_fallback, (z, k), args.repeats)
+            print(f"| {name} | {threads} | {ms(a)} | {ms(b)} | {b[1] / a[1]:.1f}× |")
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+
+
+def ms(t: tuple[float, float, float]) -> str:
+    return f"{t[1] * 1e3:.2f} / {t[2] * 1e3:.2f} / {t[0] * 1e3:.2f}"
+
+
+def topk_fallback(z: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    with kernels.hidden("_rowwise"):
+        return sample_rows._top_k(z, k)
 
 
 if __name__ == "__main__":

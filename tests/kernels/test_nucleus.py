@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from glassgpt import kernels
-from glassgpt.sample.filters import sorted_drop, top_p_drop, top_p_filter
+from glassgpt.sample.filters import draw, sorted_drop, top_k_filter, top_p_drop, top_p_filter
 
 ext = pytest.importorskip(
     "glassgpt.kernels._rowwise", reason="the C extension is not built (no compiler at install)"
@@ -245,3 +245,201 @@ def test_min_p_fill_is_the_masked_fill(V, special, m, seed) -> None:
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     assert kernels.min_p_fill(z.double(), log_m) is None
     assert kernels.min_p_fill(z.t(), log_m) is None
+
+
+def topk_fill_torch(z: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``sample.rows._top_k``'s PyTorch form: the k_b-th of ``torch.topk``'s values, the fill
+    below it (a row with k_b outside (0, V) kept)."""
+    V = z.shape[-1]
+    on = (k > 0) & (k < V)
+    k_max = int(torch.where(on, k, 0).max())
+    if k_max == 0:
+        return z.clone()
+    kth = torch.topk(z, k_max, dim=-1).values.gather(-1, (k.clamp(1, k_max) - 1)[:, None])
+    return z.masked_fill(z < torch.where(on[:, None], kth, -torch.inf), -torch.inf)
+
+
+def numpy_kth(row: np.ndarray, k: int) -> np.float32:
+    """The definition: NaN above +inf, then the values descending; the k-th of them."""
+    nan = np.isnan(row)
+    rest = np.sort(row[~nan])[::-1]
+    return np.float32(np.nan) if k <= nan.sum() else rest[k - 1 - nan.sum()]
+
+
+def topk_row(kind: str, V: int, rng: np.random.Generator) -> np.ndarray:
+    if kind in ("flat", "peaked", "ties", "one", "masked"):
+        return logits_row(kind, V, rng)
+    z = rng.normal(size=V).astype(np.float32)
+    if kind == "nan":  # NaNs (either sign bit) count as the largest values, as in torch.topk
+        at = rng.random(V) < 0.1
+        z[at] = np.where(rng.random(int(at.sum())) < 0.5, np.float32(np.nan), -np.float32(np.nan))
+    elif kind == "±0":  # zeros of both signs, ties among them around the k-th
+        z = rng.choice(np.array([-0.0, 0.0, 1.0, -1.0], np.float32), size=V)
+    elif kind == "inf":
+        z[rng.random(V) < 0.2] = rng.choice(np.array([np.inf, -np.inf], np.float32))
+    elif kind == "close":  # values a few ulps apart: the low bits decide
+        z = (np.float32(1.5) + rng.integers(0, 600, size=V) * np.float32(2.0**-23)).astype(
+            np.float32
+        )
+    return z
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    V=st.one_of(st.integers(1, 400), st.sampled_from([1000, 4099, 50257])),
+    kinds=st.lists(
+        st.sampled_from(["flat", "peaked", "ties", "one", "masked", "nan", "±0", "inf", "close"]),
+        min_size=1,
+        max_size=4,
+    ),
+    ks=st.lists(
+        st.sampled_from(["0", "1", "small", "any", "V-1", "V", "past V"]), min_size=4, max_size=4
+    ),
+    seed=st.integers(0, 2**31),
+    fast=st.booleans(),
+)
+def test_top_k_fill_is_torch_topks_threshold_and_the_definition(V, kinds, ks, seed, fast) -> None:
+    """top-k's compiled fill gives the bits of the fill below ``torch.topk``'s k_b-th value,
+    and that value is the definition's (NaN largest, ties by value): ties, ±0, ±inf, NaN,
+    values an ulp apart, k at 0, 1, V − 1, V and past V (kept whole)."""
+    rng = np.random.default_rng(seed)
+    z = torch.from_numpy(np.stack([topk_row(kind, V, rng) for kind in kinds]))
+    pick = {"0": 0, "1": 1, "small": int(rng.integers(1, 41)), "any": int(rng.integers(1, V + 1)),
+            "V-1": V - 1, "V": V, "past V": V + 7}  # fmt: skip
+    k = torch.tensor([pick[ks[b % len(ks)]] for b in range(len(kinds))])
+    ext.use_portable(not fast)
+    try:
+        got = kernels.top_k_fill(z, k)
+    finally:
+        ext.use_portable(False)
+    assert got is not None
+    want = topk_fill_torch(z, k)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    for b, row in enumerate(z.numpy()):
+        kb = int(k[b])
+        if 0 < kb < V:  # torch.topk's ids are kept as they were; the one-setting filter agrees
+            top = torch.topk(z[b], kb).indices
+            assert torch.equal(got[b, top].view(torch.int32), z[b, top].view(torch.int32))
+            assert torch.equal(top_k_filter(z[b : b + 1], kb).view(torch.int32),
+                               got[b : b + 1].view(torch.int32))  # fmt: skip
+            with kernels.hidden("_rowwise"):
+                alone = top_k_filter(z[b : b + 1], kb)
+            assert torch.equal(alone.view(torch.int32), got[b : b + 1].view(torch.int32))
+        t = numpy_kth(row, kb) if 0 < kb < V else np.float32(-np.inf)
+        with np.errstate(invalid="ignore"):
+            mine = np.where(row < t, np.float32(-np.inf), row)
+        assert np.array_equal(got[b].numpy().view(np.int32), mine.view(np.int32))
+
+
+def test_top_k_fill_refuses_what_it_does_not_take() -> None:
+    """float64, int32 k, a strided z or a k of another length: None (PyTorch's topk then)."""
+    z = torch.randn(2, 50)
+    k = torch.tensor([3, 5])
+    assert kernels.top_k_fill(z.double(), k) is None
+    assert kernels.top_k_fill(z, k.int()) is None
+    assert kernels.top_k_fill(torch.randn(50, 2).t(), k) is None
+    assert kernels.top_k_fill(z, k[:1]) is None
+    with kernels.hidden("_rowwise"):
+        assert kernels.top_k_fill(z, k) is None
+
+
+def draw_torch(z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``filters.draw`` by PyTorch's operations alone (the kernel hidden)."""
+    with kernels.hidden("_rowwise"):
+        return draw(z, u)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    V=st.one_of(st.integers(1, 300), st.sampled_from([4099, 50257])),
+    kinds=st.lists(
+        st.sampled_from(["flat", "peaked", "ties", "one", "masked", "tail", "nan"]),
+        min_size=1,
+        max_size=5,
+    ),
+    u_kind=st.sampled_from(["any", "0", "1 − 2⁻⁵³", "at a mass"]),
+    seed=st.integers(0, 2**31),
+)
+def test_draw_rows_is_pytorchs_search_and_fallback(V, kinds, u_kind, seed) -> None:
+    """The compiled rest of ``filters.draw`` (after its softmax and cumsum) gives PyTorch's ids:
+    u at 0, just below 1 (x rounds up to the total, past the last id with mass: the fallback),
+    exactly at a cumulative mass (right=True goes past it), ties, rows whose tail has no mass,
+    and a NaN row (softmax of +inf), whose search ends where PyTorch's binary search does."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for kind in kinds:
+        if kind == "tail":  # the last ids at −inf: no mass where x = total lands
+            z = rng.normal(size=V).astype(np.float32)
+            z[V // 2 :] = -np.inf
+            z[0] = 0.0
+        elif kind == "nan":
+            z = rng.normal(size=V).astype(np.float32)
+            z[int(rng.integers(V))] = np.inf
+        else:
+            z = logits_row(kind, V, rng) if V > 1 else np.zeros(1, np.float32)
+        rows.append(z)
+    zt = torch.from_numpy(np.stack(rows))
+    B = len(rows)
+    if u_kind == "any":
+        u = rng.random(B)
+    elif u_kind == "0":
+        u = np.zeros(B)
+    elif u_kind == "1 − 2⁻⁵³":
+        u = np.full(B, 1 - 2.0**-53)
+    else:  # u · total is exactly some token's cumulative mass
+        cdf = torch.softmax(zt.double(), -1).cumsum(-1).numpy()
+        u = np.array([cdf[b, int(rng.integers(V))] / cdf[b, -1] for b in range(B)])
+        u = np.nan_to_num(u)
+    ut = torch.from_numpy(u)
+    got = draw(zt, ut)
+    want = draw_torch(zt, ut)
+    assert torch.equal(got, want)
+    probs = torch.softmax(zt.double(), -1)
+    assert kernels.draw_rows(probs, probs.cumsum(-1), ut) is not None  # (the kernel took them)
+    fine = ~torch.isnan(probs).any(-1)
+    for b in np.flatnonzero(fine.numpy()):  # the definition, where the row is a distribution
+        p = probs[b].numpy()
+        c = np.cumsum(p)
+        i = min(int(np.searchsorted(c, u[b] * c[-1], side="right")), V - 1)
+        if p[i] == 0:
+            i = int(np.flatnonzero(p > 0)[-1])
+        assert int(got[b]) == i
+
+
+def test_draw_rows_refuses_what_it_does_not_take() -> None:
+    probs = torch.softmax(torch.randn(2, 9, dtype=torch.float64), -1)
+    u = torch.tensor([0.3, 0.6], dtype=torch.float64)
+    assert kernels.draw_rows(probs.float(), probs.cumsum(-1), u) is None
+    assert kernels.draw_rows(probs, probs.cumsum(-1), u.float()) is None
+    assert kernels.draw_rows(probs, probs.cumsum(-1)[:, :8], u) is None
+    assert kernels.draw_rows(probs.t().contiguous().t(), probs.cumsum(-1), u) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    V=st.integers(1, 70),
+    rows=st.lists(
+        st.sampled_from(["normal", "-inf", "inf", "nan", "mixed", "last"]), min_size=1, max_size=6
+    ),
+    seed=st.integers(0, 2**31),
+)
+def test_finite_rows_is_isfinite_any(V, rows, seed) -> None:
+    """Rows of −inf, +inf, NaN (of both signs), a mix, one finite value last: each row's
+    ``torch.isfinite(z).any(-1)`` and whether all rows have one."""
+    rng = np.random.default_rng(seed)
+    specials = np.array([np.inf, -np.inf, np.nan, -np.float32(np.nan)], np.float32)
+    z = rng.normal(size=(len(rows), V)).astype(np.float32)
+    for b, kind in enumerate(rows):
+        if kind in ("-inf", "inf", "nan"):
+            z[b] = {"-inf": -np.inf, "inf": np.inf, "nan": np.nan}[kind]
+        elif kind == "mixed":
+            z[b] = rng.choice(specials, size=V)
+        elif kind == "last":
+            z[b, :-1] = rng.choice(specials, size=V - 1)
+    zt = torch.from_numpy(z)
+    found = kernels.finite_rows(zt)
+    assert found is not None
+    want = torch.isfinite(zt).any(-1)
+    assert torch.equal(found[0], want) and found[1] == bool(want.all())
+    strided = torch.randn(3, 4).t()
+    assert kernels.finite_rows(zt.double()) is None and kernels.finite_rows(strided) is None

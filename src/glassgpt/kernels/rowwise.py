@@ -18,6 +18,10 @@
                        cumsum, and drop where the mass before a token is ≥ p_b (no sort);
                        top_p_fill(z, probs, p): z with −inf there
     min_p_fill(z, log m)   z with −inf where z_i − max z < log m_b (min-p)
+    top_k_fill(z, k)   z with −inf below each row's k_b-th largest (top-k; no sort)
+    draw_rows(probs, cdf, u)   each row's inverse-CDF draw (``sample.filters.draw`` after its
+                       softmax and cumsum) in one call
+    finite_rows(z)     whether each row holds a finite value (``isfinite(z).any(-1)``), and all
     rope(x, cos, sin)  each pair (x_2i, x_2i+1), 2i < r, rotated: (a c − b s, a s + b c)
     silu(x)            x σ(x)  (SwiGLU's gate), a decoding step's few rows
     norm_train(x, w, b, eps, centred)   a norm over the last axis, with the row statistics
@@ -304,6 +308,56 @@ def min_p_fill(z: Tensor, log_m: Tensor) -> Tensor | None:
     out = torch.empty_like(z)
     _rowwise.min_p_fill(z.data_ptr(), log_m.data_ptr(), out.data_ptr(), *z.shape)
     return out
+
+
+def top_k_fill(z: Tensor, k: Tensor) -> Tensor | None:
+    """``z.masked_fill(z < t, −inf)`` for float32 z [B, V] on a CPU (contiguous rows) and
+    k [B] (int64), where t_b = ``torch.topk(z_b, k_b).values[k_b − 1]`` for 0 < k_b < V and
+    −∞ otherwise (the row kept): ``sample.rows._top_k``'s bits without ``torch.topk``
+    (``kernels/_nucleus.h``: a histogram of the values' order keys, then of the few near the
+    k-th). None where the kernel does not take them."""
+    if _rowwise is None or torch.compiler.is_compiling() or z.ndim != 2 or not z.shape[1]:
+        return None
+    if z.dtype is not torch.float32 or not z.is_cpu or not z.is_contiguous():
+        return None
+    if k.shape != z.shape[:1] or k.dtype is not torch.long or not k.is_cpu:
+        return None
+    k, out = k.contiguous(), torch.empty_like(z)
+    if not _rowwise.top_k_fill(z.data_ptr(), k.data_ptr(), out.data_ptr(), *z.shape,
+                               torch.get_num_threads()):  # fmt: skip
+        return None
+    return out
+
+
+def draw_rows(probs: Tensor, cdf: Tensor, u: Tensor) -> Tensor | None:
+    """Each row's id [B] (int64) from float64 probabilities [B, V], their cumsum and uniforms
+    u [B] (CPU, contiguous), the bits of ``sample.filters.draw``'s PyTorch operations after
+    the cumsum: ``searchsorted(cdf, u · cdf[:, −1], right=True)`` clamped to V − 1, and where
+    that id has no mass the last one that has. None where the kernel does not take them."""
+    if _rowwise is None or torch.compiler.is_compiling() or probs.ndim != 2:
+        return None
+    B, V = probs.shape
+    if not V or cdf.shape != (B, V) or u.shape != (B,):
+        return None
+    if any(t.dtype is not torch.float64 or not t.is_cpu or not t.is_contiguous()
+           for t in (probs, cdf, u)):  # fmt: skip
+        return None
+    ids = torch.empty(B, dtype=torch.long)
+    _rowwise.draw_rows(probs.data_ptr(), cdf.data_ptr(), u.data_ptr(), ids.data_ptr(), B, V)
+    return ids
+
+
+def finite_rows(z: Tensor) -> tuple[Tensor, bool] | None:
+    """(``torch.isfinite(z).any(-1)`` [B] bool, whether every row has one) for float32 z
+    [B, V] on a CPU (contiguous), in one call that does not let go of the GIL (a sampler's
+    check between two steps); None where the kernel does not take z."""
+    if _rowwise is None or torch.compiler.is_compiling() or z.ndim != 2 or not z.shape[1]:
+        return None
+    if z.dtype is not torch.float32 or not z.is_cpu or not z.is_contiguous():
+        return None
+    ok = torch.empty(z.shape[0], dtype=torch.bool)
+    every = _rowwise.finite_rows(z.data_ptr(), ok.data_ptr(), *z.shape)
+    return ok, bool(every)
 
 
 def _nucleus(probs: Tensor, p: Tensor, z: Tensor | None) -> Tensor | None:

@@ -149,6 +149,10 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """
     if k >= logits.shape[-1]:
         return logits
+    if logits.ndim == 2 and k > 0:  # the same bits by the compiled heap (no torch.topk)
+        filled = kernels.top_k_fill(logits, torch.full(logits.shape[:1], k))
+        if filled is not None:
+            return filled
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # [B, 1]
     return logits.masked_fill(logits < kth, float("-inf"))
 
@@ -266,6 +270,9 @@ def draw(z: Tensor, u: Tensor) -> Tensor:
     """
     probs = torch.softmax(z.double(), dim=-1)  # [B, V]
     cdf = probs.cumsum(-1)
+    picked = kernels.draw_rows(probs, cdf, u)  # the rest in one compiled call, its bits
+    if picked is not None:
+        return picked
     u = u.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]  # [B, 1]
     idx = torch.searchsorted(cdf, u, right=True).clamp_(max=z.shape[-1] - 1)
     # u · total can round up to the total itself: fall back to the last token with mass

@@ -118,6 +118,9 @@ class ReplayedStep:
         self.tokens, self.logits = tokens, logits
         self.ids = tokens.numpy()  # the same int64 buffer
         self.per_row = _per_row(cache)  # the recorded calls advance its lengths
+        # a server's lengths read through NumPy (no PyTorch operation, which would let go of
+        # the GIL between two steps; serve.runs)
+        self.lengths = cache.lengths.numpy() if self.per_row and cache.lengths.is_cpu else None
 
     @classmethod
     def record(
@@ -224,7 +227,10 @@ class ReplayedStep:
         cache = self.cache
         B = self.tokens.shape[0]
         per_row = self.per_row
-        n = int(cache.lengths[:B].max()) if per_row else cache.length
+        if self.lengths is not None:
+            n = int(self.lengths[:B].max())
+        else:
+            n = int(cache.lengths[:B].max()) if per_row else cache.length
         if n + 1 > cache.capacity:
             raise CacheFullError(
                 f"{n} cached + 1 new position exceed the cache capacity {cache.capacity}"

@@ -120,6 +120,7 @@ class Rows:
         self.top_k = full(0, torch.long)  # 0: off
         self.repetition, self.frequency, self.presence = full(1.0), full(0.0), full(0.0)
         self.seed, self.drawn = full(0, torch.long), full(0, torch.long)
+        self._drawn = self.drawn.numpy() if self.drawn.is_cpu else None  # the same memory
         self.state = _mix(self.seed)  # mix(seed): the stream's state (uniforms)
         # each row's setting as a step over every row applies it: the value that changes
         # nothing where the row has it off (T = 0: 1, the argmax replaces the draw (small
@@ -196,22 +197,25 @@ class Rows:
         if hot is not None and (ids is None or ok is None):
             ids, ok = z.argmax(-1), torch.isfinite(z).any(-1)
         if hot is None:  # every row draws (a greedy row's draw is then replaced)
-            ok = torch.isfinite(zs).any(-1)
+            ok, every = _finite(zs)
             u = _stream(self.state[r], self.drawn[r])
-            ids = draw(zs if bool(ok.all()) else zs.masked_fill(~ok[:, None], 0.0), u)
+            ids = draw(zs if every else zs.masked_fill(~ok[:, None], 0.0), u)
             if not reduce(operator.and_, self.uses[r], DRAW):
                 greedy = self.temperature[r] == 0
                 ids = torch.where(greedy, z.argmax(-1), ids)
                 ok = torch.where(greedy, torch.isfinite(z).any(-1), ok)
         elif hot.numel() and ids is not None and ok is not None:
-            fine = torch.isfinite(zs).any(-1)
+            fine, every = _finite(zs)
             u = _stream(self.state[r][hot], self.drawn[r][hot])
-            zs = zs if bool(fine.all()) else zs.masked_fill(~fine[:, None], 0.0)
+            zs = zs if every else zs.masked_fill(~fine[:, None], 0.0)
             ids[hot] = draw(zs, u).to(ids.device)
             ok[hot] = fine.to(ok.device)
         assert ids is not None and ok is not None
         took = ok.to(self.device)
-        self.drawn[r] += took
+        if self._drawn is not None:  # (NumPy's view: no PyTorch operation)
+            self._drawn[r] += took.numpy()
+        else:
+            self.drawn[r] += took
         if self.counts is not None:
             at = torch.arange(start, start + B, device=self.device)
             self.counts.index_put_((at, ids.to(self.device)), took.float(), accumulate=True)
@@ -259,6 +263,15 @@ class Rows:
         return z, hot, zs
 
 
+def _finite(z: Tensor) -> tuple[Tensor, bool]:
+    """(whether each row of z [h, V] holds a finite logit, whether all do)."""
+    found = kernels.finite_rows(z)
+    if found is not None:
+        return found
+    ok = torch.isfinite(z).any(-1)
+    return ok, bool(ok.all())
+
+
 def _penalties(
     z: Tensor, counts: Tensor, rep: Tensor, freq: Tensor, pres: Tensor, some: int
 ) -> Tensor:
@@ -298,12 +311,16 @@ def _penalties_dense(
 
 def _top_k(z: Tensor, k: Tensor) -> Tensor:
     """Row b keeps its k_b largest logits (and ties with the k_b-th); k: [h] long, a row with
-    k_b outside [1, V) keeps every logit (its threshold is −∞: z < −∞ holds nowhere)."""
+    k_b outside [1, V) keeps every logit (its threshold is −∞: z < −∞ holds nowhere). On a
+    CPU the compiled ``kernels.top_k_fill`` (its bits); elsewhere ``torch.topk``."""
     V = z.shape[-1]
     on = (k > 0) & (k < V)
     k_max = int(torch.where(on, k, 0).max()) if k.numel() else 0
     if k_max == 0:
         return z
+    filled = kernels.top_k_fill(z, k)  # the same bits without torch.topk (a histogram)
+    if filled is not None:
+        return filled
     largest = torch.topk(z, k_max, dim=-1).values  # [h, k_max], descending
     kth = largest.gather(-1, (k.clamp(1, k_max) - 1)[:, None])  # [h, 1]
     return z.masked_fill(z < torch.where(on[:, None], kth, -math.inf), -math.inf)

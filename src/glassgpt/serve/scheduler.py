@@ -56,6 +56,7 @@ from glassgpt.sample.filters import SamplingConfig, mask_padded
 from glassgpt.sample.rows import Rows
 from glassgpt.sample.stops import StopMatcher
 from glassgpt.serve.admission import Admission, Flight, ModelLock
+from glassgpt.serve.cores import one_thread
 from glassgpt.serve.prefix import DEFAULT_BYTES, PrefixCache
 from glassgpt.serve.slots import SlotCache, available_memory, served_context
 
@@ -219,7 +220,7 @@ class Scheduler(Admission):
                         self.admitted = []
             if self.flight is not None and not self._may_step_beside():
                 self._land()
-            lengths = self.cache.lengths[: len(self.active)].tolist()
+            lengths = self.cache.lengths_of(len(self.active))
             for b in reversed(range(len(lengths))):  # _free(b) moves a later one into b
                 if lengths[b] >= self.n_ctx:  # no room for the next feed
                     self._guarded([self.active[b].job], lambda _, b=b: self._slide(b))
@@ -239,7 +240,7 @@ class Scheduler(Admission):
         the model's first block would catch the prompt thread's forward too), nor a slide
         (encoded on this thread, and reading the prefix cache)."""
         B = len(self.active)
-        return B in self.decoders and not bool((self.cache.lengths[:B] >= self.n_ctx).any())
+        return B in self.decoders and max(self.cache.lengths_of(B), default=0) < self.n_ctx
 
     def _guarded(self, jobs: list[Job] | None, fn: Callable[[Any], None]) -> None:
         """Run ``fn(jobs)``; an exception ends the affected sequences (``jobs``, or every
@@ -278,7 +279,7 @@ class Scheduler(Admission):
     def _step(self) -> None:
         B = len(self.active)
         self.widest = max(self.widest, B)
-        fed = torch.tensor([[s.pending] for s in self.active], device=self.device)  # [B, 1]
+        fed = [s.pending for s in self.active]  # (a replayed step reads a list: no tensor)
         with self.lock.step, torch.inference_mode(), self.steered():
             logits = self._forward(fed)  # [B, 1, V]
         self.steps += 1
@@ -287,16 +288,16 @@ class Scheduler(Admission):
             if finished[b]:
                 self._free(b)
 
-    def _forward(self, fed: Tensor) -> Tensor:
+    def _forward(self, fed: list[int]) -> Tensor:
         """The step's logits by this batch size's decoding engine, chosen as ``generate``
         chooses it (``glassgpt.sample.engine``): on a CPU replayed from the step recorded
         for B (the same logits bit for bit), else the model's forward (hooks attached, say by
         the explorer or steering, decode eagerly)."""
-        B, model = fed.shape[0], self.decoding
+        B, model = len(fed), self.decoding
         decoder = self.decoders.get(B)
         if decoder is None:
             if model._hook_fns:  # choose when the model is as it is between requests
-                return model(fed, cache=self.cache)
+                return model(torch.tensor(fed, device=self.device)[:, None], cache=self.cache)
             choice = engine.choose(model, slots=True, replay=self.replay)
             decoder = self.decoders[B] = engine.Decoder(model, self.cache, choice)
         return decoder.step(fed)
@@ -320,9 +321,10 @@ class Scheduler(Admission):
         """Draw the next token of each sequence, row b of ``logits`` [B, V] for ``seqs[b]``
         (in slot start + b), in one pass over the batch; emit what is final; True for each
         sequence that has finished."""
-        last = mask_padded(logits, self.n_valid)  # [B, V]
-        picked, ok = self.rows.sample(last, start)
-        ids = torch.where(ok, picked, -1).tolist()  # -1: no finite logit
+        with one_thread():  # (a team's join would wait for the core the prompts hold)
+            last = mask_padded(logits, self.n_valid)  # [B, V]
+            picked, ok = self.rows.sample(last, start)
+            ids = [t if f else -1 for t, f in zip(picked.tolist(), ok.tolist())]  # -1: none
         return [self._take(s, t if t >= 0 else None, last[b])
                 for b, (s, t) in enumerate(zip(seqs, ids))]  # fmt: skip
 

@@ -178,6 +178,9 @@ class SlotCache:
             v = torch.empty(shape, dtype=dtype, device=device).zero_()
             self.layers.append(_SlotLayer(self, k, v))
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        # the same memory through NumPy on a CPU: the scheduler reads n_b between steps
+        # without a PyTorch operation (each costs microseconds and a hand-off of the GIL)
+        self._host = self.lengths.numpy() if self.lengths.is_cpu else None
         self.rows = torch.arange(slots, device=device)
         self.step_lengths = self.lengths[:0]
 
@@ -186,6 +189,10 @@ class SlotCache:
         p = next(model.parameters())
         return cls(model.config, slots, dtype=cache_dtype(p.dtype, p.device), device=p.device,
                    capacity=capacity)  # fmt: skip
+
+    def lengths_of(self, B: int) -> list[int]:
+        """n_b of slots 0..B−1."""
+        return (self._host[:B] if self._host is not None else self.lengths[:B]).tolist()
 
     def prompt_cache(self, slot: int, model: Any, rows: int = 1) -> KVCache:
         """Slots ``slot``..``slot + rows − 1`` as an empty ``rows``-row ``KVCache`` of

@@ -7,13 +7,12 @@ completion must be its tokens, for the same prompt, settings and seed.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from typing import Any
 
 import pytest
 import torch
-from tests.serve.conftest import held
+from tests.serve.conftest import decoded_together
 
 from glassgpt.sample.generation import generate
 from glassgpt.serve.schemas import CHAT_STOPS
@@ -181,15 +180,7 @@ def test_batched_streams_equal_alone(live: Any, oracle: Any) -> None:
     alone: dict[int, str] = {}
     for i in range(8):
         run(i, alone)
-    together: dict[int, str] = {}
-    threads = [threading.Thread(target=run, args=(i, together)) for i in range(8)]
-    widest = live.scheduler.widest
-    live.scheduler.widest = 0
-    held(live, 8, lambda: [t.start() for t in threads])
-    for t in threads:
-        t.join(60)
-    assert live.scheduler.widest >= 7, "the requests were not decoded together"
-    live.scheduler.widest = max(widest, live.scheduler.widest)
+    together = decoded_together(live, run, 8)
     assert together == alone
     tok = oracle[1]
     for i, (prompt, kw, m) in enumerate(jobs):

@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 import pytest
-from tests.serve.conftest import held
+from tests.serve.conftest import decoded_together, held
 
 from glassgpt.sample.generation import generate
 
@@ -64,18 +64,11 @@ def test_a_batch_of_mixed_settings_gives_each_request_its_tokens_alone(
 ) -> None:
     jobs = [(PROMPTS[i], 15 + 2 * i, 300 + i, MIX[i]) for i in range(8)]
     alone = [stream_text(live, *job) for job in jobs]
-    together: dict[int, str] = {}
 
-    def run(i: int) -> None:
-        together[i] = stream_text(live, *jobs[i])
+    def run(i: int, out: dict[int, str]) -> None:
+        out[i] = stream_text(live, *jobs[i])
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    widest, live.scheduler.widest = live.scheduler.widest, 0
-    held(live, 8, lambda: [t.start() for t in threads])
-    for t in threads:
-        t.join(60)
-    assert live.scheduler.widest >= 7, "the requests were not decoded together"
-    live.scheduler.widest = max(widest, live.scheduler.widest)
+    together = decoded_together(live, run, 8)
     assert [together[i] for i in range(8)] == alone
     assert alone == [expected(oracle, *job) for job in jobs]
     # the settings act: the -100 bias bans its token, a +6 bias on a greedy row makes it win

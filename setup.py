@@ -7,9 +7,9 @@
 - ``glassgpt.kernels._int4``: the int4 (groups of 32, float16 scales) product for decoding;
 - ``glassgpt.kernels._rowwise``: the small kernels around the products, one header a family
   (``kernels/_norms.h``, ``_gelu.h``, ``_kvcache.h``, ``_residual.h``, ``_rope.h``, ``_clip.h``,
-  ``_transpose.h``, ``_argmax.h``, ``_nucleus.h``): a decoding step's norms, GELUs and KV-cache
+  ``_transpose.h``, ``_argmax.h``, ``_nucleus.h``, ``_topk.h``): a decoding step's norms, GELUs and KV-cache
   writes on its few rows, a training step's norms and GELUs with their gradients, gradient
-  clipping, top-p's and min-p's filters;
+  clipping, a sampler's filters (top-k, top-p, min-p) and its draw;
 - ``glassgpt.kernels._flash``: causal self-attention and its gradients for small heads
   (training, and a prompt's forward).
 
@@ -39,6 +39,7 @@ OWN = {
         "_transpose",
         "_argmax",
         "_nucleus",
+        "_topk",
     )
 }
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from glassgpt.kernels import activations, norms, rowwise
+from glassgpt.kernels import activations, norms, rowwise, sampling
 from glassgpt.kernels.rowwise import MAX_ROWS, few_rows
 
 ext = pytest.importorskip(
@@ -315,7 +315,7 @@ def test_argmax_rows_is_numpys_first_largest(rows, V, cut, levels, special, seed
     try:
         for portable_loop in (False, True):
             ext.use_portable(portable_loop)
-            ids = rowwise.argmax_rows(torch.from_numpy(z), n)
+            ids = sampling.argmax_rows(torch.from_numpy(z), n)
             if not finite:
                 assert ids is None
             else:
@@ -327,8 +327,8 @@ def test_argmax_rows_is_numpys_first_largest(rows, V, cut, levels, special, seed
 
 def test_argmax_rows_refuses_what_it_cannot_read() -> None:
     for other in (torch.ones(4, 6).t(), torch.ones(3), torch.ones(3, 4).double(), torch.ones(2, 0)):
-        assert rowwise.argmax_rows(other) is None
-    assert rowwise.argmax_rows(torch.ones(3, 4), 0) is None
+        assert sampling.argmax_rows(other) is None
+    assert sampling.argmax_rows(torch.ones(3, 4), 0) is None
     with pytest.raises(ValueError, match="0 < V <= stride"):
         ext.argmax_rows(0, 1, 0, 4)
     with pytest.raises(ValueError, match="0 < V <= stride"):

@@ -11,7 +11,8 @@
  *   _clip.h       gradient clipping: Σ x² over many buffers, and their scaling
  *   _transpose.h  the transpose of a matrix (oneDNN's ∂W = xᵀ g)
  *   _argmax.h     greedy decoding's first largest index of each row
- *   _nucleus.h    top-p's drop mask of each row, without sorting the vocabulary
+ *   _nucleus.h    top-p's drop mask of each row, without sorting the vocabulary; min-p
+ *   _topk.h       top-k's threshold without a sort, the inverse-CDF draw, the finite check
  *
  * A decoding step's few rows on one thread: PyTorch's kernels spend most of a call on set-up
  * when the input is one row of 768 values (10-17 µs in a decoding step against about 1 µs of
@@ -63,6 +64,7 @@ static int part_count(long long threads, int items) {
 #include "_transpose.h"
 #include "_argmax.h"
 #include "_nucleus.h"
+#include "_topk.h"
 
 /* Every family's AVX2 + FMA kernels where the CPU has them (and `portable` is 0), else the
  * portable loops. */

@@ -65,19 +65,21 @@ from glassgpt.kernels.replay import start as start_recording
 from glassgpt.kernels.replay import stop as stop_recording
 from glassgpt.kernels.rowwise import (
     advance,
-    argmax_rows,
     contiguous_copy,
-    draw_rows,
-    finite_rows,
-    min_p_fill,
     rope,
     scale_,
     sum_squares,
+    write_kv,
+    write_kv_rows,
+)
+from glassgpt.kernels.sampling import (
+    argmax_rows,
+    draw_rows,
+    finite_rows,
+    min_p_fill,
     top_k_fill,
     top_p_drop,
     top_p_fill,
-    write_kv,
-    write_kv_rows,
 )
 from glassgpt.kernels.saved import (
     activation_copy_kept,
@@ -222,7 +224,7 @@ OPS: dict[str, Op] = {
            "float32 CPU slot caches, each row at its own length", PYTORCH, INFERENCE),
         Op("advance", "rowwise:advance", "_rowwise",
            "a contiguous int64 CPU length vector", PYTORCH, INFERENCE),
-        Op("argmax_rows", "rowwise:argmax_rows", "_rowwise",
+        Op("argmax_rows", "sampling:argmax_rows", "_rowwise",
            "float32 CPU logits [B, V] with no NaN and a finite maximum", PYTORCH, INFERENCE),
         Op("contiguous_copy", "rowwise:contiguous_copy", "_rowwise",
            "a CPU float32, bf16 or float16 transposed matrix (blocked transpose)", PYTORCH,

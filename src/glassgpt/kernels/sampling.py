@@ -1,5 +1,5 @@
 """A sampler's passes over a step's rows of logits or probabilities [B, V], by
-``glassgpt.kernels._rowwise`` (``_argmax.h``, ``_nucleus.h``): the same bits as the PyTorch
+``glassgpt.kernels._rowwise`` (``_argmax.h``, ``_nucleus.h``, ``_topk.h``): the same bits as the PyTorch
 operations each names, without their sorts, extra passes over [B, V], or hand-offs of the
 GIL between two decoding steps.
 
@@ -87,8 +87,8 @@ def top_k_fill(z: Tensor, k: Tensor) -> Tensor | None:
     """``z.masked_fill(z < t, −inf)`` for float32 z [B, V] on a CPU (contiguous rows) and
     k [B] (int64), where t_b = ``torch.topk(z_b, k_b).values[k_b − 1]`` for 0 < k_b < V and
     −∞ otherwise (the row kept): ``sample.rows._top_k``'s bits without ``torch.topk``
-    (``kernels/_nucleus.h``: a histogram of the values' order keys, then of the few near the
-    k-th). None where the kernel does not take them."""
+    (``kernels/_topk.h``: one pass keeping a min-heap of the k largest order keys so far).
+    None where the kernel does not take them."""
     if _rowwise is None or torch.compiler.is_compiling() or z.ndim != 2 or not z.shape[1]:
         return None
     if z.dtype is not torch.float32 or not z.is_cpu or not z.is_contiguous():

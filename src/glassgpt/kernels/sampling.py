@@ -1,7 +1,7 @@
 """A sampler's passes over a step's rows of logits or probabilities [B, V], by
-``glassgpt.kernels._rowwise`` (``_argmax.h``, ``_nucleus.h``, ``_topk.h``): the same bits as the PyTorch
-operations each names, without their sorts, extra passes over [B, V], or hand-offs of the
-GIL between two decoding steps.
+``glassgpt.kernels._rowwise`` (``_argmax.h``, ``_nucleus.h``, ``_topk.h``): the same bits as
+the PyTorch operations each names, without their sorts, extra passes over [B, V], or
+hand-offs of the GIL between two decoding steps.
 
     argmax_rows(z)     each row's first index of its largest value (greedy decoding)
     top_p_drop(probs, p)   the tokens top-p drops: a row's stable descending sort, its

@@ -6,7 +6,9 @@ bits with a team of 1 as with PyTorch's own team (the scheduler samples inside
 
 from __future__ import annotations
 
+import ctypes
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +87,26 @@ def test_sampling_on_one_thread_gives_the_teams_bits() -> None:
             probs = rows[1].probabilities(logits)
         assert torch.equal(team[0], alone[0]) and torch.equal(team[1], alone[1])
         assert torch.equal(rows[0].probabilities(logits), probs)
+
+
+def test_the_runtime_is_pytorchs_where_other_wheels_bring_their_own() -> None:
+    """scikit-learn's, CTranslate2's and sentencepiece's wheels bundle a libgomp of their
+    own; with those loaded (as a whole test session loads them), a count set through
+    ``runtime()`` still reaches PyTorch's team, and every other runtime's count is as it was."""
+    site = Path(torch.__file__).resolve().parents[1]
+    others = [p for p in site.glob("*.libs/libgomp*.so*") if p.is_file()]
+    if not others:
+        pytest.skip("no other wheel's libgomp installed here")
+    loaded = [ctypes.CDLL(str(p)) for p in others]
+    for lib in loaded:
+        lib.omp_get_max_threads.restype = ctypes.c_int
+    before = [lib.omp_get_max_threads() for lib in loaded]
+    lib = cores.runtime.__wrapped__()  # (found anew, with the others mapped)
+    assert lib is not None
+    assert [other.omp_get_max_threads() for other in loaded] == before
+    n = torch.get_num_threads()
+    lib.omp_set_num_threads(1)
+    try:
+        assert torch.get_num_threads() == 1
+    finally:
+        lib.omp_set_num_threads(n)

@@ -39,23 +39,37 @@ _NAMES = ("libgomp", "libiomp", "libomp")
 
 @functools.cache
 def runtime() -> Any | None:
-    """The OpenMP library PyTorch loaded (a ``ctypes.PyDLL``), or None where none is found."""
+    """The OpenMP library PyTorch loaded (a ``ctypes.PyDLL``), or None where none is found.
+
+    A process may have several loaded (wheels bundle their own libgomp: scikit-learn's,
+    CTranslate2's and sentencepiece's beside PyTorch's), and a count set through another
+    one's ``omp_set_num_threads`` does not reach PyTorch's team. So each is tried: the one
+    whose count ``torch.get_num_threads`` (PyTorch's ``omp_get_max_threads``) then reads is
+    PyTorch's, and every count is put back."""
     if not torch.backends.openmp.is_available():  # (importing torch loaded it, if any)
         return None
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
-    for line in maps.splitlines():
-        path = line.split()[-1] if len(line.split()) >= 6 else ""
-        if Path(path).name.startswith(_NAMES):
-            with contextlib.suppress(OSError, AttributeError):
-                # already loaded: the same handle; PyDLL keeps the GIL across a call (a
-                # CDLL call lets go of it, and taking it back waits for whichever thread
-                # took it meanwhile)
-                lib = ctypes.PyDLL(path)
-                lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-                lib.omp_get_max_threads.restype = ctypes.c_int
+    paths = dict.fromkeys(
+        f[-1] for f in (line.split() for line in maps.splitlines())
+        if len(f) >= 6 and Path(f[-1]).name.startswith(_NAMES)
+    )  # fmt: skip
+    n = torch.get_num_threads()  # (PyTorch's first look at this thread made first)
+    for path in paths:
+        with contextlib.suppress(OSError, AttributeError):
+            # already loaded: the same handle; PyDLL keeps the GIL across a call (a
+            # CDLL call lets go of it, and taking it back waits for whichever thread
+            # took it meanwhile)
+            lib = ctypes.PyDLL(path)
+            lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+            lib.omp_get_max_threads.restype = ctypes.c_int
+            own = lib.omp_get_max_threads()
+            lib.omp_set_num_threads(n + 1)
+            took = torch.get_num_threads() == n + 1
+            lib.omp_set_num_threads(n if took else own)
+            if took:
                 return lib
     return None
 

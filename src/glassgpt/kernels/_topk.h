@@ -45,9 +45,8 @@ static inline float topk_value(uint32_t key) {
     return v;
 }
 
-/* The min-heap h[0..k) with its least replaced by key (> h[0]), sifted down. */
-static inline void topk_replace(uint32_t *h, long long k, uint32_t key) {
-    long long i = 0;
+/* key placed at i of the min-heap h[0..k) and sifted down (its subtrees already heaps). */
+static inline void topk_sift(uint32_t *h, long long k, long long i, uint32_t key) {
     for (;;) {
         long long c = 2 * i + 1;
         if (c >= k)
@@ -61,25 +60,15 @@ static inline void topk_replace(uint32_t *h, long long k, uint32_t key) {
     h[i] = key;
 }
 
+/* The min-heap h[0..k) with its least replaced by key (> h[0]). */
+static inline void topk_replace(uint32_t *h, long long k, uint32_t key) { topk_sift(h, k, 0, key); }
+
 /* The first k keys of x as a min-heap in h. */
 static void topk_heapify(const float *x, long long k, uint32_t *h) {
     for (long long i = 0; i < k; i++)
         h[i] = topk_key(x[i]);
-    for (long long i = k / 2 - 1; i >= 0; i--) {
-        const uint32_t key = h[i];
-        long long j = i;
-        for (;;) {
-            long long c = 2 * j + 1;
-            if (c >= k)
-                break;
-            if (c + 1 < k && h[c + 1] < h[c])
-                c++;
-            if (h[c] >= key)
-                break;
-            h[j] = h[c], j = c;
-        }
-        h[j] = key;
-    }
+    for (long long i = k / 2 - 1; i >= 0; i--)
+        topk_sift(h, k, i, h[i]);
 }
 
 /* Pass: the keys of x[k..V) into the heap h of x[0..k)'s (k < V). */

@@ -54,7 +54,10 @@ def test_copy_has_the_values_shape_and_dtype(shape: tuple[int, int], dtype: torc
 
 
 @pytest.mark.skipif(not LINUX_THP, reason="no MADV_HUGEPAGE on this system")
-def test_large_copy_starts_on_a_huge_page_and_outlives_its_mapping_object() -> None:
+def test_large_copy_starts_on_a_huge_page_and_outlives_its_mapping_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pages, "_slab", None)  # a fresh slab (KV caches carve from them too)
     t = torch.randn(2 * HUGE_PAGE // 4 + 17)
     c = huge_page_copy(t)
     assert c.data_ptr() % HUGE_PAGE == 0
@@ -105,3 +108,10 @@ def test_pack_moves_streamed_weights_without_changing_them() -> None:
     with torch.no_grad():
         torch.testing.assert_close(dense.matmul(x, W), x @ before, rtol=1e-5, atol=1e-4)
     dense.unpack(W)
+
+
+def test_huge_page_zeros_elsewhere_are_plain_zeros() -> None:
+    t = pages.huge_page_zeros((3, 4), torch.float64, "meta")
+    assert t.device.type == "meta" and t.shape == (3, 4) and t.dtype == torch.float64
+    small = pages.huge_page_zeros((5,), torch.int64)  # under SHARED_MIN: an ordinary tensor
+    assert torch.equal(small, torch.zeros(5, dtype=torch.int64))

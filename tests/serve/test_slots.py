@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.kernels.test_pages import LINUX_THP, _thp_setting, _vma
 
+from glassgpt.kernels.pages import SHARED_MIN
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.sample.cache import KVCache
 from glassgpt.serve.slots import SlotCache
@@ -134,3 +136,20 @@ def test_a_prompt_encoded_into_its_slot_is_a_fresh_caches(family: str) -> None:
         )
         for b in (0, 2):
             assert torch.equal(layer.k[b], k0[b]) and torch.equal(layer.v[b], v0[b])
+
+
+@pytest.mark.skipif(
+    not LINUX_THP or _thp_setting() not in ("always", "madvise"),
+    reason="no transparent huge pages to advise on this system",
+)
+def test_kv_caches_are_zeros_on_huge_pages() -> None:
+    """generate's cache and the server's slots hold their keys and values in memory advised
+    for 2 MiB pages (a step's attention reads them in short runs far apart), zeroed."""
+    cfg = GPTConfig(n_vocab=65, n_ctx=256, d_model=96, n_layers=2, n_heads=4)
+    caches = [KVCache(cfg, 4), SlotCache(cfg, 8)]
+    for cache in caches:
+        for layer in cache.layers:
+            for t in (layer.k, layer.v):
+                assert t.nbytes >= SHARED_MIN and torch.count_nonzero(t) == 0
+                vma = _vma(t.data_ptr())
+                assert vma is not None and vma["THPeligible"] == "1"

@@ -41,6 +41,7 @@ from glassgpt.kernels.fusion import fuse as fuse_calls
 from glassgpt.kernels.int4 import pack_int4
 from glassgpt.kernels.int8 import pack_int8
 from glassgpt.kernels.norms import layer_norm, rms_norm
+from glassgpt.kernels.pages import huge_page_zeros
 from glassgpt.kernels.policy import (
     EXPLICIT_MAX_KEYS,
     SMALL_HEAD,
@@ -122,6 +123,7 @@ __all__ = [
     "gelu_tanh",
     "has_small_batch_kernel",
     "hidden",
+    "huge_page_zeros",
     "id_out_of_range",
     "is_packed",
     "keeps_probabilities",

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
-from glassgpt.kernels import cache_dtype, write_kv
+from glassgpt.kernels import cache_dtype, huge_page_zeros, write_kv
 from glassgpt.model.config import GPTConfig
 from glassgpt.model.gpt import GPT
 
@@ -105,8 +105,8 @@ class KVCache:
         self.mask: Tensor | None = None  # this step's [B, 1, T, n+T] (padded batches only)
         shape = (batch_size, G, capacity, dh)
         self.layers = [
-            _LayerKV(self, torch.zeros(shape, dtype=dtype, device=device),
-                     torch.zeros(shape, dtype=dtype, device=device))
+            _LayerKV(self, huge_page_zeros(shape, dtype, device),
+                     huge_page_zeros(shape, dtype, device))
             for _ in range(config.n_layers)
         ]  # fmt: skip
         self.pad: Tensor | None = None  # [B] leading pad slots per row (None: no padding)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from glassgpt.console import say
 from glassgpt.errors import GlassError
-from glassgpt.kernels import advance, cache_dtype, write_kv_rows
+from glassgpt.kernels import advance, cache_dtype, huge_page_zeros, write_kv_rows
 from glassgpt.sample.cache import KVCache
 
 DEFAULT_CONTEXT = 4096  # the served context when none is asked for (if n_ctx is longer)
@@ -174,8 +174,8 @@ class SlotCache:
         self.config, self.slots, self.capacity = config, slots, capacity
         self.layers = []
         for _ in range(config.n_layers):
-            k = torch.empty(shape, dtype=dtype, device=device).zero_()  # touched now
-            v = torch.empty(shape, dtype=dtype, device=device).zero_()
+            k = huge_page_zeros(shape, dtype, device)  # touched now, on 2 MiB pages
+            v = huge_page_zeros(shape, dtype, device)
             self.layers.append(_SlotLayer(self, k, v))
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
         # the same memory through NumPy on a CPU: the scheduler reads n_b between steps

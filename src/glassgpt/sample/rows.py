@@ -313,14 +313,14 @@ def _top_k(z: Tensor, k: Tensor) -> Tensor:
     """Row b keeps its k_b largest logits (and ties with the k_b-th); k: [h] long, a row with
     k_b outside [1, V) keeps every logit (its threshold is −∞: z < −∞ holds nowhere). On a
     CPU the compiled ``kernels.top_k_fill`` (its bits); elsewhere ``torch.topk``."""
+    filled = kernels.top_k_fill(z, k)  # the same bits without torch.topk (a heap)
+    if filled is not None:
+        return filled
     V = z.shape[-1]
     on = (k > 0) & (k < V)
     k_max = int(torch.where(on, k, 0).max()) if k.numel() else 0
     if k_max == 0:
         return z
-    filled = kernels.top_k_fill(z, k)  # the same bits without torch.topk (a histogram)
-    if filled is not None:
-        return filled
     largest = torch.topk(z, k_max, dim=-1).values  # [h, k_max], descending
     kth = largest.gather(-1, (k.clamp(1, k_max) - 1)[:, None])  # [h, 1]
     return z.masked_fill(z < torch.where(on[:, None], kth, -math.inf), -math.inf)

@@ -857,7 +857,10 @@ static PyObject *py_pacing_counts(PyObject *self, PyObject *args) {
                          (long long)pacing->windows);
 }
 
+#include "_greedy.h" /* greedy decoding's bounded argmax of x W_U */
+
 static PyMethodDef methods[] = {
+    GREEDY_METHODS
     {"gemv_rows", (PyCFunction)(void (*)(void))py_rows, METH_FASTCALL,
      "y[M, N] = x[M, K] W[K, N] (+ b): W row-major [K, N] float32"},
     {"gemv_rows_bf16", (PyCFunction)(void (*)(void))py_rows_bf16, METH_FASTCALL,

@@ -38,6 +38,7 @@ from glassgpt.kernels.dense import (
 )
 from glassgpt.kernels.extensions import EXTENSIONS, built, extension, hidden
 from glassgpt.kernels.fusion import fuse as fuse_calls
+from glassgpt.kernels.greedy import UnembedInt8, greedy_call, greedy_variant, unembedding
 from glassgpt.kernels.int4 import pack_int4
 from glassgpt.kernels.int8 import pack_int8
 from glassgpt.kernels.norms import layer_norm, rms_norm
@@ -97,6 +98,7 @@ __all__ = [
     "SMALL_HEAD",
     "Op",
     "Recorder",
+    "UnembedInt8",
     "ReplayCall",
     "StepMode",
     "activation_copy_kept",
@@ -121,6 +123,8 @@ __all__ = [
     "fuse_calls",
     "gelu_exact",
     "gelu_tanh",
+    "greedy_call",
+    "greedy_variant",
     "has_small_batch_kernel",
     "hidden",
     "huge_page_zeros",
@@ -150,6 +154,7 @@ __all__ = [
     "top_k_fill",
     "top_p_drop",
     "top_p_fill",
+    "unembedding",
     "unpack",
     "write_kv",
     "write_kv_rows",

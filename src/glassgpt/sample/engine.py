@@ -29,7 +29,7 @@ from glassgpt.model.gpt import GPT
 from glassgpt.model.precision import decoding_copy
 from glassgpt.sample.cache import KVCache
 from glassgpt.sample.graphs import GraphedStep, StaticKVCache
-from glassgpt.sample.replay import ReplayedStep, uncovered, unreplayable_model
+from glassgpt.sample.replay import GreedySteps, ReplayedStep, uncovered, unreplayable_model
 
 Kind = Literal["eager", "replayed", "graphed"]
 SMALL_MODEL = 8_000_000  # parameters; below this a decoding step is too short to split
@@ -122,6 +122,7 @@ class Decoder:
         ``cache`` for a prompt: for a bf16 CPU model, :func:`_bf16_replayed`'s copy.)"""
         self.model, self.cache, self.choice = model, cache, choice
         self._step: GraphedStep | ReplayedStep | None = None
+        self.greedy_steps: GreedySteps | None = None  # the replayed step's greedy variant
         self._to_record = choice.kind != "eager"
 
     @classmethod
@@ -191,6 +192,24 @@ class Decoder:
         if isinstance(self._step, ReplayedStep) and logits is self._step.logits:
             return self._step.greedy(n_valid)
         return None
+
+    def step_greedy(
+        self, tokens: Tensor | list[int], n_valid: int
+    ) -> tuple[list[int] | None, Tensor | None]:
+        """(each row's argmax over the first ``n_valid`` logits after ``tokens``, or None,
+        the logits or None): a replayed step whose unembedding reads its int8 copy
+        (:class:`~glassgpt.sample.replay.GreedySteps`: the same ids, no logits) where it
+        can, else :meth:`step` and :meth:`greedy`. Where the ids are None the logits are
+        the step's, for the sampler."""
+        step = self._step
+        if isinstance(step, ReplayedStep) and not self.model._hook_fns:
+            if self.greedy_steps is None or self.greedy_steps.step is not step:
+                self.greedy_steps = GreedySteps.of(step, self.model)
+            if self.greedy_steps is not None:
+                ids = self.greedy_steps(tokens, n_valid)
+                return ids, (step.logits if ids is None else None)
+        logits = self.step(tokens)
+        return self.greedy(logits, n_valid), logits
 
     def _column(self, tokens: Tensor | list[int]) -> Tensor:
         if isinstance(tokens, Tensor):

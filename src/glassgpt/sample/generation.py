@@ -83,6 +83,7 @@ class GenerationConfig(SamplingConfig):
     window: int | None = None  # tokens kept when the window slides (default 3·n_ctx/4)
     cuda_graph: bool = True  # on a GPU, replay each one-token step from a CUDA graph
     replay: bool = True  # on a CPU, replay each one-token step from its recorded kernel calls
+    int8_argmax: bool = True  # a replayed greedy step picks reading W_U's int8 copy (same ids)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -323,14 +324,17 @@ def _steps(
                             cuda_graph=cfg.cuda_graph, replay=cfg.replay)  # fmt: skip
     on_decoder(decoder)
     cache = decoder.cache
-    logits = _forward(decoder.model, tokens, cache)  # (a bf16 model's decoding copy)
+    logits: Tensor | None = _forward(decoder.model, tokens, cache)  # (a bf16 model's copy)
     # the raw argmax is the pick: a replayed step's own pick can serve
     plain_greedy = sampling.greedy and not sampling.penalised and not sampling.logit_bias
+    bounded = plain_greedy and cfg.int8_argmax  # the next ids picked by the step itself
+    picked: list[int] | None = None
     for step in range(cfg.max_new_tokens):
-        ids = nxt = None
-        if plain_greedy:
+        ids, nxt = picked, None
+        if plain_greedy and ids is None and logits is not None:
             ids = decoder.greedy(logits, n_valid)  # None: the sampler picks
         if ids is None:
+            assert logits is not None
             last = mask_padded(logits[:, -1], n_valid)  # [B, V]
             nxt, ok = sampler.sample(last)  # [B]
             if not bool(ok.all()):
@@ -341,12 +345,18 @@ def _steps(
             return
         for b, t in enumerate(ids):
             hist[b].append(t)
+        picked = None
         if cache.length >= cache.capacity:
             tokens, pads = left_pad(slide(f"{len(hist[0])} tokens"), device)
             cache.reset(pads)
             logits = _forward(decoder.model, tokens, cache)  # (a bf16 model's decoding copy)
-        else:  # a list to a replayed step: no PyTorch operation between steps
-            logits = decoder.step(ids if decoder.takes_ids else _column(ids, nxt, device))
+            continue
+        # a list to a replayed step: no PyTorch operation between steps
+        given = ids if decoder.takes_ids else _column(ids, nxt, device)
+        if bounded:  # (logits None where the step picked: it computed none)
+            picked, logits = decoder.step_greedy(given, n_valid)
+        else:
+            logits = decoder.step(given)
 
 
 def _column(ids: list[int], nxt: Tensor | None, device: torch.device) -> Tensor:

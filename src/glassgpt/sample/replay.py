@@ -37,6 +37,7 @@ PyTorch's own kernel); anything else, say a ReLU MLP, leaves decoding eager
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -263,6 +264,72 @@ class ReplayedStep:
         if not per_row:
             cache.length = n + 1
         return self.logits
+
+
+class GreedySteps:
+    """``greedy(tokens, n_valid)`` → each row's argmax over the first ``n_valid`` logits of
+    the next step of ``step``, the same ids as :meth:`ReplayedStep.greedy` after
+    ``step(tokens)``, while the unembedding reads W_U's int8 copy (``glassgpt.kernels.greedy``:
+    bounds on its error, and the few candidates that reach the best bound recomputed by the
+    product's own kernel); None where that pick is None (the logits buffer then holds the
+    full product, for the sampler).
+
+    The step's recorded calls with its last one, the unembedding, replaced: built only for a
+    greedy caller, so that a step that returns logits computes what it did. ``steps``,
+    ``candidates`` and ``full`` count the steps, the candidates their bounds left (over the
+    rows) and the steps that computed the full product (too many candidates: flat logits)."""
+
+    def __init__(self, step: ReplayedStep, pack: kernels.UnembedInt8) -> None:
+        self.step, self.pack = step, pack
+        self._calls: dict[int, tuple[list[kernels.ReplayCall], Any]] = {}
+        self.steps = self.candidates = self.full = 0
+
+    @classmethod
+    def of(cls, step: ReplayedStep, model: GPT) -> GreedySteps | None:
+        """The greedy variant of ``step`` (a recording of ``model``), or None where its last
+        call is not one panels product into its logits (a server's slots, a final soft cap,
+        more rows than one call of the panels takes, the rows form)."""
+        if step.per_row or not step.calls:
+            return None
+        found = kernels.unembedding(step.calls[-1])
+        args = step.calls[-1][1]
+        B, V = step.tokens.shape[0], step.logits.shape[-1]
+        if found is None or args[3] != step.logits.data_ptr() or args[4] != B or args[6] != V:
+            return None
+        versions = tuple(0 if p.is_inference() else p._version for p in model.parameters())
+        packs = _PACKS.setdefault(model, {})
+        key = (*found, versions)
+        if key not in packs:
+            packs.clear()  # (another unembedding, or changed parameters: the old one is stale)
+            address, K, N, half = found
+            packs[key] = kernels.UnembedInt8(address, K, N, half, torch.get_num_threads())
+        return cls(step, packs[key])
+
+    def __call__(self, tokens: Tensor | list[int], n_valid: int) -> list[int] | None:
+        step = self.step
+        if n_valid not in self._calls:
+            call, out = kernels.greedy_call(step.calls[-1], self.pack, n_valid)
+            self._calls[n_valid] = ([*step.calls[:-1], call], out)
+        calls, out = self._calls[n_valid]
+        full = step.calls
+        step.calls = calls
+        try:
+            step(tokens)
+        finally:
+            step.calls = full
+        B = step.tokens.shape[0]
+        how = int(out[B])
+        self.steps += 1
+        self.candidates += int(out[B + 1])
+        self.full += how != 0
+        return None if how == 2 else out[:B].tolist()
+
+
+# each model's int8 copy of its unembedding, for greedy steps (made at the first one, kept
+# while the model lives and its parameters are unchanged)
+_PACKS: weakref.WeakKeyDictionary[GPT, dict[tuple[Any, ...], kernels.UnembedInt8]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _angle_calls(

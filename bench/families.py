@@ -22,6 +22,13 @@ batch 1, a 16-token prompt, greedy decoding to exactly --new-tokens tokens. Engi
   pre-tokenizer by name (``smollm`` / ``qwen2``): it recognises only the published ones by
   hash. A peer that does not import or convert is skipped with the reason printed.
 
+Greedy steps pick their ids reading the unembedding's int8 copy (``glassgpt.kernels.greedy``;
+the same ids as the full product's argmax): a line per glassgpt float32 and bf16 engine
+gives the candidates a step left and the steps that took the full product, from one more
+untimed call; random weights' logits are not a trained model's (``bench/greedy.py`` counts
+both), so these lines say what the timed steps did. ``--argmax-ab`` adds those engines again
+with the pick off, interleaved in the same repeats.
+
 Printed: the CPU (model name, the SIMD flags the kernels care about), torch's threads, the
 load average, each engine's load seconds, the memory on 2 MiB pages after each shape (the
 engines' weights: glassgpt's anonymous copies, llama.cpp's mapped files), and per engine the
@@ -45,7 +52,17 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/generate.py's helpers
-from generate import REPO, hf_call, measure, ours_call, prefix_agreement, step_ms
+from generate import (
+    NO_PICK,
+    OFF,
+    REPO,
+    candidates_line,
+    hf_call,
+    measure,
+    ours_call,
+    prefix_agreement,
+    step_ms,
+)
 from glassgpt.interop import to_hf
 from glassgpt.model import GPT, GPTConfig
 from glassgpt.model.precision import cast
@@ -166,6 +183,9 @@ def llama_engine(path: Path, threads: int) -> Any:
     return call
 
 
+GREEDY: dict[str, GPT] = {}  # the glassgpt engines whose greedy candidates are reported
+
+
 def engines_for(name: str, args: argparse.Namespace, work: Path) -> tuple[dict[str, tuple], dict[str, float]]:  # fmt: skip
     """name → (call, precision, _) for every engine of one shape, and each one's load seconds."""
     config, pre = SHAPES[name]
@@ -178,6 +198,11 @@ def engines_for(name: str, args: argparse.Namespace, work: Path) -> tuple[dict[s
         ours = cast(base, dtype)
         loads[f"glassgpt {dtype}"] = time.perf_counter() - t
         engines[f"glassgpt {dtype}"] = (lambda x, n, m=ours: ours_call(m, x, n), dtype, 0)
+        if dtype in ("float32", "bf16"):
+            GREEDY[f"glassgpt {dtype}"] = ours
+            if args.argmax_ab:  # the same steps without the greedy int8 pick, interleaved
+                engines[f"glassgpt {dtype}{NO_PICK}"] = (
+                    lambda x, n, m=ours: ours_call(m, x, n, **OFF), dtype, 0)  # fmt: skip
     if args.transformers:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging
@@ -258,6 +283,9 @@ def table(name: str, args: argparse.Namespace, work: Path) -> None:
         print(f"| {engine} | {loads.get(engine, 0.0):.2f} | {rate[engine]:.1f} | "
               f"{step_ms(rec[engine], N):.1f} | {vs_hf} | {vs_lc} | {same} |")  # fmt: skip
         sys.stdout.flush()
+    for engine, model in GREEDY.items():
+        print(candidates_line(engine, model, prompts, N))
+    GREEDY.clear()
     why = ReplayedStep.why_not
     print("glassgpt's float32 and int8 one-token steps: " + (
         "replayed from their recorded kernel calls" if why is None else f"eager ({why})"))  # fmt: skip
@@ -291,6 +319,8 @@ def main() -> None:
     p.add_argument("--precisions", default="float32,bf16,int8",
                    help="comma-separated among float32, bf16, int8, int4")  # fmt: skip
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
+    p.add_argument("--argmax-ab", action="store_true",
+                   help="glassgpt float32 and bf16 again with the greedy int8 pick off")  # fmt: skip
     p.add_argument("--no-llama", dest="llama", action="store_false")
     p.add_argument("--llama-src", type=Path, action="append",
                    help="where the llama-cpp-python sdist (its vendor/llama.cpp/"

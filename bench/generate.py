@@ -31,6 +31,11 @@ call), glassgpt float32 and int8 for reference, batch 1 only, and int4's tok/s r
 llama.cpp row (target ≥ 1.2× Q4_K_M); perplexity at every precision beside llama.cpp's is
 ``bench/quality.py``.
 
+Greedy steps pick their ids reading the unembedding's int8 copy (``glassgpt.kernels.greedy``:
+the same ids as the full product's argmax); a line per engine and batch says how many
+candidates a step that left and how many steps took the full product instead, and
+``--argmax-ab`` adds glassgpt float32 and bf16 rows with that pick off, in the same run.
+
 Then a quality check: perplexity on held-out tinyshakespeare of a small character model
 (trained here for --train-steps, or --checkpoint DIR) in float32, bf16 and int8; and, for
 the GPT-2-shape model with random weights (whose perplexity means nothing), the logits'
@@ -130,9 +135,26 @@ def hf_times(model: torch.nn.Module, prompt: torch.Tensor, n: int) -> list[float
 EAGER = {"cuda_graph": False, "replay": False}  # glassgpt's generate without its step capture
 
 
-def ours_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
+def ours_call(model: torch.nn.Module, prompts: torch.Tensor, n: int, **kw: Any) -> list[list[int]]:
     # one-token steps from a CUDA graph on GPUs, replayed kernel calls on CPUs
-    return generate(model, prompts, max_new_tokens=n, temperature=0)
+    return generate(model, prompts, max_new_tokens=n, temperature=0, **kw)
+
+
+OFF = {"int8_argmax": False}  # greedy steps' pick from the full float32 (bf16) unembedding
+
+
+def candidates_line(name: str, model: torch.nn.Module, prompts: torch.Tensor, n: int) -> str:
+    """How the greedy steps of ``model`` picked (``glassgpt.kernels.greedy``: the int8 copy's
+    candidates, recomputed exactly): candidates a step over the rows, and the steps that
+    took the full product (too many candidates), from one more untimed call."""
+    s = stream(model, prompts, max_new_tokens=n, temperature=0)
+    for _ in s:
+        pass
+    g = s.decoder.greedy_steps if s.decoder is not None else None  # type: ignore[attr-defined]
+    if g is None or not g.steps:
+        return f"{name}: no int8 pick ({s.decoder.why if s.decoder else 'no decoder'})"  # type: ignore[attr-defined]
+    return (f"{name}: {g.candidates / g.steps:.1f} candidates a step (over {prompts.shape[0]} "
+            f"row(s)), {g.full} of {g.steps} steps on the full product")  # fmt: skip
 
 
 def eager_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:
@@ -285,8 +307,14 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int, dict[
         "glassgpt bf16": (lambda x, n: ours_call(obf, x, n), "bf16", 2),
         "transformers bf16": (lambda x, n: hf_call(hbf, x, n), "bf16", 2),
     }
+    if args.argmax_ab:  # the same steps without the int8 pick, in the same interleaved run
+        engines[f"glassgpt float32{NO_PICK}"] = (lambda x, n: ours_call(o32, x, n, **OFF),
+                                                 "float32", 4)  # fmt: skip
+        engines[f"glassgpt bf16{NO_PICK}"] = (lambda x, n: ours_call(obf, x, n, **OFF), "bf16", 2)
+    PICKS.update({"glassgpt float32": o32, "glassgpt bf16": obf})
     if args.skip_bf16 or args.dtype == "int4":
         del engines["glassgpt bf16"], engines["transformers bf16"]
+        engines.pop(f"glassgpt bf16{NO_PICK}", None)
     # the same generate without its CUDA graph or its replayed steps, in the same interleaved run
     engines["glassgpt float32 eager"] = (lambda x, n: eager_call(o32, x, n), "float32", 4)
     if dev != "cpu":
@@ -401,6 +429,10 @@ def step_ms(rec: dict[str, list[float]], n: int) -> float:
     return statistics.median((tn - t1) / (n - 1) for t1, tn in zip(rec["1"], rec["n"])) * 1e3
 
 
+NO_PICK = ", int8 pick off"  # the A/B rows' suffix (--argmax-ab)
+PICKS: dict[str, torch.nn.Module] = {}  # the greedy engines whose candidates are reported
+
+
 def speed_table(args: argparse.Namespace) -> None:
     dev = args.device
     engines, n_params, times = make_engines(args)
@@ -452,6 +484,12 @@ def speed_table(args: argparse.Namespace) -> None:
               "against glassgpt float32")  # fmt: skip
     if dev == "cpu":
         from glassgpt.sample.replay import ReplayedStep
+
+        for batch, _, _, _ in tables:
+            prompts = torch.randint(0, 50257, (batch, args.prompt), generator=g)
+            for name, model in PICKS.items():
+                if name in engines:
+                    print(candidates_line(f"{name}, batch {batch}", model, prompts, N))
 
         why = ReplayedStep.why_not  # the last recording's reason, if it failed
         print("glassgpt's one-token steps: " + ("replayed from their recorded kernel calls"
@@ -648,6 +686,8 @@ def main() -> None:
     p.add_argument("--contexts", default="64,256,1024", help="'' to skip the context table")
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-bf16", action="store_true", help="leave bf16 rows and quality out")
+    p.add_argument("--argmax-ab", action="store_true",
+                   help="glassgpt float32 and bf16 again with the greedy int8 pick off")  # fmt: skip
     p.add_argument("--dtype", choices=["int4"], default=None,
                    help="int4: glassgpt int4 beside llama.cpp Q4_K_M and Q4_0 (batch 1)")  # fmt: skip
     p.add_argument("--checkpoint", default=None, help="a trained model for the quality check")

@@ -17,6 +17,7 @@ _gemv = pytest.importorskip(
     "glassgpt.kernels._gemv", reason="the C extension is not built (no compiler at install)"
 )
 
+
 def _passes() -> list[str]:
     """The int8 passes this CPU runs (the best first)."""
     order = ["avx512", "avx2", "portable"]

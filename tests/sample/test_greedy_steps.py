@@ -74,7 +74,11 @@ def test_a_logits_step_after_greedy_steps_computes_what_it_did() -> None:
         want = plain.greedy(theirs, 700)
         assert picked == want
         ids = picked
-    assert greedy.greedy_steps is not None and greedy.greedy_steps.steps == 7 and greedy.greedy_steps.full < 7
+    assert (
+        greedy.greedy_steps is not None
+        and greedy.greedy_steps.steps == 7
+        and greedy.greedy_steps.full < 7
+    )
     assert torch.equal(greedy.step(ids), plain.step(ids))
 
 

@@ -154,7 +154,8 @@ def candidates_line(name: str, model: torch.nn.Module, prompts: torch.Tensor, n:
     if g is None or not g.steps:
         return f"{name}: no int8 pick ({s.decoder.why if s.decoder else 'no decoder'})"  # type: ignore[attr-defined]
     return (f"{name}: {g.candidates / g.steps:.1f} candidates a step (over {prompts.shape[0]} "
-            f"row(s)), {g.full} of {g.steps} steps on the full product")  # fmt: skip
+            f"row(s)), {g.full} of {g.steps} steps on the full product, {g.plain} plain steps "
+            "resting from the int8 pass after misses")  # fmt: skip
 
 
 def eager_call(model: torch.nn.Module, prompts: torch.Tensor, n: int) -> list[list[int]]:

@@ -5,7 +5,8 @@ and off, on random weights at real shapes and on a model trained here.
 
 A replayed greedy step reads the unembedding's int8 copy, keeps the vocabulary rows whose
 upper bound reaches the best lower bound (the candidates) and recomputes their panels of 64
-rows exactly; past a quarter of the panels it computes the full product instead. How many
+rows exactly; past a quarter of the panels it computes the full product instead (and after
+four such steps in a row takes 64 plain steps, the "plain steps" column). How many
 candidates a step leaves decides what it saves, and depends on the logits: printed per model
 are the candidates a step (mean, max), the steps that took the full product, and ms a step
 ((t_N − t_1)/(N − 1), medians of --repeats, int8 pick on and off interleaved).
@@ -39,9 +40,9 @@ from glassgpt.tokenizer import Tokenizer
 GPT2_SMALL = {"n_vocab": 50257, "n_ctx": 1024, "d_model": 768, "n_layers": 12, "n_heads": 12}
 
 
-def counts(model: GPT, prompt: list[int], n: int) -> tuple[float, int, int, int]:
-    """(candidates a step, the most in one step, steps on the full product, steps) of one
-    greedy stream."""
+def counts(model: GPT, prompt: list[int], n: int) -> tuple[float, int, int, int, int]:
+    """(candidates a step, the most in one step, steps on the full product, steps on the
+    int8 pass, plain steps resting from it) of one greedy stream."""
     steps: list[int] = []
     s = stream(model, [prompt], max_new_tokens=n, temperature=0)
     before = 0
@@ -52,8 +53,8 @@ def counts(model: GPT, prompt: list[int], n: int) -> tuple[float, int, int, int]
             before = g.candidates
     g = s.decoder.greedy_steps  # type: ignore[attr-defined]
     if g is None or not steps:
-        return 0.0, 0, 0, 0
-    return statistics.mean(steps), max(steps), g.full, g.steps
+        return 0.0, 0, 0, 0, 0
+    return statistics.mean(steps), max(steps), g.full, g.steps, g.plain
 
 
 def step_ms(model: GPT, prompt: list[int], n: int, on: bool) -> float:
@@ -65,13 +66,13 @@ def step_ms(model: GPT, prompt: list[int], n: int, on: bool) -> float:
 
 
 def report(name: str, model: GPT, prompt: list[int], args: argparse.Namespace) -> None:
-    mean, most, full, steps = counts(model, prompt, args.new_tokens)
+    mean, most, full, steps, plain = counts(model, prompt, args.new_tokens)
     times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(args.repeats):
         for on in (True, False):
             times[on].append(step_ms(model, prompt, args.new_tokens, on))
     on, off = statistics.median(times[True]), statistics.median(times[False])
-    print(f"| {name} | {mean:.1f} | {most} | {full}/{steps} | {on:.2f} | {off:.2f} | "
+    print(f"| {name} | {mean:.1f} | {most} | {full}/{steps} | {plain} | {on:.2f} | {off:.2f} | "
           f"{off / on:.2f}× |")  # fmt: skip
     sys.stdout.flush()
 
@@ -113,9 +114,9 @@ def main() -> None:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"torch {torch.__version__}, {args.threads} threads, load average {load}; "
           f"{args.new_tokens} new tokens, medians of {args.repeats}\n")  # fmt: skip
-    print("| model | candidates a step | most | steps on the full product | ms/step int8 pick "
-          "| ms/step off | speed-up |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| model | candidates a step | most | steps on the full product | plain steps "
+          "| ms/step int8 pick | ms/step off | speed-up |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     prompt = list(range(1, 17))
     for name in filter(None, args.shapes.split(",")):
         config: dict[str, Any] = GPT2_SMALL if name == "gpt2" else SHAPES[name][0]

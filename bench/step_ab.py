@@ -8,6 +8,10 @@
     python bench/step_ab.py --other /work/main --dtype float32 --shape gpt2-small --rows 8 \\
         --threads 1 --products        # the block products alone, both kernels in one process
 
+With --greedy each step is a greedy one as ``generate`` takes it at temperature 0: the
+replayed step's int8 pick (``Decoder.step_greedy``, ``glassgpt.kernels.greedy``) in a
+checkout that has it, else the step and the argmax of its logits (``Decoder.greedy``).
+
 Each round runs this checkout and --other once each (the order alternating), each in its own
 process: random weights at --shape (SmolLM2-135M's and Qwen3-0.6B's from
 ``bench/families.py``, the 10.7M ``shakespeare-char`` preset's with 65 characters, or GPT-2
@@ -68,11 +72,12 @@ from glassgpt.sample.cache import KVCache
 from glassgpt.sample.engine import Decoder
 torch.set_num_threads({threads})
 config, rows, bursts, tokens, prompt = {config!r}, {rows}, {bursts}, {tokens}, {prompt}
+greedy = {greedy}
 torch.manual_seed(0)
 model = cast(GPT(GPTConfig(**config)).eval(), {dtype!r})
 gemv = extension("_gemv")
 counts = getattr(gemv, "pacing_counts", lambda: (0, 0, 0))
-n_ctx = model.config.n_ctx
+n_ctx, n_vocab = model.config.n_ctx, model.config.n_vocab
 if 17 + tokens > n_ctx:
     sys.exit(f"--tokens {{tokens}}: a burst must fit in n_ctx {{n_ctx}} after 17 positions")
 decoder = Decoder.start(model, rows, min(n_ctx, 17 + bursts * tokens))
@@ -86,7 +91,13 @@ for b in range(bursts):
     time.sleep(0.5)
     t, c, p = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
     for i in range(tokens):
-        decoder.step([(7 * i + b + r) % 60 for r in range(rows)])
+        ids = [(7 * i + b + r) % 60 for r in range(rows)]
+        if not greedy:
+            decoder.step(ids)
+        elif hasattr(decoder, "step_greedy"):  # the int8 pick (glassgpt.kernels.greedy)
+            decoder.step_greedy(ids, n_vocab)
+        else:  # a checkout without it: the step and its argmax, as generate takes them
+            decoder.greedy(decoder.step(ids), n_vocab)
     times.append((time.perf_counter_ns() - t) / tokens / 1e6)
     cpu += (time.thread_time_ns() - c) / tokens / 1e6
     proc += (time.process_time_ns() - p) / tokens / 1e6
@@ -112,7 +123,8 @@ print(json.dumps(out))
 def run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     code = CHILD.format(src=str(tree / "src"), threads=args.threads, dtype=args.dtype,
                         config=shape_config(args.shape, tree), rows=args.rows,
-                        bursts=args.bursts, tokens=args.tokens, prompt=args.prompt)  # fmt: skip
+                        bursts=args.bursts, tokens=args.tokens, prompt=args.prompt,
+                        greedy=args.greedy)  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=False)  # fmt: skip
@@ -215,6 +227,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--products", action="store_true", help="the block products alone, in-process")
+    p.add_argument("--greedy", action="store_true",
+                   help="greedy steps as generate takes them: the int8 pick where a checkout "
+                        "has it (Decoder.step_greedy), else the step and its argmax")  # fmt: skip
     args = p.parse_args()
     if args.rows < 1 or args.prompt < 0:
         p.error("--rows must be at least 1 and --prompt at least 0")

@@ -54,7 +54,8 @@ def test_a_flat_random_model_falls_back_to_the_full_product_with_the_same_ids() 
     model = cast(model, "float32")
     on = stream(model, PROMPTS[:1], max_new_tokens=12, temperature=0)
     got = list(on)
-    assert on.decoder.greedy_steps.full == 10  # type: ignore[attr-defined]
+    g = on.decoder.greedy_steps  # type: ignore[attr-defined]
+    assert g.full == g.steps == g.MISSES and g.plain == 10 - g.MISSES  # then plain steps
     assert got == list(stream(model, PROMPTS[:1], max_new_tokens=12, temperature=0,
                               int8_argmax=False))  # fmt: skip
 
@@ -90,3 +91,18 @@ def test_a_final_soft_cap_keeps_the_plain_pick() -> None:
     got = list(on)
     assert on.decoder.kind == "replayed" and on.decoder.greedy_steps is None  # type: ignore[attr-defined]
     assert got == list(stream(model, PROMPTS[:1], max_new_tokens=10, temperature=0, replay=False))
+
+
+def test_steps_that_keep_taking_the_full_product_rest_from_the_int8_pass() -> None:
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(n_vocab=3000, n_ctx=128, d_model=16, n_layers=1, n_heads=2))
+    with torch.no_grad():
+        W = model.W_U
+        W.copy_(W[:, :1] + 1e-5 * torch.randn_like(W))
+    model = cast(model, "float32")
+    on = stream(model, PROMPTS[:1], max_new_tokens=72, temperature=0)  # 70 steps after the
+    got = list(on)  # recorded one: 4 on the full product, 64 plain, then 2 on the int8 pass
+    g = on.decoder.greedy_steps  # type: ignore[attr-defined]
+    assert g.full == g.steps == g.MISSES + 2 and g.plain == g.REST
+    assert got == list(stream(model, PROMPTS[:1], max_new_tokens=72, temperature=0,
+                              int8_argmax=False))  # fmt: skip

@@ -277,12 +277,17 @@ class GreedySteps:
     The step's recorded calls with its last one, the unembedding, replaced: built only for a
     greedy caller, so that a step that returns logits computes what it did. ``steps``,
     ``candidates`` and ``full`` count the steps, the candidates their bounds left (over the
-    rows) and the steps that computed the full product (too many candidates: flat logits)."""
+    rows) and the steps that computed the full product (too many candidates: flat logits);
+    after ``MISSES`` such steps in a row the next ``REST`` steps are plain ones (``plain``
+    counts them), which do not pay for the int8 pass as well."""
+
+    MISSES, REST = 4, 64
 
     def __init__(self, step: ReplayedStep, pack: kernels.UnembedInt8) -> None:
         self.step, self.pack = step, pack
         self._calls: dict[int, tuple[list[kernels.ReplayCall], Any]] = {}
-        self.steps = self.candidates = self.full = 0
+        self.steps = self.candidates = self.full = self.plain = 0
+        self._misses = self._rest = 0
 
     @classmethod
     def of(cls, step: ReplayedStep, model: GPT) -> GreedySteps | None:
@@ -307,6 +312,11 @@ class GreedySteps:
 
     def __call__(self, tokens: Tensor | list[int], n_valid: int) -> list[int] | None:
         step = self.step
+        if self._rest:
+            self._rest -= 1
+            self.plain += 1
+            step(tokens)
+            return step.greedy(n_valid)
         if n_valid not in self._calls:
             call, out = kernels.greedy_call(step.calls[-1], self.pack, n_valid)
             self._calls[n_valid] = ([*step.calls[:-1], call], out)
@@ -322,6 +332,9 @@ class GreedySteps:
         self.steps += 1
         self.candidates += int(out[B + 1])
         self.full += how != 0
+        self._misses = self._misses + 1 if how != 0 else 0
+        if self._misses == self.MISSES:
+            self._misses, self._rest = 0, self.REST
         return None if how == 2 else out[:B].tolist()
 
 

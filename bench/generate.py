@@ -334,6 +334,8 @@ def make_engines(args: argparse.Namespace) -> tuple[dict[str, tuple], int, dict[
     }
     if "glassgpt int8" in engines:
         times["glassgpt int8"] = lambda x, n: ours_times(o8, x, n)
+    times[f"glassgpt float32{NO_PICK}"] = lambda x, n: ours_times(o32, x, n, **OFF)
+    times[f"glassgpt bf16{NO_PICK}"] = lambda x, n: ours_times(obf, x, n, **OFF)
     if args.dtype == "int4":  # the Q4 comparison only: transformers' minutes a run left out
         for name in (API, "transformers float32", "glassgpt float32 eager"):
             del engines[name]

@@ -106,3 +106,14 @@ def test_steps_that_keep_taking_the_full_product_rest_from_the_int8_pass() -> No
     assert g.full == g.steps == g.MISSES + 2 and g.plain == g.REST
     assert got == list(stream(model, PROMPTS[:1], max_new_tokens=72, temperature=0,
                               int8_argmax=False))  # fmt: skip
+
+
+def test_more_rows_than_the_pick_gains_at_keep_the_plain_step() -> None:
+    """Five float32 rows (``kernels.greedy.MAX_ROWS``: the products turn bound by their
+    multiply-adds, which the int8 pass makes as many of): no int8 pick, the same ids."""
+    model = peaked()
+    rows = [[1 + r, 2, 3, 4] for r in range(5)]
+    on = stream(model, rows, max_new_tokens=6, temperature=0)
+    got = list(on)
+    assert on.decoder.kind == "replayed" and on.decoder.greedy_steps is None  # type: ignore[attr-defined]
+    assert got == list(stream(model, rows, max_new_tokens=6, temperature=0, replay=False))

@@ -106,6 +106,41 @@ AVX512 static void int8_panel_avx512(const float *x, const int8_t *q, int K, flo
     for (int i = 0; i < 4; i++)
         _mm512_storeu_ps(acc + 16 * i, _mm512_add_ps(a[i], b[i]));
 }
+
+/* int8_panel_avx512 for R ≤ ROW_BLOCK rows of x (K apart) at once: each k's 64 weights
+ * widened once for the R rows (as the panels' AVX-512F rows kernel reads a weight once for
+ * six rows), acc [R][64]. */
+AVX512 static inline __attribute__((always_inline)) void
+int8_rows_avx512_body(const float *x, const int8_t *q, int K, const int R, float *acc) {
+    __m512 a[ROW_BLOCK][4];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 4; i++)
+            a[r][i] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++, q += PANEL) {
+        const __m512 w0 = widen16(q), w1 = widen16(q + 16), w2 = widen16(q + 32),
+                     w3 = widen16(q + 48);
+        for (int r = 0; r < R; r++) {
+            const __m512 xk = _mm512_set1_ps(x[(size_t)r * K + k]);
+            a[r][0] = _mm512_fmadd_ps(xk, w0, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(xk, w1, a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(xk, w2, a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(xk, w3, a[r][3]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 4; i++)
+            _mm512_storeu_ps(acc + (size_t)r * PANEL + 16 * i, a[r][i]);
+}
+
+AVX512 static void int8_rows_avx512(const float *x, const int8_t *q, int K, int R, float *acc) {
+    switch (R) {
+    case 6: int8_rows_avx512_body(x, q, K, 6, acc); break;
+    case 5: int8_rows_avx512_body(x, q, K, 5, acc); break;
+    case 4: int8_rows_avx512_body(x, q, K, 4, acc); break;
+    case 3: int8_rows_avx512_body(x, q, K, 3, acc); break;
+    default: int8_rows_avx512_body(x, q, K, 2, acc); break;
+    }
+}
 #endif
 
 static void int8_panel(const float *x, const int8_t *q, int K, float *acc) {
@@ -116,6 +151,17 @@ static void int8_panel(const float *x, const int8_t *q, int K, float *acc) {
         return int8_panel_avx2(x, q, K, acc);
 #endif
     int8_panel_portable(x, q, K, acc);
+}
+
+/* acc [R][64] for rows m0 ≤ m < m0 + R of x [M, K] over panel q: the AVX-512F pass takes
+ * up to ROW_BLOCK rows a read of the panel, the others one row at a time. */
+static void int8_rows(const float *x, const int8_t *q, int K, int R, float *acc) {
+#if GG_X86
+    if (greedy_pass == G_AVX512 && R > 1)
+        return int8_rows_avx512(x, q, K, R, acc);
+#endif
+    for (int r = 0; r < R; r++)
+        int8_panel(x + (size_t)r * K, q, K, acc + (size_t)r * PANEL);
 }
 
 /* A float64 bound as the float32 at or above it. */
@@ -195,11 +241,15 @@ static void bounds_part(const void *job, int part, int parts) {
     for (int m = 0; m < g->M; m++)
         lower[m] = -INFINITY;
     g->bad[part] = 0;
+    float block[ROW_BLOCK * PANEL];
     for (int p = p0; p < p1; p++) {
         const int n = g->n_valid - p * PANEL < PANEL ? g->n_valid - p * PANEL : PANEL;
         for (int m = 0; m < g->M; m++) {
-            float acc[PANEL];
-            int8_panel(g->x + (size_t)m * g->K, g->Q + (size_t)p * g->K * PANEL, g->K, acc);
+            const int r = m % ROW_BLOCK;
+            if (r == 0) /* the next rows' int8 sums, ROW_BLOCK a read of the panel */
+                int8_rows(g->x + (size_t)m * g->K, g->Q + (size_t)p * g->K * PANEL, g->K,
+                          g->M - m < ROW_BLOCK ? g->M - m : ROW_BLOCK, block);
+            const float *acc = block + (size_t)r * PANEL;
             const float x2 = (float)g->x2[m], x1 = (float)g->x1[m];
             float *y = g->y + (size_t)m * g->N + (size_t)p * PANEL;
             float lo = lower[m];

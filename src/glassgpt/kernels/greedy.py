@@ -34,17 +34,32 @@ Call = tuple[Callable[..., Any], tuple[Any, ...], tuple[int, ...]]
 BOUNDED, FULL, NO_PICK = 0, 1, 2  # how a step picked (out[M]): see greedy_call
 
 
+# The most rows of x the int8 pick takes, float32 and bf16 W_U: at one row a step's
+# unembedding is bound by its bytes, and the pick reads a quarter (a half) of them; with more
+# rows the products turn bound by their multiply-adds, which the int8 pass makes as many of
+# (each widened from int8 besides). GPT-2 small's W_U, caches flushed between calls, 2
+# threads, loaded host: the pick 0.97-3.0× faster than the full float32 product at 1-6
+# rows and 1.06× at 8; than the bf16 one 1.7-3.0× at 1-2 rows, 1.09× at 3, 0.46-0.87× at 4-8.
+MAX_ROWS = {False: 4, True: 2}
+
+
 def unembedding(call: Call) -> tuple[int, int, int, bool] | None:
     """(P's address, K, N, half) of a recorded panels product of one call (float32 x, P
-    float32 or bf16), None for any other call."""
+    float32 or bf16) of at most ``MAX_ROWS[half]`` rows, None for any other call."""
+    half = _panels_product(call)
+    args = call[1]
+    if half is None or args[4] > MAX_ROWS[half]:
+        return None
+    return args[1], args[5], args[6], half
+
+
+def _panels_product(call: Call) -> bool | None:
+    """Whether ``call`` is ``gemv_panels_bf16`` (True) or ``gemv_panels`` (False); None:
+    neither."""
     fn, args, positional = call
     if _gemv is None or positional or len(args) != 8:
         return None
-    if fn is _gemv.gemv_panels:
-        return args[1], args[5], args[6], False
-    if fn is _gemv.gemv_panels_bf16:
-        return args[1], args[5], args[6], True
-    return None
+    return True if fn is _gemv.gemv_panels_bf16 else False if fn is _gemv.gemv_panels else None
 
 
 class UnembedInt8:
@@ -66,12 +81,13 @@ def greedy_call(
     call: Call, pack: UnembedInt8, n_valid: int, max_panels: int | None = None
 ) -> tuple[Call, Any]:
     """The recorded unembedding ``call`` as its greedy pick: (a call to replay in its place,
-    out: a NumPy view of int64 [M + 2]). After the call out[:M] holds each row's pick and out[M] how: BOUNDED
+    out: a NumPy view of int64 [M + 2]), for any rows the panels take (:func:`unembedding`
+    says where it pays). After the call out[:M] holds each row's pick and out[M] how: BOUNDED
     (y not written as the product would), FULL (the product computed into y: more
     candidates than ``max_panels`` panels, a quarter of them by default, or something not
     finite) or NO_PICK (the product in y holds a NaN or an infinite largest value: the
     caller samples y as it would have); out[M + 1] the candidates counted."""
-    assert _gemv is not None and unembedding(call) is not None
+    assert _gemv is not None and _panels_product(call) is not None
     x, P, b, y, M, K, N, threads = call[1]
     out = torch.zeros(M + 2, dtype=torch.long)
     limit = max(1, pack.panels // 4) if max_panels is None else max_panels

@@ -26,7 +26,7 @@ with the same weights (each says so once), the norms and GELU to PyTorch's.
 from setuptools import Extension, setup
 
 KERNELS = "src/glassgpt/kernels"
-SHARED = ("_parallel", "_cpu", "_vexp", "_silu", "_tile", "_flash_rows", "_module")
+SHARED = ("_parallel", "_cpu", "_vexp", "_silu", "_tile", "_flash_rows", "_module", "_program")
 # the extensions' own headers: _rowwise.c is one translation unit of its families
 OWN = {
     "_rowwise": (

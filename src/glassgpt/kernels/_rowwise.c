@@ -81,7 +81,8 @@ static void pick_kernels(int portable) {
 /* The implementations a replayed step's program calls (kernels/_program.h). */
 static const KernelEntry *const IMPLS[] = {&EMBED,   &NORM_ENTRY, &GELU_MANY, &KV_WRITE,
                                            &KV_WRITE_ROWS, &ADVANCE, &ADD,   &MUL,
-                                           &SILU_ENTRY,    &ROPE,    &TAKE_ROWS, NULL};
+                                           &SILU_ENTRY,    &ROPE,    &TAKE_ROWS, &SCALE_MANY,
+                                           NULL};
 
 static PyMethodDef methods[] = {
     {"argmax_rows", (PyCFunction)(void (*)(void))argmax_rows, METH_FASTCALL,

@@ -121,6 +121,9 @@ class ReplayedStep:
         # a server's lengths read through NumPy (no PyTorch operation, which would let go of
         # the GIL between two steps; serve.runs)
         self.lengths = cache.lengths.numpy() if self.per_row and cache.lengths.is_cpu else None
+        # the calls as one compiled call (the GIL let go once a step, not once a kernel);
+        # None where kernels/_program.c is not built: the loop in __call__ makes them
+        self.program = kernels.compile_calls(calls)
 
     @classmethod
     def record(
@@ -251,18 +254,27 @@ class ReplayedStep:
                                  f"got {tuple(tokens.shape)}")  # fmt: skip
             self.tokens.copy_(tokens.view(-1))
         try:
-            for fn, args, positional in self.calls:
-                if positional:
-                    moved = list(args)
-                    for i in positional:
-                        moved[i] += n
-                    args = tuple(moved)
-                fn(*args)
+            if self.program is not None:
+                self.program(n)
+            else:
+                _run_calls(self.calls, n)
         except ValueError as e:  # an id out of range (checked before anything is written)
             raise TokenError(str(e)) from None
         if not per_row:
             cache.length = n + 1
         return self.logits
+
+
+def _run_calls(calls: list[kernels.ReplayCall], n: int) -> None:
+    """Each recorded call from Python, its positions moved by n (the program's calls, made
+    one by one)."""
+    for fn, args, positional in calls:
+        if positional:
+            moved = list(args)
+            for i in positional:
+                moved[i] += n
+            args = tuple(moved)
+        fn(*args)
 
 
 def _angle_calls(

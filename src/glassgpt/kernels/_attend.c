@@ -356,7 +356,7 @@ static int attend_impl(const long long *a, const double *dv, KernelError *err) {
     return 0;
 }
 
-static const KernelEntry ATTEND = {"attend", "iiiiiiiiiiiti|iiddi", attend_impl, 1,
+static const KernelEntry ATTEND = {"attend", "iiiiiiiiiiiti|ioddi", attend_impl, 1,
                                    "attend(q, k, v, mask, z, B, H, Tq, Tk, D, offset, strides, "
                                    "threads[, offsets, group, scale, cap, window])"};
 

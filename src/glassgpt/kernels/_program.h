@@ -9,6 +9,7 @@
  *
  * format, one character an argument:
  *   i  an integer (an address, a size; PyLong_AsLongLong)
+ *   o  an integer that is 1 where left out (below)
  *   b  a truth value (PyObject_IsTrue), an integer slot
  *   d  a float (PyFloat_AsDouble), a double slot
  *   t  a tuple of integers: its length, then its items, in integer slots
@@ -124,7 +125,7 @@ __attribute__((unused)) static int flatten(const KernelEntry *k, PyObject *const
                 return 0;
             iv[ni++] = on;
         } else {
-            iv[ni] = x ? PyLong_AsLongLong(x) : 0;
+            iv[ni] = x ? PyLong_AsLongLong(x) : *c == 'o';
             if (iv[ni++] == -1 && PyErr_Occurred())
                 return 0;
         }

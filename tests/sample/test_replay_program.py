@@ -203,3 +203,14 @@ def test_without_the_extension_the_loop_replays() -> None:
             for t in range(1, 4):
                 tokens = torch.tensor([[t]])
                 assert torch.equal(step(tokens), model(tokens, cache=eager))
+
+
+def test_a_python_calls_positions_move_on_a_fresh_tuple_each_run() -> None:
+    """A call without a C implementation gets its positional arguments + n, every run from
+    the recorded values (not from the last run's)."""
+    seen: list[tuple[int, ...]] = []
+    program = kernels.compile_calls([(lambda *a: seen.append(a), (10, 20, 30), (0, 2))])
+    assert program is not None and program.names == [None]
+    for n in (3, 3, 5):
+        program(n)
+    assert seen == [(13, 20, 33), (13, 20, 33), (15, 20, 35)]

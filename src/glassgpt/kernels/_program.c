@@ -139,24 +139,27 @@ static PyObject *build(PyObject *self, PyObject *calls) {
 /* fn(*args) with the arguments at `positional` moved by n: the Python replay's call. */
 static int call_python(const Step *s, long long n) {
     PyObject *args = s->args;
-    const Py_ssize_t npos = PyTuple_GET_SIZE(s->positional);
-    if (npos) {
-        args = PyTuple_GetSlice(s->args, 0, PyTuple_GET_SIZE(s->args));
+    const Py_ssize_t npos = PyTuple_GET_SIZE(s->positional), size = PyTuple_GET_SIZE(args);
+    if (npos) { /* a fresh tuple (a whole slice would be the recorded one itself) */
         PyObject *by = PyLong_FromLongLong(n);
-        if (!args || !by) {
-            Py_XDECREF(args), Py_XDECREF(by);
+        args = by ? PyTuple_New(size) : NULL;
+        if (!args) {
+            Py_XDECREF(by);
             return 0;
         }
+        for (Py_ssize_t j = 0; j < size; j++)
+            PyTuple_SET_ITEM(args, j, Py_NewRef(PyTuple_GET_ITEM(s->args, j)));
         for (Py_ssize_t j = 0; j < npos; j++) {
             const Py_ssize_t a = PyLong_AsSsize_t(PyTuple_GET_ITEM(s->positional, j));
-            PyObject *moved = a == -1 && PyErr_Occurred()
-                                  ? NULL
-                                  : PyNumber_Add(PyTuple_GET_ITEM(args, a), by);
+            PyObject *moved = a < 0 || a >= size ? NULL
+                                                 : PyNumber_Add(PyTuple_GET_ITEM(args, a), by);
             if (!moved) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_IndexError, "run: no argument %zd to move", a);
                 Py_DECREF(args), Py_DECREF(by);
                 return 0;
             }
-            Py_SETREF(((PyTupleObject *)args)->ob_item[a], moved); /* a fresh tuple: ours */
+            Py_SETREF(((PyTupleObject *)args)->ob_item[a], moved); /* ours: made above */
         }
         Py_DECREF(by);
     }

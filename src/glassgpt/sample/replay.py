@@ -1,4 +1,4 @@
-"""Decoding on a CPU from a recorded step: one compiled call per kernel, no model Python.
+"""Decoding on a CPU from a recorded step: its kernels in one compiled call, no model Python.
 
 A one-token step of a float32 (or int8) model on a CPU,
 
@@ -16,7 +16,11 @@ embedding x₀ computed by the compiled embedding (``glassgpt.kernels.embed_call
 buffers in the same order, so its logits equal the eager step's bit for bit; where a product's
 output goes straight into a residual sum, or SwiGLU's two products into its SiLU and gate,
 one fused call does both in one parallel run, with the same arithmetic in the same order
-(``glassgpt.kernels.fuse_calls``). With RoPE the
+(``glassgpt.kernels.fuse_calls``). The calls run as one compiled call
+(``glassgpt.kernels.compile_calls``: each kernel's own C implementation, the GIL let go once
+a step instead of once a kernel, so that a server's other threads do not hold the step up
+between two kernels); a call without one (the soft cap's) is made from Python between two
+compiled runs. With RoPE the
 angles are a table [capacity, r/2] in float32, each row computed as the eager step computes
 it at that position (once, at the recording); a compiled call copies row n into the buffers
 the recorded rotations read (the sliding layers' own base has its own table).

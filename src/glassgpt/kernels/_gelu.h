@@ -232,9 +232,7 @@ static int gelu_many_impl(const long long *a, const double *unused, KernelError 
 static const KernelEntry GELU_MANY = {"gelu_many", "iiiiii", gelu_many_impl, 1,
                                       "gelu_many(x, g, y, n, threads, exact)"};
 
-static PyObject *gelu_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&GELU_MANY, args, nargs);
-}
+FASTCALL_ENTRY(gelu_many, GELU_MANY)
 
 /* gelu_slope(x, y, d, n, threads): y = GELU(x) and d = GELU'(x), the tanh GELU, in one pass. */
 static PyObject *gelu_slope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

@@ -682,26 +682,25 @@ static int rows_impl(const long long *a, KernelError *err, int bf16, int io) {
     return 0;
 }
 
-static int rows_f32(const long long *a, const double *d, KernelError *e) { return rows_impl(a, e, 0, 0); }
-static int rows_bf16(const long long *a, const double *d, KernelError *e) { return rows_impl(a, e, 1, 0); }
-static int rows_bf16_io(const long long *a, const double *d, KernelError *e) { return rows_impl(a, e, 1, 1); }
+/* An implementation `name` that runs impl(a, err, half, io): the float32 and bf16 forms. */
+#define PRODUCT_FORM(name, impl, half, io)                                          \
+    static int name(const long long *a, const double *d, KernelError *e) {          \
+        return impl(a, e, half, io);                                                \
+    }
+PRODUCT_FORM(rows_f32, rows_impl, 0, 0)
+PRODUCT_FORM(rows_bf16, rows_impl, 1, 0)
+PRODUCT_FORM(rows_bf16_io, rows_impl, 1, 1)
 
 #define ROWS_USAGE "gemv: expected x, W, b, y, M, K, N, threads"
 static const KernelEntry ROWS = {"gemv_rows", "iiiiiiii", rows_f32, 1, ROWS_USAGE};
 static const KernelEntry ROWS_BF16 = {"gemv_rows_bf16", "iiiiiiii", rows_bf16, 1, ROWS_USAGE};
 static const KernelEntry ROWS_BF16_IO = {"gemv_rows_bf16_io", "iiiiiiii", rows_bf16_io, 1, ROWS_USAGE};
 
-static PyObject *py_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&ROWS, args, nargs);
-}
+FASTCALL_ENTRY(py_rows, ROWS)
 
-static PyObject *py_rows_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&ROWS_BF16, args, nargs);
-}
+FASTCALL_ENTRY(py_rows_bf16, ROWS_BF16)
 
-static PyObject *py_rows_bf16_io(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&ROWS_BF16_IO, args, nargs);
-}
+FASTCALL_ENTRY(py_rows_bf16_io, ROWS_BF16_IO)
 
 /* The most rows of x the panels form takes: PANEL_ROWS_MAX where AVX-512F holds six rows'
  * sums in registers, else one. */
@@ -742,9 +741,9 @@ static int panels_impl(const long long *a, KernelError *err, int half, int io) {
     return 0;
 }
 
-static int panels_f32(const long long *a, const double *d, KernelError *e) { return panels_impl(a, e, 0, 0); }
-static int panels_bf16(const long long *a, const double *d, KernelError *e) { return panels_impl(a, e, 1, 0); }
-static int panels_bf16_io(const long long *a, const double *d, KernelError *e) { return panels_impl(a, e, 1, 1); }
+PRODUCT_FORM(panels_f32, panels_impl, 0, 0)
+PRODUCT_FORM(panels_bf16, panels_impl, 1, 0)
+PRODUCT_FORM(panels_bf16_io, panels_impl, 1, 1)
 
 #define PANELS_USAGE "expected gemv_panels(x, P, b, y, M, K, N, threads)"
 static const KernelEntry PANELS = {"gemv_panels", "iiiiiiii", panels_f32, 1, PANELS_USAGE};
@@ -752,17 +751,11 @@ static const KernelEntry PANELS_BF16 = {"gemv_panels_bf16", "iiiiiiii", panels_b
 static const KernelEntry PANELS_BF16_IO = {"gemv_panels_bf16_io", "iiiiiiii", panels_bf16_io, 1,
                                            PANELS_USAGE};
 
-static PyObject *py_panels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&PANELS, args, nargs);
-}
+FASTCALL_ENTRY(py_panels, PANELS)
 
-static PyObject *py_panels_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&PANELS_BF16, args, nargs);
-}
+FASTCALL_ENTRY(py_panels_bf16, PANELS_BF16)
 
-static PyObject *py_panels_bf16_io(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&PANELS_BF16_IO, args, nargs);
-}
+FASTCALL_ENTRY(py_panels_bf16_io, PANELS_BF16_IO)
 
 static int fused_sizes(long long M, long long K, long long N, const char *name, KernelError *err) {
     if (M < 1 || M > panel_rows() || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX - PANEL)
@@ -789,9 +782,7 @@ static const KernelEntry PANELS_ADD = {
     "gemv_panels_add", "iiiiiiiiiii", panels_add_impl, 1,
     "expected gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out)"};
 
-static PyObject *py_panels_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&PANELS_ADD, args, nargs);
-}
+FASTCALL_ENTRY(py_panels_add, PANELS_ADD)
 
 /* gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2):
  * a = x Pa + ba, g = x Pg + bg, s = silu(g), h = s ⊙ a, in one run (Fused's GLU). */
@@ -814,9 +805,7 @@ static const KernelEntry PANELS_GLU = {
     "gemv_panels_glu", "iiiiiiiiiiiiiii", panels_glu_impl, 1,
     "expected gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2)"};
 
-static PyObject *py_panels_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&PANELS_GLU, args, nargs);
-}
+FASTCALL_ENTRY(py_panels_glu, PANELS_GLU)
 
 /* The implementations a replayed step's program calls (kernels/_program.h). */
 static const KernelEntry *const IMPLS[] = {&ROWS,        &ROWS_BF16,      &ROWS_BF16_IO,

@@ -49,9 +49,7 @@ static int kv_write_impl(const long long *a, const double *unused, KernelError *
 static const KernelEntry KV_WRITE = {"kv_write", "iiiiiiiiit", kv_write_impl, 0,
                                      "kv_write(K, V, k, v, B, H, T, D, n, 16 strides)"};
 
-static PyObject *kv_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&KV_WRITE, args, nargs);
-}
+FASTCALL_ENTRY(kv_write, KV_WRITE)
 
 /* kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, h, n_b, :] = k[b, h, 0, :] and
  * the same for V and v, n_b = lengths[b]; strides as kv_write's. */
@@ -65,9 +63,7 @@ static int kv_write_rows_impl(const long long *a, const double *unused, KernelEr
 static const KernelEntry KV_WRITE_ROWS = {"kv_write_rows", "iiiiiiiit", kv_write_rows_impl, 0,
                                           "kv_write_rows(K, V, k, v, B, H, D, lengths, 16 strides)"};
 
-static PyObject *kv_write_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&KV_WRITE_ROWS, args, nargs);
-}
+FASTCALL_ENTRY(kv_write_rows, KV_WRITE_ROWS)
 
 /* advance(lengths, B, T): lengths[b] += T for b < B, int64. */
 static int advance_impl(const long long *a, const double *unused, KernelError *err) {
@@ -80,8 +76,6 @@ static int advance_impl(const long long *a, const double *unused, KernelError *e
 static const KernelEntry ADVANCE = {"advance", "iii", advance_impl, 0,
                                     "expected advance(lengths, B, T)"};
 
-static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&ADVANCE, args, nargs);
-}
+FASTCALL_ENTRY(advance, ADVANCE)
 
 #endif

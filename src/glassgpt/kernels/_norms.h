@@ -221,9 +221,7 @@ static int norm_impl(const long long *a, const double *dv, KernelError *err) {
 static const KernelEntry NORM_ENTRY = {"norm", "iiiiiidb", norm_impl, 0,
                                        "norm(x, w, b, y, rows, d, eps, centred)"};
 
-static PyObject *norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&NORM_ENTRY, args, nargs);
-}
+FASTCALL_ENTRY(norm, NORM_ENTRY)
 
 /* A part of the forward (g NULL: NORM row by row, keeping μ and s) or of the backward: its
  * share of the blocks of rows. */

@@ -163,6 +163,12 @@ __attribute__((unused)) static PyObject *run_entry(const KernelEntry *k, PyObjec
     return run_slots(k, iv, dv);
 }
 
+/* A METH_FASTCALL entry point `name` that parses its arguments by `entry` and runs it. */
+#define FASTCALL_ENTRY(name, entry)                                                      \
+    static PyObject *name(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {      \
+        return run_entry(&(entry), args, nargs);                                          \
+    }
+
 /* Adds the table (ended by NULL) to module m as its `_impls` capsule; m or NULL. */
 __attribute__((unused)) static PyObject *export_impls(PyObject *m,
                                                       const KernelEntry *const *table) {

@@ -21,9 +21,7 @@ static int add_impl(const long long *a, const double *unused, KernelError *err) 
 
 static const KernelEntry ADD = {"add", "iiii", add_impl, 0, "expected add(a, b, y, n)"};
 
-static PyObject *add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&ADD, args, nargs);
-}
+FASTCALL_ENTRY(add, ADD)
 
 /* embed(W_E, tokens, P or 0, y, B, d, n_vocab, pos, positions or 0): y[b, :] =
  * W_E[tokens[b], :] (+ P[p_b, :], p_b = positions[b] if given, else pos) for B int64 tokens,
@@ -52,8 +50,6 @@ static int embed_impl(const long long *a, const double *unused, KernelError *err
 static const KernelEntry EMBED = {"embed", "iiiiiiiii", embed_impl, 0,
                                   "expected embed(W_E, tokens, P, y, B, d, n_vocab, pos, positions)"};
 
-static PyObject *embed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&EMBED, args, nargs);
-}
+FASTCALL_ENTRY(embed, EMBED)
 
 #endif

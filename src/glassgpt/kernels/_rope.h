@@ -49,9 +49,7 @@ static int rope_impl(const long long *a, const double *unused, KernelError *err)
 static const KernelEntry ROPE = {"rope", "iiiiiiiiiii", rope_impl, 0,
                                  "expected rope(x, cos, sin, y, B, heads, D, r, sb, sh, cs)"};
 
-static PyObject *rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&ROPE, args, nargs);
-}
+FASTCALL_ENTRY(rope, ROPE)
 
 static int take_rows_impl(const long long *a, const double *unused, KernelError *err) {
     const float *table = (const float *)(uintptr_t)a[0];
@@ -67,9 +65,7 @@ static int take_rows_impl(const long long *a, const double *unused, KernelError 
 static const KernelEntry TAKE_ROWS = {"take_rows", "iiiiii", take_rows_impl, 0,
                                       "expected take_rows(table, y, B, d, pos, positions)"};
 
-static PyObject *take_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&TAKE_ROWS, args, nargs);
-}
+FASTCALL_ENTRY(take_rows, TAKE_ROWS)
 
 static SiluFn SILU = silu_portable;
 
@@ -88,9 +84,7 @@ static int silu_impl(const long long *a, const double *unused, KernelError *err)
 
 static const KernelEntry SILU_ENTRY = {"silu", "iii", silu_impl, 0, "expected silu(x, y, n)"};
 
-static PyObject *silu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&SILU_ENTRY, args, nargs);
-}
+FASTCALL_ENTRY(silu, SILU_ENTRY)
 
 static int mul_impl(const long long *a, const double *unused, KernelError *err) {
     const float *x = (const float *)(uintptr_t)a[0], *z = (const float *)(uintptr_t)a[1];
@@ -102,8 +96,6 @@ static int mul_impl(const long long *a, const double *unused, KernelError *err) 
 
 static const KernelEntry MUL = {"mul", "iiii", mul_impl, 0, "expected mul(a, b, y, n)"};
 
-static PyObject *mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return run_entry(&MUL, args, nargs);
-}
+FASTCALL_ENTRY(mul, MUL)
 
 #endif

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
+from glassgpt.inspect.attribution_suffix import Segments, first_difference, suffix_run
 from glassgpt.inspect.cache import (
     ActivationCache,
     HookFn,
@@ -84,6 +85,19 @@ def attribution_patch(
     names = [n for group in site_names.values() for n in group]
     aliases: dict[str, HookFn] = {n: _alias for n in names if n.endswith(_ALIASED)}
     aliases["embed"] = _root(aliases.get("embed"))
+    read = read_position(metric, clean.shape[1])
+    start = first_difference(clean, corrupted)
+    if (
+        clean_cache is None
+        and read is not None
+        and start <= read
+        and all(n.startswith("blocks.") and not n.endswith(_PER_PATTERN) for n in names)
+    ):
+        with evaluating(model), _weights_frozen(model):
+            value, segments = suffix_run(
+                model, clean, corrupted, cast(Metric, metric), names, aliases, read, start
+            )
+            return _scored(site_names, segments, _scalar(value), clean.shape)
     with evaluating(model), _weights_frozen(model):
         if clean_cache is None:  # the clean values alone: no autograd, no unembedding
             clean_cache = run_to_cache(model, clean, names)
@@ -129,6 +143,34 @@ def _corrupted_run(
             x = model.ln_final(x)
         value = score_at(model, x, cast(Metric, metric), 1, corrupted.shape[0])[0]
     return _scalar(value), cache
+
+
+def _scored(
+    site_names: dict[str, list[str]], segments: Segments, value: Tensor, shape: torch.Size
+) -> dict[str, Tensor]:
+    """The scores of :func:`attribution_patch` from a shared-prefix run's activations (clean
+    rows first), 0 at the positions they lack."""
+    B, T = shape
+    names = [n for group in site_names.values() for n in group]
+    acts = [a for n in names for _, a in segments[n]]
+    grads = iter(_grads(value, acts))
+    out: dict[str, Tensor] = {}
+    for site, group in site_names.items():
+        per_layer = []
+        for name in group:
+            scores: Tensor | None = None
+            for lo, a in segments[name]:
+                g = next(grads)[B:]
+                dtype = _derived(g.dtype)
+                diff = a[:B].detach().to(dtype) - a[B:].detach().to(dtype)
+                part = _reduce(site, g.to(dtype) * diff)  # [t, ...]
+                if scores is None:
+                    scores = part.new_zeros(T, *part.shape[1:])
+                scores[lo : lo + part.shape[0]] = part
+            assert scores is not None
+            per_layer.append(scores)
+        out[site] = torch.stack(per_layer)
+    return out
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -1,0 +1,187 @@
+"""Attribution patching of a prompt pair that shares a prefix, read at one position r:
+
+    score(a_t) = ∂m/∂a_t |_corrupted · (a_t(clean) − a_t(corrupted))   = 0 for t < p and t > r
+
+where p is the first position at which any clean prompt differs from its corrupted one. Below
+p the two runs compute the same values (causality: a position sees only those before it), so
+the difference is 0; past r nothing reaches the metric, so the gradient is 0. What is left:
+
+1. the shared prefix 0 … p − 1, once, without autograd, kept as every layer's keys and values
+   (the last layer's are the last thing it computes);
+2. the clean and corrupted suffixes p … r as one batch of 2B prompts on those keys and
+   values (one read of each weight for both), autograd on and the weights frozen; the
+   prefix needs no gradient, since nothing at t ≥ p changes it;
+3. the last block at p … r − 1 up to its keys and values only (its attention output and MLP
+   there reach nothing read), then at r alone, and the logits at r of the metric's ids;
+4. one backward pass from the metric to the recorded activations.
+
+Prompts that differ at position 0 have no prefix: steps 2–4 still apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import suppress
+from typing import cast
+
+import torch
+from torch import Tensor
+
+from glassgpt.inspect.cache import HookFn
+from glassgpt.inspect.metrics import Metric
+from glassgpt.inspect.patch_rows import score_at
+from glassgpt.model import GPT
+from glassgpt.model.gpt import Block
+
+Segments = dict[str, list[tuple[int, Tensor]]]  # name → [(first position, activation)]
+
+
+def first_difference(clean: Tensor, corrupted: Tensor) -> int:
+    """The first position at which any clean prompt differs from its corrupted one (T: none).
+
+    >>> first_difference(torch.tensor([[1, 2, 3]]), torch.tensor([[1, 5, 3]]))
+    1
+    """
+    differs = (clean != corrupted).any(0).nonzero()
+    return int(differs[0]) if len(differs) else clean.shape[1]
+
+
+def suffix_run(
+    model: GPT, clean: Tensor, corrupted: Tensor, metric: Metric, names: list[str],
+    hooks: Mapping[str, HookFn], read: int, start: int,
+) -> tuple[Tensor, Segments]:  # fmt: skip
+    """(m(corrupted), the recorded activations {name: [(first position, [2B, t, ...])]}, the
+    clean prompts' rows first) of the block sites ``names`` (position axis 1), with autograd
+    and the weights frozen by the caller; start ≤ read (see the module docstring). The
+    positions a name lacks score 0. ``hooks``: the aliases that put side computations on
+    the path of the metric, and the root on ``embed``."""
+    B = clean.shape[0]
+    prefix = None
+    if start:  # the same keys and values for the clean and the corrupted rows
+        prefix = [(torch.cat([k, k]), torch.cat([v, v])) for k, v in _prefix_kv(model, clean[:, :start])]  # fmt: skip
+    tokens = torch.cat([clean, corrupted])[:, start : read + 1]  # [2B, t]: clean rows first
+    with torch.enable_grad():
+        x, segments = _suffix(model, tokens, start, prefix, names, hooks)
+        if model.ln_final is not None:
+            x = model.ln_final(x)
+        value = score_at(model, x[B:], metric, 1, B)[0]
+    return value, segments
+
+
+class _KV:
+    """A layer's KV cache for one call at ``offset``: the prefix's keys and values [rows, G,
+    offset, d_head] (None: nothing before), then the new ones, which it keeps in ``kept``
+    when given; ``stop`` ends the forward pass there (nothing after them is needed)."""
+
+    def __init__(
+        self, prefix: tuple[Tensor, Tensor] | None, offset: int,
+        kept: list[tuple[Tensor, Tensor]] | None = None, stop: bool = False,
+    ) -> None:  # fmt: skip
+        self.offset, self.mask = offset, None
+        self._prefix, self._kept, self._stop = prefix, kept, stop
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self._kept is not None:
+            self._kept.append((k, v))  # [rows, G, t, d_head]
+        if self._stop:
+            raise _Done
+        if self._prefix is None:
+            return k, v
+        return torch.cat([self._prefix[0], k], 2), torch.cat([self._prefix[1], v], 2)
+
+
+class _Cache:
+    """The KVCacheProtocol (glassgpt.model.cache) over per-layer views, from ``offset``."""
+
+    last_only = False
+
+    def __init__(self, layers: list[_KV], offset: int) -> None:
+        self.layers, self._offset = layers, offset
+
+    def begin(self, B: int, T: int) -> int:
+        return self._offset
+
+    def end(self, T: int) -> None:
+        pass
+
+
+class _Done(Exception):
+    """Stops a forward pass once what it was run for is kept."""
+
+
+def _forward(model: GPT, tokens: Tensor, cache: _Cache) -> None:
+    """``model(tokens, cache=cache)`` until a hook or a KV view stops it."""
+    with suppress(_Done):
+        model(tokens, cache=cache)
+
+
+def _prefix_kv(model: GPT, tokens: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """Every layer's keys and values [B, G, p, d_head] of the prefix, without autograd."""
+    kept: list[tuple[Tensor, Tensor]] = []
+    L = model.config.n_layers
+    with torch.no_grad():
+        _forward(model, tokens, _Cache([_KV(None, 0, kept, l == L - 1) for l in range(L)], 0))
+    return kept
+
+
+def _last_block(model: GPT, x: Tensor, kv: _KV) -> Tensor:
+    """The last block on x [rows, t, d_model] at positions kv.offset … (RoPE there)."""
+    L = model.config.n_layers
+    block = cast(Block, model.blocks[L - 1])
+    rotary = model.rotary
+    if block.kind == "sliding" and model.rotary_local is not None:  # its own base (Gemma)
+        rotary = model.rotary_local
+    rope = None
+    if rotary is not None:
+        rope = rotary(x.shape[1], cast(int, kv.offset), dtype=x.dtype, device=x.device)
+    return block(x, rope, kv)
+
+
+def _suffix(
+    model: GPT, tokens: Tensor, start: int, prefix: list[tuple[Tensor, Tensor]] | None,
+    names: list[str], hooks: Mapping[str, HookFn],
+) -> tuple[Tensor, Segments]:  # fmt: skip
+    """(the last block's output at the last position [rows, d_model], the recorded
+    activations) of positions start … start + t − 1 of ``tokens`` [rows, t]."""
+    t = tokens.shape[1]
+    L = model.config.n_layers
+    last = f"blocks.{L - 1}."
+    segments: Segments = {}
+    entry: list[Tensor] = []
+
+    def record(name: str, fn: HookFn | None, lo: int) -> HookFn:
+        def hook(a: Tensor, _: str) -> Tensor | None:
+            out = fn(a, name) if fn is not None else None
+            segments.setdefault(name, []).append((lo, a if out is None else out))
+            return out
+
+        return hook
+
+    def stop(a: Tensor, _: str) -> None:
+        entry.append(a)
+        raise _Done
+
+    def hooked(lo: int, in_last: bool) -> dict[str, HookFn]:
+        """The hooks of a call below the last block (and the stop at its input) or in it."""
+        fns = {n: f for n, f in hooks.items() if n.startswith(last) == in_last}
+        for n in names:
+            if n.startswith(last) == in_last:
+                fns[n] = record(n, hooks.get(n), lo)
+        if not in_last:
+            fns[f"{last}resid_pre"] = stop
+        return fns
+
+    views = [_KV(None if prefix is None else prefix[l], start) for l in range(L)]
+    with model.hooks(hooked(start, False)):
+        _forward(model, tokens, _Cache(views, start))
+    x = entry[0]  # [rows, t, d_model]: the last block's input
+    before = None if prefix is None else prefix[-1]
+    if t > 1:  # its keys and values at start … r − 1 first
+        kept: list[tuple[Tensor, Tensor]] = []
+        with model.hooks(hooked(start, True)), suppress(_Done):
+            _last_block(model, x[:, :-1], _KV(before, start, kept, stop=True))
+        k, v = kept[0]
+        before = (k, v) if before is None else (torch.cat([before[0], k], 2), torch.cat([before[1], v], 2))  # fmt: skip
+    with model.hooks(hooked(start + t - 1, True)):
+        out = _last_block(model, x[:, -1:], _KV(before, start + t - 1))
+    return out[:, 0], segments

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
-from glassgpt.inspect.attribution_suffix import Segments, first_difference, suffix_run
+from glassgpt.inspect.attribution_suffix import Pairs, first_difference, suffix_run
 from glassgpt.inspect.cache import (
     ActivationCache,
     HookFn,
@@ -94,10 +94,10 @@ def attribution_patch(
         and all(n.startswith("blocks.") and not n.endswith(_PER_PATTERN) for n in names)
     ):
         with evaluating(model), _weights_frozen(model):
-            value, segments = suffix_run(
+            value, pairs = suffix_run(
                 model, clean, corrupted, cast(Metric, metric), names, aliases, read, start
             )
-            return _scored(site_names, segments, _scalar(value), clean.shape)
+            return _scored(site_names, pairs, _scalar(value), clean.shape)
     with evaluating(model), _weights_frozen(model):
         if clean_cache is None:  # the clean values alone: no autograd, no unembedding
             clean_cache = run_to_cache(model, clean, names)
@@ -146,23 +146,23 @@ def _corrupted_run(
 
 
 def _scored(
-    site_names: dict[str, list[str]], segments: Segments, value: Tensor, shape: torch.Size
+    site_names: dict[str, list[str]], pairs: Pairs, value: Tensor, shape: torch.Size
 ) -> dict[str, Tensor]:
     """The scores of :func:`attribution_patch` from a shared-prefix run's activations (clean
     rows first), 0 at the positions they lack."""
-    B, T = shape
+    T = shape[1]
     names = [n for group in site_names.values() for n in group]
-    acts = [a for n in names for _, a in segments[n]]
+    acts = [a for n in names for _, _, a in pairs[n]]
     grads = iter(_grads(value, acts))
     out: dict[str, Tensor] = {}
     for site, group in site_names.items():
         per_layer = []
         for name in group:
             scores: Tensor | None = None
-            for lo, a in segments[name]:
-                g = next(grads)[B:]
+            for lo, a_clean, a_corrupt in pairs[name]:
+                g = next(grads)
                 dtype = _derived(g.dtype)
-                diff = a[:B].detach().to(dtype) - a[B:].detach().to(dtype)
+                diff = a_clean.to(dtype) - a_corrupt.detach().to(dtype)
                 part = _reduce(site, g.to(dtype) * diff)  # [t, ...]
                 if scores is None:
                     scores = part.new_zeros(T, *part.shape[1:])

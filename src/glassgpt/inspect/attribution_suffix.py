@@ -34,6 +34,7 @@ from glassgpt.model import GPT
 from glassgpt.model.gpt import Block
 
 Segments = dict[str, list[tuple[int, Tensor]]]  # name → [(first position, activation)]
+Pairs = dict[str, list[tuple[int, Tensor, Tensor]]]  # name → [(first position, clean, corrupted)]
 
 
 def first_difference(clean: Tensor, corrupted: Tensor) -> int:
@@ -49,23 +50,34 @@ def first_difference(clean: Tensor, corrupted: Tensor) -> int:
 def suffix_run(
     model: GPT, clean: Tensor, corrupted: Tensor, metric: Metric, names: list[str],
     hooks: Mapping[str, HookFn], read: int, start: int,
-) -> tuple[Tensor, Segments]:  # fmt: skip
-    """(m(corrupted), the recorded activations {name: [(first position, [2B, t, ...])]}, the
-    clean prompts' rows first) of the block sites ``names`` (position axis 1), with autograd
-    and the weights frozen by the caller; start ≤ read (see the module docstring). The
-    positions a name lacks score 0. ``hooks``: the aliases that put side computations on
-    the path of the metric, and the root on ``embed``."""
+) -> tuple[Tensor, Pairs]:  # fmt: skip
+    """(m(corrupted), {name: [(first position, clean [B, t, ...], corrupted [B, t, ...])]})
+    for the block sites ``names`` (position axis 1), the corrupted values on the graph of
+    m; the positions a name lacks score 0. The caller freezes the weights; start ≤ read
+    (see the module docstring). ``hooks``: the aliases that put side computations on the
+    path of the metric, and the root on ``embed``."""
     B = clean.shape[0]
-    prefix = None
-    if start:  # the same keys and values for the clean and the corrupted rows
-        prefix = [(torch.cat([k, k]), torch.cat([v, v])) for k, v in _prefix_kv(model, clean[:, :start])]  # fmt: skip
-    tokens = torch.cat([clean, corrupted])[:, start : read + 1]  # [2B, t]: clean rows first
+    kept: list[tuple[Tensor, Tensor]] = []  # each layer's clean keys and values
+    with torch.no_grad():
+        _, clean_parts = _suffix(model, clean[:, : read + 1], 0, None, names, {}, kept)
+    prefix = [(k[:, :, :start], v[:, :, :start]) for k, v in kept] if start else None
     with torch.enable_grad():
-        x, segments = _suffix(model, tokens, start, prefix, names, hooks)
+        x, parts = _suffix(model, corrupted[:, start : read + 1], start, prefix, names, hooks)
         if model.ln_final is not None:
             x = model.ln_final(x)
-        value = score_at(model, x[B:], metric, 1, B)[0]
-    return value, segments
+        value = score_at(model, x, metric, 1, B)[0]
+    pairs: Pairs = {}
+    for n in names:
+        pairs[n] = [(lo, _within(clean_parts[n], lo, a.shape[1]), a) for lo, a in parts[n]]
+    return value, pairs
+
+
+def _within(segments: list[tuple[int, Tensor]], lo: int, n: int) -> Tensor:
+    """Positions lo … lo + n − 1 of the one segment [B, t, ...] that holds them."""
+    for first, a in segments:
+        if first <= lo and lo + n <= first + a.shape[1]:
+            return a[:, lo - first : lo - first + n]
+    raise AssertionError(f"no recorded segment holds positions {lo} … {lo + n - 1}")
 
 
 class _KV:
@@ -115,15 +127,6 @@ def _forward(model: GPT, tokens: Tensor, cache: _Cache) -> None:
         model(tokens, cache=cache)
 
 
-def _prefix_kv(model: GPT, tokens: Tensor) -> list[tuple[Tensor, Tensor]]:
-    """Every layer's keys and values [B, G, p, d_head] of the prefix, without autograd."""
-    kept: list[tuple[Tensor, Tensor]] = []
-    L = model.config.n_layers
-    with torch.no_grad():
-        _forward(model, tokens, _Cache([_KV(None, 0, kept, l == L - 1) for l in range(L)], 0))
-    return kept
-
-
 def _last_block(model: GPT, x: Tensor, kv: _KV) -> Tensor:
     """The last block on x [rows, t, d_model] at positions kv.offset … (RoPE there)."""
     L = model.config.n_layers
@@ -139,10 +142,11 @@ def _last_block(model: GPT, x: Tensor, kv: _KV) -> Tensor:
 
 def _suffix(
     model: GPT, tokens: Tensor, start: int, prefix: list[tuple[Tensor, Tensor]] | None,
-    names: list[str], hooks: Mapping[str, HookFn],
+    names: list[str], hooks: Mapping[str, HookFn], kept: list[tuple[Tensor, Tensor]] | None = None,
 ) -> tuple[Tensor, Segments]:  # fmt: skip
     """(the last block's output at the last position [rows, d_model], the recorded
-    activations) of positions start … start + t − 1 of ``tokens`` [rows, t]."""
+    activations) of positions start … start + t − 1 of ``tokens`` [rows, t]; ``kept``
+    receives each layer's new keys and values [rows, G, ≥ t − 1, d_head]."""
     t = tokens.shape[1]
     L = model.config.n_layers
     last = f"blocks.{L - 1}."
@@ -171,16 +175,18 @@ def _suffix(
             fns[f"{last}resid_pre"] = stop
         return fns
 
-    views = [_KV(None if prefix is None else prefix[l], start) for l in range(L)]
+    views = [_KV(None if prefix is None else prefix[l], start, kept) for l in range(L)]
     with model.hooks(hooked(start, False)):
         _forward(model, tokens, _Cache(views, start))
     x = entry[0]  # [rows, t, d_model]: the last block's input
     before = None if prefix is None else prefix[-1]
     if t > 1:  # its keys and values at start … r − 1 first
-        kept: list[tuple[Tensor, Tensor]] = []
+        new: list[tuple[Tensor, Tensor]] = []
         with model.hooks(hooked(start, True)), suppress(_Done):
-            _last_block(model, x[:, :-1], _KV(before, start, kept, stop=True))
-        k, v = kept[0]
+            _last_block(model, x[:, :-1], _KV(before, start, new, stop=True))
+        k, v = new[0]
+        if kept is not None:
+            kept.append((k, v))
         before = (k, v) if before is None else (torch.cat([before[0], k], 2), torch.cat([before[1], v], 2))  # fmt: skip
     with model.hooks(hooked(start + t - 1, True)):
         out = _last_block(model, x[:, -1:], _KV(before, start + t - 1))

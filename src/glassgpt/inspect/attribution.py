@@ -71,6 +71,16 @@ def attribution_patch(
     the last site (none, given ``clean_cache``), one of the corrupted prompt with autograd,
     and one backward pass from the metric to the sites.
 
+    Shared prefix: when the metric reads one position r (``logit_diff``, ``logprob``), no
+    ``clean_cache`` is given and every site is in the blocks with positions on axis 1 (not
+    ``attn.pattern``/``attn_scores``), the clean run covers positions 0 … r and the
+    corrupted run starts at p, the first position where any clean prompt differs from its
+    corrupted one (IOI's name swaps: the first name), reading the clean run's keys and
+    values below p; the last block runs at r alone past its keys and values. Positions
+    before p (equal values in both runs) and after r (no path to the metric) score 0, as
+    they do in the full computation. Prompts that differ at position 0 share nothing; the
+    same path then only skips what follows r. See ``glassgpt.inspect.attribution_suffix``.
+
     >>> from glassgpt.model import GPTConfig
     >>> from glassgpt.inspect.metrics import logit_diff
     >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=2, n_heads=2)).eval()

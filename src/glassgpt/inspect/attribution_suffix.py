@@ -6,16 +6,21 @@ where p is the first position at which any clean prompt differs from its corrupt
 p the two runs compute the same values (causality: a position sees only those before it), so
 the difference is 0; past r nothing reaches the metric, so the gradient is 0. What is left:
 
-1. the shared prefix 0 … p − 1, once, without autograd, kept as every layer's keys and values
-   (the last layer's are the last thing it computes);
-2. the clean and corrupted suffixes p … r as one batch of 2B prompts on those keys and
-   values (one read of each weight for both), autograd on and the weights frozen; the
-   prefix needs no gradient, since nothing at t ≥ p changes it;
-3. the last block at p … r − 1 up to its keys and values only (its attention output and MLP
-   there reach nothing read), then at r alone, and the logits at r of the metric's ids;
-4. one backward pass from the metric to the recorded activations.
+1. the clean prompt at positions 0 … r, without autograd (the packed no-grad products),
+   keeping every layer's keys and values and the sites' values;
+2. the corrupted prompt at p … r alone, with autograd and the weights frozen, on the clean
+   run's keys and values at 0 … p − 1 (the shared prefix: detached, since nothing at
+   t ≥ p changes it);
+3. in both, the last block at positions before r up to its keys and values only (its
+   attention output and MLP there reach nothing read), then at r alone, and the logits at
+   r of the metric's ids alone;
+4. one backward pass from the metric to the corrupted run's recorded activations, over the
+   rows p … r only.
 
-Prompts that differ at position 0 have no prefix: steps 2–4 still apply.
+Prompts that differ at position 0 have no prefix: steps 1–4 still apply. Why not the clean
+and corrupted prompts as one batch (one read of each weight for both): the clean rows
+would then be on the graph, and the backward pass computes them too; at a few dozen rows a
+row costs about as much as the weight read saved (``bench/patching.py``, docs/performance.md).
 """
 
 from __future__ import annotations

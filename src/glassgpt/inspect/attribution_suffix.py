@@ -68,6 +68,7 @@ def suffix_run(
     prefix = [(k[:, :, :start], v[:, :, :start]) for k, v in kept] if start else None
     with torch.enable_grad():
         x, parts = _suffix(model, corrupted[:, start : read + 1], start, prefix, names, hooks)
+        assert x is not None
         if model.ln_final is not None:
             x = model.ln_final(x)
         value = score_at(model, x, metric, 1, B)[0]
@@ -148,10 +149,11 @@ def _last_block(model: GPT, x: Tensor, kv: _KV) -> Tensor:
 def _suffix(
     model: GPT, tokens: Tensor, start: int, prefix: list[tuple[Tensor, Tensor]] | None,
     names: list[str], hooks: Mapping[str, HookFn], kept: list[tuple[Tensor, Tensor]] | None = None,
-) -> tuple[Tensor, Segments]:  # fmt: skip
+) -> tuple[Tensor | None, Segments]:  # fmt: skip
     """(the last block's output at the last position [rows, d_model], the recorded
-    activations) of positions start … start + t − 1 of ``tokens`` [rows, t]; ``kept``
-    receives each layer's new keys and values [rows, G, ≥ t − 1, d_head]."""
+    activations) of positions start … start + t − 1 of ``tokens`` [rows, t]. Given
+    ``kept`` (the clean run), it receives each layer's new keys and values [rows, G, ≥ t − 1,
+    d_head], and the run stops at its last site (no output)."""
     t = tokens.shape[1]
     L = model.config.n_layers
     last = f"blocks.{L - 1}."
@@ -193,6 +195,25 @@ def _suffix(
         if kept is not None:
             kept.append((k, v))
         before = (k, v) if before is None else (torch.cat([before[0], k], 2), torch.cat([before[1], v], 2))  # fmt: skip
-    with model.hooks(hooked(start + t - 1, True)):
-        out = _last_block(model, x[:, -1:], _KV(before, start + t - 1))
-    return out[:, 0], segments
+    fns = hooked(start + t - 1, True)
+    if kept is not None:  # nothing past the last site of the last block
+        final = [n for n in model.hook_names() if n in fns and n in names][-1]
+        fns[final] = _then(fns[final], _stop)
+    with model.hooks(fns), suppress(_Done):
+        return _last_block(model, x[:, -1:], _KV(before, start + t - 1))[:, 0], segments
+    return None, segments
+
+
+def _then(first: HookFn, then: HookFn) -> HookFn:
+    """``first``, then ``then`` on what it returns (``first``'s result kept)."""
+
+    def hook(a: Tensor, name: str) -> Tensor | None:
+        out = first(a, name)
+        then(a if out is None else out, name)
+        return out
+
+    return hook
+
+
+def _stop(a: Tensor, name: str) -> None:
+    raise _Done

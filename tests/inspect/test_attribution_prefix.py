@@ -132,3 +132,21 @@ def test_families_equal_the_explicit_computation(family: str) -> None:
     want = explicit(model, clean, corrupted, metric, sites)
     for site in sites:
         torch.testing.assert_close(got[site], want[site], rtol=1e-9, atol=1e-11)
+
+
+def test_per_head_results_take_the_attention_outputs_gradient(tiny) -> None:
+    """attn.result (computed on the side of the fused attention): ∂m/∂result_h = ∂m/∂attn_out."""
+    cfg = tiny.config(positional="rope")
+    model = tiny.model(cfg, seed=8)
+    clean = tiny.tokens(cfg, 2, 6, seed=5)
+    corrupted = corrupt(clean, {0: [2], 1: [3, 4]}, cfg.n_vocab)
+    metric = logprob(3)
+    got = attribution_patch(model, clean, corrupted, metric, ["attn.result"])["attn.result"]
+    for l in range(cfg.n_layers):
+        _, cc = run_with_cache(model, clean, [f"blocks.{l}.attn.result"])
+        names = [f"blocks.{l}.attn_out", f"blocks.{l}.attn.result"]
+        logits, ck = run_with_cache(model, corrupted, names, grad=True, detach=False)
+        (g,) = torch.autograd.grad(metric(logits), ck[names[0]])
+        want = torch.einsum("btd,bthd->th", g, cc[names[1]] - ck[names[1]].detach())
+        torch.testing.assert_close(got[l], want, rtol=1e-9, atol=1e-11)
+    assert got[:, :2].abs().max() == 0 and got[:, 2:].abs().sum() > 0

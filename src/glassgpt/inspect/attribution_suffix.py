@@ -12,8 +12,8 @@ the difference is 0; past r nothing reaches the metric, so the gradient is 0. Wh
    run's keys and values at 0 … p − 1 (the shared prefix: detached, since nothing at
    t ≥ p changes it);
 3. in both, the last block at positions before r up to its keys and values only (its
-   attention output and MLP there reach nothing read), then at r alone, and the logits at
-   r of the metric's ids alone;
+   attention output and MLP there reach nothing read), then at r alone (the clean run
+   stops at its last site there); the corrupted run's logits at r, of the metric's ids;
 4. one backward pass from the metric to the corrupted run's recorded activations, over the
    rows p … r only.
 

@@ -11,7 +11,9 @@
   writes on its few rows, a training step's norms and GELUs with their gradients, gradient
   clipping, a sampler's filters (top-k, top-p, min-p) and its draw;
 - ``glassgpt.kernels._flash``: causal self-attention and its gradients for small heads
-  (training, and a prompt's forward).
+  (training, and a prompt's forward);
+- ``glassgpt.kernels._program``: a replayed decoding step's calls as one compiled call (the
+  other extensions' implementations, found through their ``_impls`` capsules).
 
 The kernels use AVX2+FMA where the CPU has it (chosen at run time, ``kernels/_cpu.h`` for the
 float32 ones, else a portable loop) and run their parts on PyTorch's own OpenMP threads
@@ -26,7 +28,7 @@ with the same weights (each says so once), the norms and GELU to PyTorch's.
 from setuptools import Extension, setup
 
 KERNELS = "src/glassgpt/kernels"
-SHARED = ("_parallel", "_cpu", "_vexp", "_silu", "_tile", "_flash_rows", "_module")
+SHARED = ("_parallel", "_cpu", "_vexp", "_silu", "_tile", "_flash_rows", "_module", "_program")
 # the extensions' own headers: _rowwise.c is one translation unit of its families
 OWN = {
     "_rowwise": (
@@ -64,6 +66,9 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,
         ),
-        *(kernel(name) for name in ("_gemv", "_attend", "_int8", "_int4", "_rowwise", "_flash")),
+        *(
+            kernel(name)
+            for name in ("_gemv", "_attend", "_int8", "_int4", "_rowwise", "_flash", "_program")
+        ),
     ]
 )

@@ -169,7 +169,8 @@ def main() -> None:
     summary: list[str] = []
     for depth in [int(n) for n in args.layers.split(",")]:
         summary += run_depth(args, tlp, clock, depth)
-    print("\nsummary (ratio = TL / glassgpt, warm medians; fwd-eq/cell: glassgpt's)")
+    print("\nsummary (ratio = TL / glassgpt, warm medians; fwd-eq: the call's seconds / one plain "
+          "forward of the same library; fwd-eq/cell: glassgpt's)")  # fmt: skip
     for line in summary:
         print(line)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
@@ -287,6 +288,7 @@ def run_depth(
         summary.append(
             f"{L:>3} layers  {name:<22}{cells:>5} cells  glassgpt {med['glassgpt']:7.3f} s  "
             f"TL {med['TL']:7.3f} s  ratio {med['TL'] / med['glassgpt']:6.2f}  "
+            f"fwd-eq {med['glassgpt'] / fwd_ours:5.2f} (TL {med['TL'] / fwd_tl:5.2f})  "
             f"fwd-eq/cell {med['glassgpt'] / fwd_ours / cells:.3f}"
         )
     return summary

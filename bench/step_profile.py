@@ -88,11 +88,12 @@ def main() -> None:
         plain.append(clock() - t)
     parallel, solo, windows = (b - a for a, b in zip(counts, _gemv.pacing_counts(), strict=True))
     step.calls = [(timed(fn, a), a, positional) for fn, a, positional in calls]
+    program, step.program = step.program, None  # (the program, one compiled call, has no seams)
     for i in range(args.steps):  # the replay's own loop, each call through its timer
         t = clock()
         decoder.step([7 + i])
         timed_steps.append(clock() - t)
-    step.calls = calls
+    step.calls, step.program = calls, program
     print(f"step: {statistics.median(plain) / 1e6:.2f} ms "
           f"({statistics.median(timed_steps) / 1e6:.2f} with a timer around each call)")  # fmt: skip
     # _parallel.h's pacing: products that ran on one thread because recent parallel runs

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from glassgpt.errors import GlassError
+from glassgpt.inspect.attribution_suffix import Pairs, first_difference, suffix_run
 from glassgpt.inspect.cache import (
     ActivationCache,
     HookFn,
@@ -70,6 +71,16 @@ def attribution_patch(
     the last site (none, given ``clean_cache``), one of the corrupted prompt with autograd,
     and one backward pass from the metric to the sites.
 
+    Shared prefix: when the metric reads one position r (``logit_diff``, ``logprob``), no
+    ``clean_cache`` is given and every site is in the blocks with positions on axis 1 (not
+    ``attn.pattern``/``attn_scores``), the clean run covers positions 0 … r and the
+    corrupted run starts at p, the first position where any clean prompt differs from its
+    corrupted one (IOI's name swaps: the first name), reading the clean run's keys and
+    values below p; the last block runs at r alone past its keys and values. Positions
+    before p (equal values in both runs) and after r (no path to the metric) score 0, as
+    they do in the full computation. Prompts that differ at position 0 share nothing; the
+    same path then only skips what follows r. See ``glassgpt.inspect.attribution_suffix``.
+
     >>> from glassgpt.model import GPTConfig
     >>> from glassgpt.inspect.metrics import logit_diff
     >>> model = GPT(GPTConfig(n_vocab=10, n_ctx=6, d_model=8, n_layers=2, n_heads=2)).eval()
@@ -84,6 +95,19 @@ def attribution_patch(
     names = [n for group in site_names.values() for n in group]
     aliases: dict[str, HookFn] = {n: _alias for n in names if n.endswith(_ALIASED)}
     aliases["embed"] = _root(aliases.get("embed"))
+    read = read_position(metric, clean.shape[1])
+    start = first_difference(clean, corrupted)
+    if (
+        clean_cache is None
+        and read is not None
+        and start <= read
+        and all(n.startswith("blocks.") and not n.endswith(_PER_PATTERN) for n in names)
+    ):
+        with evaluating(model), _weights_frozen(model):
+            value, pairs = suffix_run(
+                model, clean, corrupted, cast(Metric, metric), names, aliases, read, start
+            )
+            return _scored(site_names, pairs, _scalar(value), clean.shape)
     with evaluating(model), _weights_frozen(model):
         if clean_cache is None:  # the clean values alone: no autograd, no unembedding
             clean_cache = run_to_cache(model, clean, names)
@@ -129,6 +153,34 @@ def _corrupted_run(
             x = model.ln_final(x)
         value = score_at(model, x, cast(Metric, metric), 1, corrupted.shape[0])[0]
     return _scalar(value), cache
+
+
+def _scored(
+    site_names: dict[str, list[str]], pairs: Pairs, value: Tensor, shape: torch.Size
+) -> dict[str, Tensor]:
+    """The scores of :func:`attribution_patch` from a shared-prefix run's activations (clean
+    rows first), 0 at the positions they lack."""
+    T = shape[1]
+    names = [n for group in site_names.values() for n in group]
+    acts = [a for n in names for _, _, a in pairs[n]]
+    grads = iter(_grads(value, acts))
+    out: dict[str, Tensor] = {}
+    for site, group in site_names.items():
+        per_layer = []
+        for name in group:
+            scores: Tensor | None = None
+            for lo, a_clean, a_corrupt in pairs[name]:
+                g = next(grads)
+                dtype = _derived(g.dtype)
+                diff = a_clean.to(dtype) - a_corrupt.detach().to(dtype)
+                part = _reduce(site, g.to(dtype) * diff)  # [t, ...]
+                if scores is None:
+                    scores = part.new_zeros(T, *part.shape[1:])
+                scores[lo : lo + part.shape[0]] = part
+            assert scores is not None
+            per_layer.append(scores)
+        out[site] = torch.stack(per_layer)
+    return out
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -34,6 +34,7 @@
 
 #include "_cpu.h"
 #include "_parallel.h"
+#include "_program.h" /* KernelEntry, run_slots(), export_impls() */
 
 #define MAX_THREADS 256
 
@@ -314,36 +315,25 @@ static void attend_part(const void *job, int part, int parts) {
 
 /* ------------------------------------------------------------------------- Python -- */
 
-static PyObject *py_attend(PyObject *self, PyObject *args) {
-    unsigned long long q, k, v, mask, z;
-    int B, H, Tq, Tk, D, threads;
-    unsigned long long offsets = 0;
-    long long offset, window = 0;
-    int group = 1;
-    double scale = 0.0, cap = 0.0;
-    PyObject *strides;
-    if (!PyArg_ParseTuple(args, "KKKKKiiiiiLO!i|KiddL", &q, &k, &v, &mask, &z, &B, &H, &Tq, &Tk,
-                          &D, &offset, &PyTuple_Type, &strides, &threads, &offsets, &group,
-                          &scale, &cap, &window))
-        return NULL;
-    if (B < 1 || H < 1 || Tq < 1 || Tk < 1 || D < 1 || PyTuple_GET_SIZE(strides) != 20 ||
-        group < 1 || H % group) {
-        PyErr_Format(PyExc_ValueError,
-                     "attend: need B, H, Tq, Tk, D >= 1, 20 strides and group dividing H; got "
-                     "%d, %d, %d, %d, %d, group %d", B, H, Tq, Tk, D, group);
-        return NULL;
-    }
-    Job job = {(const float *)(uintptr_t)q, (const float *)(uintptr_t)k,
-               (const float *)(uintptr_t)v, (const unsigned char *)(uintptr_t)mask,
-               (float *)(uintptr_t)z, B, H, Tq, Tk, D, offset,
-               (const long long *)(uintptr_t)offsets, {0}, NULL,
-               scale > 0.0 ? (float)scale : 1.0f / sqrtf((float)D), group, (float)cap, window};
-    for (int i = 0; i < 20; i++) {
-        job.s[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));
-        if (job.s[i] == -1 && PyErr_Occurred())
-            return NULL;
-    }
+/* The slots by ATTEND's format: q, k, v, mask, z, B, H, Tq, Tk, D, offset, 20 (the strides'
+ * count), the 20 strides, threads, offsets, group, window; doubles scale, cap. */
+static int attend_impl(const long long *a, const double *dv, KernelError *err) {
+    const int B = (int)a[5], H = (int)a[6], Tq = (int)a[7], Tk = (int)a[8], D = (int)a[9];
+    const int group = (int)a[34];
+    if (B < 1 || H < 1 || Tq < 1 || Tk < 1 || D < 1 || a[11] != 20 || group < 1 || H % group)
+        return kernel_fail(err, KERR_VALUE,
+                           "attend: need B, H, Tq, Tk, D >= 1, 20 strides and group dividing H; "
+                           "got %d, %d, %d, %d, %d, group %d", B, H, Tq, Tk, D, group);
+    const double scale = dv[0];
+    Job job = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[1],
+               (const float *)(uintptr_t)a[2], (const unsigned char *)(uintptr_t)a[3],
+               (float *)(uintptr_t)a[4], B, H, Tq, Tk, D, a[10],
+               (const long long *)(uintptr_t)a[33], {0}, NULL,
+               scale > 0.0 ? (float)scale : 1.0f / sqrtf((float)D), group, (float)dv[1], a[35]};
+    for (int i = 0; i < 20; i++)
+        job.s[i] = a[12 + i];
     int items = B * H * Tq;
+    int threads = (int)a[32];
     if (threads < 1)
         threads = 1;
     if (threads > MAX_THREADS)
@@ -360,13 +350,43 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
         threads = 1;
     job.scratch = PyMem_RawMalloc(sizeof(float) * (size_t)threads * Tk);
     if (!job.scratch)
-        return PyErr_NoMemory();
-    Py_BEGIN_ALLOW_THREADS
+        return kernel_fail(err, KERR_MEMORY, "out of memory");
     run_parts(attend_part, &job, threads);
-    Py_END_ALLOW_THREADS
     PyMem_RawFree(job.scratch);
-    Py_RETURN_NONE;
+    return 0;
 }
+
+static const KernelEntry ATTEND = {"attend", "iiiiiiiiiiiti|ioddi", attend_impl, 1,
+                                   "attend(q, k, v, mask, z, B, H, Tq, Tk, D, offset, strides, "
+                                   "threads[, offsets, group, scale, cap, window])"};
+
+/* The Python arguments parsed as before (PyArg_ParseTuple's types), then into ATTEND's slots. */
+static PyObject *py_attend(PyObject *self, PyObject *args) {
+    unsigned long long q, k, v, mask, z;
+    int B, H, Tq, Tk, D, threads;
+    unsigned long long offsets = 0;
+    long long offset, window = 0;
+    int group = 1;
+    double scale = 0.0, cap = 0.0;
+    PyObject *strides;
+    if (!PyArg_ParseTuple(args, "KKKKKiiiiiLO!i|KiddL", &q, &k, &v, &mask, &z, &B, &H, &Tq, &Tk,
+                          &D, &offset, &PyTuple_Type, &strides, &threads, &offsets, &group,
+                          &scale, &cap, &window))
+        return NULL;
+    const Py_ssize_t ns = PyTuple_GET_SIZE(strides);
+    long long a[36] = {(long long)q, (long long)k, (long long)v, (long long)mask, (long long)z,
+                       B, H, Tq, Tk, D, offset, ns};
+    for (int i = 0; ns == 20 && i < 20; i++) {
+        a[12 + i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));
+        if (a[12 + i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    a[32] = threads, a[33] = (long long)offsets, a[34] = group, a[35] = window;
+    const double dv[2] = {scale, cap};
+    return run_slots(&ATTEND, a, dv);
+}
+
+static const KernelEntry *const IMPLS[] = {&ATTEND, NULL};
 
 static PyObject *py_has_avx2(PyObject *self, PyObject *args) { return PyBool_FromLong(use_avx2); }
 
@@ -380,5 +400,5 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attend", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__attend(void) {
     use_avx2 = cpu_has_avx2();
-    return PyModule_Create(&module);
+    return export_impls(PyModule_Create(&module), IMPLS);
 }

@@ -95,6 +95,30 @@ static void chunks_part(const void *job, int part, int parts) {
     }
 }
 
+/* Room in b for `count` buffers (raw memory: no GIL needed); False where there is none. */
+static int alloc_buffers(Buffers *b, long long count) {
+    b->count = (int)count;
+    b->x = PyMem_RawMalloc(sizeof(float *) * (size_t)(count + 1));
+    b->n = PyMem_RawMalloc(sizeof(long long) * (size_t)(count + 1));
+    b->first = PyMem_RawMalloc(sizeof(long long) * (size_t)(count + 1));
+    b->sums = NULL;
+    return b->x && b->n && b->first;
+}
+
+/* Buffer i at `address` of n values, after `*chunks` chunks (advanced); -1 with err set. */
+static int lay_out(Buffers *b, long long i, long long address, long long n, long long *chunks,
+                   KernelError *err) {
+    if (n < 0)
+        return kernel_fail(err, KERR_VALUE, "need lengths >= 0; got %lld", n);
+    b->n[i] = n;
+    b->x[i] = (float *)(uintptr_t)address;
+    b->first[i] = *chunks;
+    *chunks += (n + SQ_CHUNK - 1) / SQ_CHUNK;
+    if (*chunks > INT32_MAX)
+        return kernel_fail(err, KERR_VALUE, "too many values");
+    return 0;
+}
+
 /* Parses (addresses, lengths, ..., threads) into b (chunks laid out); False with an error set. */
 static int buffers(PyObject *addresses, PyObject *lengths, Buffers *b) {
     if (!PyTuple_Check(addresses) || !PyTuple_Check(lengths) ||
@@ -107,30 +131,19 @@ static int buffers(PyObject *addresses, PyObject *lengths, Buffers *b) {
         PyErr_SetString(PyExc_ValueError, "too many buffers");
         return 0;
     }
-    b->count = (int)count;
-    b->x = PyMem_Malloc(sizeof(float *) * (size_t)(count + 1));
-    b->n = PyMem_Malloc(sizeof(long long) * (size_t)(count + 1));
-    b->first = PyMem_Malloc(sizeof(long long) * (size_t)(count + 1));
-    b->sums = NULL;
-    if (!b->x || !b->n || !b->first) {
+    if (!alloc_buffers(b, count)) {
         PyErr_NoMemory();
         return 0;
     }
     long long chunks = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        long long a;
+        long long a, n;
+        KernelError err;
         if (!ints(&PyTuple_GET_ITEM(addresses, i), 1, &a) ||
-            !ints(&PyTuple_GET_ITEM(lengths, i), 1, &b->n[i]))
+            !ints(&PyTuple_GET_ITEM(lengths, i), 1, &n))
             return 0;
-        if (b->n[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "need lengths >= 0; got %lld", b->n[i]);
-            return 0;
-        }
-        b->x[i] = (float *)(uintptr_t)a;
-        b->first[i] = chunks;
-        chunks += (b->n[i] + SQ_CHUNK - 1) / SQ_CHUNK;
-        if (chunks > INT32_MAX) {
-            PyErr_SetString(PyExc_ValueError, "too many values");
+        if (lay_out(b, i, a, n, &chunks, &err) < 0) {
+            raise_kernel_error(&err);
             return 0;
         }
     }
@@ -140,7 +153,7 @@ static int buffers(PyObject *addresses, PyObject *lengths, Buffers *b) {
 }
 
 static void free_buffers(Buffers *b) {
-    PyMem_Free(b->x), PyMem_Free(b->n), PyMem_Free(b->first), PyMem_Free(b->sums);
+    PyMem_RawFree(b->x), PyMem_RawFree(b->n), PyMem_RawFree(b->first), PyMem_RawFree(b->sums);
 }
 
 /* sum_squares(addresses, lengths, threads) → Σ x² over every value, in float64, in a fixed
@@ -156,7 +169,7 @@ static PyObject *sum_squares(PyObject *self, PyObject *const *args, Py_ssize_t n
         free_buffers(&b);
         return NULL;
     }
-    b.sums = PyMem_Malloc(sizeof(double) * (size_t)(b.chunks + 1));
+    b.sums = PyMem_RawMalloc(sizeof(double) * (size_t)(b.chunks + 1));
     if (!b.sums) {
         free_buffers(&b);
         return PyErr_NoMemory();
@@ -194,5 +207,28 @@ static PyObject *scale_many(PyObject *self, PyObject *const *args, Py_ssize_t na
     free_buffers(&b);
     Py_RETURN_NONE;
 }
+
+/* scale_many from its slots (SCALE_MANY's format: the addresses' count and items, the
+ * lengths' count and items, then threads; the factor a double): a replayed step's s · W_E[t]. */
+static int scale_many_impl(const long long *a, const double *dv, KernelError *err) {
+    const long long count = a[0];
+    if (a[1 + count] != count)
+        return kernel_fail(err, KERR_TYPE, "need two tuples of equal length: addresses, lengths");
+    Buffers b = {0};
+    long long chunks = 0;
+    int rc = alloc_buffers(&b, count) ? 0 : kernel_fail(err, KERR_MEMORY, "out of memory");
+    for (long long i = 0; rc == 0 && i < count; i++)
+        rc = lay_out(&b, i, a[1 + i], a[2 + count + i], &chunks, err);
+    if (rc == 0) {
+        b.first[count] = chunks, b.chunks = (int)chunks, b.factor = (float)dv[0];
+        run_parts(chunks_part, &b, part_count(a[2 + 2 * count], b.chunks));
+    }
+    free_buffers(&b);
+    return rc;
+}
+
+/* (the wrapper above parses any number of buffers; a program takes as many as fit its slots) */
+static const KernelEntry SCALE_MANY = {"scale_many", "ttdi", scale_many_impl, 1,
+                                       "scale_many(addresses, lengths, factor, threads)"};
 
 #endif

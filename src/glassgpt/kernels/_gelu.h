@@ -202,36 +202,37 @@ static void gelu_part(const void *job, int part, int parts) {
 
 /* e over its n values in parts of GELU_PART_MIN values at least, on up to `threads` threads,
  * the GIL released. */
-static void run_elementwise(const Elementwise *e, long long threads) {
+static void run_elementwise_parts(const Elementwise *e, long long threads) {
     long long parts = threads < 1 ? 1 : threads;
     if (parts > e->n / GELU_PART_MIN)
         parts = e->n / GELU_PART_MIN > 0 ? e->n / GELU_PART_MIN : 1;
     if (parts > 256)
         parts = 256;
-    Py_BEGIN_ALLOW_THREADS
     run_parts(gelu_part, e, (int)parts);
+}
+
+static void run_elementwise(const Elementwise *e, long long threads) {
+    Py_BEGIN_ALLOW_THREADS
+    run_elementwise_parts(e, threads);
     Py_END_ALLOW_THREADS
 }
 
 /* gelu_many(x, g or 0, y, n, threads, exact): y = GELU(x) (g = 0) or y = g · GELU'(x), the
  * exact GELU (exact ≠ 0) or the tanh one. */
-static PyObject *gelu_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[6];
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "gelu_many(x, g, y, n, threads, exact)");
-        return NULL;
-    }
-    if (!ints(args, 6, a))
-        return NULL;
-    if (a[3] < 0) {
-        PyErr_Format(PyExc_ValueError, "gelu_many: need n >= 0; got %lld", a[3]);
-        return NULL;
-    }
+static int gelu_many_impl(const long long *a, const double *unused, KernelError *err) {
+    if (a[3] < 0)
+        return kernel_fail(err, KERR_VALUE, "gelu_many: need n >= 0; got %lld", a[3]);
     Elementwise e = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[1],
                      (float *)(uintptr_t)a[2], (Py_ssize_t)a[3], a[5] != 0, NULL};
-    run_elementwise(&e, a[4]);
-    Py_RETURN_NONE;
+    run_elementwise_parts(&e, a[4]);
+    return 0;
 }
+
+/* (the GIL released through the run) */
+static const KernelEntry GELU_MANY = {"gelu_many", "iiiiii", gelu_many_impl, 1,
+                                      "gelu_many(x, g, y, n, threads, exact)"};
+
+FASTCALL_ENTRY(gelu_many, GELU_MANY)
 
 /* gelu_slope(x, y, d, n, threads): y = GELU(x) and d = GELU'(x), the tanh GELU, in one pass. */
 static PyObject *gelu_slope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

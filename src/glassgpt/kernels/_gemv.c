@@ -512,6 +512,7 @@ static void pick_kernels(int portable) {
 }
 
 #include "_module.h" /* ints(), use_portable(), kernel_name() */
+#include "_program.h" /* KernelEntry, run_entry(), export_impls() */
 
 /* Part p of the rows form: rows of W in a contiguous band, into y (part 0, with the bias)
  * or into its own [M, N] of partial sums (the caller adds them up). */
@@ -640,20 +641,12 @@ static int widen_inputs(Job *job, Widened *w, const uint16_t *x, const uint16_t 
 
 /* gemv_rows(x, W, b, y, M, K, N, threads) with W float32 (bf16 = 0) or bfloat16 (bf16 = 1);
  * io = 1: x, b and y bfloat16 too (widened before, y narrowed after) */
-static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int bf16, int io) {
-    long long a[8];
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "gemv: expected x, W, b, y, M, K, N, threads");
-        return NULL;
-    }
-    if (!ints(args, 8, a))
-        return NULL;
+static int rows_impl(const long long *a, KernelError *err, int bf16, int io) {
     const long long M = a[4], K = a[5], N = a[6];
-    if (M < 1 || M > MAX_ROWS || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "gemv: need 1 <= M <= %d, K, N >= 1; got %lld, %lld, %lld",
-                     MAX_ROWS, M, K, N);
-        return NULL;
-    }
+    if (M < 1 || M > MAX_ROWS || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX)
+        return kernel_fail(err, KERR_VALUE,
+                           "gemv: need 1 <= M <= %d, K, N >= 1; got %lld, %lld, %lld", MAX_ROWS,
+                           M, K, N);
     int threads = a[7] < 1 ? 1 : a[7] > MAX_THREADS ? MAX_THREADS : (int)a[7];
     Job job = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
                (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3],
@@ -665,15 +658,14 @@ static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int bf16, int io)
     uint16_t *y16 = (uint16_t *)(uintptr_t)a[3];
     if (io && !widen_inputs(&job, &wide, (const uint16_t *)(uintptr_t)a[0],
                             (const uint16_t *)(uintptr_t)a[2], (size_t)(M * K), (size_t)(M * N)))
-        return PyErr_NoMemory();
+        return kernel_fail(err, KERR_MEMORY, "out of memory");
     if (threads > 1) {
         job.partial = PyMem_RawMalloc(sizeof(float) * (size_t)(threads - 1) * M * N);
         if (!job.partial) {
             PyMem_RawFree(wide.x);
-            return PyErr_NoMemory();
+            return kernel_fail(err, KERR_MEMORY, "out of memory");
         }
     }
-    Py_BEGIN_ALLOW_THREADS
     run_parts(rows_part, &job, threads);
     size_t size = (size_t)M * N;
     if (job.partial) { /* y += each part's partial sums, in part order */
@@ -685,23 +677,30 @@ static PyObject *call(PyObject *const *args, Py_ssize_t nargs, int bf16, int io)
     }
     for (size_t i = 0; io && i < size; i++)
         y16[i] = float_to_bf16(job.y[i]);
-    Py_END_ALLOW_THREADS
     PyMem_RawFree(job.partial);
     PyMem_RawFree(wide.x);
-    Py_RETURN_NONE;
+    return 0;
 }
 
-static PyObject *py_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return call(args, nargs, 0, 0);
-}
+/* An implementation `name` that runs impl(a, err, half, io): the float32 and bf16 forms. */
+#define PRODUCT_FORM(name, impl, half, io)                                          \
+    static int name(const long long *a, const double *d, KernelError *e) {          \
+        return impl(a, e, half, io);                                                \
+    }
+PRODUCT_FORM(rows_f32, rows_impl, 0, 0)
+PRODUCT_FORM(rows_bf16, rows_impl, 1, 0)
+PRODUCT_FORM(rows_bf16_io, rows_impl, 1, 1)
 
-static PyObject *py_rows_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return call(args, nargs, 1, 0);
-}
+#define ROWS_USAGE "gemv: expected x, W, b, y, M, K, N, threads"
+static const KernelEntry ROWS = {"gemv_rows", "iiiiiiii", rows_f32, 1, ROWS_USAGE};
+static const KernelEntry ROWS_BF16 = {"gemv_rows_bf16", "iiiiiiii", rows_bf16, 1, ROWS_USAGE};
+static const KernelEntry ROWS_BF16_IO = {"gemv_rows_bf16_io", "iiiiiiii", rows_bf16_io, 1, ROWS_USAGE};
 
-static PyObject *py_rows_bf16_io(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return call(args, nargs, 1, 1);
-}
+FASTCALL_ENTRY(py_rows, ROWS)
+
+FASTCALL_ENTRY(py_rows_bf16, ROWS_BF16)
+
+FASTCALL_ENTRY(py_rows_bf16_io, ROWS_BF16_IO)
 
 /* The most rows of x the panels form takes: PANEL_ROWS_MAX where AVX-512F holds six rows'
  * sums in registers, else one. */
@@ -719,17 +718,12 @@ static int panel_threads(long long threads, long long K, long long N) {
 /* gemv_panels(x, P, b, y, M, K, N, threads): y [M, N] = x [M, K] W + b, W in panels P;
  * half: P bfloat16; io: x, b and y bfloat16 too (x and b widened before, y rounded to
  * nearest after), else float32. */
-static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half, int io) {
-    long long a[8];
-    if (!int_args(args, nargs, 8, a, "gemv_panels(x, P, b, y, M, K, N, threads)"))
-        return NULL;
+static int panels_impl(const long long *a, KernelError *err, int half, int io) {
     const long long M = a[4], K = a[5], N = a[6];
-    if (M < 1 || M > panel_rows() || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX - PANEL) {
-        PyErr_Format(PyExc_ValueError,
-                     "gemv_panels: need 1 <= M <= %d, K, N >= 1; got %lld, %lld, %lld",
-                     panel_rows(), M, K, N);
-        return NULL;
-    }
+    if (M < 1 || M > panel_rows() || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX - PANEL)
+        return kernel_fail(err, KERR_VALUE,
+                           "gemv_panels: need 1 <= M <= %d, K, N >= 1; got %lld, %lld, %lld",
+                           panel_rows(), M, K, N);
     Job job = {(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
                (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3], (int)M, (int)K, (int)N,
                half, NULL};
@@ -739,65 +733,62 @@ static PyObject *panels_call(PyObject *const *args, Py_ssize_t nargs, int half, 
     if (io && !widen_inputs(&job, &wide, (const uint16_t *)(uintptr_t)a[0],
                               (const uint16_t *)(uintptr_t)a[2], (size_t)(M * K),
                               (size_t)(M * N)))
-        return PyErr_NoMemory();
-    Py_BEGIN_ALLOW_THREADS
+        return kernel_fail(err, KERR_MEMORY, "out of memory");
     run_parts(panels_part, &job, threads);
     for (size_t i = 0; io && i < (size_t)(M * N); i++)
         y16[i] = float_to_bf16(job.y[i]);
-    Py_END_ALLOW_THREADS
     PyMem_RawFree(wide.x);
-    Py_RETURN_NONE;
+    return 0;
 }
 
-static PyObject *py_panels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return panels_call(args, nargs, 0, 0);
-}
+PRODUCT_FORM(panels_f32, panels_impl, 0, 0)
+PRODUCT_FORM(panels_bf16, panels_impl, 1, 0)
+PRODUCT_FORM(panels_bf16_io, panels_impl, 1, 1)
 
-static PyObject *py_panels_bf16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return panels_call(args, nargs, 1, 0);
-}
+#define PANELS_USAGE "expected gemv_panels(x, P, b, y, M, K, N, threads)"
+static const KernelEntry PANELS = {"gemv_panels", "iiiiiiii", panels_f32, 1, PANELS_USAGE};
+static const KernelEntry PANELS_BF16 = {"gemv_panels_bf16", "iiiiiiii", panels_bf16, 1, PANELS_USAGE};
+static const KernelEntry PANELS_BF16_IO = {"gemv_panels_bf16_io", "iiiiiiii", panels_bf16_io, 1,
+                                           PANELS_USAGE};
 
-static PyObject *py_panels_bf16_io(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    return panels_call(args, nargs, 1, 1);
-}
+FASTCALL_ENTRY(py_panels, PANELS)
 
-static int fused_sizes(long long M, long long K, long long N, const char *name) {
-    if (M < 1 || M > panel_rows() || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX - PANEL) {
-        PyErr_Format(PyExc_ValueError, "%s: need 1 <= M <= %d, K, N >= 1; got %lld, %lld, %lld",
-                     name, panel_rows(), M, K, N);
-        return 0;
-    }
+FASTCALL_ENTRY(py_panels_bf16, PANELS_BF16)
+
+FASTCALL_ENTRY(py_panels_bf16_io, PANELS_BF16_IO)
+
+static int fused_sizes(long long M, long long K, long long N, const char *name, KernelError *err) {
+    if (M < 1 || M > panel_rows() || K < 1 || N < 1 || K > INT32_MAX || N > INT32_MAX - PANEL)
+        return kernel_fail(err, KERR_VALUE,
+                           "%s: need 1 <= M <= %d, K, N >= 1; got %lld, %lld, %lld", name,
+                           panel_rows(), M, K, N) + 1;
     return 1;
 }
 
 /* gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out): y = x P + b (P float32, or
  * bfloat16 where half; x, b, y float32), then out = r + y, in one run (Fused's ADD). */
-static PyObject *py_panels_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[11];
-    if (!int_args(args, nargs, 11, a, "gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out)"))
-        return NULL;
-    if (!fused_sizes(a[4], a[5], a[6], "gemv_panels_add"))
-        return NULL;
+static int panels_add_impl(const long long *a, const double *unused, KernelError *err) {
+    if (!fused_sizes(a[4], a[5], a[6], "gemv_panels_add", err))
+        return -1;
     Fused f = {{(const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[2],
                 (const void *)(uintptr_t)a[1], (float *)(uintptr_t)a[3], (int)a[4], (int)a[5],
                 (int)a[6], a[8] != 0, NULL}};
     f.kind = ADD, f.r = (const float *)(uintptr_t)a[9], f.out = (float *)(uintptr_t)a[10];
-    const int threads = panel_threads(a[7], a[5], a[6]);
-    Py_BEGIN_ALLOW_THREADS
-    run_parts(fused_part, &f, threads);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    run_parts(fused_part, &f, panel_threads(a[7], a[5], a[6]));
+    return 0;
 }
+
+static const KernelEntry PANELS_ADD = {
+    "gemv_panels_add", "iiiiiiiiiii", panels_add_impl, 1,
+    "expected gemv_panels_add(x, P, b, y, M, K, N, threads, half, r, out)"};
+
+FASTCALL_ENTRY(py_panels_add, PANELS_ADD)
 
 /* gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2):
  * a = x Pa + ba, g = x Pg + bg, s = silu(g), h = s ⊙ a, in one run (Fused's GLU). */
-static PyObject *py_panels_glu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[15];
-    if (!int_args(args, nargs, 15, a,
-                  "gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2)"))
-        return NULL;
-    if (!fused_sizes(a[7], a[8], a[9], "gemv_panels_glu"))
-        return NULL;
+static int panels_glu_impl(const long long *a, const double *unused, KernelError *err) {
+    if (!fused_sizes(a[7], a[8], a[9], "gemv_panels_glu", err))
+        return -1;
     const float *x = (const float *)(uintptr_t)a[0];
     const int M = (int)a[7], K = (int)a[8], N = (int)a[9], half = a[11] != 0;
     Fused f = {{x, (const float *)(uintptr_t)a[2], (const void *)(uintptr_t)a[1],
@@ -806,12 +797,20 @@ static PyObject *py_panels_glu(PyObject *self, PyObject *const *args, Py_ssize_t
                 (float *)(uintptr_t)a[6], M, K, N, half, NULL}};
     f.kind = GLU, f.s = (float *)(uintptr_t)a[12], f.out = (float *)(uintptr_t)a[13];
     f.silu_avx2 = a[14] != 0 && use_avx2;
-    const int threads = panel_threads(a[10], K, N);
-    Py_BEGIN_ALLOW_THREADS
-    run_parts(fused_part, &f, threads);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    run_parts(fused_part, &f, panel_threads(a[10], K, N));
+    return 0;
 }
+
+static const KernelEntry PANELS_GLU = {
+    "gemv_panels_glu", "iiiiiiiiiiiiiii", panels_glu_impl, 1,
+    "expected gemv_panels_glu(x, Pa, ba, a, Pg, bg, g, M, K, N, threads, half, s, h, silu_avx2)"};
+
+FASTCALL_ENTRY(py_panels_glu, PANELS_GLU)
+
+/* The implementations a replayed step's program calls (kernels/_program.h). */
+static const KernelEntry *const IMPLS[] = {&ROWS,        &ROWS_BF16,      &ROWS_BF16_IO,
+                                           &PANELS,      &PANELS_BF16,    &PANELS_BF16_IO,
+                                           &PANELS_ADD,  &PANELS_GLU,     NULL};
 
 static PyObject *py_panel_rows(PyObject *self, PyObject *args) { return PyLong_FromLong(panel_rows()); }
 
@@ -897,5 +896,5 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gemv", NULL, -1, me
 
 PyMODINIT_FUNC PyInit__gemv(void) {
     pick_kernels(0);
-    return PyModule_Create(&module);
+    return export_impls(PyModule_Create(&module), IMPLS);
 }

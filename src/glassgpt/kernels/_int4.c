@@ -42,6 +42,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "_program.h" /* KernelEntry, run_slots(), export_impls() */
+
 #include "_parallel.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -536,38 +538,51 @@ static void round_x(const float *x, Py_ssize_t M, Py_ssize_t d_in, Py_ssize_t G,
         }
 }
 
-static PyObject *gemv(PyObject *self, PyObject *args) {
-    unsigned long long x, w, b, y;
-    Py_ssize_t M, d_in, d_out;
-    int threads;
-    if (!PyArg_ParseTuple(args, "KKKKnnni", &x, &w, &b, &y, &M, &d_in, &d_out, &threads))
-        return NULL;
-    if (M < 1 || M > MAX_ROWS || d_in < 0 || d_out < 0 || !x || !w || !y) {
-        PyErr_SetString(PyExc_ValueError, "gemv: need 1 ≤ M ≤ 8, sizes ≥ 0 and non-null buffers");
-        return NULL;
-    }
+/* The slots: x, w, b, y, M, d_in, d_out, threads. */
+static int gemv_impl(const long long *a, const double *unused, KernelError *err) {
+    const Py_ssize_t M = (Py_ssize_t)a[4], d_in = (Py_ssize_t)a[5], d_out = (Py_ssize_t)a[6];
+    if (M < 1 || M > MAX_ROWS || d_in < 0 || d_out < 0 || !a[0] || !a[1] || !a[3])
+        return kernel_fail(err, KERR_VALUE,
+                           "gemv: need 1 ≤ M ≤ 8, sizes ≥ 0 and non-null buffers");
     const Py_ssize_t G = (d_in + GROUP - 1) / GROUP, Wd = G * GROUP;
-    const float *xf = (const float *)(uintptr_t)x;
-    Job J = {NULL, NULL, NULL, NULL, (const uint8_t *)(uintptr_t)w, (const float *)(uintptr_t)b,
-             (float *)(uintptr_t)y, M, G, d_out, KERNELS[KERNEL].run};
+    const float *xf = (const float *)(uintptr_t)a[0];
+    Job J = {NULL, NULL, NULL, NULL, (const uint8_t *)(uintptr_t)a[1], (const float *)(uintptr_t)a[2],
+             (float *)(uintptr_t)a[3], M, G, d_out, KERNELS[KERNEL].run};
     void *buf;
     if (KERNELS[KERNEL].int8) { /* x8 [M, Wd] bytes, then s and −8 Σ x8 [M, G] */
         buf = PyMem_RawMalloc((size_t)(M * Wd + 8 * M * G + 4));
-        if (!buf) return PyErr_NoMemory();
+        if (!buf) return kernel_fail(err, KERR_MEMORY, "out of memory");
         float *sx = (float *)((char *)buf + M * Wd);
         int32_t *corr = (int32_t *)(sx + M * G);
         round_x(xf, M, d_in, G, buf, sx, corr);
         J.xq = buf, J.sx = sx, J.corr = corr;
     } else { /* x copied into rows of whole groups, zeros past d_in (the weights are 0 too) */
         float *xp = buf = PyMem_RawCalloc((size_t)(M * Wd > 0 ? M * Wd : 1), sizeof(float));
-        if (!xp) return PyErr_NoMemory();
+        if (!xp) return kernel_fail(err, KERR_MEMORY, "out of memory");
         for (Py_ssize_t m = 0; m < M; m++) memcpy(xp + m * Wd, xf + m * d_in, sizeof(float) * d_in);
         J.x = xp;
     }
-    Py_BEGIN_ALLOW_THREADS run(&J, threads);
-    Py_END_ALLOW_THREADS PyMem_RawFree(buf);
-    Py_RETURN_NONE;
+    run(&J, (int)a[7]);
+    PyMem_RawFree(buf);
+    return 0;
 }
+
+static const KernelEntry GEMV = {"gemv", "iiiiiiii", gemv_impl, 1,
+                                 "gemv(x, w, b, y, M, d_in, d_out, threads)"};
+
+/* The Python arguments parsed as before (PyArg_ParseTuple's types), then into GEMV's slots. */
+static PyObject *gemv(PyObject *self, PyObject *args) {
+    unsigned long long x, w, b, y;
+    Py_ssize_t M, d_in, d_out;
+    int threads;
+    if (!PyArg_ParseTuple(args, "KKKKnnni", &x, &w, &b, &y, &M, &d_in, &d_out, &threads))
+        return NULL;
+    const long long a[8] = {(long long)x, (long long)w, (long long)b, (long long)y,
+                            M, d_in, d_out, threads};
+    return run_slots(&GEMV, a, NULL);
+}
+
+static const KernelEntry *const IMPLS[] = {&GEMV, NULL};
 
 static PyObject *use(PyObject *self, PyObject *arg) { /* tests: force a kernel, None: best */
     const char *want = NULL;
@@ -612,5 +627,5 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int4",
 
 PyMODINIT_FUNC PyInit__int4(void) {
     KERNEL = pick(NULL);
-    return PyModule_Create(&module);
+    return export_impls(PyModule_Create(&module), IMPLS);
 }

@@ -43,6 +43,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "_program.h" /* KernelEntry, run_slots(), export_impls() */
+
 #include "_parallel.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -347,22 +349,18 @@ static void run(const Job *J, int threads) {
 
 /* ---- Python ------------------------------------------------------------------------- */
 
-static PyObject *gemv(PyObject *self, PyObject *args) {
-    unsigned long long x, q, s, b, y;
-    Py_ssize_t M, d_in, d_out;
-    int threads;
-    if (!PyArg_ParseTuple(args, "KKKKKnnni", &x, &q, &s, &b, &y, &M, &d_in, &d_out, &threads))
-        return NULL;
-    if (M < 1 || M > MAX_ROWS || d_in < 0 || d_out < 0 || !x || !q || !s || !y) {
-        PyErr_SetString(PyExc_ValueError, "gemv: need 1 ≤ M ≤ 8, sizes ≥ 0 and non-null buffers");
-        return NULL;
-    }
+/* The slots: x, q, s, b, y, M, d_in, d_out, threads. */
+static int gemv_impl(const long long *a, const double *unused, KernelError *err) {
+    const Py_ssize_t M = (Py_ssize_t)a[5], d_in = (Py_ssize_t)a[6], d_out = (Py_ssize_t)a[7];
+    if (M < 1 || M > MAX_ROWS || d_in < 0 || d_out < 0 || !a[0] || !a[1] || !a[2] || !a[4])
+        return kernel_fail(err, KERR_VALUE,
+                           "gemv: need 1 ≤ M ≤ 8, sizes ≥ 0 and non-null buffers");
     const Py_ssize_t n2 = (d_in + 1) / 2;
     int32_t *xp = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(n2 > 0 ? M * n2 : 1));
     float r[MAX_ROWS];
-    if (!xp) return PyErr_NoMemory();
+    if (!xp) return kernel_fail(err, KERR_MEMORY, "out of memory");
     for (Py_ssize_t m = 0; m < M; m++) {
-        const float *row = (const float *)(uintptr_t)x + m * d_in;
+        const float *row = (const float *)(uintptr_t)a[0] + m * d_in;
 #if HAVE_X86
         if (KERNEL == rows_avx2) {
             quantize_row_avx2(row, d_in, M, m, xp, r);
@@ -371,12 +369,29 @@ static PyObject *gemv(PyObject *self, PyObject *args) {
 #endif
         quantize_row(row, d_in, M, m, xp, r);
     }
-    Job J = {xp, r, (const int8_t *)(uintptr_t)q, (const float *)(uintptr_t)s,
-             (const float *)(uintptr_t)b, (float *)(uintptr_t)y, M, n2, d_out};
-    Py_BEGIN_ALLOW_THREADS run(&J, threads);
-    Py_END_ALLOW_THREADS PyMem_RawFree(xp);
-    Py_RETURN_NONE;
+    Job J = {xp, r, (const int8_t *)(uintptr_t)a[1], (const float *)(uintptr_t)a[2],
+             (const float *)(uintptr_t)a[3], (float *)(uintptr_t)a[4], M, n2, d_out};
+    run(&J, (int)a[8]);
+    PyMem_RawFree(xp);
+    return 0;
 }
+
+static const KernelEntry GEMV = {"gemv", "iiiiiiiii", gemv_impl, 1,
+                                 "gemv(x, p, s, b, y, M, d_in, d_out, threads)"};
+
+/* The Python arguments parsed as before (PyArg_ParseTuple's types), then into GEMV's slots. */
+static PyObject *gemv(PyObject *self, PyObject *args) {
+    unsigned long long x, q, s, b, y;
+    Py_ssize_t M, d_in, d_out;
+    int threads;
+    if (!PyArg_ParseTuple(args, "KKKKKnnni", &x, &q, &s, &b, &y, &M, &d_in, &d_out, &threads))
+        return NULL;
+    const long long a[9] = {(long long)x, (long long)q, (long long)s, (long long)b, (long long)y,
+                            M, d_in, d_out, threads};
+    return run_slots(&GEMV, a, NULL);
+}
+
+static const KernelEntry *const IMPLS[] = {&GEMV, NULL};
 
 static PyObject *use_portable(PyObject *self, PyObject *flag) { /* tests: the portable loop */
     int on = PyObject_IsTrue(flag);
@@ -436,5 +451,5 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int8",
 
 PyMODINIT_FUNC PyInit__int8(void) {
     KERNEL = pick_kernel(&KERNEL_NAME);
-    return PyModule_Create(&module);
+    return export_impls(PyModule_Create(&module), IMPLS);
 }

@@ -37,45 +37,45 @@ static void write_kv(const long long *ptr, long long B, long long H, long long T
 
 /* kv_write(K, V, k, v, B, H, T, D, n, strides): K[b, h, n + t, :] = k[b, h, t, :] and the
  * same for V and v, strides a tuple of 16 ints: (b, h, t, d) of K, V, k and v. */
-static PyObject *kv_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[9], s[16];
-    if (nargs != 10 || !PyTuple_Check(args[9]) || PyTuple_GET_SIZE(args[9]) != 16) {
-        PyErr_SetString(PyExc_TypeError, "kv_write(K, V, k, v, B, H, T, D, n, 16 strides)");
-        return NULL;
-    }
-    if (!ints(args, 9, a) || !ints(&PyTuple_GET_ITEM(args[9], 0), 16, s))
-        return NULL;
-    if (a[4] < 0 || a[5] < 0 || a[6] < 0 || a[7] < 0 || a[8] < 0) {
-        PyErr_SetString(PyExc_ValueError, "kv_write: negative size or position");
-        return NULL;
-    }
-    write_kv(a, a[4], a[5], a[6], a[7], a[8], NULL, s);
-    Py_RETURN_NONE;
+static int kv_write_impl(const long long *a, const double *unused, KernelError *err) {
+    if (a[9] != 16)
+        return kernel_fail(err, KERR_TYPE, "kv_write(K, V, k, v, B, H, T, D, n, 16 strides)");
+    if (a[4] < 0 || a[5] < 0 || a[6] < 0 || a[7] < 0 || a[8] < 0)
+        return kernel_fail(err, KERR_VALUE, "kv_write: negative size or position");
+    write_kv(a, a[4], a[5], a[6], a[7], a[8], NULL, a + 10);
+    return 0;
 }
+
+static const KernelEntry KV_WRITE = {"kv_write", "iiiiiiiiit", kv_write_impl, 0,
+                                     "kv_write(K, V, k, v, B, H, T, D, n, 16 strides)"};
+
+FASTCALL_ENTRY(kv_write, KV_WRITE)
 
 /* kv_write_rows(K, V, k, v, B, H, D, lengths, strides): K[b, h, n_b, :] = k[b, h, 0, :] and
  * the same for V and v, n_b = lengths[b]; strides as kv_write's. */
-static PyObject *kv_write_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[8], s[16];
-    if (nargs != 9 || !PyTuple_Check(args[8]) || PyTuple_GET_SIZE(args[8]) != 16) {
-        PyErr_SetString(PyExc_TypeError, "kv_write_rows(K, V, k, v, B, H, D, lengths, 16 strides)");
-        return NULL;
-    }
-    if (!ints(args, 8, a) || !ints(&PyTuple_GET_ITEM(args[8], 0), 16, s))
-        return NULL;
-    write_kv(a, a[4], a[5], 1, a[6], 0, (const long long *)(uintptr_t)a[7], s);
-    Py_RETURN_NONE;
+static int kv_write_rows_impl(const long long *a, const double *unused, KernelError *err) {
+    if (a[8] != 16)
+        return kernel_fail(err, KERR_TYPE, "kv_write_rows(K, V, k, v, B, H, D, lengths, 16 strides)");
+    write_kv(a, a[4], a[5], 1, a[6], 0, (const long long *)(uintptr_t)a[7], a + 9);
+    return 0;
 }
 
+static const KernelEntry KV_WRITE_ROWS = {"kv_write_rows", "iiiiiiiit", kv_write_rows_impl, 0,
+                                          "kv_write_rows(K, V, k, v, B, H, D, lengths, 16 strides)"};
+
+FASTCALL_ENTRY(kv_write_rows, KV_WRITE_ROWS)
+
 /* advance(lengths, B, T): lengths[b] += T for b < B, int64. */
-static PyObject *advance(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[3];
-    if (!int_args(args, nargs, 3, a, "advance(lengths, B, T)"))
-        return NULL;
+static int advance_impl(const long long *a, const double *unused, KernelError *err) {
     long long *lengths = (long long *)(uintptr_t)a[0];
     for (long long b = 0; b < a[1]; b++)
         lengths[b] += a[2];
-    Py_RETURN_NONE;
+    return 0;
 }
+
+static const KernelEntry ADVANCE = {"advance", "iii", advance_impl, 0,
+                                    "expected advance(lengths, B, T)"};
+
+FASTCALL_ENTRY(advance, ADVANCE)
 
 #endif

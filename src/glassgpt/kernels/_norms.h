@@ -205,30 +205,23 @@ static void pick_norms(int avx2) {
 #endif
 }
 
-static PyObject *norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[6];
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "norm(x, w, b, y, rows, d, eps, centred)");
-        return NULL;
-    }
-    if (!ints(args, 6, a))
-        return NULL;
-    const double eps = PyFloat_AsDouble(args[6]);
-    const int centred = PyObject_IsTrue(args[7]);
-    if ((eps == -1.0 && PyErr_Occurred()) || centred < 0)
-        return NULL;
-    if (a[4] < 0 || a[5] < 1 || a[5] > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "norm: need rows >= 0, d >= 1; got %lld, %lld", a[4], a[5]);
-        return NULL;
-    }
+static int norm_impl(const long long *a, const double *dv, KernelError *err) {
+    if (a[4] < 0 || a[5] < 1 || a[5] > INT32_MAX)
+        return kernel_fail(err, KERR_VALUE, "norm: need rows >= 0, d >= 1; got %lld, %lld", a[4],
+                           a[5]);
     const float *x = (const float *)(uintptr_t)a[0], *w = (const float *)(uintptr_t)a[1];
     const float *b = (const float *)(uintptr_t)a[2];
     float *y = (float *)(uintptr_t)a[3];
-    const int d = (int)a[5];
+    const int d = (int)a[5], centred = (int)a[6];
     for (long long r = 0; r < a[4]; r++)
-        NORM(x + r * d, w, b, y + r * d, d, (float)eps, centred, NULL);
-    Py_RETURN_NONE;
+        NORM(x + r * d, w, b, y + r * d, d, (float)dv[0], centred, NULL);
+    return 0;
 }
+
+static const KernelEntry NORM_ENTRY = {"norm", "iiiiiidb", norm_impl, 0,
+                                       "norm(x, w, b, y, rows, d, eps, centred)"};
+
+FASTCALL_ENTRY(norm, NORM_ENTRY)
 
 /* A part of the forward (g NULL: NORM row by row, keeping μ and s) or of the backward: its
  * share of the blocks of rows. */

@@ -11,35 +11,32 @@
 #define GLASSGPT_RESIDUAL_H
 
 /* add(a, b, y, n): y = a + b elementwise over n float32 values. */
-static PyObject *add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[4];
-    if (!int_args(args, nargs, 4, a, "add(a, b, y, n)"))
-        return NULL;
+static int add_impl(const long long *a, const double *unused, KernelError *err) {
     const float *x = (const float *)(uintptr_t)a[0], *z = (const float *)(uintptr_t)a[1];
     float *y = (float *)(uintptr_t)a[2];
     for (long long i = 0; i < a[3]; i++)
         y[i] = x[i] + z[i];
-    Py_RETURN_NONE;
+    return 0;
 }
+
+static const KernelEntry ADD = {"add", "iiii", add_impl, 0, "expected add(a, b, y, n)"};
+
+FASTCALL_ENTRY(add, ADD)
 
 /* embed(W_E, tokens, P or 0, y, B, d, n_vocab, pos, positions or 0): y[b, :] =
  * W_E[tokens[b], :] (+ P[p_b, :], p_b = positions[b] if given, else pos) for B int64 tokens,
  * each checked against n_vocab. */
-static PyObject *embed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[9];
-    if (!int_args(args, nargs, 9, a, "embed(W_E, tokens, P, y, B, d, n_vocab, pos, positions)"))
-        return NULL;
+static int embed_impl(const long long *a, const double *unused, KernelError *err) {
     const long long *positions = (const long long *)(uintptr_t)a[8];
     const float *W = (const float *)(uintptr_t)a[0], *P = (const float *)(uintptr_t)a[2];
     const long long *tokens = (const long long *)(uintptr_t)a[1];
     float *y = (float *)(uintptr_t)a[3];
     const long long B = a[4], d = a[5], n_vocab = a[6], pos = a[7];
     for (long long b = 0; b < B; b++)
-        if (tokens[b] < 0 || tokens[b] >= n_vocab) {
-            PyErr_Format(PyExc_ValueError, "tokens: id %lld is out of range [0, %lld) for n_vocab=%lld",
-                         tokens[b], n_vocab, n_vocab);
-            return NULL;
-        }
+        if (tokens[b] < 0 || tokens[b] >= n_vocab)
+            return kernel_fail(err, KERR_VALUE,
+                               "tokens: id %lld is out of range [0, %lld) for n_vocab=%lld",
+                               tokens[b], n_vocab, n_vocab);
     for (long long b = 0; b < B; b++) {
         const long long at = positions ? positions[b] : pos;
         const float *row = W + tokens[b] * d, *p = P ? P + at * d : NULL;
@@ -47,7 +44,12 @@ static PyObject *embed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         for (long long i = 0; i < d; i++)
             out[i] = p ? row[i] + p[i] : row[i];
     }
-    Py_RETURN_NONE;
+    return 0;
 }
+
+static const KernelEntry EMBED = {"embed", "iiiiiiiii", embed_impl, 0,
+                                  "expected embed(W_E, tokens, P, y, B, d, n_vocab, pos, positions)"};
+
+FASTCALL_ENTRY(embed, EMBED)
 
 #endif

@@ -39,20 +39,19 @@ static void rope_rows(const float *x, const float *cs_cos, const float *cs_sin, 
     }
 }
 
-static PyObject *rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[11];
-    if (!int_args(args, nargs, 11, a, "rope(x, cos, sin, y, B, heads, D, r, sb, sh, cs)"))
-        return NULL;
+static int rope_impl(const long long *a, const double *unused, KernelError *err) {
     rope_rows((const float *)(uintptr_t)a[0], (const float *)(uintptr_t)a[1],
               (const float *)(uintptr_t)a[2], (float *)(uintptr_t)a[3], a[4], a[5], a[6], a[7],
               a[8], a[9], a[10]);
-    Py_RETURN_NONE;
+    return 0;
 }
 
-static PyObject *take_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[6];
-    if (!int_args(args, nargs, 6, a, "take_rows(table, y, B, d, pos, positions)"))
-        return NULL;
+static const KernelEntry ROPE = {"rope", "iiiiiiiiiii", rope_impl, 0,
+                                 "expected rope(x, cos, sin, y, B, heads, D, r, sb, sh, cs)"};
+
+FASTCALL_ENTRY(rope, ROPE)
+
+static int take_rows_impl(const long long *a, const double *unused, KernelError *err) {
     const float *table = (const float *)(uintptr_t)a[0];
     float *y = (float *)(uintptr_t)a[1];
     const long long *positions = (const long long *)(uintptr_t)a[5];
@@ -60,8 +59,13 @@ static PyObject *take_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
         const long long at = positions ? positions[b] : a[4];
         memcpy(y + b * a[3], table + at * a[3], sizeof(float) * (size_t)a[3]);
     }
-    Py_RETURN_NONE;
+    return 0;
 }
+
+static const KernelEntry TAKE_ROWS = {"take_rows", "iiiiii", take_rows_impl, 0,
+                                      "expected take_rows(table, y, B, d, pos, positions)"};
+
+FASTCALL_ENTRY(take_rows, TAKE_ROWS)
 
 static SiluFn SILU = silu_portable;
 
@@ -73,23 +77,25 @@ static void pick_rope(int avx2) {
 #endif
 }
 
-static PyObject *silu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[3];
-    if (!int_args(args, nargs, 3, a, "silu(x, y, n)"))
-        return NULL;
+static int silu_impl(const long long *a, const double *unused, KernelError *err) {
     SILU((const float *)(uintptr_t)a[0], (float *)(uintptr_t)a[1], a[2]);
-    Py_RETURN_NONE;
+    return 0;
 }
 
-static PyObject *mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[4];
-    if (!int_args(args, nargs, 4, a, "mul(a, b, y, n)"))
-        return NULL;
+static const KernelEntry SILU_ENTRY = {"silu", "iii", silu_impl, 0, "expected silu(x, y, n)"};
+
+FASTCALL_ENTRY(silu, SILU_ENTRY)
+
+static int mul_impl(const long long *a, const double *unused, KernelError *err) {
     const float *x = (const float *)(uintptr_t)a[0], *z = (const float *)(uintptr_t)a[1];
     float *y = (float *)(uintptr_t)a[2];
     for (long long i = 0; i < a[3]; i++)
         y[i] = x[i] * z[i];
-    Py_RETURN_NONE;
+    return 0;
 }
+
+static const KernelEntry MUL = {"mul", "iiii", mul_impl, 0, "expected mul(a, b, y, n)"};
+
+FASTCALL_ENTRY(mul, MUL)
 
 #endif

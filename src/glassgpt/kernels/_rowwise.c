@@ -47,6 +47,7 @@ static const char *KERNEL_NAME = "portable";
 static void pick_kernels(int portable);
 
 #include "_module.h" /* ints(), use_portable(), kernel_name() */
+#include "_program.h" /* KernelEntry, run_entry(), export_impls() */
 
 /* The parts of a run over `items` units of work (chunks, blocks of rows, groups of columns)
  * on `threads` threads: 1 to 256, and no more than the items. */
@@ -76,6 +77,12 @@ static void pick_kernels(int portable) {
     pick_rope(avx2);
     KERNEL_NAME = avx2 ? "avx2" : "portable";
 }
+
+/* The implementations a replayed step's program calls (kernels/_program.h). */
+static const KernelEntry *const IMPLS[] = {&EMBED,   &NORM_ENTRY, &GELU_MANY, &KV_WRITE,
+                                           &KV_WRITE_ROWS, &ADVANCE, &ADD,   &MUL,
+                                           &SILU_ENTRY,    &ROPE,    &TAKE_ROWS, &SCALE_MANY,
+                                           NULL};
 
 static PyMethodDef methods[] = {
     {"argmax_rows", (PyCFunction)(void (*)(void))argmax_rows, METH_FASTCALL,
@@ -134,5 +141,5 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rowwise",
 
 PyMODINIT_FUNC PyInit__rowwise(void) {
     pick_kernels(0);
-    return PyModule_Create(&module);
+    return export_impls(PyModule_Create(&module), IMPLS);
 }

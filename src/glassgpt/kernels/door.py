@@ -54,6 +54,7 @@ from glassgpt.kernels.policy import (
     kept_p_width,
     native_bf16,
 )
+from glassgpt.kernels.program import Program, compile_calls
 from glassgpt.kernels.replay import Call as ReplayCall
 from glassgpt.kernels.replay import (
     Recorder,
@@ -97,6 +98,7 @@ __all__ = [
     "PANEL_BLOCK_ROWS",
     "SMALL_HEAD",
     "Op",
+    "Program",
     "Recorder",
     "ReplayCall",
     "StepMode",
@@ -112,6 +114,7 @@ __all__ = [
     "attention_path",
     "built",
     "cache_dtype",
+    "compile_calls",
     "compiled_causal",
     "compiled_gelu",
     "contiguous_copy",
@@ -253,6 +256,10 @@ OPS: dict[str, Op] = {
         Op("record_step", "replay:Recorder", "_rowwise",
            "a float32 CPU decoding step whose every operation is a compiled call, a view, "
            "an allocation or a float32 residual sum", "not recorded", INFERENCE),
+        Op("run_step", "program:compile_calls", "_program",
+           "a replayed step's recorded calls (kernels/_program.c: those with a C "
+           "implementation run with the GIL let go once; else the Python loop)",
+           "not recorded", INFERENCE),
     )
 }  # fmt: skip
 

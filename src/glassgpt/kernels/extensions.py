@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-EXTENSIONS = ("_gemv", "_attend", "_int8", "_int4", "_rowwise", "_flash")
+EXTENSIONS = ("_gemv", "_attend", "_int8", "_int4", "_rowwise", "_flash", "_program")
 _hidden: set[str] = set()
 
 

@@ -1,4 +1,4 @@
-"""Decoding on a CPU from a recorded step: one compiled call per kernel, no model Python.
+"""Decoding on a CPU from a recorded step: its kernels in one compiled call, no model Python.
 
 A one-token step of a float32 (or int8) model on a CPU,
 
@@ -16,7 +16,11 @@ embedding x₀ computed by the compiled embedding (``glassgpt.kernels.embed_call
 buffers in the same order, so its logits equal the eager step's bit for bit; where a product's
 output goes straight into a residual sum, or SwiGLU's two products into its SiLU and gate,
 one fused call does both in one parallel run, with the same arithmetic in the same order
-(``glassgpt.kernels.fuse_calls``). With RoPE the
+(``glassgpt.kernels.fuse_calls``). The calls run as one compiled call
+(``glassgpt.kernels.compile_calls``: each kernel's own C implementation, the GIL let go once
+a step instead of once a kernel, so that a server's other threads do not hold the step up
+between two kernels); a call without one (the soft cap's) is made from Python between two
+compiled runs. With RoPE the
 angles are a table [capacity, r/2] in float32, each row computed as the eager step computes
 it at that position (once, at the recording); a compiled call copies row n into the buffers
 the recorded rotations read (the sliding layers' own base has its own table).
@@ -122,6 +126,9 @@ class ReplayedStep:
         # a server's lengths read through NumPy (no PyTorch operation, which would let go of
         # the GIL between two steps; serve.runs)
         self.lengths = cache.lengths.numpy() if self.per_row and cache.lengths.is_cpu else None
+        # the calls as one compiled call (the GIL let go once a step, not once a kernel);
+        # None where kernels/_program.c is not built: the loop in __call__ makes them
+        self.program = kernels.compile_calls(calls)
 
     @classmethod
     def record(
@@ -252,18 +259,27 @@ class ReplayedStep:
                                  f"got {tuple(tokens.shape)}")  # fmt: skip
             self.tokens.copy_(tokens.view(-1))
         try:
-            for fn, args, positional in self.calls:
-                if positional:
-                    moved = list(args)
-                    for i in positional:
-                        moved[i] += n
-                    args = tuple(moved)
-                fn(*args)
+            if self.program is not None:
+                self.program(n)
+            else:
+                _run_calls(self.calls, n)
         except ValueError as e:  # an id out of range (checked before anything is written)
             raise TokenError(str(e)) from None
         if not per_row:
             cache.length = n + 1
         return self.logits
+
+
+def _run_calls(calls: list[kernels.ReplayCall], n: int) -> None:
+    """Each recorded call from Python, its positions moved by n (the program's calls, made
+    one by one)."""
+    for fn, args, positional in calls:
+        if positional:
+            moved = list(args)
+            for i in positional:
+                moved[i] += n
+            args = tuple(moved)
+        fn(*args)
 
 
 class GreedySteps:
@@ -285,7 +301,7 @@ class GreedySteps:
 
     def __init__(self, step: ReplayedStep, pack: kernels.UnembedInt8) -> None:
         self.step, self.pack = step, pack
-        self._calls: dict[int, tuple[list[kernels.ReplayCall], Any]] = {}
+        self._calls: dict[int, tuple[list[kernels.ReplayCall], Any, Any]] = {}
         self.steps = self.candidates = self.full = self.plain = 0
         self._misses = self._rest = 0
 
@@ -319,16 +335,19 @@ class GreedySteps:
             return step.greedy(n_valid)
         if n_valid not in self._calls:
             call, out = kernels.greedy_call(step.calls[-1], self.pack, n_valid)
-            self._calls[n_valid] = ([*step.calls[:-1], call], out)
-        calls, out = self._calls[n_valid]
-        full = step.calls
-        step.calls = calls
+            calls = [*step.calls[:-1], call]  # (the pick made from Python after the program)
+            self._calls[n_valid] = (calls, kernels.compile_calls(calls), out)
+        calls, program, out = self._calls[n_valid]
+        B = step.tokens.shape[0]
+        out[B] = -1  # (the pick writes how it picked)
+        full = step.calls, step.program
+        step.calls, step.program = calls, program  # the step's own __call__ runs them
         try:
             step(tokens)
         finally:
-            step.calls = full
-        B = step.tokens.shape[0]
+            step.calls, step.program = full
         how = int(out[B])
+        assert how >= 0, "the greedy pick did not run"
         self.steps += 1
         self.candidates += int(out[B + 1])
         self.full += how != 0

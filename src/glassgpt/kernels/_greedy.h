@@ -33,7 +33,8 @@
  *                  1: the full product was computed into y, 2: as 1 with a NaN or an
  *                  infinite largest value: no pick), then the candidates counted
  *   greedy_variant(name or None) -> the int8 pass in use ("avx512", "avx2", "portable")
- * Include once, from _gemv.c, after run_slices and panels_part.
+ * Include once, from _gemv.c, before its method table (after run_slices, panels_part,
+ * panel_rows and panel_threads, which it calls).
  */
 #ifndef GLASSGPT_GREEDY_H
 #define GLASSGPT_GREEDY_H

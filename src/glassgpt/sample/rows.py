@@ -275,8 +275,14 @@ class Rows:
         if some & PENALTY and self.counts is not None:
             z = _penalties(z, self.counts[r], self.repetition[r], self.frequency[r],
                            self.presence[r], some)  # fmt: skip
-        if some & BIAS and self.bias is not None:
-            z = z + self.bias[r]
+        if some & BIAS and self.bias is not None:  # the rows that have a bias alone (z + 0
+            # would turn a −0 into +0: a row's bits would depend on its batch mates)
+            at = [b for b, u in enumerate(uses) if u & BIAS]
+            if len(at) == B:
+                z = z + self.bias[r]
+            else:
+                at_t = torch.tensor(at, device=z.device)
+                z = z.index_add(0, at_t, self.bias[r][at_t])
         if not some & DRAW:
             return z, z.new_zeros(0, dtype=torch.long), z[:0]
         T, small = self.temperature[r], z.shape[-1] <= SMALL

@@ -35,8 +35,9 @@ from glassgpt import kernels
 from glassgpt.errors import ConfigError
 from glassgpt.sample.filters import SamplingConfig, draw, sorted_drop
 
-# what a row uses, one bit each (``Rows.uses``): the step skips what no row uses
-REP, FREQ, PRES, BIAS, DRAW, TOP_K, TOP_P, MIN_P = (1 << i for i in range(8))
+# what a row uses, one bit each (``Rows.uses``): the step skips what no row uses; NEG: a
+# negative frequency or presence penalty (the penalties' dense form, see _penalties)
+REP, FREQ, PRES, BIAS, DRAW, TOP_K, TOP_P, MIN_P, NEG = (1 << i for i in range(9))
 PENALTY, EVERY = REP | FREQ | PRES, (1 << 8) - 1
 SMALL = 1024  # up to this vocabulary a step filters every row (an off setting is exact)
 
@@ -126,12 +127,17 @@ class Rows:
         # nothing where the row has it off (T = 0: 1, the argmax replaces the draw (small
         # vocabularies); top-p: 2; top-k's 0 and min-p's 0 do already)
         self.t_all, self.top_p_all = full(1.0), full(2.0)
+        self.log_min_p = full(-math.inf)  # log m_b (min-p's threshold), taken at set()
         self.counts: Tensor | None = None  # [capacity, V] once a row has penalties
         self.bias: Tensor | None = None  # [capacity, V] once a row has a logit bias
         self.uses = [0] * capacity  # row b's bits (PENALTY, BIAS, DRAW, …)
         self._state = ("temperature", "top_p", "min_p", "top_k", "repetition", "frequency",
                        "presence", "seed", "drawn", "counts", "bias", "state", "t_all",
-                       "top_p_all")  # fmt: skip
+                       "top_p_all", "log_min_p")  # fmt: skip
+        # NumPy's views of the CPU state (the same memory): a step's per-row arithmetic on
+        # a few values in NumPy, without a PyTorch operation's cost each (the same IEEE bits)
+        self._np = {n: getattr(self, n).numpy() for n in ("repetition", "frequency",
+                    "presence")} if self.device.type == "cpu" else None  # fmt: skip
 
     def set(self, b: int, cfg: SamplingConfig, seed: int, history: Sequence[int] = ()) -> None:
         """Row b samples with ``cfg`` from the stream of ``seed``; ``history``: the tokens it
@@ -143,6 +149,7 @@ class Rows:
         self.top_k[b] = cfg.top_k or 0
         self.top_p[b] = 1.0 if cfg.top_p is None else cfg.top_p
         self.min_p[b] = cfg.min_p or 0.0
+        self.log_min_p[b] = torch.log(self.min_p[b])  # torch.log's bits, once a request
         self.repetition[b] = cfg.repetition_penalty
         self.frequency[b] = cfg.frequency_penalty
         self.presence[b] = cfg.presence_penalty
@@ -157,9 +164,13 @@ class Rows:
                         | (BIAS if cfg.logit_bias else 0)
                         | (DRAW if cfg.temperature != 0 else 0)
                         | (TOP_K if 0 < k < self.n_vocab else 0) | (TOP_P if p < 1 else 0)
-                        | (MIN_P if m > 0 else 0))  # fmt: skip
+                        | (MIN_P if m > 0 else 0)
+                        | (NEG if cfg.frequency_penalty < 0 or cfg.presence_penalty < 0
+                           else 0))  # fmt: skip
         if cfg.penalised and self.counts is None:
             self.counts = torch.zeros(self.capacity, self.n_vocab, device=self.device)
+            if self._np is not None:
+                self._np["counts"] = self.counts.numpy()
         if self.counts is not None:
             self.counts[b].zero_()
             if cfg.penalised and len(history):
@@ -167,6 +178,8 @@ class Rows:
                 self.counts[b] += torch.bincount(ids, minlength=self.n_vocab).float()
         if cfg.logit_bias and self.bias is None:
             self.bias = torch.zeros(self.capacity, self.n_vocab, device=self.device)
+            if self._np is not None:
+                self._np["bias"] = self.bias.numpy()
         if self.bias is not None:
             self.bias[b].zero_()
             for i, beta in cfg.logit_bias:
@@ -201,9 +214,7 @@ class Rows:
             u = _stream(self.state[r], self.drawn[r])
             ids = draw(zs if every else zs.masked_fill(~ok[:, None], 0.0), u)
             if not reduce(operator.and_, self.uses[r], DRAW):
-                greedy = self.temperature[r] == 0
-                ids = torch.where(greedy, z.argmax(-1), ids)
-                ok = torch.where(greedy, torch.isfinite(z).any(-1), ok)
+                ids, ok = self._greedy(z, ids, ok, start)
         elif hot.numel() and ids is not None and ok is not None:
             fine, every = _finite(zs)
             u = _stream(self.state[r][hot], self.drawn[r][hot])
@@ -216,9 +227,27 @@ class Rows:
             self._drawn[r] += took.numpy()
         else:
             self.drawn[r] += took
-        if self.counts is not None:
+        if self._np is not None and "counts" in self._np and ids.is_cpu:
+            at = np.arange(start, start + B)  # one id a row: no repeated (row, id)
+            self._np["counts"][at, ids.numpy()] += took.numpy()
+        elif self.counts is not None:
             at = torch.arange(start, start + B, device=self.device)
             self.counts.index_put_((at, ids.to(self.device)), took.float(), accumulate=True)
+        return ids, ok
+
+    def _greedy(self, z: Tensor, ids: Tensor, ok: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """(ids, ok) with the greedy rows' (T = 0) argmax of z and whether z's row is finite;
+        the compiled ``kernels.argmax_rows`` written into the drawn rows' tensors in place
+        where it takes z (a finite largest value: the row is finite), else ``torch.where``."""
+        greedy = [b for b, u in enumerate(self.uses[start : start + len(z)]) if not u & DRAW]
+        picked = kernels.argmax_rows(z)
+        if picked is None or not (ids.is_cpu and ok.is_cpu):
+            mask = self.temperature[start : start + len(z)] == 0
+            ids = torch.where(mask, z.argmax(-1), ids)
+            return ids, torch.where(mask, torch.isfinite(z).any(-1), ok)
+        ids_np, ok_np = ids.numpy(), ok.numpy()  # (fresh tensors: draw's and _finite's)
+        for b in greedy:
+            ids_np[b], ok_np[b] = picked[b], True
         return ids, ok
 
     def probabilities(self, logits: Tensor, start: int = 0) -> Tensor:
@@ -239,11 +268,21 @@ class Rows:
         uses = self.uses[r]
         some, every = reduce(operator.or_, uses, 0), reduce(operator.and_, uses, EVERY)
         z = logits.float()
+        if some & (PENALTY | BIAS) and self._np is not None and z.is_cpu and not some & NEG:
+            z = z.clone() if z is logits else z  # (changed in place below, through NumPy)
+            self._penalise(z.numpy(), start, uses, some)
+            some &= ~(PENALTY | BIAS)
         if some & PENALTY and self.counts is not None:
             z = _penalties(z, self.counts[r], self.repetition[r], self.frequency[r],
                            self.presence[r], some)  # fmt: skip
-        if some & BIAS and self.bias is not None:
-            z = z + self.bias[r]
+        if some & BIAS and self.bias is not None:  # the rows that have a bias alone (z + 0
+            # would turn a −0 into +0: a row's bits would depend on its batch mates)
+            at = [b for b, u in enumerate(uses) if u & BIAS]
+            if len(at) == B:
+                z = z + self.bias[r]
+            else:
+                at_t = torch.tensor(at, device=z.device)
+                z = z.index_add(0, at_t, self.bias[r][at_t])
         if not some & DRAW:
             return z, z.new_zeros(0, dtype=torch.long), z[:0]
         T, small = self.temperature[r], z.shape[-1] <= SMALL
@@ -257,10 +296,38 @@ class Rows:
         # each filter some row uses runs on every drawing row, an off row with the value
         # that changes nothing (each filter skips those rows' work)
         for bit, param, fn in ((TOP_K, self.top_k, _top_k), (TOP_P, self.top_p_all, _top_p),
-                               (MIN_P, self.min_p, _min_p)):  # fmt: skip
+                               (MIN_P, self.log_min_p, _min_p)):  # fmt: skip
             if some & bit:
                 zs = fn(zs, param[r] if hot is None else param[r][hot])
         return z, hot, zs
+
+    def _penalise(self, z: np.ndarray, start: int, uses: list[int], some: int) -> None:
+        """:func:`_penalties` and the bias on a CPU, in place on z [B, V] (NumPy's float32
+        operations: the same IEEE bits as PyTorch's), while no row's f or a is negative; the
+        bias added to the rows that have one alone (a row without one is left as it is, as
+        it is alone)."""
+        assert self._np is not None
+        B, np_ = z.shape[0], self._np
+        with np.errstate(all="ignore"):  # inf and NaN logits pass through, as in PyTorch
+            if some & PENALTY and "counts" in np_:
+                c = np_["counts"][start : start + B]
+                # the seen (row, id) pairs, as _penalties takes them (PyTorch's nonzero: a
+                # third of NumPy's time over GPT-2's vocabulary)
+                assert self.counts is not None
+                b, i = self.counts[start : start + B].nonzero().numpy().T
+                v, at = z[b, i], b + start
+                if some & REP:
+                    rep = np_["repetition"][at]
+                    v = np.where(v > 0, v / rep, v * rep)
+                if some & FREQ:
+                    v = v - np_["frequency"][at] * c[b, i]
+                if some & PRES:
+                    v = v - np_["presence"][at]
+                z[b, i] = v
+            if some & BIAS and "bias" in np_:
+                for b, u in enumerate(uses):
+                    if u & BIAS:
+                        z[b] += np_["bias"][start + b]
 
 
 def _finite(z: Tensor) -> tuple[Tensor, bool]:
@@ -341,10 +408,9 @@ def _top_p(z: Tensor, p: Tensor) -> Tensor:
     return z.masked_fill(sorted_drop(probs, p), -math.inf)
 
 
-def _min_p(z: Tensor, m: Tensor) -> Tensor:
+def _min_p(z: Tensor, log_m: Tensor) -> Tensor:
     """Row b keeps tokens with p_i ≥ m_b · max p (z_i − z_max ≥ log m_b; m_b = 0: log 0 = −∞,
-    every token)."""
-    log_m = torch.log(m)
+    every token); log_m: [h], ``torch.log`` of each m_b (``Rows.log_min_p``)."""
     filled = kernels.min_p_fill(z, log_m)  # the same bits in one compiled pass
     if filled is not None:
         return filled
